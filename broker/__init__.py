@@ -1,0 +1,6 @@
+"""RoarMQ broker: the asyncio daemon (connections, channels, exchanges, queues).
+
+The wire codec lives in `protocol/` (sans-IO); routing data structures in `broker/routing/`.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,721 @@
+"""A channel: consumers, delivery tags, acks, qos, confirms and transactions.
+
+Every channel-class method a client can send is handled here; a SoftError
+raised by a handler closes just this channel with RabbitMQ's reply code and
+text. Publishing and delivering run synchronously from the connection's
+data_received, so the hot path has no task or future per message.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from protocol import spec
+from protocol.errors import (
+    ACCESS_REFUSED,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    REPLY_SUCCESS,
+    SoftError,
+)
+from protocol.frames import encode_content, encode_deliver
+
+from .errors import channel_error, connection_error
+from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
+from .queue import Entry, Queue
+from .vhost import REPLY_TO_PREFIX, REPLY_TO_QUEUE
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+log = logging.getLogger("roarmq.channel")
+
+OPEN, CLOSING = 1, 2
+
+
+def _tag(prefix: str) -> str:
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class Consumer:
+    __slots__ = (
+        "channel",
+        "queue",
+        "tag",
+        "no_ack",
+        "exclusive",
+        "priority",
+        "prefetch",
+        "unacked",
+        "arguments",
+    )
+
+    def __init__(self, channel: Channel, queue: Queue | None, tag: str, no_ack: bool,
+                 exclusive: bool, priority: int, prefetch: int, arguments: dict) -> None:
+        self.channel = channel
+        self.queue = queue
+        self.tag = tag
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.priority = priority
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.arguments = arguments
+
+    def has_credit(self) -> bool:
+        ch = self.channel
+        if not ch.can_deliver:
+            return False
+        if self.no_ack:
+            return True
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        if ch.prefetch_global and len(ch.unacked) >= ch.prefetch_global:
+            return False
+        return not (ch.prefetch_size and ch.unacked_bytes >= ch.prefetch_size)
+
+
+class Channel:
+    def __init__(self, conn: Connection, channel_id: int) -> None:
+        self.conn = conn
+        self.id = channel_id
+        self.vhost = conn.vhost
+        self.state = OPEN
+        self.flow_active = True
+        self.can_deliver = conn.writable
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: dict[int, Entry] = {}
+        self.unacked_bytes = 0
+        self.delivery_tag = 0
+        self.prefetch_count = 0  # per consumer, for consumers created after qos
+        self.prefetch_global = 0  # shared by the channel
+        self.prefetch_size = 0
+        self.confirm = False
+        self.publish_seq = 0
+        self._ack_upto = 0
+        self._acked_sent = 0
+        self.tx: list[Callable[[], None]] | None = None
+        self.reply_key: str | None = None
+        self.stats_published = 0
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def send_method(self, method: Any) -> None:
+        self.conn.send_method(self.id, method)
+
+    def handle(self, method: Any) -> None:
+        if self.state == CLOSING:
+            # After we sent channel.close, everything but close/close-ok is dropped (spec 2.3.5).
+            if isinstance(method, spec.ChannelCloseOk):
+                self.conn.channel_closed(self)
+            elif isinstance(method, spec.ChannelClose):
+                self.send_method(spec.ChannelCloseOk())
+            return
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise connection_error(
+                540 if method.INDEX in spec.METHODS else 503,
+                f"method {method.NAME} is not allowed from a client on a channel",
+                method.CLASS_ID,
+                method.METHOD_ID,
+            )
+        handler(self, method)
+
+    def update_writable(self, writable: bool) -> None:
+        self.can_deliver = writable and self.flow_active and self.state == OPEN
+        if self.can_deliver:
+            self._redispatch()
+
+    def _redispatch(self) -> None:
+        seen = set()
+        for consumer in list(self.consumers.values()):
+            queue = consumer.queue
+            if queue is not None and queue not in seen:
+                seen.add(queue)
+                queue.dispatch()
+
+    def close_by_server(self, error: SoftError) -> None:
+        """Channel exception: tell the client, drop our state, await close-ok."""
+        log.info(
+            "channel error",
+            extra={"conn": self.conn.name, "channel": self.id, "code": error.reply_code,
+                   "text": error.text},
+        )
+        self.flush_confirms()
+        self.release()
+        self.state = CLOSING
+        self.can_deliver = False
+        self.send_method(
+            spec.ChannelClose(
+                reply_code=error.reply_code,
+                reply_text=error.close_text,
+                class_id=error.class_id,
+                method_id=error.method_id,
+            )
+        )
+
+    def release(self) -> None:
+        """Requeue unacked messages (in order) and cancel consumers; the channel is going away."""
+        self.can_deliver = False
+        for consumer in list(self.consumers.values()):
+            self._remove_consumer(consumer)
+        self.consumers.clear()
+        self._requeue_all()
+        self.tx = None
+        if self.reply_key is not None:
+            self.conn.broker.reply_to.pop(self.reply_key, None)
+            self.reply_key = None
+
+    def _requeue_all(self) -> None:
+        by_queue: dict[Queue, list[Entry]] = {}
+        for entry in self.unacked.values():
+            if entry.queue is not None:
+                by_queue.setdefault(entry.queue, []).append(entry)
+        self.unacked.clear()
+        self.unacked_bytes = 0
+        for queue, entries in by_queue.items():
+            queue.unacked -= len(entries)
+            queue.requeue(entries)
+
+    # -- delivering -------------------------------------------------------------------
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        """Write one basic.deliver (method + header + body) as a single buffer."""
+        self.delivery_tag += 1
+        tag = self.delivery_tag
+        msg = entry.msg
+        if consumer.no_ack:
+            if entry.queue is not None:
+                entry.queue.settle(entry)
+        else:
+            entry.consumer = consumer
+            self.unacked[tag] = entry
+            consumer.unacked += 1
+            self.unacked_bytes += msg.size
+            entry.queue.unacked += 1
+        conn = self.conn
+        conn.send(
+            encode_deliver(
+                self.id,
+                consumer.tag,
+                tag,
+                entry.redelivered,
+                msg.exchange,
+                msg.routing_key,
+                msg.header.raw,
+                msg.body,
+                conn.frame_max,
+            )
+        )
+
+    def cancel_by_server(self, consumer: Consumer) -> None:
+        """The queue went away: forget the consumer and tell a client that understands."""
+        self.consumers.pop(consumer.tag, None)
+        if self.state == OPEN and self.conn.capabilities.get("consumer_cancel_notify"):
+            self.send_method(spec.BasicCancel(consumer_tag=consumer.tag, no_wait=True))
+
+    def _remove_consumer(self, consumer: Consumer) -> None:
+        self.consumers.pop(consumer.tag, None)
+        if consumer.queue is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    # -- channel class ----------------------------------------------------------------
+
+    def _channel_flow(self, m: spec.ChannelFlow) -> None:
+        self.flow_active = m.active
+        self.send_method(spec.ChannelFlowOk(active=m.active))
+        self.update_writable(self.conn.writable)
+
+    def _channel_flow_ok(self, m: spec.ChannelFlowOk) -> None:
+        pass
+
+    def _channel_close(self, m: spec.ChannelClose) -> None:
+        self.release()
+        self.send_method(spec.ChannelCloseOk())
+        self.conn.channel_closed(self)
+
+    def _channel_close_ok(self, m: spec.ChannelCloseOk) -> None:
+        pass  # only meaningful while CLOSING, handled in handle()
+
+    # -- exchange class ---------------------------------------------------------------
+
+    def _check(self, action: str, kind: str, name: str) -> None:
+        perm = self.conn.permission
+        if not perm.allows(action, name):
+            raise channel_error(
+                ACCESS_REFUSED,
+                f"access to {kind} '{name}' in vhost '{self.vhost.name}' refused for user "
+                f"'{self.conn.user.name}'",
+            )
+
+    def _exchange_declare(self, m: spec.ExchangeDeclare) -> None:
+        if not m.passive:
+            self._check("configure", "exchange", m.exchange)
+        ae = (m.arguments or {}).get("alternate-exchange")
+        if ae is not None and not m.passive:
+            self._check("write", "exchange", ae if isinstance(ae, str) else "")
+        exchange, created = self.vhost.declare_exchange(
+            m.exchange,
+            m.type,
+            passive=m.passive,
+            durable=m.durable,
+            auto_delete=m.auto_delete,
+            internal=m.internal,
+            arguments=m.arguments,
+        )
+        if created:
+            self.conn.broker.on_exchange_created(exchange)
+        if not m.no_wait:
+            self.send_method(spec.ExchangeDeclareOk())
+
+    def _exchange_delete(self, m: spec.ExchangeDelete) -> None:
+        self._check("configure", "exchange", m.exchange)
+        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+        if not m.no_wait:
+            self.send_method(spec.ExchangeDeleteOk())
+
+    def _exchange_bind(self, m: spec.ExchangeBind) -> None:
+        self._check("write", "exchange", m.destination)
+        self._check("read", "exchange", m.source)
+        destination = self.vhost.get_exchange(m.destination)
+        source = self.vhost.get_exchange(m.source)
+        self.vhost.bind_exchange(destination, source, m.routing_key, m.arguments)
+        if not m.no_wait:
+            self.send_method(spec.ExchangeBindOk())
+
+    def _exchange_unbind(self, m: spec.ExchangeUnbind) -> None:
+        self._check("write", "exchange", m.destination)
+        self._check("read", "exchange", m.source)
+        destination = self.vhost.exchanges.get(m.destination)
+        source = self.vhost.exchanges.get(m.source)
+        if destination is not None and source is not None:
+            self.vhost.unbind_exchange(destination, source, m.routing_key, m.arguments)
+        if not m.no_wait:
+            self.send_method(spec.ExchangeUnbindOk())
+
+    # -- queue class ------------------------------------------------------------------
+
+    def _queue_declare(self, m: spec.QueueDeclare) -> None:
+        name = m.queue
+        if name == REPLY_TO_QUEUE or name.startswith(REPLY_TO_PREFIX):
+            # RabbitMQ lets clients passively check the pseudo-queue.
+            if not m.no_wait:
+                self.send_method(spec.QueueDeclareOk(queue=name, message_count=0, consumer_count=0))
+            return
+        if name and not m.passive:
+            self._check("configure", "queue", name)
+        queue, created = self.vhost.declare_queue(
+            name,
+            self.conn,
+            passive=m.passive,
+            durable=m.durable,
+            exclusive=m.exclusive,
+            auto_delete=m.auto_delete,
+            arguments=m.arguments,
+        )
+        self.conn.last_queue = queue.name
+        if not m.no_wait:
+            self.send_method(
+                spec.QueueDeclareOk(
+                    queue=queue.name,
+                    message_count=queue.message_count(),
+                    consumer_count=queue.consumer_count,
+                )
+            )
+
+    def _queue_name(self, name: str) -> str:
+        """An empty queue name means the last queue declared on this channel's connection."""
+        if name:
+            return name
+        if self.conn.last_queue is None:
+            raise channel_error(NOT_FOUND, "no previously declared queue")
+        return self.conn.last_queue
+
+    def _queue_bind(self, m: spec.QueueBind) -> None:
+        qname = self._queue_name(m.queue)
+        self._check("write", "queue", qname)
+        self._check("read", "exchange", m.exchange)
+        queue = self.vhost.get_queue(qname, self.conn)
+        exchange = self.vhost.get_exchange(m.exchange)
+        self.vhost.bind_queue(queue, exchange, m.routing_key, m.arguments)
+        if not m.no_wait:
+            self.send_method(spec.QueueBindOk())
+
+    def _queue_unbind(self, m: spec.QueueUnbind) -> None:
+        qname = self._queue_name(m.queue)
+        self._check("write", "queue", qname)
+        self._check("read", "exchange", m.exchange)
+        queue = self.vhost.get_queue(qname, self.conn)
+        exchange = self.vhost.exchanges.get(m.exchange)
+        if exchange is not None:
+            self.vhost.unbind_queue(queue, exchange, m.routing_key, m.arguments)
+        self.send_method(spec.QueueUnbindOk())
+
+    def _queue_purge(self, m: spec.QueuePurge) -> None:
+        qname = self._queue_name(m.queue)
+        self._check("read", "queue", qname)
+        queue = self.vhost.get_queue(qname, self.conn)
+        count = queue.purge()
+        if not m.no_wait:
+            self.send_method(spec.QueuePurgeOk(message_count=count))
+
+    def _queue_delete(self, m: spec.QueueDelete) -> None:
+        qname = self._queue_name(m.queue)
+        self._check("configure", "queue", qname)
+        queue = self.vhost.queues.get(qname)
+        count = 0
+        if queue is not None:
+            self.vhost.check_exclusive(queue, self.conn)
+            count = self.vhost.delete_queue(queue, if_unused=m.if_unused, if_empty=m.if_empty)
+        if not m.no_wait:
+            self.send_method(spec.QueueDeleteOk(message_count=count))
+
+    # -- basic class: qos, consume, cancel, get ----------------------------------------
+
+    def _basic_qos(self, m: spec.BasicQos) -> None:
+        if m.global_:
+            self.prefetch_global = m.prefetch_count
+        else:
+            self.prefetch_count = m.prefetch_count
+        self.prefetch_size = m.prefetch_size
+        self.send_method(spec.BasicQosOk())
+        self._redispatch()
+
+    def _basic_consume(self, m: spec.BasicConsume) -> None:
+        tag = m.consumer_tag or _tag("amq.ctag-")
+        if tag in self.consumers:
+            raise connection_error(
+                NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20
+            )
+        args = m.arguments or {}
+        if m.queue == REPLY_TO_QUEUE:
+            self._consume_reply_to(m, tag)
+            return
+        qname = self._queue_name(m.queue)
+        self._check("read", "queue", qname)
+        queue = self.vhost.get_queue(qname, self.conn)
+        if queue.has_exclusive_consumer() or (m.exclusive and queue.consumer_count):
+            raise channel_error(
+                ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use"
+            )
+        priority = args.get("x-priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-priority' for consumer '{tag}': expected an integer",
+            )
+        consumer = Consumer(self, queue, tag, m.no_ack, m.exclusive, priority,
+                            self.prefetch_count, args)
+        self.consumers[tag] = consumer
+        if not m.no_wait:
+            self.send_method(spec.BasicConsumeOk(consumer_tag=tag))
+        queue.add_consumer(consumer)
+
+    def _consume_reply_to(self, m: spec.BasicConsume, tag: str) -> None:
+        if not m.no_ack:
+            raise channel_error(PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+        if self.reply_key is not None:
+            raise channel_error(PRECONDITION_FAILED, "reply consumer already set")
+        consumer = Consumer(self, None, tag, True, False, 0, 0, {})
+        self.consumers[tag] = consumer
+        self.reply_key = _tag("")
+        self.conn.broker.reply_to[self.reply_key] = consumer
+        if not m.no_wait:
+            self.send_method(spec.BasicConsumeOk(consumer_tag=tag))
+
+    def _basic_cancel(self, m: spec.BasicCancel) -> None:
+        consumer = self.consumers.get(m.consumer_tag)
+        if consumer is not None:
+            self._remove_consumer(consumer)
+            if consumer.queue is None and self.reply_key is not None:
+                self.conn.broker.reply_to.pop(self.reply_key, None)
+                self.reply_key = None
+        if not m.no_wait:
+            self.send_method(spec.BasicCancelOk(consumer_tag=m.consumer_tag))
+
+    def _basic_get(self, m: spec.BasicGet) -> None:
+        qname = self._queue_name(m.queue)
+        self._check("read", "queue", qname)
+        queue = self.vhost.get_queue(qname, self.conn)
+        entry = queue.get()
+        if entry is None:
+            self.send_method(spec.BasicGetEmpty())
+            return
+        self.delivery_tag += 1
+        tag = self.delivery_tag
+        msg = entry.msg
+        if m.no_ack:
+            queue.settle(entry)
+        else:
+            self.unacked[tag] = entry
+            self.unacked_bytes += msg.size
+            queue.unacked += 1
+        method = spec.BasicGetOk(
+            delivery_tag=tag,
+            redelivered=entry.redelivered,
+            exchange=msg.exchange,
+            routing_key=msg.routing_key,
+            message_count=queue.message_count(),
+        )
+        self.conn.send(encode_content(self.id, method, msg.header, msg.body, self.conn.frame_max))
+
+    # -- basic class: acks -------------------------------------------------------------
+
+    def _take_unacked(self, tag: int, multiple: bool) -> list[Entry]:
+        unacked = self.unacked
+        if multiple and tag == 0:
+            entries = list(unacked.values())
+            unacked.clear()
+        elif tag not in unacked:
+            raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
+        elif multiple:
+            entries = []
+            for t in list(unacked):
+                if t > tag:
+                    break
+                entries.append(unacked.pop(t))
+        else:
+            entries = [unacked.pop(tag)]
+        for entry in entries:
+            self.unacked_bytes -= entry.msg.size
+            consumer = entry.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+                entry.consumer = None
+            if entry.queue is not None:
+                entry.queue.unacked -= 1
+        return entries
+
+    def _settle(self, tag: int, multiple: bool, action: Callable[[list[Entry]], None]) -> None:
+        if self.tx is not None:
+            # Validate now (unknown tags fail at once, as in RabbitMQ), apply at commit.
+            if not (multiple and tag == 0) and tag not in self.unacked:
+                raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
+            self.tx.append(lambda: action(self._take_unacked(tag, multiple)))
+            return
+        action(self._take_unacked(tag, multiple))
+        self._redispatch()
+
+    def _basic_ack(self, m: spec.BasicAck) -> None:
+        def ack(entries: list[Entry]) -> None:
+            for entry in entries:
+                if entry.queue is not None and not entry.queue.deleted:
+                    entry.queue.settle(entry)
+
+        self._settle(m.delivery_tag, m.multiple, ack)
+
+    def _reject_entries(self, entries: list[Entry], requeue: bool) -> None:
+        if requeue:
+            by_queue: dict[Queue, list[Entry]] = {}
+            for entry in entries:
+                if entry.queue is not None:
+                    by_queue.setdefault(entry.queue, []).append(entry)
+            for queue, group in by_queue.items():
+                queue.requeue(group)
+        else:
+            for entry in entries:
+                if entry.queue is not None:
+                    entry.queue.reject(entry, False)
+
+    def _basic_reject(self, m: spec.BasicReject) -> None:
+        self._settle(m.delivery_tag, False, lambda es: self._reject_entries(es, m.requeue))
+
+    def _basic_nack(self, m: spec.BasicNack) -> None:
+        self._settle(m.delivery_tag, m.multiple, lambda es: self._reject_entries(es, m.requeue))
+
+    def _basic_recover(self, m: spec.BasicRecover) -> None:
+        if not m.requeue:
+            raise connection_error(NOT_IMPLEMENTED, "requeue=false", 60, 110)
+        self._requeue_all()
+        if isinstance(m, spec.BasicRecover):
+            self.send_method(spec.BasicRecoverOk())
+        self._redispatch()
+
+    # -- basic class: publish ----------------------------------------------------------
+
+    def on_content(self, method: Any, header: Any, body: bytes) -> None:
+        """An assembled basic.publish (the only content a client may send)."""
+        if self.state == CLOSING:
+            return
+        if not isinstance(method, spec.BasicPublish):
+            raise connection_error(
+                503, f"{method.NAME} carries content the broker does not accept",
+                method.CLASS_ID, method.METHOD_ID,
+            )
+        if self.confirm:
+            self.publish_seq += 1
+        if method.immediate:
+            raise connection_error(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        exchange = self.vhost.exchanges.get(method.exchange)
+        if exchange is None:
+            raise channel_error(
+                NOT_FOUND, f"no exchange '{method.exchange}' in vhost '{self.vhost.name}'", 60, 40
+            )
+        perm = self.conn.permission
+        if not perm.allows("write", method.exchange):
+            self._check("write", "exchange", method.exchange)
+        if exchange.internal:
+            raise channel_error(
+                ACCESS_REFUSED,
+                f"cannot publish to internal exchange '{exchange.name}' in vhost "
+                f"'{self.vhost.name}'",
+                60,
+                40,
+            )
+        msg = Message(method.exchange, method.routing_key, header, body)
+        if msg.flags & (FLAG_USER_ID | FLAG_REPLY_TO):
+            msg = self._check_properties(msg)
+        if self.tx is not None:
+            seq = self.publish_seq
+            self.tx.append(lambda: self._route(exchange, msg, method.mandatory, seq))
+            return
+        self._route(exchange, msg, method.mandatory, self.publish_seq)
+
+    def _check_properties(self, msg: Message) -> Message:
+        props = msg.properties
+        if props.user_id is not None and props.user_id != self.conn.user.name:
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"user_id property set to '{props.user_id}' but authenticated user was "
+                f"'{self.conn.user.name}'",
+                60,
+                40,
+            )
+        if props.reply_to == REPLY_TO_QUEUE:
+            if self.reply_key is None:
+                raise channel_error(PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
+            new = copy_properties(props)
+            new.reply_to = REPLY_TO_PREFIX + self.reply_key
+            msg = msg.with_properties(new)
+        return msg
+
+    def _route(self, exchange: Any, msg: Message, mandatory: bool, seq: int) -> None:
+        self.stats_published += 1
+        exchange.stats_in += 1
+        if exchange.name == "" and msg.routing_key.startswith(REPLY_TO_PREFIX):
+            consumer = self.conn.broker.reply_to.get(msg.routing_key[len(REPLY_TO_PREFIX):])
+            if consumer is not None:
+                if consumer.channel.state == OPEN:
+                    consumer.channel.deliver(consumer, Entry(msg, 0, None))  # type: ignore[arg-type]
+                self._confirmed(seq, True)
+                return
+            queues: Any = ()
+        else:
+            queues = self.vhost.route(exchange, msg)
+        if not queues:
+            exchange.stats_unroutable += 1
+            if mandatory:
+                self._return(msg, 312, "NO_ROUTE")
+            self._confirmed(seq, True)
+            return
+        if msg.flags & FLAG_HEADERS and "BCC" in msg.headers:
+            msg = _strip_bcc(msg)
+        ok = True
+        for queue in queues:
+            if not queue.publish(msg):
+                ok = False
+        self._confirmed(seq, ok)
+
+    def _return(self, msg: Message, code: int, text: str) -> None:
+        method = spec.BasicReturn(
+            reply_code=code, reply_text=text, exchange=msg.exchange, routing_key=msg.routing_key
+        )
+        self.conn.send(encode_content(self.id, method, msg.header, msg.body, self.conn.frame_max))
+
+    # -- confirms ---------------------------------------------------------------------
+
+    def _confirmed(self, seq: int, ok: bool) -> None:
+        if not self.confirm:
+            return
+        if ok:
+            self._ack_upto = seq
+            self.conn.want_flush(self)
+        else:
+            self.flush_confirms()
+            self.send_method(spec.BasicNack(delivery_tag=seq, multiple=False, requeue=False))
+            self._acked_sent = seq
+            self._ack_upto = seq
+
+    def flush_confirms(self) -> None:
+        """Send one basic.ack covering everything confirmed since the last one."""
+        upto = self._ack_upto
+        if upto > self._acked_sent:
+            multiple = upto - self._acked_sent > 1
+            self._acked_sent = upto
+            self.send_method(spec.BasicAck(delivery_tag=upto, multiple=multiple))
+
+    def _confirm_select(self, m: spec.ConfirmSelect) -> None:
+        if self.tx is not None:
+            raise channel_error(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10)
+        self.confirm = True
+        if not m.nowait:
+            self.send_method(spec.ConfirmSelectOk())
+
+    # -- tx ----------------------------------------------------------------------------
+
+    def _tx_select(self, m: spec.TxSelect) -> None:
+        if self.confirm:
+            raise channel_error(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10)
+        if self.tx is None:
+            self.tx = []
+        self.send_method(spec.TxSelectOk())
+
+    def _tx_commit(self, m: spec.TxCommit) -> None:
+        if self.tx is None:
+            raise channel_error(PRECONDITION_FAILED, "channel is not transactional", 90, 20)
+        ops, self.tx = self.tx, []
+        for op in ops:
+            op()
+        self._redispatch()
+        self.send_method(spec.TxCommitOk())
+
+    def _tx_rollback(self, m: spec.TxRollback) -> None:
+        if self.tx is None:
+            raise channel_error(PRECONDITION_FAILED, "channel is not transactional", 90, 30)
+        self.tx = []
+        self.send_method(spec.TxRollbackOk())
+
+
+def _strip_bcc(msg: Message) -> Message:
+    """Sender-selected distribution: BCC routes the message but is never delivered."""
+    props = copy_properties(msg.properties)
+    props.headers = {k: v for k, v in props.headers.items() if k != "BCC"}
+    return msg.with_properties(props)
+
+
+_HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
+    spec.ChannelFlow: Channel._channel_flow,
+    spec.ChannelFlowOk: Channel._channel_flow_ok,
+    spec.ChannelClose: Channel._channel_close,
+    spec.ChannelCloseOk: Channel._channel_close_ok,
+    spec.ExchangeDeclare: Channel._exchange_declare,
+    spec.ExchangeDelete: Channel._exchange_delete,
+    spec.ExchangeBind: Channel._exchange_bind,
+    spec.ExchangeUnbind: Channel._exchange_unbind,
+    spec.QueueDeclare: Channel._queue_declare,
+    spec.QueueBind: Channel._queue_bind,
+    spec.QueueUnbind: Channel._queue_unbind,
+    spec.QueuePurge: Channel._queue_purge,
+    spec.QueueDelete: Channel._queue_delete,
+    spec.BasicQos: Channel._basic_qos,
+    spec.BasicConsume: Channel._basic_consume,
+    spec.BasicCancel: Channel._basic_cancel,
+    spec.BasicGet: Channel._basic_get,
+    spec.BasicAck: Channel._basic_ack,
+    spec.BasicReject: Channel._basic_reject,
+    spec.BasicNack: Channel._basic_nack,
+    spec.BasicRecover: Channel._basic_recover,
+    spec.BasicRecoverAsync: Channel._basic_recover,
+    spec.ConfirmSelect: Channel._confirm_select,
+    spec.TxSelect: Channel._tx_select,
+    spec.TxCommit: Channel._tx_commit,
+    spec.TxRollback: Channel._tx_rollback,
+}
+
+__all__ = ["Channel", "Consumer", "REPLY_SUCCESS"]

@@ -1,0 +1,413 @@
+"""Broker configuration: TOML in, validated frozen dataclasses out.
+
+Validation is strict on purpose: a misspelt key silently falling back to a
+default is how brokers end up listening on the wrong port in production, so
+every unknown key and every wrong type is an error that names the key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the offending key in the message."""
+
+
+@dataclass(frozen=True, slots=True)
+class AmqpConfig:
+    bind: tuple[str, ...] = ("127.0.0.1", "::1")
+    port: int = 5672
+    backlog: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ManagementConfig:
+    enabled: bool = True
+    bind: str = "127.0.0.1"
+    port: int = 15672
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    max_message_size: int = 128 * 1024 * 1024
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat: int = 60
+    max_connections: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    cache_keys: int = 10000
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    data_dir: str = "./data"
+    sync_interval_ms: int = 5
+    segment_size: int = 64 * 1024 * 1024
+    queue_memory_limit: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryConfig:
+    high_watermark: int = 2 * 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    level: str = "warning"
+    format: str = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class UserConfig:
+    name: str
+    password: str
+    tags: tuple[str, ...] = ()
+    loopback_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VhostConfig:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionConfig:
+    user: str
+    vhost: str
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+
+
+def _default_users() -> tuple[UserConfig, ...]:
+    return (UserConfig("guest", "guest", ("administrator",), True),)
+
+
+def _default_vhosts() -> tuple[VhostConfig, ...]:
+    return (VhostConfig("/"),)
+
+
+def _default_permissions() -> tuple[PermissionConfig, ...]:
+    return (PermissionConfig("guest", "/"),)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    amqp: AmqpConfig = field(default_factory=AmqpConfig)
+    management: ManagementConfig = field(default_factory=ManagementConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    users: tuple[UserConfig, ...] = field(default_factory=_default_users)
+    vhosts: tuple[VhostConfig, ...] = field(default_factory=_default_vhosts)
+    permissions: tuple[PermissionConfig, ...] = field(default_factory=_default_permissions)
+
+    def with_overrides(
+        self,
+        *,
+        port: int | None = None,
+        mgmt_port: int | None = None,
+        data_dir: str | None = None,
+        log_level: str | None = None,
+    ) -> Config:
+        """Apply command-line overrides (which win over the file)."""
+        cfg = self
+        if port is not None:
+            cfg = replace(cfg, amqp=replace(cfg.amqp, port=_port("--port", port)))
+        if mgmt_port is not None:
+            cfg = replace(
+                cfg, management=replace(cfg.management, port=_port("--mgmt-port", mgmt_port))
+            )
+        if data_dir is not None:
+            cfg = replace(cfg, storage=replace(cfg.storage, data_dir=data_dir))
+        if log_level is not None:
+            cfg = replace(cfg, log=replace(cfg.log, level=_log_level("--log-level", log_level)))
+        return cfg
+
+
+# -- validation helpers -------------------------------------------------------
+
+
+def _port(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ConfigError(f"{key}: must be a port number 0-65535 (0 = any free port), got {value!r}")
+    return value
+
+
+def _log_level(key: str, value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+        raise ConfigError(f"{key}: must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return value.lower()
+
+
+def _int(key: str, value: Any, minimum: int = 0, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: must be an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise ConfigError(f"{key}: must be {bound}, got {value}")
+    return value
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: must be true or false, got {value!r}")
+    return value
+
+
+def _str(key: str, value: Any, *, nonempty: bool = True) -> str:
+    if not isinstance(value, str) or (nonempty and not value):
+        raise ConfigError(f"{key}: must be a non-empty string, got {value!r}")
+    return value
+
+
+def _address(key: str, value: Any) -> str:
+    value = _str(key, value)
+    if value != "localhost":
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ConfigError(f"{key}: {value!r} is not an IP address") from None
+    return value
+
+
+def _regex(key: str, value: Any) -> str:
+    value = _str(key, value, nonempty=False)
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ConfigError(f"{key}: invalid regular expression {value!r}: {exc}") from None
+    return value
+
+
+def _table(key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: must be a table, got {type(value).__name__}")
+    return value
+
+
+def _check_keys(section: str, data: dict[str, Any], allowed: type) -> None:
+    known = {f.name for f in fields(allowed)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(
+                f"{section}{key}: unknown setting (known: {', '.join(sorted(known))})"
+            )
+
+
+def _section(data: dict[str, Any], name: str, cls: type, checks: dict[str, Any]) -> Any:
+    raw = _table(f"[{name}]", data.get(name, {}))
+    _check_keys(f"[{name}] ", raw, cls)
+    values = {k: checks[k](f"[{name}] {k}", v) for k, v in raw.items()}
+    return cls(**values)
+
+
+def _array_of_tables(data: dict[str, Any], name: str) -> list[dict[str, Any]] | None:
+    if name not in data:
+        return None
+    raw = data[name]
+    if not isinstance(raw, list) or not all(isinstance(item, dict) for item in raw):
+        raise ConfigError(f"[[{name}]]: must be an array of tables")
+    return raw
+
+
+def parse_config(data: dict[str, Any]) -> Config:
+    """Validate a parsed TOML document and build a Config."""
+    sections = {
+        "amqp",
+        "management",
+        "limits",
+        "routing",
+        "storage",
+        "memory",
+        "log",
+        "users",
+        "vhosts",
+        "permissions",
+    }
+    for key in data:
+        if key not in sections:
+            raise ConfigError(f"{key}: unknown section (known: {', '.join(sorted(sections))})")
+
+    def bind_list(key: str, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value:
+            raise ConfigError(f"{key}: must be a non-empty list of addresses")
+        return tuple(_address(f"{key}[{i}]", v) for i, v in enumerate(value))
+
+    amqp = _section(
+        data,
+        "amqp",
+        AmqpConfig,
+        {"bind": bind_list, "port": _port, "backlog": lambda k, v: _int(k, v, 1)},
+    )
+    management = _section(
+        data,
+        "management",
+        ManagementConfig,
+        {"enabled": _bool, "bind": _address, "port": _port},
+    )
+    limits = _section(
+        data,
+        "limits",
+        LimitsConfig,
+        {
+            "max_message_size": lambda k, v: _int(k, v, 1, 512 * 1024 * 1024),
+            "frame_max": lambda k, v: _int(k, v, 4096, 2**32 - 1),
+            "channel_max": lambda k, v: _int(k, v, 0, 65535),
+            "heartbeat": lambda k, v: _int(k, v, 0, 65535),
+            "max_connections": lambda k, v: _int(k, v, 0),
+        },
+    )
+    routing = _section(
+        data, "routing", RoutingConfig, {"cache_keys": lambda k, v: _int(k, v, 0)}
+    )
+    storage = _section(
+        data,
+        "storage",
+        StorageConfig,
+        {
+            "data_dir": _str,
+            "sync_interval_ms": lambda k, v: _int(k, v, 0, 10000),
+            "segment_size": lambda k, v: _int(k, v, 1024 * 1024),
+            "queue_memory_limit": lambda k, v: _int(k, v, 0),
+        },
+    )
+    memory = _section(
+        data, "memory", MemoryConfig, {"high_watermark": lambda k, v: _int(k, v, 1024 * 1024)}
+    )
+
+    def log_format(key: str, value: Any) -> str:
+        if value not in ("text", "json"):
+            raise ConfigError(f"{key}: must be \"text\" or \"json\", got {value!r}")
+        return value
+
+    log = _section(data, "log", LogConfig, {"level": _log_level, "format": log_format})
+
+    users = _users(_array_of_tables(data, "users"))
+    vhosts = _vhosts(_array_of_tables(data, "vhosts"))
+    permissions = _permissions(_array_of_tables(data, "permissions"), users, vhosts)
+    return Config(
+        amqp=amqp,
+        management=management,
+        limits=limits,
+        routing=routing,
+        storage=storage,
+        memory=memory,
+        log=log,
+        users=users,
+        vhosts=vhosts,
+        permissions=permissions,
+    )
+
+
+def _users(raw: list[dict[str, Any]] | None) -> tuple[UserConfig, ...]:
+    if raw is None:
+        return _default_users()
+    users = []
+    for i, item in enumerate(raw):
+        where = f"[[users]] #{i + 1} "
+        _check_keys(where, item, UserConfig)
+        for required in ("name", "password"):
+            if required not in item:
+                raise ConfigError(f"{where}{required}: missing")
+        tags = item.get("tags", [])
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise ConfigError(f"{where}tags: must be a list of strings")
+        users.append(
+            UserConfig(
+                name=_str(f"{where}name", item["name"]),
+                password=_str(f"{where}password", item["password"], nonempty=False),
+                tags=tuple(tags),
+                loopback_only=_bool(f"{where}loopback_only", item.get("loopback_only", False)),
+            )
+        )
+    names = [u.name for u in users]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"[[users]] name: user {name!r} is defined twice")
+    return tuple(users)
+
+
+def _vhosts(raw: list[dict[str, Any]] | None) -> tuple[VhostConfig, ...]:
+    if raw is None:
+        return _default_vhosts()
+    vhosts = []
+    for i, item in enumerate(raw):
+        where = f"[[vhosts]] #{i + 1} "
+        _check_keys(where, item, VhostConfig)
+        if "name" not in item:
+            raise ConfigError(f"{where}name: missing")
+        vhosts.append(VhostConfig(_str(f"{where}name", item["name"])))
+    return tuple(vhosts)
+
+
+def _permissions(
+    raw: list[dict[str, Any]] | None,
+    users: tuple[UserConfig, ...],
+    vhosts: tuple[VhostConfig, ...],
+) -> tuple[PermissionConfig, ...]:
+    if raw is None:
+        user_names = {u.name for u in users}
+        vhost_names = {v.name for v in vhosts}
+        return tuple(
+            p for p in _default_permissions() if p.user in user_names and p.vhost in vhost_names
+        )
+    user_names = {u.name for u in users}
+    vhost_names = {v.name for v in vhosts}
+    perms = []
+    for i, item in enumerate(raw):
+        where = f"[[permissions]] #{i + 1} "
+        _check_keys(where, item, PermissionConfig)
+        for required in ("user", "vhost"):
+            if required not in item:
+                raise ConfigError(f"{where}{required}: missing")
+        user = _str(f"{where}user", item["user"])
+        vhost = _str(f"{where}vhost", item["vhost"])
+        if user not in user_names:
+            raise ConfigError(f"{where}user: no user named {user!r} in [[users]]")
+        if vhost not in vhost_names:
+            raise ConfigError(f"{where}vhost: no vhost named {vhost!r} in [[vhosts]]")
+        perms.append(
+            PermissionConfig(
+                user=user,
+                vhost=vhost,
+                configure=_regex(f"{where}configure", item.get("configure", ".*")),
+                write=_regex(f"{where}write", item.get("write", ".*")),
+                read=_regex(f"{where}read", item.get("read", ".*")),
+            )
+        )
+    return tuple(perms)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML config file; raises ConfigError naming the problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,561 @@
+"""One AMQP connection: a thin asyncio.Protocol around the sans-IO frame parser.
+
+`data_received` feeds the parser and hands each event to the connection's
+handshake state machine or to a channel. Output is coalesced: frames are
+appended to a list and written once per loop iteration (or sooner when the
+list grows large), and each message is one buffer, so the frames of two
+messages can never interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+from typing import TYPE_CHECKING, Any
+
+from protocol import spec
+from protocol.errors import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    CONNECTION_FORCED,
+    INTERNAL_ERROR,
+    NOT_ALLOWED,
+    REPLY_SUCCESS,
+    HardError,
+    ProtocolHeaderMismatch,
+    SoftError,
+)
+from protocol.frames import (
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    ContentMessage,
+    FrameParser,
+    Heartbeat,
+    MethodFrame,
+    ProtocolHeaderReceived,
+    encode_method,
+)
+
+from . import __version__
+from .auth import MECHANISMS, AuthError
+from .channel import Channel
+from .errors import connection_error
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+log = logging.getLogger("roarmq.connection")
+
+# Handshake states (h11 keeps every state in one place; so do we).
+AWAIT_HEADER = "await-header"
+AWAIT_START_OK = "await-start-ok"
+AWAIT_TUNE_OK = "await-tune-ok"
+AWAIT_OPEN = "await-open"
+OPEN = "open"
+CLOSING = "closing"
+CLOSED = "closed"
+
+#: Seconds a client has to finish the handshake, as RabbitMQ's handshake_timeout.
+HANDSHAKE_TIMEOUT = 10.0
+#: Seconds we wait for connection.close-ok before dropping the socket.
+CLOSE_OK_TIMEOUT = 3.0
+#: Write directly once this many bytes are pending, so one dispatch loop cannot
+#: build an unbounded buffer before the transport gets a chance to push back.
+FLUSH_THRESHOLD = 256 * 1024
+#: Transport buffer limits: above HIGH we stop delivering to this connection.
+WRITE_HIGH = 1024 * 1024
+WRITE_LOW = 256 * 1024
+
+SERVER_CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "consumer_priorities": True,
+    "direct_reply_to": True,
+}
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        cfg = broker.config.limits
+        self.parser = FrameParser(
+            expect_protocol_header=True,
+            frame_max=cfg.frame_max,
+            max_body_size=cfg.max_message_size,
+        )
+        self.state = AWAIT_HEADER
+        self.transport: asyncio.Transport | None = None
+        self.peer: tuple[str, int] | None = None
+        self.name = "?"
+        self.channels: dict[int, Channel] = {}
+        self.frame_max = cfg.frame_max
+        self.channel_max = cfg.channel_max or 65535
+        self.heartbeat = 0
+        self.capabilities: dict[str, Any] = {}
+        self.client_properties: dict[str, Any] = {}
+        self.user: Any = None
+        self.vhost: Any = None
+        self.permission: Any = None
+        self.exclusive_queues: list[Any] = []
+        self.last_queue: str | None = None
+        self.writable = True
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._dirty = False
+        self._confirm_channels: list[Channel] = []
+        self._received = False
+        self._sent = False
+        self._missed = 0
+        self._timer: Any = None
+        self._reading_paused = False
+        self.blocked_notified = False
+        self.published = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.peer = (peer[0], peer[1])
+            host = f"[{peer[0]}]" if ":" in peer[0] else peer[0]
+            self.name = f"{host}:{peer[1]}"
+        try:
+            self.transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
+        except (AttributeError, NotImplementedError):
+            pass
+        self.broker.connection_opened(self)
+        self._timer = self.broker.clock.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.state not in (CLOSING, CLOSED) and self.state == OPEN:
+            log.info("client closed the connection without connection.close",
+                     extra={"conn": self.name})
+        self.state = CLOSED
+        self._cleanup()
+
+    def pause_writing(self) -> None:
+        self.writable = False
+        for ch in self.channels.values():
+            ch.can_deliver = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for ch in list(self.channels.values()):
+            ch.update_writable(True)
+
+    def data_received(self, data: bytes) -> None:
+        self._received = True
+        try:
+            events = self.parser.feed(data)
+        except ProtocolHeaderMismatch:
+            self._write_now(PROTOCOL_HEADER)
+            self._abort("bad protocol header")
+            return
+        except SoftError as exc:
+            self._process(getattr(exc, "events", None) or ())
+            self._channel_exception(exc.channel, exc)
+            self._after_batch()
+            return
+        except HardError as exc:
+            self._process(getattr(exc, "events", None) or ())
+            self.close_with_error(exc)
+            return
+        self._process(events)
+        self._after_batch()
+
+    # -- event processing -------------------------------------------------------------
+
+    def _process(self, events: Any) -> None:
+        i, n = 0, len(events)
+        channels = self.channels
+        while i < n and self.state not in (CLOSED,):
+            ev = None
+            try:
+                while i < n:
+                    ev = events[i]
+                    i += 1
+                    if type(ev) is ContentMessage:
+                        ch = channels.get(ev.channel)
+                        if ch is None:
+                            raise self._no_channel(ev.channel)
+                        ch.on_content(ev.method, ev.header, ev.body)
+                    elif type(ev) is MethodFrame:
+                        if self.state == CLOSING:
+                            self._closing_method(ev.method)
+                        elif ev.channel == 0:
+                            self._connection_method(ev.method)
+                        else:
+                            self._channel_method(ev.channel, ev.method)
+                    elif type(ev) is Heartbeat or type(ev) is ProtocolHeaderReceived:
+                        if type(ev) is ProtocolHeaderReceived:
+                            self._send_start()
+            except SoftError as exc:
+                self._channel_exception(getattr(ev, "channel", 0), exc)
+            except HardError as exc:
+                self.close_with_error(exc)
+                return
+            except Exception:
+                log.exception("internal error while handling a frame", extra={"conn": self.name})
+                self.close_with_error(
+                    connection_error(INTERNAL_ERROR, "internal error; see the broker log")
+                )
+                return
+
+    def _after_batch(self) -> None:
+        if self._confirm_channels:
+            for ch in self._confirm_channels:
+                ch.flush_confirms()
+            self._confirm_channels.clear()
+        if self.published and self.broker.blocked and not self._reading_paused:
+            self._pause_reading()
+        self.published = False
+
+    def want_flush(self, channel: Channel) -> None:
+        """A channel has confirms to send once the current batch of frames is handled."""
+        self.published = True
+        if channel not in self._confirm_channels:
+            self._confirm_channels.append(channel)
+
+    def _no_channel(self, channel_id: int) -> HardError:
+        return connection_error(CHANNEL_ERROR, f"expected 'channel.open' for channel {channel_id}")
+
+    def _channel_method(self, channel_id: int, method: Any) -> None:
+        ch = self.channels.get(channel_id)
+        if ch is None:
+            if type(method) is spec.ChannelOpen:
+                self._open_channel(channel_id)
+                return
+            if type(method) is spec.ChannelCloseOk:
+                return  # a close-ok racing a channel we already forgot
+            raise self._no_channel(channel_id)
+        if type(method) is spec.ChannelOpen:
+            raise connection_error(
+                CHANNEL_ERROR, f"second 'channel.open' seen on channel {channel_id}", 20, 10
+            )
+        if method.CLASS_ID == 10:
+            raise connection_error(
+                COMMAND_INVALID, f"{method.NAME} is only valid on channel 0",
+                method.CLASS_ID, method.METHOD_ID,
+            )
+        ch.handle(method)
+
+    def _open_channel(self, channel_id: int) -> None:
+        if self.state != OPEN:
+            raise connection_error(COMMAND_INVALID, "channel.open before connection.open", 20, 10)
+        if channel_id > self.channel_max:
+            raise connection_error(
+                NOT_ALLOWED,
+                f"channel number {channel_id} exceeds the negotiated channel_max "
+                f"{self.channel_max}",
+                20,
+                10,
+            )
+        ch = Channel(self, channel_id)
+        self.channels[channel_id] = ch
+        self.send_method(channel_id, spec.ChannelOpenOk())
+
+    def channel_closed(self, channel: Channel) -> None:
+        if self.channels.get(channel.id) is channel:
+            del self.channels[channel.id]
+
+    def _channel_exception(self, channel_id: int, exc: SoftError) -> None:
+        ch = self.channels.get(channel_id)
+        if ch is None:
+            self.close_with_error(
+                connection_error(CHANNEL_ERROR, f"channel error on unopened channel {channel_id}")
+            )
+            return
+        ch.close_by_server(exc)
+
+    # -- connection class (channel 0) -------------------------------------------------
+
+    def _send_start(self) -> None:
+        self.state = AWAIT_START_OK
+        props = {
+            "product": "RoarMQ",
+            "version": __version__,
+            "platform": f"Python {platform.python_version()}",
+            "copyright": "Copyright (c) the RoarMQ developers",
+            "information": "Licensed under the Apache License 2.0. An AMQP 0-9-1 broker "
+            "with trie + roaring-bitmap routing.",
+            "cluster_name": self.broker.cluster_name,
+            "capabilities": dict(SERVER_CAPABILITIES),
+        }
+        self.send_method(
+            0,
+            spec.ConnectionStart(
+                version_major=0,
+                version_minor=9,
+                server_properties=props,
+                mechanisms=" ".join(MECHANISMS),
+                locales="en_US",
+            ),
+        )
+
+    def _connection_method(self, method: Any) -> None:
+        kind = type(method)
+        state = self.state
+        if kind is spec.ConnectionStartOk and state == AWAIT_START_OK:
+            self._start_ok(method)
+        elif kind is spec.ConnectionTuneOk and state == AWAIT_TUNE_OK:
+            self._tune_ok(method)
+        elif kind is spec.ConnectionOpen and state == AWAIT_OPEN:
+            self._open(method)
+        elif kind is spec.ConnectionClose:
+            log.debug("client closed the connection", extra={"conn": self.name})
+            self.state = CLOSING
+            self._release_channels()
+            self.send_method(0, spec.ConnectionCloseOk())
+            self._shutdown()
+        elif kind is spec.ConnectionUpdateSecret and state == OPEN:
+            self.send_method(0, spec.ConnectionUpdateSecretOk())
+        else:
+            raise connection_error(
+                COMMAND_INVALID,
+                f"unexpected method {method.NAME} on channel 0 in state {state}",
+                method.CLASS_ID,
+                method.METHOD_ID,
+            )
+
+    def _start_ok(self, m: spec.ConnectionStartOk) -> None:
+        self.client_properties = m.client_properties or {}
+        caps = self.client_properties.get("capabilities")
+        self.capabilities = caps if isinstance(caps, dict) else {}
+        peer_host = self.peer[0] if self.peer else None
+        try:
+            self.user = self.broker.auth.authenticate(m.mechanism, m.response, peer_host)
+        except AuthError as exc:
+            log.warning("login refused", extra={"conn": self.name, "reason": str(exc)})
+            text = (
+                f"Login was refused using authentication mechanism {m.mechanism}. "
+                "For details see the broker logfile."
+            )
+            if self.capabilities.get("authentication_failure_close"):
+                self.close_with_error(HardError(ACCESS_REFUSED, text, class_id=10, method_id=11))
+            else:
+                self._abort("authentication failed")
+            return
+        self.state = AWAIT_TUNE_OK
+        limits = self.broker.config.limits
+        self.send_method(
+            0,
+            spec.ConnectionTune(
+                channel_max=limits.channel_max,
+                frame_max=limits.frame_max,
+                heartbeat=limits.heartbeat,
+            ),
+        )
+
+    def _tune_ok(self, m: spec.ConnectionTuneOk) -> None:
+        limits = self.broker.config.limits
+        if m.frame_max and m.frame_max < spec.FRAME_MIN_SIZE:
+            raise connection_error(
+                NOT_ALLOWED, f"frame_max={m.frame_max} < {spec.FRAME_MIN_SIZE} min size", 10, 31
+            )
+        if m.frame_max > limits.frame_max:
+            raise connection_error(
+                NOT_ALLOWED, f"frame_max={m.frame_max} > {limits.frame_max} max size", 10, 31
+            )
+        server_cmax = limits.channel_max or 65535
+        if m.channel_max > server_cmax:
+            raise connection_error(
+                NOT_ALLOWED, f"channel_max={m.channel_max} > {server_cmax} max", 10, 31
+            )
+        self.frame_max = m.frame_max or limits.frame_max
+        self.parser.frame_max = self.frame_max
+        self.channel_max = m.channel_max or server_cmax
+        self.heartbeat = m.heartbeat
+        self.state = AWAIT_OPEN
+
+    def _open(self, m: spec.ConnectionOpen) -> None:
+        vhost = self.broker.vhosts.get(m.virtual_host)
+        if vhost is None:
+            raise connection_error(NOT_ALLOWED, f"vhost {m.virtual_host} not found", 10, 40)
+        perm = self.user.permissions.get(m.virtual_host)
+        if perm is None:
+            raise connection_error(
+                NOT_ALLOWED,
+                f"access to vhost '{m.virtual_host}' refused for user '{self.user.name}'",
+                10,
+                40,
+            )
+        self.vhost = vhost
+        self.permission = perm
+        self.state = OPEN
+        self.send_method(0, spec.ConnectionOpenOk())
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.heartbeat:
+            self._timer = self.broker.clock.call_later(self.heartbeat / 2, self._heartbeat_tick)
+        if self.broker.blocked:
+            self.notify_blocked(True)
+        log.info("connection opened",
+                 extra={"conn": self.name, "user": self.user.name, "vhost": vhost.name})
+
+    def _closing_method(self, method: Any) -> None:
+        """After we sent connection.close only close and close-ok matter (spec 2.2.4)."""
+        if type(method) is spec.ConnectionCloseOk:
+            self._abort(None)
+        elif type(method) is spec.ConnectionClose:
+            self.send_method(0, spec.ConnectionCloseOk())
+            self._shutdown()
+
+    def close_with_error(self, exc: HardError) -> None:
+        """Connection exception: connection.close with the reply code, then wait for close-ok."""
+        if self.state in (CLOSING, CLOSED):
+            return
+        log.warning("closing connection on error",
+                    extra={"conn": self.name, "code": exc.reply_code, "text": exc.text})
+        if self.state in (AWAIT_HEADER,):
+            self._abort(exc.text)
+            return
+        self.state = CLOSING
+        self._release_channels()
+        self.send_method(
+            0,
+            spec.ConnectionClose(
+                reply_code=exc.reply_code,
+                reply_text=exc.close_text,
+                class_id=exc.class_id,
+                method_id=exc.method_id,
+            ),
+        )
+        self.flush()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.broker.clock.call_later(CLOSE_OK_TIMEOUT, self._abort, "close-ok timeout")
+
+    def force_close(self, text: str = "broker shutdown") -> None:
+        """Server-initiated close (shutdown, management API): 320 CONNECTION_FORCED."""
+        if self.state == OPEN:
+            self.close_with_error(
+                HardError(CONNECTION_FORCED, text)
+            )
+        else:
+            self._abort(text)
+
+    def notify_blocked(self, blocked: bool) -> None:
+        if self.state != OPEN or not self.capabilities.get("connection.blocked"):
+            return
+        if blocked and not self.blocked_notified:
+            self.blocked_notified = True
+            self.send_method(0, spec.ConnectionBlocked(reason="low on memory"))
+        elif not blocked and self.blocked_notified:
+            self.blocked_notified = False
+            self.send_method(0, spec.ConnectionUnblocked())
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+            self.broker.paused_readers.add(self)
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    # -- timers -----------------------------------------------------------------------
+
+    def _handshake_timeout(self) -> None:
+        self._timer = None
+        if self.state != OPEN:
+            log.warning("handshake timeout", extra={"conn": self.name, "state": self.state})
+            self._abort("handshake timeout")
+
+    def _heartbeat_tick(self) -> None:
+        """Runs every heartbeat/2: send one if we were quiet; give up after 2 silent intervals."""
+        self._timer = None
+        if self.state != OPEN:
+            return
+        if self._received:
+            self._received = False
+            self._missed = 0
+        else:
+            self._missed += 1
+            if self._missed >= 4:
+                log.warning("missed heartbeats from client, timeout: %ss", self.heartbeat,
+                            extra={"conn": self.name})
+                self._abort("missed heartbeats")
+                return
+        if not self._sent:
+            self.send(HEARTBEAT_FRAME)
+        self._sent = False
+        self._timer = self.broker.clock.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    # -- output -----------------------------------------------------------------------
+
+    def send_method(self, channel: int, method: Any) -> None:
+        self.send(encode_method(channel, method))
+
+    def send(self, data: bytes) -> None:
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if not self._dirty:
+            self._dirty = True
+            self.broker.mark_dirty(self)
+        if self._out_bytes >= FLUSH_THRESHOLD:
+            self.flush()
+
+    def flush(self) -> None:
+        self._dirty = False
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        self._out_bytes = 0
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self._sent = True
+        if len(out) == 1:
+            transport.write(out[0])
+        else:
+            transport.writelines(out)
+
+    def _write_now(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    # -- teardown ---------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        """Flush what we owe the client, then close the socket."""
+        self.flush()
+        self._abort(None)
+
+    def _abort(self, reason: str | None) -> None:
+        if reason:
+            log.info("closing connection", extra={"conn": self.name, "reason": reason})
+        self.flush()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        self.state = CLOSED if self.state != CLOSING else CLOSING
+        self._cleanup()
+
+    def _release_channels(self) -> None:
+        for ch in list(self.channels.values()):
+            ch.release()
+        self.channels.clear()
+
+    def _cleanup(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._release_channels()
+        for queue in list(self.exclusive_queues):
+            queue.vhost.delete_queue(queue, reason="exclusive owner gone")
+        self.exclusive_queues.clear()
+        self.broker.connection_closed(self)
+
+
+__all__ = ["Connection", "REPLY_SUCCESS"]

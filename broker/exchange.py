@@ -1,0 +1,122 @@
+"""Exchanges: a name, a type, and a routing index from broker/routing/.
+
+The exchange does not match anything itself; it owns the index for its type
+(dict for direct, trie + roaring bitmaps for topic, inverted criteria bitmap
+for headers, a plain set for fanout) and says which destinations a message
+reaches. Following exchange-to-exchange bindings is the vhost's job.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from protocol.errors import COMMAND_INVALID, PRECONDITION_FAILED
+
+from .errors import channel_error, connection_error
+from .routing import make_index
+
+if TYPE_CHECKING:
+    from .vhost import VirtualHost
+
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+
+
+class Exchange:
+    __slots__ = (
+        "vhost",
+        "name",
+        "type",
+        "durable",
+        "auto_delete",
+        "internal",
+        "arguments",
+        "index",
+        "alternate",
+        "exchange_dests",
+        "deleted",
+        "builtin",
+        "stats_in",
+        "stats_unroutable",
+    )
+
+    def __init__(
+        self,
+        vhost: VirtualHost,
+        name: str,
+        type_: str,
+        *,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict | None = None,
+        builtin: bool = False,
+        cache_keys: int = 10000,
+    ) -> None:
+        if type_ not in EXCHANGE_TYPES:
+            raise connection_error(
+                COMMAND_INVALID, f"unknown exchange type '{type_}'", class_id=40, method_id=10
+            )
+        self.vhost = vhost
+        self.name = name
+        self.type = type_
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = dict(arguments or {})
+        try:
+            self.index = make_index(type_, self.arguments, cache_keys=cache_keys)
+        except ValueError as exc:
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arguments for exchange '{name}' in vhost '{vhost.name}': {exc}",
+                40,
+                10,
+            ) from None
+        alternate = self.arguments.get("alternate-exchange")
+        self.alternate: str | None = alternate if isinstance(alternate, str) else None
+        self.exchange_dests = 0
+        self.deleted = False
+        self.builtin = builtin
+        self.stats_in = 0
+        self.stats_unroutable = 0
+
+    def __repr__(self) -> str:
+        return f"<Exchange {self.name!r} type={self.type} vhost={self.vhost.name!r}>"
+
+    @property
+    def description(self) -> str:
+        return f"exchange '{self.name}' in vhost '{self.vhost.name}'"
+
+    def bind(self, key: str, destination: Any, arguments: dict | None) -> bool:
+        added = self.index.bind(key, destination, arguments or None)
+        if added and isinstance(destination, Exchange):
+            self.exchange_dests += 1
+        return added
+
+    def unbind(self, key: str, destination: Any, arguments: dict | None) -> bool:
+        removed = self.index.unbind(key, destination, arguments or None)
+        if removed and isinstance(destination, Exchange):
+            self.exchange_dests -= 1
+        return removed
+
+    def remove_destination(self, destination: Any) -> int:
+        removed = self.index.remove_destination(destination)
+        if removed and isinstance(destination, Exchange):
+            self.exchange_dests -= removed
+        return removed
+
+    def route(self, routing_key: str, headers: dict | None) -> Any:
+        return self.index.route(routing_key, headers)
+
+
+class DefaultExchange(Exchange):
+    """The nameless direct exchange that routes to the queue named by the routing key."""
+
+    __slots__ = ()
+
+    def __init__(self, vhost: VirtualHost) -> None:
+        super().__init__(vhost, "", "direct", durable=True, builtin=True)
+
+    def route(self, routing_key: str, headers: dict | None) -> Any:
+        queue = self.vhost.queues.get(routing_key)
+        return (queue,) if queue is not None else ()

@@ -1,0 +1,280 @@
+"""Management HTTP API (a RabbitMQ-shaped subset) and Prometheus metrics.
+
+Statistics are plain integers kept on queues and exchanges and read only when
+someone asks (`/api/...` or a `/metrics` scrape), so observability costs the
+per-message path nothing but an increment.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from . import __version__
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+MANAGEMENT_TAGS = {"administrator", "management", "monitoring", "policymaker"}
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def export_definitions(broker: Broker) -> dict[str, Any]:
+    """Durable and transient definitions in RabbitMQ's definitions.json format."""
+    users = [
+        {"name": u.name, "password": u.password, "tags": ",".join(u.tags)}
+        for u in broker.auth.users.values()
+    ]
+    permissions = [
+        {"user": u.name, "vhost": vhost, "configure": p.configure.pattern,
+         "write": p.write.pattern, "read": p.read.pattern}
+        for u in broker.auth.users.values()
+        for vhost, p in u.permissions.items()
+    ]
+    exchanges, queues, bindings = [], [], []
+    for vhost in broker.vhosts.values():
+        for x in vhost.exchanges.values():
+            if x.builtin:
+                continue
+            exchanges.append({
+                "name": x.name, "vhost": vhost.name, "type": x.type, "durable": x.durable,
+                "auto_delete": x.auto_delete, "internal": x.internal,
+                "arguments": _json_safe(x.arguments),
+            })
+        for q in vhost.queues.values():
+            queues.append({
+                "name": q.name, "vhost": vhost.name, "durable": q.durable,
+                "auto_delete": q.auto_delete, "arguments": _json_safe(q.arguments),
+            })
+        for x in vhost.exchanges.values():
+            if not x.name:
+                continue
+            for key, dest, args in x.index.bindings():
+                bindings.append({
+                    "source": x.name, "vhost": vhost.name, "destination": dest.name,
+                    "destination_type": "exchange" if hasattr(dest, "index") else "queue",
+                    "routing_key": key, "arguments": _json_safe(args or {}),
+                })
+    return {
+        "rabbit_version": "3.13.0",
+        "rabbitmq_version": "3.13.0",
+        "product_name": "RoarMQ",
+        "product_version": __version__,
+        "users": users,
+        "vhosts": [{"name": name} for name in broker.vhosts],
+        "permissions": permissions,
+        "exchanges": exchanges,
+        "queues": queues,
+        "bindings": bindings,
+    }
+
+
+class _BrokerCollector:
+    """Reads the broker's counters at scrape time."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Any]:
+        b = self.broker
+        yield GaugeMetricFamily("roarmq_connections", "Open AMQP connections", value=len(b.connections))
+        yield GaugeMetricFamily("roarmq_queued_bytes", "Bytes of ready message bodies",
+                                value=b.queued_bytes)
+        yield GaugeMetricFamily("roarmq_memory_alarm", "1 while publishers are blocked",
+                                value=1 if b.blocked else 0)
+        ready = GaugeMetricFamily("roarmq_queue_messages_ready", "Ready messages",
+                                  labels=["vhost", "queue"])
+        unacked = GaugeMetricFamily("roarmq_queue_messages_unacked", "Unacknowledged messages",
+                                    labels=["vhost", "queue"])
+        consumers = GaugeMetricFamily("roarmq_queue_consumers", "Consumers", labels=["vhost", "queue"])
+        published = CounterMetricFamily("roarmq_queue_messages_published", "Messages enqueued",
+                                        labels=["vhost", "queue"])
+        delivered = CounterMetricFamily("roarmq_queue_messages_delivered",
+                                        "Messages delivered to consumers or basic.get",
+                                        labels=["vhost", "queue"])
+        x_in = CounterMetricFamily("roarmq_exchange_messages_published_in",
+                                   "Messages published to the exchange", labels=["vhost", "exchange"])
+        x_unroutable = CounterMetricFamily("roarmq_exchange_messages_unroutable",
+                                           "Messages the exchange routed nowhere",
+                                           labels=["vhost", "exchange"])
+        for vhost in b.vhosts.values():
+            for q in vhost.queues.values():
+                labels = [vhost.name, q.name]
+                ready.add_metric(labels, q.message_count())
+                unacked.add_metric(labels, q.unacked)
+                consumers.add_metric(labels, q.consumer_count)
+                published.add_metric(labels, q.stats_published)
+                delivered.add_metric(labels, q.stats_delivered)
+            for x in vhost.exchanges.values():
+                x_in.add_metric([vhost.name, x.name], x.stats_in)
+                x_unroutable.add_metric([vhost.name, x.name], x.stats_unroutable)
+        yield from (ready, unacked, consumers, published, delivered, x_in, x_unroutable)
+
+
+class ManagementServer:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.registry = CollectorRegistry()
+        self.registry.register(_BrokerCollector(broker))
+        self._runner: web.AppRunner | None = None
+        app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/api/overview", self.overview)
+        app.router.add_get("/api/vhosts", self.vhosts)
+        app.router.add_get("/api/exchanges", self.exchanges)
+        app.router.add_get("/api/exchanges/{vhost}", self.exchanges)
+        app.router.add_get("/api/queues", self.queues)
+        app.router.add_get("/api/queues/{vhost}", self.queues)
+        app.router.add_get("/api/queues/{vhost}/{name}", self.queue)
+        app.router.add_get("/api/connections", self.connections)
+        app.router.add_get("/api/definitions", self.definitions)
+        app.router.add_get("/api/health/checks/alarms", self.alarms)
+        self.app = app
+
+    async def start(self) -> int:
+        cfg = self.broker.config.management
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.bind, cfg.port)
+        await site.start()
+        server = site._server  # noqa: SLF001 - aiohttp exposes no public accessor for the port
+        return server.sockets[0].getsockname()[1] if server and server.sockets else cfg.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/metrics":
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Basic "):
+            try:
+                user, _, password = base64.b64decode(header[6:]).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                user, password = "", ""
+            known = self.broker.auth.users.get(user)
+            if (
+                known is not None
+                and hmac.compare_digest(known.password.encode(), password.encode())
+                and MANAGEMENT_TAGS.intersection(known.tags)
+            ):
+                return await handler(request)
+        return web.json_response(
+            {"error": "not_authorised", "reason": "Login failed"},
+            status=401,
+            headers={"WWW-Authenticate": 'Basic realm="RoarMQ Management"'},
+        )
+
+    def _vhosts(self, request: web.Request) -> list[Any]:
+        name = request.match_info.get("vhost")
+        if name is None:
+            return list(self.broker.vhosts.values())
+        vhost = self.broker.vhosts.get(name)
+        if vhost is None:
+            raise web.HTTPNotFound(text='{"error":"Object Not Found","reason":"Not Found"}',
+                                   content_type="application/json")
+        return [vhost]
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry),
+                            content_type="text/plain", charset="utf-8")
+
+    async def overview(self, request: web.Request) -> web.Response:
+        b = self.broker
+        queues = [q for v in b.vhosts.values() for q in v.queues.values()]
+        return web.json_response({
+            "product_name": "RoarMQ",
+            "product_version": __version__,
+            "management_version": __version__,
+            "cluster_name": b.cluster_name,
+            "queue_totals": {
+                "messages_ready": sum(q.message_count() for q in queues),
+                "messages_unacknowledged": sum(q.unacked for q in queues),
+            },
+            "object_totals": {
+                "connections": len(b.connections),
+                "queues": len(queues),
+                "exchanges": sum(len(v.exchanges) for v in b.vhosts.values()),
+                "consumers": sum(q.consumer_count for q in queues),
+            },
+            "listeners": [{"protocol": "amqp", "port": p} for p in b.ports],
+            "memory_alarm": b.blocked,
+        })
+
+    async def vhosts(self, request: web.Request) -> web.Response:
+        return web.json_response([{"name": n} for n in self.broker.vhosts])
+
+    async def exchanges(self, request: web.Request) -> web.Response:
+        out = []
+        for vhost in self._vhosts(request):
+            for x in vhost.exchanges.values():
+                out.append({
+                    "name": x.name, "vhost": vhost.name, "type": x.type, "durable": x.durable,
+                    "auto_delete": x.auto_delete, "internal": x.internal,
+                    "arguments": _json_safe(x.arguments),
+                    "message_stats": {"publish_in": x.stats_in, "unroutable": x.stats_unroutable},
+                })
+        return web.json_response(out)
+
+    def _queue_info(self, q: Any) -> dict[str, Any]:
+        return {
+            "name": q.name, "vhost": q.vhost.name, "durable": q.durable,
+            "auto_delete": q.auto_delete, "exclusive": q.exclusive_owner is not None,
+            "arguments": _json_safe(q.arguments), "type": q.queue_type,
+            "messages_ready": q.message_count(), "messages_unacknowledged": q.unacked,
+            "messages": q.message_count() + q.unacked, "message_bytes_ready": q.ready_bytes,
+            "consumers": q.consumer_count,
+            "message_stats": {"publish": q.stats_published, "deliver_get": q.stats_delivered,
+                              "ack": q.stats_acked},
+        }
+
+    async def queues(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            [self._queue_info(q) for v in self._vhosts(request) for q in v.queues.values()]
+        )
+
+    async def queue(self, request: web.Request) -> web.Response:
+        vhost = self._vhosts(request)[0]
+        q = vhost.queues.get(request.match_info["name"])
+        if q is None:
+            raise web.HTTPNotFound(text='{"error":"Object Not Found","reason":"Not Found"}',
+                                   content_type="application/json")
+        return web.json_response(self._queue_info(q))
+
+    async def connections(self, request: web.Request) -> web.Response:
+        return web.json_response([
+            {
+                "name": c.name, "user": getattr(c.user, "name", None),
+                "vhost": getattr(c.vhost, "name", None), "state": c.state,
+                "channels": len(c.channels), "frame_max": c.frame_max, "timeout": c.heartbeat,
+                "client_properties": _json_safe(c.client_properties),
+            }
+            for c in self.broker.connections
+        ])
+
+    async def definitions(self, request: web.Request) -> web.Response:
+        return web.json_response(export_definitions(self.broker))
+
+    async def alarms(self, request: web.Request) -> web.Response:
+        if self.broker.blocked:
+            return web.json_response({"status": "failed", "reason": "memory alarm"}, status=503)
+        return web.json_response({"status": "ok"})

@@ -1,0 +1,102 @@
+"""A published message as the broker holds it, shared by every queue it reaches.
+
+The content header arrives as raw bytes and is forwarded to consumers
+untouched; the 14 properties are decoded only when a flag we act on is set
+(headers, delivery-mode, priority, expiration, user-id, reply-to), so the
+common publish pays for none of it.
+"""
+
+from __future__ import annotations
+
+from protocol.frames import ContentHeader
+from protocol.properties import BasicProperties
+
+# Property-flag bits of the basic class (AMQP 0-9-1, section 4.2.6.1).
+FLAG_HEADERS = 0x2000
+FLAG_DELIVERY_MODE = 0x1000
+FLAG_PRIORITY = 0x0800
+FLAG_REPLY_TO = 0x0200
+FLAG_EXPIRATION = 0x0100
+FLAG_USER_ID = 0x0010
+_INTERESTING = (
+    FLAG_HEADERS | FLAG_DELIVERY_MODE | FLAG_PRIORITY | FLAG_REPLY_TO | FLAG_EXPIRATION | FLAG_USER_ID
+)
+
+
+class Message:
+    """Immutable once routed; per-queue state (redelivered, expiry) lives in the queue's entry."""
+
+    __slots__ = (
+        "exchange",
+        "routing_key",
+        "header",
+        "body",
+        "size",
+        "flags",
+        "persistent",
+        "priority",
+        "expiration_ms",
+        "store_id",
+    )
+
+    def __init__(self, exchange: str, routing_key: str, header: ContentHeader, body: bytes) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.header = header
+        self.body = body
+        self.size = len(body)
+        raw = header.raw
+        flags = (raw[0] << 8 | raw[1]) if len(raw) >= 2 else 0
+        self.flags = flags
+        self.persistent = False
+        self.priority = 0
+        self.expiration_ms: int | None = None
+        self.store_id: int | None = None
+        if flags & (FLAG_DELIVERY_MODE | FLAG_PRIORITY | FLAG_EXPIRATION):
+            props = header.properties
+            self.persistent = props.delivery_mode == 2
+            if props.priority:
+                self.priority = props.priority
+            if props.expiration is not None:
+                self.expiration_ms = parse_expiration(props.expiration)
+
+    @property
+    def properties(self) -> BasicProperties:
+        return self.header.properties
+
+    @property
+    def headers(self) -> dict | None:
+        if not self.flags & FLAG_HEADERS:
+            return None
+        return self.header.properties.headers
+
+    def with_properties(self, props: BasicProperties, routing_key: str | None = None,
+                        exchange: str | None = None) -> Message:
+        """A copy with new properties (dead-lettering, BCC stripping, reply-to rewriting)."""
+        msg = Message(
+            self.exchange if exchange is None else exchange,
+            self.routing_key if routing_key is None else routing_key,
+            ContentHeader.from_properties(props, body_size=self.size),
+            self.body,
+        )
+        return msg
+
+
+def copy_properties(props: BasicProperties) -> BasicProperties:
+    """A shallow copy to modify (the original is shared by every queue holding the message)."""
+    return BasicProperties(**{name: getattr(props, name) for name in BasicProperties.__slots__})
+
+
+def parse_expiration(value: str) -> int:
+    """RabbitMQ's per-message TTL: a string holding a non-negative integer of milliseconds.
+
+    Raises ValueError with RabbitMQ's wording; the channel turns it into 406.
+    """
+    text = value.strip() if isinstance(value, str) else value
+    try:
+        ms = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"invalid expiration '{value}': no_integer") from None
+    if ms < 0:
+        raise ValueError(f"invalid expiration '{value}': {{value_negative,{ms}}}")
+    return ms

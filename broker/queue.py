@@ -1,0 +1,686 @@
+"""A queue: its ready messages, its consumers, and the rules that move one to the other.
+
+Each queue owns its messages outright (a deque, or one deque per priority) and
+dispatches synchronously: a publish that finds a consumer with credit is
+written out at once, with no task or future per message. Expiry, max-length
+and dead-lettering happen here because only the queue knows its order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from protocol.errors import PRECONDITION_FAILED
+
+from .errors import channel_error
+
+if TYPE_CHECKING:
+    from .channel import Consumer
+    from .message import Message
+    from .vhost import VirtualHost
+
+#: Most messages one dispatch pass hands out before yielding to the loop, so one
+#: queue with a deep backlog cannot starve the others.
+DISPATCH_BATCH = 2000
+
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+QUEUE_TYPES = ("classic", "quorum", "stream")
+
+
+class Entry:
+    """One message's place in one queue: the per-queue state of a shared Message."""
+
+    __slots__ = ("msg", "seq", "redelivered", "expires_at", "queue", "consumer", "delivery_count")
+
+    def __init__(self, msg: Message, seq: int, queue: Queue) -> None:
+        self.msg = msg
+        self.seq = seq
+        self.queue = queue
+        self.redelivered = False
+        self.expires_at: float | None = None
+        self.consumer: Consumer | None = None
+        self.delivery_count = 0
+
+
+class FifoReady:
+    """Ready messages in publish order; requeued messages regain their old place."""
+
+    __slots__ = ("_q",)
+
+    def __init__(self) -> None:
+        self._q: deque[Entry] = deque()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._q)
+
+    def push(self, entry: Entry) -> None:
+        self._q.append(entry)
+
+    def pop(self) -> Entry:
+        return self._q.popleft()
+
+    def peek(self) -> Entry | None:
+        return self._q[0] if self._q else None
+
+    def requeue(self, entries: list[Entry]) -> None:
+        q = self._q
+        entries.sort(key=_seq)
+        if not q or entries[-1].seq < q[0].seq:
+            q.extendleft(reversed(entries))
+        else:
+            merged = sorted(itertools.chain(q, entries), key=_seq)
+            q.clear()
+            q.extend(merged)
+
+    def clear(self) -> list[Entry]:
+        out = list(self._q)
+        self._q.clear()
+        return out
+
+
+class PriorityReady:
+    """x-max-priority: one FIFO per priority, highest served first."""
+
+    __slots__ = ("_levels", "_max", "_len")
+
+    def __init__(self, max_priority: int) -> None:
+        self._max = max_priority
+        self._levels = [FifoReady() for _ in range(max_priority + 1)]
+        self._len = 0
+
+    def _level(self, entry: Entry) -> FifoReady:
+        return self._levels[min(entry.msg.priority, self._max)]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Entry]:
+        for level in reversed(self._levels):
+            yield from level
+
+    def push(self, entry: Entry) -> None:
+        self._level(entry).push(entry)
+        self._len += 1
+
+    def pop(self) -> Entry:
+        for level in reversed(self._levels):
+            if len(level):
+                self._len -= 1
+                return level.pop()
+        raise IndexError("pop from an empty queue")
+
+    def peek(self) -> Entry | None:
+        for level in reversed(self._levels):
+            if len(level):
+                return level.peek()
+        return None
+
+    def requeue(self, entries: list[Entry]) -> None:
+        by_level: dict[int, list[Entry]] = {}
+        for e in entries:
+            by_level.setdefault(min(e.msg.priority, self._max), []).append(e)
+        for prio, group in by_level.items():
+            self._levels[prio].requeue(group)
+        self._len += len(entries)
+
+    def clear(self) -> list[Entry]:
+        out: list[Entry] = []
+        for level in reversed(self._levels):
+            out.extend(level.clear())
+        self._len = 0
+        return out
+
+
+def _seq(entry: Entry) -> int:
+    return entry.seq
+
+
+class _ConsumerGroup:
+    """Consumers of equal x-priority, served round-robin."""
+
+    __slots__ = ("priority", "members", "rr")
+
+    def __init__(self, priority: int) -> None:
+        self.priority = priority
+        self.members: list[Consumer] = []
+        self.rr = 0
+
+
+class Queue:
+    __slots__ = (
+        "vhost",
+        "name",
+        "durable",
+        "exclusive_owner",
+        "auto_delete",
+        "arguments",
+        "queue_type",
+        "message_ttl",
+        "expires",
+        "max_length",
+        "max_length_bytes",
+        "overflow",
+        "dlx",
+        "dlrk",
+        "max_priority",
+        "single_active",
+        "delivery_limit",
+        "ready",
+        "ready_bytes",
+        "unacked",
+        "_groups",
+        "consumer_count",
+        "_seq",
+        "_expiry_timer",
+        "_expiry_at",
+        "_timed",
+        "_idle_timer",
+        "_had_consumers",
+        "_dispatch_scheduled",
+        "deleted",
+        "stats_published",
+        "stats_delivered",
+        "stats_acked",
+        "stats_dead_lettered",
+        "store",
+    )
+
+    def __init__(
+        self,
+        vhost: VirtualHost,
+        name: str,
+        *,
+        durable: bool = False,
+        exclusive_owner: Any = None,
+        auto_delete: bool = False,
+        arguments: dict | None = None,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = dict(arguments or {})
+        args = QueueArguments.parse(self.arguments, name, vhost.name, durable, exclusive_owner,
+                                    auto_delete)
+        self.queue_type = args.queue_type
+        self.message_ttl = args.message_ttl
+        self.expires = args.expires
+        self.max_length = args.max_length
+        self.max_length_bytes = args.max_length_bytes
+        self.overflow = args.overflow
+        self.dlx = args.dlx
+        self.dlrk = args.dlrk
+        self.max_priority = args.max_priority
+        self.single_active = args.single_active
+        self.delivery_limit = args.delivery_limit
+        self.ready: FifoReady | PriorityReady = (
+            PriorityReady(self.max_priority) if self.max_priority else FifoReady()
+        )
+        self.ready_bytes = 0
+        self.unacked = 0
+        self._groups: list[_ConsumerGroup] = []
+        self.consumer_count = 0
+        self._seq = 0
+        self._expiry_timer = None
+        self._expiry_at: float | None = None
+        self._timed = 0
+        self._idle_timer = None
+        self._had_consumers = False
+        self._dispatch_scheduled = False
+        self.deleted = False
+        self.stats_published = 0
+        self.stats_delivered = 0
+        self.stats_acked = 0
+        self.stats_dead_lettered = 0
+        self.store = None
+        self.touch()
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r} vhost={self.vhost.name!r} ready={len(self.ready)}>"
+
+    @property
+    def description(self) -> str:
+        return f"queue '{self.name}' in vhost '{self.vhost.name}'"
+
+    # -- publishing ---------------------------------------------------------------
+
+    def publish(self, msg: Message) -> bool:
+        """Accept a routed message; False when x-overflow refuses it (reject-publish)."""
+        if self.deleted:
+            return True
+        if self.overflow != "drop-head" and self._would_overflow(msg.size):
+            if self.overflow == "reject-publish-dlx":
+                self._dead_letter_message(msg, "maxlen")
+            return False
+        self._seq += 1
+        entry = Entry(msg, self._seq, self)
+        self.stats_published += 1
+        ttl = self.message_ttl
+        if msg.expiration_ms is not None and (ttl is None or msg.expiration_ms < ttl):
+            ttl = msg.expiration_ms
+        if self.store is not None and msg.persistent:
+            self.store.on_publish(self, entry)
+        # Fast path: nothing waiting and a consumer with credit takes it at once.
+        if not len(self.ready) and self.consumer_count:
+            consumer = self._next_consumer()
+            if consumer is not None:
+                consumer.channel.deliver(consumer, entry)
+                self.stats_delivered += 1
+                return True
+        if ttl is not None:
+            if ttl == 0:
+                # RabbitMQ: a zero TTL message that no consumer can take right now expires.
+                self._expire_entry(entry)
+                return True
+            entry.expires_at = self.vhost.clock.monotonic() + ttl / 1000.0
+        self.ready.push(entry)
+        self.ready_bytes += msg.size
+        self.vhost.account_bytes(msg.size)
+        if entry.expires_at is not None:
+            self._timed += 1
+            if self._expiry_timer is None:
+                self._schedule_expiry()
+        if self.max_length is not None or self.max_length_bytes is not None:
+            self._enforce_max_length()
+        if self.consumer_count and len(self.ready):
+            self.dispatch()
+        return True
+
+    def _would_overflow(self, size: int) -> bool:
+        if self.max_length is not None and len(self.ready) >= self.max_length:
+            return True
+        return self.max_length_bytes is not None and self.ready_bytes + size > self.max_length_bytes
+
+    def _enforce_max_length(self) -> None:
+        while len(self.ready) and (
+            (self.max_length is not None and len(self.ready) > self.max_length)
+            or (self.max_length_bytes is not None and self.ready_bytes > self.max_length_bytes)
+        ):
+            entry = self._take()
+            self._dead_letter_entry(entry, "maxlen")
+
+    # -- consumers ----------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        group = next((g for g in self._groups if g.priority == consumer.priority), None)
+        if group is None:
+            group = _ConsumerGroup(consumer.priority)
+            self._groups.append(group)
+            self._groups.sort(key=lambda g: -g.priority)
+        group.members.append(consumer)
+        self.consumer_count += 1
+        self._had_consumers = True
+        self._cancel_idle_timer()
+        self.dispatch()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        for group in self._groups:
+            if consumer in group.members:
+                group.members.remove(consumer)
+                if not group.members:
+                    self._groups.remove(group)
+                elif group.rr >= len(group.members):
+                    group.rr = 0
+                self.consumer_count -= 1
+                break
+        else:
+            return
+        if self.consumer_count == 0:
+            if self.auto_delete and self._had_consumers and not self.deleted:
+                self.vhost.delete_queue(self, reason="auto_delete")
+                return
+            self.touch()
+        elif self.single_active:
+            self.dispatch()
+
+    def consumers(self) -> list[Consumer]:
+        return [c for g in self._groups for c in g.members]
+
+    def active_consumer(self) -> Consumer | None:
+        """Single active consumer: the first registered among the highest priority."""
+        for group in self._groups:
+            if group.members:
+                return group.members[0]
+        return None
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for g in self._groups for c in g.members)
+
+    def _next_consumer(self) -> Consumer | None:
+        if self.single_active:
+            consumer = self.active_consumer()
+            return consumer if consumer is not None and consumer.has_credit() else None
+        for group in self._groups:
+            members = group.members
+            n = len(members)
+            start = group.rr
+            for k in range(n):
+                idx = (start + k) % n
+                consumer = members[idx]
+                if consumer.has_credit():
+                    group.rr = (idx + 1) % n
+                    return consumer
+        return None
+
+    def dispatch(self) -> None:
+        """Hand ready messages to consumers with credit, in order, up to one batch."""
+        ready = self.ready
+        if not len(ready) or not self.consumer_count or self.deleted:
+            return
+        now = self.vhost.clock.monotonic() if self._timed else None
+        delivered = 0
+        while len(ready):
+            consumer = self._next_consumer()
+            if consumer is None:
+                break
+            entry = self._take()
+            if now is not None and entry.expires_at is not None and entry.expires_at <= now:
+                self._expire_entry(entry)
+                continue
+            consumer.channel.deliver(consumer, entry)
+            delivered += 1
+            if delivered >= DISPATCH_BATCH:
+                self._schedule_dispatch()
+                break
+        self.stats_delivered += delivered
+
+    def _schedule_dispatch(self) -> None:
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            self.vhost.clock.loop.call_soon(self._scheduled_dispatch)
+
+    def _scheduled_dispatch(self) -> None:
+        self._dispatch_scheduled = False
+        self.dispatch()
+
+    # -- basic.get, ack, reject, requeue -------------------------------------------
+
+    def _take(self) -> Entry:
+        entry = self.ready.pop()
+        self.ready_bytes -= entry.msg.size
+        self.vhost.account_bytes(-entry.msg.size)
+        if self._timed and entry.expires_at is not None:
+            self._timed -= 1
+            if self._timed and self._expiry_timer is None:
+                self._schedule_expiry()
+        return entry
+
+    def get(self) -> Entry | None:
+        """basic.get: the next live message, or None."""
+        self.touch()
+        now = self.vhost.clock.monotonic()
+        while len(self.ready):
+            entry = self._take()
+            if entry.expires_at is not None and entry.expires_at <= now:
+                self._expire_entry(entry)
+                continue
+            self.stats_delivered += 1
+            return entry
+        return None
+
+    def settle(self, entry: Entry) -> None:
+        """The message is done with (acked, or delivered with no-ack)."""
+        self.stats_acked += 1
+        if self.store is not None and entry.msg.persistent:
+            self.store.on_settle(self, entry)
+
+    def reject(self, entry: Entry, requeue: bool) -> None:
+        if self.deleted:
+            return
+        if requeue:
+            self.requeue([entry])
+        else:
+            self._dead_letter_entry(entry, "rejected")
+
+    def requeue(self, entries: list[Entry]) -> None:
+        """Put unacked messages back where they were, marked redelivered."""
+        if self.deleted or not entries:
+            return
+        keep = []
+        for entry in entries:
+            entry.redelivered = True
+            entry.consumer = None
+            if self.delivery_limit is not None:
+                entry.delivery_count += 1
+                if entry.delivery_count > self.delivery_limit:
+                    self._dead_letter_entry(entry, "delivery_limit")
+                    continue
+            keep.append(entry)
+        if not keep:
+            return
+        self.ready.requeue(keep)
+        size = sum(e.msg.size for e in keep)
+        self.ready_bytes += size
+        self.vhost.account_bytes(size)
+        timed = sum(1 for e in keep if e.expires_at is not None)
+        if timed:
+            self._timed += timed
+            self._schedule_expiry()
+        if self.consumer_count:
+            self.dispatch()
+
+    def purge(self) -> int:
+        entries = self.ready.clear()
+        self._timed = 0
+        self.ready_bytes = 0
+        size = sum(e.msg.size for e in entries)
+        self.vhost.account_bytes(-size)
+        for entry in entries:
+            self.settle(entry)
+        return len(entries)
+
+    # -- expiry and dead-lettering ------------------------------------------------
+
+    def _schedule_expiry(self) -> None:
+        """Arm the timer for the head's deadline.
+
+        Only the head expires, as in RabbitMQ: a timed message behind an untimed
+        one waits until it reaches the head (`_popped` re-arms the timer then).
+        """
+        head = self.ready.peek()
+        if head is None or head.expires_at is None:
+            return
+        deadline = head.expires_at
+        if self._expiry_timer is not None:
+            if self._expiry_at is not None and self._expiry_at <= deadline:
+                return
+            self._expiry_timer.cancel()
+        self._expiry_at = deadline
+        self._expiry_timer = self.vhost.clock.call_at(deadline, self._on_expiry_timer)
+
+    def _on_expiry_timer(self) -> None:
+        self._expiry_timer = None
+        self._expiry_at = None
+        if self.deleted:
+            return
+        self.expire_due()
+
+    def expire_due(self) -> int:
+        """Drop (or dead-letter) expired messages at the head; schedule the next check."""
+        now = self.vhost.clock.monotonic()
+        expired = 0
+        while True:
+            head = self.ready.peek()
+            if head is None or head.expires_at is None or head.expires_at > now:
+                break
+            self._take()
+            self._expire_entry(head)
+            expired += 1
+        self._schedule_expiry()
+        return expired
+
+    def _expire_entry(self, entry: Entry) -> None:
+        self._dead_letter_entry(entry, "expired")
+
+    def _dead_letter_entry(self, entry: Entry, reason: str) -> None:
+        self.settle(entry)
+        self._dead_letter_message(entry.msg, reason)
+
+    def _dead_letter_message(self, msg: Message, reason: str) -> None:
+        if self.dlx is None:
+            return
+        self.stats_dead_lettered += 1
+        self.vhost.dead_letter(self, msg, reason)
+
+    # -- x-expires ------------------------------------------------------------------
+
+    def touch(self) -> None:
+        """The queue was used: restart its x-expires countdown (if it has no consumers)."""
+        if self.expires is None or self.consumer_count or self.deleted:
+            return
+        self._cancel_idle_timer()
+        self._idle_timer = self.vhost.clock.call_later(self.expires / 1000.0, self._on_idle)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _on_idle(self) -> None:
+        self._idle_timer = None
+        if not self.deleted and not self.consumer_count:
+            self.vhost.delete_queue(self, reason="expired")
+
+    def on_deleted(self) -> list[Entry]:
+        """Called by the vhost once the queue is gone: stop timers, hand back ready entries."""
+        self.deleted = True
+        self._cancel_idle_timer()
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        entries = self.ready.clear()
+        self._timed = 0
+        self.vhost.account_bytes(-self.ready_bytes)
+        self.ready_bytes = 0
+        self._groups.clear()
+        self.consumer_count = 0
+        return entries
+
+    def message_count(self) -> int:
+        return len(self.ready)
+
+    def iter_ready(self) -> Iterable[Entry]:
+        return iter(self.ready)
+
+
+class QueueArguments:
+    """The x-arguments of queue.declare, checked as RabbitMQ checks them (406 on a bad one)."""
+
+    __slots__ = (
+        "queue_type",
+        "message_ttl",
+        "expires",
+        "max_length",
+        "max_length_bytes",
+        "overflow",
+        "dlx",
+        "dlrk",
+        "max_priority",
+        "single_active",
+        "delivery_limit",
+    )
+
+    @classmethod
+    def parse(cls, args: dict, name: str, vhost: str, durable: bool, exclusive: Any,
+              auto_delete: bool) -> QueueArguments:
+        self = cls()
+        qtype = args.get("x-queue-type", "classic")
+        if isinstance(qtype, bytes):
+            qtype = qtype.decode("utf-8", "replace")
+        if qtype not in QUEUE_TYPES:
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': "
+                f"\"{qtype}\" is not a valid queue type (classic, quorum, stream)",
+            )
+        if qtype == "stream":
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': "
+                "stream queues are not supported yet by RoarMQ; use classic or quorum",
+            )
+        if qtype == "quorum":
+            for prop, bad in (("non-durable", not durable), ("exclusive", bool(exclusive)),
+                              ("auto-delete", auto_delete)):
+                if bad:
+                    raise channel_error(
+                        PRECONDITION_FAILED,
+                        f"invalid property '{prop}' for queue '{name}' in vhost '{vhost}'",
+                    )
+        self.queue_type = qtype
+
+        def nonneg_int(key: str, positive: bool = False) -> int | None:
+            if key not in args:
+                return None
+            value = args[key]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise channel_error(
+                    PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}': "
+                    f"{{unacceptable_type,{type(value).__name__}}}",
+                )
+            if value < (1 if positive else 0):
+                raise channel_error(
+                    PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}': "
+                    f"{{value_{'zero' if value == 0 else 'negative'},{value}}}",
+                )
+            return value
+
+        self.message_ttl = nonneg_int("x-message-ttl")
+        self.expires = nonneg_int("x-expires", positive=True)
+        self.max_length = nonneg_int("x-max-length")
+        self.max_length_bytes = nonneg_int("x-max-length-bytes")
+        self.delivery_limit = nonneg_int("x-delivery-limit")
+        if qtype != "quorum":
+            self.delivery_limit = None
+        priority = nonneg_int("x-max-priority")
+        if priority is not None and priority > 255:
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-max-priority' for queue '{name}' in vhost '{vhost}': "
+                f"{{value_too_large,{priority}}}",
+            )
+        self.max_priority = priority or 0
+        overflow = args.get("x-overflow", "drop-head")
+        if overflow not in OVERFLOW_MODES:
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-overflow' for queue '{name}' in vhost '{vhost}': "
+                f"{{unacceptable_value,<<\"{overflow}\">>}}",
+            )
+        self.overflow = overflow
+        dlx = args.get("x-dead-letter-exchange")
+        dlrk = args.get("x-dead-letter-routing-key")
+        for key, value in (("x-dead-letter-exchange", dlx), ("x-dead-letter-routing-key", dlrk)):
+            if value is not None and not isinstance(value, str):
+                raise channel_error(
+                    PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}': "
+                    f"{{unacceptable_type,{type(value).__name__}}}",
+                )
+        if dlrk is not None and dlx is None:
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-dead-letter-routing-key' for queue '{name}' in vhost "
+                f"'{vhost}': Key 'x-dead-letter-exchange' is mandatory if "
+                "'x-dead-letter-routing-key' is present",
+            )
+        self.dlx = dlx
+        self.dlrk = dlrk
+        sac = args.get("x-single-active-consumer", False)
+        if not isinstance(sac, bool):
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-single-active-consumer' for queue '{name}' in vhost "
+                f"'{vhost}': {{unacceptable_type,{type(sac).__name__}}}",
+            )
+        self.single_active = sac
+        return self

@@ -1,0 +1,168 @@
+"""The Broker: configuration, vhosts, listeners, and the few things shared by all connections.
+
+Shared state lives here so connections stay small: the set of connections
+with output waiting (flushed once per loop iteration), the memory alarm that
+blocks publishers, and the direct reply-to registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
+
+from .auth import Authenticator
+from .clock import Clock
+from .config import Config
+from .vhost import VirtualHost
+
+if TYPE_CHECKING:
+    from .channel import Consumer
+    from .connection import Connection
+    from .exchange import Exchange
+    from .queue import Queue
+
+log = logging.getLogger("roarmq.server")
+
+
+class Broker:
+    def __init__(self, config: Config | None = None, *, clock: Clock | None = None) -> None:
+        self.config = config or Config()
+        self.clock = clock or Clock()
+        self.cluster_name = f"roarmq@{socket.gethostname()}"
+        self.auth = Authenticator(self.config)
+        self.vhosts: dict[str, VirtualHost] = {
+            v.name: VirtualHost(self, v.name) for v in self.config.vhosts
+        }
+        self.connections: set[Connection] = set()
+        self.reply_to: dict[str, Consumer] = {}
+        self.queued_bytes = 0
+        self.blocked = False
+        self.paused_readers: set[Connection] = set()
+        self._high = self.config.memory.high_watermark
+        self._low = int(self._high * 0.8)
+        self._dirty: list[Connection] = []
+        self._flush_scheduled = False
+        self._servers: list[asyncio.base_events.Server] = []
+        self.ports: list[int] = []
+        self.mgmt_port: int | None = None
+        self._management: Any = None
+        self.started_at: float | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self, *, management: bool | None = None) -> None:
+        """Bind every configured address; port 0 picks one free port shared by all."""
+        from .connection import Connection
+
+        loop = asyncio.get_running_loop()
+        self.clock.loop  # bind the clock to this loop  # noqa: B018
+        self.started_at = self.clock.wall()
+        amqp = self.config.amqp
+        port = amqp.port
+        for host in amqp.bind:
+            try:
+                server = await loop.create_server(
+                    lambda: Connection(self), host, port, backlog=amqp.backlog, reuse_address=True
+                )
+            except OSError as exc:
+                if host == "::1" and len(amqp.bind) > 1 and exc.errno in (97, 99):
+                    log.warning("IPv6 loopback unavailable; not listening on [::1]")
+                    continue
+                raise
+            for sock in server.sockets:
+                try:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError:
+                    pass
+            self._servers.append(server)
+            if port == 0:
+                port = server.sockets[0].getsockname()[1]
+            self.ports.append(port)
+        want_mgmt = self.config.management.enabled if management is None else management
+        if want_mgmt:
+            from .management import ManagementServer
+
+            self._management = ManagementServer(self)
+            self.mgmt_port = await self._management.start()
+        log.info("broker started", extra={"amqp_port": self.port, "mgmt_port": self.mgmt_port})
+
+    @property
+    def port(self) -> int:
+        return self.ports[0] if self.ports else self.config.amqp.port
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.force_close("broker shutdown")
+        self._flush_dirty()
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+        if self._management is not None:
+            await self._management.stop()
+            self._management = None
+
+    # -- connections ------------------------------------------------------------------
+
+    def connection_opened(self, conn: Connection) -> None:
+        limit = self.config.limits.max_connections
+        self.connections.add(conn)
+        if limit and len(self.connections) > limit:
+            conn.force_close("connection limit reached")
+
+    def connection_closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        self.paused_readers.discard(conn)
+
+    def mark_dirty(self, conn: Connection) -> None:
+        """Queue a connection's output for the once-per-iteration flush."""
+        self._dirty.append(conn)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.clock.loop.call_soon(self._flush_dirty)
+
+    def _flush_dirty(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush()
+
+    # -- memory alarm -----------------------------------------------------------------
+
+    def account_bytes(self, delta: int) -> None:
+        self.queued_bytes += delta
+        if delta > 0:
+            if not self.blocked and self.queued_bytes > self._high:
+                self._set_blocked(True)
+        elif self.blocked and self.queued_bytes < self._low:
+            self._set_blocked(False)
+
+    def _set_blocked(self, blocked: bool) -> None:
+        self.blocked = blocked
+        log.warning(
+            "memory alarm %s", "set" if blocked else "cleared",
+            extra={"queued_bytes": self.queued_bytes, "high_watermark": self._high},
+        )
+        for conn in list(self.connections):
+            conn.notify_blocked(blocked)
+        if not blocked:
+            paused, self.paused_readers = self.paused_readers, set()
+            for conn in paused:
+                conn.resume_reading()
+
+    # -- hooks for durability and management ------------------------------------------
+
+    def on_queue_created(self, queue: Queue) -> None:
+        pass
+
+    def on_queue_deleted(self, queue: Queue) -> None:
+        pass
+
+    def on_exchange_created(self, exchange: Exchange) -> None:
+        pass
+
+    def on_definitions_changed(self, vhost: VirtualHost) -> None:
+        pass

@@ -1,0 +1,454 @@
+"""A virtual host: its exchanges and queues, and how a message finds its queues.
+
+Declarations, deletions and bindings are checked here with RabbitMQ's rules
+and reply texts, and routing follows exchange-to-exchange bindings and
+alternate exchanges without cycles, delivering once per queue.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import os
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+from protocol.errors import (
+    ACCESS_REFUSED,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+)
+
+from .errors import channel_error
+from .exchange import DefaultExchange, Exchange
+from .message import FLAG_HEADERS, Message, copy_properties
+from .queue import Queue
+
+if TYPE_CHECKING:
+    from .clock import Clock
+    from .server import Broker
+
+#: The predeclared exchanges of every vhost, as in RabbitMQ.
+BUILTIN_EXCHANGES = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+#: Queue arguments RabbitMQ compares on redeclaration.
+EQUIVALENCE_ARGS = (
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-type",
+    "x-single-active-consumer",
+    "x-delivery-limit",
+)
+
+_FIELD_TYPE_NAMES = {
+    bool: "bool",
+    int: "long",
+    float: "double",
+    str: "longstr",
+    bytes: "binary",
+    dict: "table",
+    list: "array",
+}
+
+REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "signedint" if -(2**31) <= value < 2**31 else "long"
+    return _FIELD_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _inequivalent(kind: str, name: str, vhost: str, key: str, received: Any, current: Any) -> Exception:
+    return channel_error(
+        PRECONDITION_FAILED,
+        f"inequivalent arg '{key}' for {kind} '{name}' in vhost '{vhost}': "
+        f"received '{_show(received)}' but current is '{_show(current)}'",
+    )
+
+
+def _inequivalent_arg(kind: str, name: str, vhost: str, key: str, received: Any, current: Any) -> Exception:
+    got = "none" if received is None else f"the value '{_show(received)}' of type '{_type_name(received)}'"
+    cur = "none" if current is None else f"the value '{_show(current)}' of type '{_type_name(current)}'"
+    return channel_error(
+        PRECONDITION_FAILED,
+        f"inequivalent arg '{key}' for {kind} '{name}' in vhost '{vhost}': "
+        f"received {got} but current is {cur}",
+    )
+
+
+def server_named_queue() -> str:
+    """`amq.gen-` and 22 URL-safe base64 characters, as RabbitMQ names them."""
+    return "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class VirtualHost:
+    def __init__(self, broker: Broker, name: str) -> None:
+        self.broker = broker
+        self.name = name
+        self.clock: Clock = broker.clock
+        self.cache_keys = broker.config.routing.cache_keys
+        self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
+        self.queues: dict[str, Queue] = {}
+        for xname, xtype in BUILTIN_EXCHANGES:
+            self.exchanges[xname] = Exchange(
+                self, xname, xtype, durable=True, builtin=True, cache_keys=self.cache_keys
+            )
+
+    def account_bytes(self, delta: int) -> None:
+        self.broker.account_bytes(delta)
+
+    # -- exchanges ------------------------------------------------------------------
+
+    def get_exchange(self, name: str) -> Exchange:
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            raise channel_error(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
+        return exchange
+
+    def declare_exchange(
+        self,
+        name: str,
+        type_: str,
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict | None = None,
+    ) -> tuple[Exchange, bool]:
+        """Declare (or check) an exchange; returns it and whether it was created."""
+        existing = self.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise channel_error(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
+            return existing, False
+        if existing is None and name.startswith("amq."):
+            raise channel_error(
+                ACCESS_REFUSED,
+                f"exchange name '{name}' contains reserved prefix 'amq.*'",
+            )
+        if existing is not None:
+            if name == "":
+                raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+            for key, got, cur in (
+                ("type", type_, existing.type),
+                ("durable", durable, existing.durable),
+                ("auto_delete", auto_delete, existing.auto_delete),
+                ("internal", internal, existing.internal),
+            ):
+                if got != cur:
+                    raise _inequivalent("exchange", name, self.name, key, got, cur)
+            args = arguments or {}
+            for key in set(args) | set(existing.arguments):
+                if args.get(key) != existing.arguments.get(key):
+                    raise _inequivalent_arg(
+                        "exchange", name, self.name, key, args.get(key), existing.arguments.get(key)
+                    )
+            return existing, False
+        exchange = Exchange(
+            self,
+            name,
+            type_,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+            cache_keys=self.cache_keys,
+        )
+        self.exchanges[name] = exchange
+        return exchange, True
+
+    def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+        if name == "" or name.startswith("amq."):
+            raise channel_error(
+                ACCESS_REFUSED, "operation not permitted on the default exchange" if name == ""
+                else f"deletion of system exchange '{name}' in vhost '{self.name}' is not allowed",
+            )
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            # RabbitMQ answers delete-ok for an exchange that does not exist.
+            return
+        if if_unused and exchange.index.has_bindings():
+            raise channel_error(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
+        self._remove_exchange(exchange)
+
+    def _remove_exchange(self, exchange: Exchange) -> None:
+        exchange.deleted = True
+        self.exchanges.pop(exchange.name, None)
+        for other in list(self.exchanges.values()):
+            if other.exchange_dests and other.remove_destination(exchange):
+                self._maybe_auto_delete(other)
+        self.broker.on_definitions_changed(self)
+
+    def _maybe_auto_delete(self, exchange: Exchange) -> None:
+        if exchange.auto_delete and not exchange.deleted and not exchange.index.has_bindings():
+            self._remove_exchange(exchange)
+
+    # -- queues ---------------------------------------------------------------------
+
+    def get_queue(self, name: str, connection: Any = None) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise channel_error(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'")
+        if connection is not None:
+            self.check_exclusive(queue, connection)
+        return queue
+
+    def check_exclusive(self, queue: Queue, connection: Any) -> None:
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
+            raise channel_error(
+                RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost "
+                f"'{self.name}'. It could be originally declared on another connection or the "
+                "exclusive property value does not match that of the original declaration.",
+            )
+
+    def declare_queue(
+        self,
+        name: str,
+        connection: Any,
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict | None = None,
+    ) -> tuple[Queue, bool]:
+        if name == "":
+            if passive:
+                raise channel_error(NOT_FOUND, f"no queue '' in vhost '{self.name}'")
+            name = server_named_queue()
+        existing = self.queues.get(name)
+        if passive:
+            if existing is None:
+                raise channel_error(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'")
+            self.check_exclusive(existing, connection)
+            existing.touch()
+            return existing, False
+        if existing is not None:
+            self.check_exclusive(existing, connection)
+            if exclusive and existing.exclusive_owner is None:
+                self.check_exclusive(existing, object())
+            for key, got, cur in (
+                ("durable", durable, existing.durable),
+                ("auto_delete", auto_delete, existing.auto_delete),
+            ):
+                if got != cur:
+                    raise _inequivalent("queue", name, self.name, key, got, cur)
+            args = arguments or {}
+            for key in EQUIVALENCE_ARGS:
+                got, cur = args.get(key), existing.arguments.get(key)
+                if key == "x-queue-type":
+                    got, cur = got or "classic", cur or "classic"
+                if got != cur:
+                    raise _inequivalent_arg("queue", name, self.name, key, got, cur)
+            existing.touch()
+            return existing, False
+        if name.startswith("amq.") and not name.startswith("amq.gen-"):
+            raise channel_error(
+                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
+            )
+        queue = Queue(
+            self,
+            name,
+            durable=durable,
+            exclusive_owner=connection if exclusive else None,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
+        self.queues[name] = queue
+        if exclusive:
+            connection.exclusive_queues.append(queue)
+        self.broker.on_queue_created(queue)
+        return queue, True
+
+    def delete_queue(
+        self, queue: Queue, *, if_unused: bool = False, if_empty: bool = False, reason: str = "deleted"
+    ) -> int:
+        """Delete a queue; consumers get basic.cancel first. Returns the messages dropped."""
+        if queue.deleted:
+            return 0
+        if if_unused and queue.consumer_count:
+            raise channel_error(PRECONDITION_FAILED, f"queue '{queue.name}' in vhost '{self.name}' in use")
+        if if_empty and queue.message_count():
+            raise channel_error(
+                PRECONDITION_FAILED, f"queue '{queue.name}' in vhost '{self.name}' is not empty"
+            )
+        for consumer in queue.consumers():
+            consumer.channel.cancel_by_server(consumer)
+        count = queue.message_count()
+        self.queues.pop(queue.name, None)
+        entries = queue.on_deleted()
+        for entry in entries:
+            queue.settle(entry)
+        for exchange in list(self.exchanges.values()):
+            if exchange.name and exchange.remove_destination(queue):
+                self._maybe_auto_delete(exchange)
+        owner = queue.exclusive_owner
+        if owner is not None and queue in owner.exclusive_queues:
+            owner.exclusive_queues.remove(queue)
+        self.broker.on_queue_deleted(queue)
+        return count
+
+    # -- bindings -------------------------------------------------------------------
+
+    def bind_queue(self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None) -> None:
+        if exchange.name == "":
+            raise channel_error(
+                ACCESS_REFUSED, "operation not permitted on the default exchange"
+            )
+        try:
+            added = exchange.bind(key, queue, arguments)
+        except ValueError as exc:
+            raise channel_error(PRECONDITION_FAILED, str(exc)) from None
+        if added and queue.durable and exchange.durable:
+            self.broker.on_definitions_changed(self)
+
+    def unbind_queue(self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None) -> None:
+        if exchange.name == "":
+            raise channel_error(
+                ACCESS_REFUSED, "operation not permitted on the default exchange"
+            )
+        if exchange.unbind(key, queue, arguments):
+            self._maybe_auto_delete(exchange)
+            self.broker.on_definitions_changed(self)
+
+    def bind_exchange(self, destination: Exchange, source: Exchange, key: str, arguments: dict | None) -> None:
+        if source.name == "" or destination.name == "":
+            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        try:
+            added = source.bind(key, destination, arguments)
+        except ValueError as exc:
+            raise channel_error(PRECONDITION_FAILED, str(exc)) from None
+        if added:
+            self.broker.on_definitions_changed(self)
+
+    def unbind_exchange(self, destination: Exchange, source: Exchange, key: str, arguments: dict | None) -> None:
+        if source.name == "" or destination.name == "":
+            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        if source.unbind(key, destination, arguments):
+            self._maybe_auto_delete(source)
+            self.broker.on_definitions_changed(self)
+
+    # -- routing --------------------------------------------------------------------
+
+    def route(self, exchange: Exchange, msg: Message) -> Collection[Queue]:
+        """The queues a message published to `exchange` reaches, each once."""
+        headers = msg.headers if msg.flags & FLAG_HEADERS else None
+        if headers is not None and ("CC" in headers or "BCC" in headers):
+            keys = [msg.routing_key]
+            for name in ("CC", "BCC"):
+                extra = headers.get(name)
+                if isinstance(extra, list):
+                    keys.extend(k for k in extra if isinstance(k, str))
+            result: set[Queue] = set()
+            for key in keys:
+                result.update(self._route_key(exchange, key, headers))
+            return result
+        return self._route_key(exchange, msg.routing_key, headers)
+
+    def _route_key(self, exchange: Exchange, key: str, headers: dict | None) -> Collection[Queue]:
+        dests = exchange.route(key, headers)
+        if not exchange.exchange_dests and (dests or exchange.alternate is None):
+            return dests  # the common case: queues only, no graph to walk
+        queues: set[Queue] = set()
+        seen = {exchange}
+        stack = [(exchange, dests)]
+        while stack:
+            current, found = stack.pop()
+            if not found and current.alternate is not None:
+                alternate = self.exchanges.get(current.alternate)
+                if alternate is not None and alternate not in seen:
+                    seen.add(alternate)
+                    stack.append((alternate, alternate.route(key, headers)))
+                continue
+            for dest in found:
+                if isinstance(dest, Queue):
+                    queues.add(dest)
+                elif dest not in seen:
+                    seen.add(dest)
+                    stack.append((dest, dest.route(key, headers)))
+        return queues
+
+    # -- dead-lettering -------------------------------------------------------------
+
+    def dead_letter(self, queue: Queue, msg: Message, reason: str) -> None:
+        """Republish to the queue's DLX with an x-death record, as RabbitMQ writes it."""
+        exchange = self.exchanges.get(queue.dlx or "")
+        if exchange is None or queue.dlx is None:
+            return
+        old = msg.properties
+        props = copy_properties(old)
+        headers = dict(props.headers or {})
+        deaths = [dict(d) for d in headers.get("x-death", []) if isinstance(d, dict)]
+        routing_keys = [msg.routing_key]
+        cc = headers.get("CC")
+        if isinstance(cc, list):
+            routing_keys.extend(k for k in cc if isinstance(k, str))
+        now = datetime.datetime.fromtimestamp(int(self.clock.wall()), tz=datetime.UTC)
+        now = now.replace(tzinfo=None)
+        for i, death in enumerate(deaths):
+            if death.get("queue") == queue.name and death.get("reason") == reason:
+                death["count"] = int(death.get("count", 0)) + 1
+                death["time"] = now
+                deaths.insert(0, deaths.pop(i))
+                break
+        else:
+            death = {
+                "count": 1,
+                "reason": reason,
+                "queue": queue.name,
+                "time": now,
+                "exchange": msg.exchange,
+                "routing-keys": routing_keys,
+            }
+            if props.expiration is not None:
+                death["original-expiration"] = props.expiration
+            deaths.insert(0, death)
+        headers["x-death"] = deaths
+        if "x-first-death-reason" not in headers:
+            headers["x-first-death-reason"] = reason
+            headers["x-first-death-queue"] = queue.name
+            headers["x-first-death-exchange"] = msg.exchange
+        headers["x-last-death-reason"] = reason
+        headers["x-last-death-queue"] = queue.name
+        headers["x-last-death-exchange"] = msg.exchange
+        props.headers = headers
+        props.expiration = None
+        key = queue.dlrk if queue.dlrk is not None else msg.routing_key
+        dead = msg.with_properties(props, routing_key=key, exchange=queue.dlx)
+        dead.persistent = msg.persistent
+        if queue.dlrk is not None:
+            targets = self._route_key(exchange, key, headers)
+        else:
+            targets = set()
+            for k in routing_keys:
+                targets.update(self._route_key(exchange, k, headers))
+        rejected_in_path = any(d.get("reason") == "rejected" for d in deaths)
+        for target in targets:
+            # A message that would loop through the same queue with no client
+            # rejection in the cycle is dropped, as RabbitMQ does.
+            if not rejected_in_path and any(d.get("queue") == target.name for d in deaths):
+                continue
+            target.publish(dead)

@@ -1,0 +1,527 @@
+"""AMQP frames: an incremental parser (bytes -> events) and encoders (-> one bytes object).
+
+Wire layout: ``type:u8 channel:u16 size:u32 payload[size] 0xCE``. A content
+method (basic.publish, deliver, return, get-ok) is followed on its channel by
+one content header frame and then body frames until the declared body size is
+reached; other channels' frames may interleave. The parser assembles that
+sequence into a single ``ContentMessage``.
+
+Error codes follow RabbitMQ (``rabbit_reader``, ``rabbit_command_assembler``)
+except where noted: bad frame end, unknown frame type, oversized frame, a
+heartbeat off channel 0 (RabbitMQ: 505, the spec: 501) and a body frame
+overrunning the declared size are 501; frames out of order are 505 with
+RabbitMQ's texts; undecodable method arguments are 502 (RabbitMQ says 501
+"cannot decode"); an unknown class/method id is 503 (RabbitMQ drops the
+connection without a code).
+"""
+
+from __future__ import annotations
+
+from struct import Struct
+from struct import error as StructError
+from typing import Any, NamedTuple
+
+from .errors import (
+    PRECONDITION_FAILED,
+    CommandInvalid,
+    FrameError,
+    HardError,
+    ProtocolHeaderMismatch,
+    SoftError,
+    UnexpectedFrame,
+)
+from .method import Method
+from .properties import BasicProperties
+from .spec import (
+    CONTENT_METHODS,
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    METHODS,
+    BasicDeliver,
+)
+
+__all__ = [
+    "HEARTBEAT_FRAME",
+    "PROTOCOL_HEADER",
+    "ContentHeader",
+    "ContentMessage",
+    "FrameParser",
+    "Heartbeat",
+    "MethodFrame",
+    "ProtocolHeaderReceived",
+    "encode_content",
+    "encode_deliver",
+    "encode_heartbeat",
+    "encode_method",
+]
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+FRAME_OVERHEAD = 8  # 7-byte frame header + end octet
+
+_unpack_frame_header = Struct(">BHI").unpack_from
+_unpack_u32 = Struct(">I").unpack_from
+_unpack_content_header = Struct(">HHQ").unpack_from
+# Encoders put the previous frame's end octet in front of the next frame's
+# header, so a deliver is 9 parts for one b"".join rather than 12.
+_pack_method_head = Struct(">BHIHH").pack  # type, channel, size, class id, method id
+_pack_header_frame = Struct(">BBHIHHQ").pack  # 0xCE, type 2, channel, size, class, weight, body size
+_pack_body_head = Struct(">BBHI").pack  # 0xCE, type 3, channel, size
+_pack_deliver_head = Struct(">BHIHHB").pack  # method frame head + consumer-tag length
+_pack_deliver_mid = Struct(">QBB").pack  # delivery-tag, redelivered bit, exchange length
+_pack_u8 = Struct(">B").pack
+_END = b"\xce"
+_tuple_new = tuple.__new__
+
+
+# -- events ----------------------------------------------------------------------
+
+
+class ProtocolHeaderReceived(NamedTuple):
+    """The peer opened with the AMQP 0-9-1 protocol header."""
+
+    major: int
+    minor: int
+    revision: int
+
+
+class MethodFrame(NamedTuple):
+    """A method without content (everything but publish/deliver/return/get-ok)."""
+
+    channel: int
+    method: Method
+
+
+class ContentMessage(NamedTuple):
+    """A content method with its header and whole body, assembled from its frames."""
+
+    channel: int
+    method: Method
+    header: ContentHeader
+    body: bytes
+
+
+class Heartbeat(NamedTuple):
+    """A heartbeat frame (always on channel 0)."""
+
+    channel: int
+
+
+_HEARTBEAT = Heartbeat(0)
+_PROTOCOL_HEADER_EVENT = ProtocolHeaderReceived(0, 9, 1)
+
+
+class ContentHeader:
+    """A content header: ``raw`` is the property flags + list exactly as received.
+
+    The broker forwards ``raw`` to consumers untouched; ``properties`` decodes
+    it on first use (raising ``AMQPSyntaxError`` if it is malformed) and caches.
+    """
+
+    __slots__ = ("class_id", "body_size", "raw", "_properties")
+
+    def __init__(
+        self,
+        class_id: int,
+        body_size: int,
+        raw: bytes,
+        properties: BasicProperties | None = None,
+    ) -> None:
+        self.class_id = class_id
+        self.body_size = body_size
+        self.raw = raw
+        self._properties = properties
+
+    @classmethod
+    def from_properties(
+        cls, properties: BasicProperties, class_id: int = 60, body_size: int = 0
+    ) -> ContentHeader:
+        return cls(class_id, body_size, properties.encode(), properties)
+
+    @property
+    def properties(self) -> BasicProperties:
+        props = self._properties
+        if props is None:
+            props = self._properties = BasicProperties.decode(self.raw)
+        return props
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not ContentHeader:
+            return NotImplemented
+        return (
+            self.class_id == other.class_id
+            and self.body_size == other.body_size
+            and self.raw == other.raw
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ContentHeader(class_id={self.class_id}, body_size={self.body_size}, raw={self.raw!r})"
+
+
+# -- parser ----------------------------------------------------------------------
+
+_DISCARD: list[bytes] = []  # marks a pending content whose body frames are dropped
+
+
+class FrameParser:
+    """Incremental, sans-IO frame parser: ``feed(bytes)`` returns the complete events.
+
+    Buffering is O(n) in the bytes fed, whatever the chunking, so a peer
+    cannot make us do quadratic work (a denial of service) by dribbling a big
+    frame a byte at a time: bytes wait in a ``bytearray`` (amortised O(1)
+    appends) until the frame they start is complete, which is known from the
+    7-byte header without rescanning; each byte is then copied out once. The
+    declared size is checked against ``frame_max`` as soon as the header is
+    in, so an oversized frame is refused before it is buffered.
+
+    Errors: a ``HardError`` kills the parser (later ``feed`` calls raise it
+    again). A ``SoftError`` (``max_body_size`` exceeded: 406 on that channel)
+    leaves it usable: the message's body frames are skipped as they arrive and
+    the bytes after the offending frame stay buffered, so call ``feed(b"")``
+    to continue. Either way, events parsed before the error are in
+    ``exc.events``.
+    """
+
+    __slots__ = ("frame_max", "max_body_size", "_expect_header", "_tail", "_need", "_pending", "_error")
+
+    def __init__(
+        self,
+        *,
+        expect_protocol_header: bool = True,
+        frame_max: int = 131072,
+        max_body_size: int | None = None,
+    ) -> None:
+        self.frame_max = frame_max  # 0 means no limit, as in connection.tune
+        self.max_body_size = max_body_size
+        self._expect_header = expect_protocol_header
+        self._tail: bytearray | bytes = b""  # an incomplete frame, awaiting more bytes
+        self._need = 0  # parse again once _tail holds this many bytes
+        # channel -> [method, header or None, body bytes remaining, chunks or None or _DISCARD]
+        self._pending: dict[int, list[Any]] = {}
+        self._error: HardError | None = None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:
+        """Parse ``data`` (any chunk of the stream) and return the events completed."""
+        if self._error is not None:
+            raise self._error
+        tail = self._tail
+        if tail:
+            tail += data  # a bytearray: appends in place
+            if len(tail) < self._need:
+                return []
+            data = bytes(tail)
+            self._tail = b""
+        elif type(data) is not bytes:
+            data = bytes(data)
+        events: list[Any] = []
+        try:
+            pos = 0
+            if self._expect_header:
+                pos = self._protocol_header(data, events)
+                if pos == 0:
+                    return events
+            self._frames(data, pos, events)
+        except HardError as exc:
+            self._error = exc
+            exc.events = events
+            raise
+        except SoftError as exc:
+            exc.events = events
+            raise
+        return events
+
+    def _frames(self, data: bytes, pos: int, events: list[Any]) -> None:
+        # The hot loop: one header unpack, one end-octet check and a type
+        # dispatch per frame; the common single-body-frame publish allocates
+        # only the method, the ContentHeader, the body slice and the event.
+        pending = self._pending
+        append = events.append
+        frame_max = self.frame_max
+        max_payload = frame_max - FRAME_OVERHEAD if frame_max else 0xFFFFFFFF
+        end = len(data)
+        while True:
+            if end - pos < 7:
+                need = 7
+                break
+            kind, channel, size = _unpack_frame_header(data, pos)
+            if size > max_payload:
+                raise FrameError(
+                    f"frame of type {kind} on channel {channel} has a {size}-byte payload, larger "
+                    f"than the negotiated frame_max {frame_max} allows ({max_payload} bytes)"
+                )
+            nxt = pos + size + 8
+            if nxt > end:
+                need = size + 8
+                break
+            if data[nxt - 1] != FRAME_END:
+                raise FrameError(
+                    f"frame of type {kind} on channel {channel} ends with 0x{data[nxt - 1]:02x}, "
+                    f"expected 0xce"
+                )
+            if kind == FRAME_METHOD:
+                if size < 4:
+                    raise FrameError(f"method frame payload of {size} bytes is too short for a method id")
+                if channel in pending:
+                    raise self._out_of_order(channel, "method")
+                index = _unpack_u32(data, pos + 7)[0]
+                cls = METHODS.get(index)
+                if cls is None:
+                    raise CommandInvalid(
+                        f"unknown method: class {index >> 16}, method {index & 0xFFFF}",
+                        class_id=index >> 16,
+                        method_id=index & 0xFFFF,
+                    )
+                method = cls.decode(data[pos + 11 : nxt - 1])
+                if index in CONTENT_METHODS:
+                    pending[channel] = [method, None, 0, None]
+                else:
+                    append(_tuple_new(MethodFrame, (channel, method)))
+            elif kind == FRAME_BODY:
+                state = pending.get(channel)
+                if state is None or state[1] is None:
+                    raise self._out_of_order(channel, "body")
+                remaining = state[2] - size
+                if remaining < 0:
+                    method = state[0]
+                    raise FrameError(
+                        f"content body frame of {size} bytes exceeds the remaining content size "
+                        f"of {state[2]} bytes",
+                        class_id=method.CLASS_ID,
+                        method_id=method.METHOD_ID,
+                    )
+                chunks = state[3]
+                if remaining == 0 and chunks is None:  # the whole body in one frame
+                    del pending[channel]
+                    append(_tuple_new(ContentMessage, (channel, state[0], state[1], data[pos + 7 : nxt - 1])))
+                elif chunks is _DISCARD:
+                    if remaining:
+                        state[2] = remaining
+                    else:
+                        del pending[channel]
+                else:
+                    if chunks is None:
+                        chunks = state[3] = []
+                    chunks.append(data[pos + 7 : nxt - 1])
+                    if remaining:
+                        state[2] = remaining
+                    else:
+                        del pending[channel]
+                        append(_tuple_new(ContentMessage, (channel, state[0], state[1], b"".join(chunks))))
+            elif kind == FRAME_HEADER:
+                state = pending.get(channel)
+                if state is None or state[1] is not None:
+                    raise self._out_of_order(channel, "header")
+                if size < 12:
+                    raise FrameError(f"content header frame payload of {size} bytes is shorter than 12")
+                method = state[0]
+                class_id, weight, body_size = _unpack_content_header(data, pos + 7)
+                if class_id != method.CLASS_ID:
+                    raise UnexpectedFrame(
+                        f"expected content header for class {method.CLASS_ID}, "
+                        f"got one for class {class_id} instead",
+                        class_id=method.CLASS_ID,
+                        method_id=method.METHOD_ID,
+                    )
+                if weight:
+                    raise UnexpectedFrame(
+                        f"content header weight must be 0, got {weight}",
+                        class_id=method.CLASS_ID,
+                        method_id=method.METHOD_ID,
+                    )
+                header = ContentHeader(class_id, body_size, data[pos + 19 : nxt - 1])
+                if body_size == 0:
+                    del pending[channel]
+                    append(_tuple_new(ContentMessage, (channel, method, header, b"")))
+                else:
+                    state[1] = header
+                    state[2] = body_size
+                    limit = self.max_body_size
+                    if limit is not None and body_size > limit:
+                        state[3] = _DISCARD
+                        self._keep(data, nxt, 0)
+                        raise SoftError(
+                            PRECONDITION_FAILED,
+                            f"message size {body_size} is larger than configured max size {limit}",
+                            channel=channel,
+                            class_id=method.CLASS_ID,
+                            method_id=method.METHOD_ID,
+                        )
+            elif kind == FRAME_HEARTBEAT:
+                if channel != 0:
+                    raise FrameError(f"heartbeat frame on channel {channel}; heartbeats belong on channel 0")
+                if size:
+                    raise FrameError(f"heartbeat frame with a {size}-byte payload; it must be empty")
+                append(_HEARTBEAT)
+            else:
+                raise FrameError(f"unknown frame type {kind} on channel {channel}")
+            pos = nxt
+        self._keep(data, pos, need)
+
+    def _keep(self, data: bytes, pos: int, need: int) -> None:
+        """Buffer the unparsed ``data[pos:]``; parse again when it holds ``need`` bytes."""
+        if pos < len(data):
+            self._tail = bytearray(memoryview(data)[pos:])
+            self._need = need
+        else:
+            self._tail = b""
+
+    def _protocol_header(self, data: bytes, events: list[Any]) -> int:
+        head = data[:8]
+        if not (PROTOCOL_HEADER[:4].startswith(head[:4])):
+            raise _header_mismatch(head)
+        if len(head) < 8:
+            self._keep(data, 0, 8)
+            return 0
+        if head != PROTOCOL_HEADER:
+            raise _header_mismatch(head)
+        self._expect_header = False
+        events.append(_PROTOCOL_HEADER_EVENT)
+        return 8
+
+    def _out_of_order(self, channel: int, got: str) -> UnexpectedFrame:
+        """RabbitMQ's texts for a frame that breaks method -> header -> body order."""
+        state = self._pending.get(channel)
+        if state is None:
+            return UnexpectedFrame(f"expected method frame, got non method frame instead (a {got} frame)")
+        method = state[0]
+        if state[1] is None:
+            text = (
+                f"expected content header for class {method.CLASS_ID}, "
+                f"got non content header frame instead (a {got} frame)"
+            )
+        else:
+            text = f"expected content body, got non content body frame instead (a {got} frame)"
+        return UnexpectedFrame(text, class_id=method.CLASS_ID, method_id=method.METHOD_ID)
+
+
+def _header_mismatch(head: bytes) -> ProtocolHeaderMismatch:
+    hint = ""
+    if head[:4] in (b"GET ", b"POST", b"HEAD", b"PUT "):
+        hint = " (looks like HTTP)"
+    elif head[:2] == b"\x16\x03":
+        hint = " (looks like a TLS ClientHello)"
+    elif head[:4] == b"AMQP":
+        hint = " (another AMQP version)"
+    return ProtocolHeaderMismatch(
+        f"expected protocol header {PROTOCOL_HEADER!r}, got {head!r}{hint}", header=bytes(head)
+    )
+
+
+# -- encoders --------------------------------------------------------------------
+
+
+def encode_heartbeat() -> bytes:
+    return HEARTBEAT_FRAME
+
+
+def encode_method(channel: int, method: Method) -> bytes:
+    """One method frame."""
+    args = method.encode()
+    try:
+        head = _pack_method_head(FRAME_METHOD, channel, len(args) + 4, method.CLASS_ID, method.METHOD_ID)
+    except StructError as exc:
+        raise ValueError(f"cannot frame {method.NAME} on channel {channel!r}: {exc}") from None
+    return head + args + _END
+
+
+def _max_payload(frame_max: int) -> int:
+    return frame_max - FRAME_OVERHEAD if frame_max else 0xFFFFFFFF
+
+
+def encode_content(
+    channel: int,
+    method: Method,
+    header: ContentHeader | BasicProperties,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """Method + content header + body frames (split at ``frame_max``) as one bytes object.
+
+    The header's body size is taken from ``len(body)``; an empty body sends no body frame.
+    """
+    if type(header) is ContentHeader:
+        class_id, raw = header.class_id, header.raw
+    elif isinstance(header, BasicProperties):
+        class_id, raw = method.CLASS_ID, header.encode()
+    else:
+        raise TypeError(f"header must be ContentHeader or BasicProperties, not {type(header).__name__}")
+    args = method.encode()
+    limit = _max_payload(frame_max)
+    if len(args) + 4 > limit or len(raw) + 12 > limit:
+        raise ValueError(
+            f"{method.NAME} method or content header does not fit in frame_max {frame_max}"
+        )
+    size = len(body)
+    try:
+        parts = [
+            _pack_method_head(FRAME_METHOD, channel, len(args) + 4, method.CLASS_ID, method.METHOD_ID),
+            args,
+            _pack_header_frame(FRAME_END, FRAME_HEADER, channel, len(raw) + 12, class_id, 0, size),
+            raw,
+        ]
+    except StructError as exc:
+        raise ValueError(f"cannot frame {method.NAME} on channel {channel!r}: {exc}") from None
+    if size <= limit:
+        if size:
+            parts.append(_pack_body_head(FRAME_END, FRAME_BODY, channel, size))
+            parts.append(body)
+    else:
+        view = memoryview(body)
+        for start in range(0, size, limit):
+            chunk = view[start : start + limit]
+            parts.append(_pack_body_head(FRAME_END, FRAME_BODY, channel, len(chunk)))
+            parts.append(chunk)
+    parts.append(_END)
+    return b"".join(parts)
+
+
+def encode_deliver(
+    channel: int,
+    consumer_tag: str,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    routing_key: str,
+    header_raw: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """basic.deliver + content header (``header_raw`` forwarded untouched) + body, as one bytes."""
+    tag = consumer_tag.encode("utf-8", "surrogateescape")
+    ex = exchange.encode("utf-8", "surrogateescape")
+    key = routing_key.encode("utf-8", "surrogateescape")
+    size = len(body)
+    limit = frame_max - FRAME_OVERHEAD if frame_max else 0xFFFFFFFF
+    try:
+        if 0 < size <= limit and len(header_raw) + 12 <= limit:
+            # The common case, inlined: 5 packs and one join.
+            return b"".join(
+                (
+                    _pack_deliver_head(FRAME_METHOD, channel, len(tag) + len(ex) + len(key) + 16, 60, 60, len(tag)),
+                    tag,
+                    _pack_deliver_mid(delivery_tag, 1 if redelivered else 0, len(ex)),
+                    ex,
+                    _pack_u8(len(key)),
+                    key,
+                    _pack_header_frame(FRAME_END, FRAME_HEADER, channel, len(header_raw) + 12, 60, 0, size),
+                    header_raw,
+                    _pack_body_head(FRAME_END, FRAME_BODY, channel, size),
+                    body,
+                    _END,
+                )
+            )
+    except StructError as exc:
+        raise ValueError(f"cannot encode basic.deliver: {exc}") from None
+    method = BasicDeliver(
+        consumer_tag=consumer_tag,
+        delivery_tag=delivery_tag,
+        redelivered=redelivered,
+        exchange=exchange,
+        routing_key=routing_key,
+    )
+    return encode_content(channel, method, ContentHeader(60, size, header_raw), body, frame_max)

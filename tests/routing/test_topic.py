@@ -1,0 +1,304 @@
+"""Example-based edge cases for TopicIndex (AMQP and MQTT syntax)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.routing import TopicIndex
+
+from .reference import amqp_match, mqtt_match
+
+# (pattern, routing key, matches?) -- RabbitMQ semantics: "" is zero words, "a..b" three.
+AMQP_CASES = [
+    ("#", "", True),
+    ("*", "", False),
+    ("", "", True),
+    ("", "a", False),
+    ("#", "a.b.c", True),
+    ("#.#", "", True),
+    ("#.#", "a", True),
+    ("#.#", "a.b.c", True),
+    ("a.#.#.b", "a.b", True),
+    ("a.#.#.b", "a.x.b", True),
+    ("a.#.#.b", "a.x.y.z.b", True),
+    ("a.#.#.b", "a.x.y", False),
+    ("*.#", "", False),
+    ("*.#", "a", True),
+    ("*.#", "a.b.c", True),
+    ("#.*", "", False),
+    ("#.*", "a", True),
+    ("#.*", "a.b", True),
+    ("#.a.#", "a", True),
+    ("#.a.#", "x.a", True),
+    ("#.a.#", "a.x", True),
+    ("#.a.#", "x.a.y", True),
+    ("#.a.#", "x.y", False),
+    ("#.a.#", "", False),
+    ("*", ".", False),
+    ("*.*", ".", True),
+    ("#", ".", True),
+    ("a.*", "a.", True),
+    ("a", "a.", False),
+    ("a.#", "a", True),
+    ("a.#", "a.", True),
+    ("a.*.b", "a..b", True),
+    ("a..b", "a..b", True),
+    ("a..b", "a.b", False),
+    ("*.*.*", "a..b", True),
+    ("a.*", "a", False),
+    ("*", "*", True),
+    ("a*", "ab", False),
+    ("a*", "a*", True),
+    ("a.#b", "a.#b", True),
+    ("a.#b", "a.x", False),
+    ("\udcff.*", "\udcff.x", True),  # surrogateescape'd bytes are ordinary word characters
+]
+
+
+@pytest.mark.parametrize(("pattern", "key", "expected"), AMQP_CASES)
+@pytest.mark.parametrize("cache_keys", [0, 1, 10000])
+def test_amqp_semantics(pattern: str, key: str, expected: bool, cache_keys: int) -> None:
+    assert amqp_match(pattern, key) is expected  # the reference agrees with the table
+    idx = TopicIndex(cache_keys=cache_keys)
+    idx.bind(pattern, "q")
+    assert (idx.route(key) == {"q"}) is expected
+    assert (idx.route(key) == {"q"}) is expected  # second lookup is the cached one
+
+
+@pytest.mark.parametrize(("pattern", "key", "expected"), AMQP_CASES)
+def test_amqp_bind_after_key_is_cached(pattern: str, key: str, expected: bool) -> None:
+    idx = TopicIndex()
+    idx.bind("unrelated.pattern.#", "other")
+    assert idx.route(key) == set()  # the key is now cached ...
+    idx.bind(pattern, "q")  # ... and the new pattern must patch it
+    assert (idx.route(key) == {"q"}) is expected
+    idx.check_invariants()
+    idx.unbind(pattern, "q")
+    assert idx.route(key) == set()
+    idx.check_invariants()
+
+
+MQTT_CASES = [
+    ("a/#", "a", True),
+    ("a/#", "a/", True),
+    ("a/#", "a/b/c", True),
+    ("a/#", "ab", False),
+    ("#", "a/b", True),
+    ("#", "", True),
+    ("#", "/", True),
+    ("+", "", True),
+    ("+", "a", True),
+    ("+", "a/b", False),
+    ("+/+", "/", True),
+    ("a/+", "a", False),
+    ("a/+", "a/", True),
+    ("a/+/c", "a/b/c", True),
+    ("+/#", "a", True),
+    ("a.b", "a.b", True),
+    ("a/*", "a/x", False),
+    ("a/*", "a/*", True),
+    ("#", "$SYS/x", False),
+    ("+/x", "$SYS/x", False),
+    ("$SYS/#", "$SYS/x", True),
+    ("$SYS/+", "$SYS/x", True),
+    ("a/#", "a/$x", True),
+    ("/finance", "/finance", True),
+    ("+/+", "/finance", True),
+    ("/+", "/finance", True),
+    ("+", "/finance", False),
+]
+
+
+@pytest.mark.parametrize(("pattern", "key", "expected"), MQTT_CASES)
+@pytest.mark.parametrize("cache_first", [False, True])
+def test_mqtt_semantics(pattern: str, key: str, expected: bool, cache_first: bool) -> None:
+    assert mqtt_match(pattern, key) is expected
+    idx = TopicIndex(syntax="mqtt")
+    if cache_first:
+        idx.route(key)
+    idx.bind(pattern, "q")
+    assert (idx.route(key) == {"q"}) is expected
+    assert (idx.route(key) == {"q"}) is expected
+    idx.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("pattern", "message"),
+    [
+        ("", "at least one character"),
+        ("a/#/b", "'#' must be the last level"),
+        ("#/a", "'#' must be the last level"),
+        ("a/b#", "whole level"),
+        ("a+/b", "whole level"),
+        ("a/+b", "whole level"),
+        ("sport/tennis#", "whole level"),
+    ],
+)
+def test_invalid_mqtt_filters_raise(pattern: str, message: str) -> None:
+    idx = TopicIndex(syntax="mqtt")
+    with pytest.raises(ValueError, match=message):
+        idx.bind(pattern, "q")
+    assert len(idx) == 0
+    assert idx.unbind(pattern, "q") is False  # never bound, so nothing to remove
+
+
+def test_unknown_syntax_and_cache_size() -> None:
+    with pytest.raises(ValueError):
+        TopicIndex(syntax="nats")
+    with pytest.raises(ValueError):
+        TopicIndex(cache_keys=-1)
+
+
+def test_bind_is_idempotent_per_arguments() -> None:
+    idx = TopicIndex()
+    assert idx.bind("a.*", "q") is True
+    assert idx.bind("a.*", "q") is False
+    assert idx.bind("a.*", "q", {}) is False  # no arguments == empty table
+    assert idx.bind("a.*", "q", {"x-foo": 1}) is True  # distinct binding ...
+    assert idx.bind("a.*", "q", {"x-foo": ("I", 1)}) is False  # ... same as typed form
+    assert idx.bind("a.*", "q", {"x-foo": ("l", 1)}) is True  # another type, another binding
+    assert len(idx) == 3
+    assert idx.route("a.b") == {"q"}  # ... but the queue gets the message once
+    assert idx.unbind("a.*", "q", {"x-foo": 1}) is True
+    assert idx.unbind("a.*", "q", {"x-foo": 1}) is False
+    assert len(idx) == 2
+    assert idx.route("a.b") == {"q"}
+    assert sorted(k for k, _, _ in idx.bindings()) == ["a.*", "a.*"]
+
+
+def test_equivalent_patterns_are_distinct_bindings() -> None:
+    idx = TopicIndex()
+    for p in ("#", "#.#", "#.#.#"):
+        assert idx.bind(p, "q") is True
+    assert idx.bind("#.*", "q") is True
+    assert idx.bind("*.#", "q") is True  # same trie node as "#.*", different binding key
+    assert len(idx) == 5
+    assert idx.route("x") == {"q"}
+    assert idx.route("") == {"q"}
+    assert idx.unbind("#.#", "q")
+    assert idx.unbind("*.#", "q")
+    assert idx.route("") == {"q"}
+    assert idx.route("x") == {"q"}
+    assert {k for k, _, _ in idx.bindings()} == {"#", "#.#.#", "#.*"}
+    idx.check_invariants()
+
+
+def test_dedupe_across_bindings() -> None:
+    idx = TopicIndex()
+    for p in ("a.b", "a.*", "*.b", "#", "a.#", "#.b"):
+        idx.bind(p, "q1")
+    idx.bind("a.b", "q2")
+    assert idx.route("a.b") == {"q1", "q2"}
+    assert isinstance(idx.route("a.b"), frozenset)
+    idx.unbind("a.b", "q2")
+    assert idx.route("a.b") == {"q1"}
+    for p in ("a.b", "a.*", "*.b", "#", "a.#"):
+        idx.unbind(p, "q1")
+        assert idx.route("a.b") == {"q1"}
+    idx.unbind("#.b", "q1")
+    assert idx.route("a.b") == set()
+    assert not idx.has_bindings()
+    idx.check_invariants()
+
+
+def test_hot_path_returns_the_same_object() -> None:
+    idx = TopicIndex()
+    idx.bind("a.*", "q")
+    first = idx.route("a.b")
+    assert idx.route("a.b") is first
+    idx.bind("a.b", "q")  # no new destination: the frozenset survives
+    assert idx.route("a.b") is first
+    idx.bind("a.b", "r")
+    assert idx.route("a.b") == {"q", "r"}
+
+
+def test_ids_are_recycled() -> None:
+    idx = TopicIndex()
+    for i in range(10):
+        idx.bind(f"k{i}.#", f"q{i}")
+    for i in range(10):
+        idx.unbind(f"k{i}.#", f"q{i}")
+    assert len(idx) == 0
+    for i in range(10):
+        idx.bind(f"n{i}.*", f"r{i}")
+    assert len(idx._keys) == 10  # no new ids were allocated
+    assert idx.route("n3.x") == {"r3"}
+
+
+def test_remove_destination() -> None:
+    idx = TopicIndex(cache_keys=4)
+    for p in ("a.b", "a.*", "#", "x.y"):
+        idx.bind(p, "q1")
+        idx.bind(p, "q2")
+    idx.bind("a.b", "q1", {"x-a": 1})
+    assert idx.route("a.b") == {"q1", "q2"}
+    assert idx.remove_destination("q1") == 5
+    assert idx.remove_destination("q1") == 0
+    assert idx.route("a.b") == {"q2"}
+    assert idx.route("x.y") == {"q2"}
+    assert len(idx) == 4
+    assert all(d == "q2" for _, d, _ in idx.bindings())
+    idx.check_invariants()
+
+
+def test_cache_is_bounded_and_evicts() -> None:
+    idx = TopicIndex(cache_keys=3)
+    idx.bind("#", "all")
+    idx.bind("k1", "one")
+    for i in range(10):
+        assert idx.route(f"k{i}") == ({"all", "one"} if i == 1 else {"all"})
+        assert idx.cached_keys() <= 3
+        idx.check_invariants()
+    idx.bind("k9", "nine")
+    idx.unbind("#", "all")
+    for i in range(10):
+        expected = {"one"} if i == 1 else {"nine"} if i == 9 else set()
+        assert idx.route(f"k{i}") == expected
+    idx.check_invariants()
+
+
+def test_clock_keeps_a_hot_key() -> None:
+    idx = TopicIndex(cache_keys=4)
+    idx.bind("#", "q")
+    idx.route("hot")
+    for i in range(50):
+        idx.route("hot")
+        idx.route(f"cold{i}")
+    assert "hot" in idx._cache
+
+
+def test_no_cache() -> None:
+    idx = TopicIndex(cache_keys=0)
+    idx.bind("a.#", "q")
+    assert idx.route("a.b") == {"q"}
+    assert idx.cached_keys() == 0
+
+
+def test_pathological_hashes_are_not_exponential() -> None:
+    idx = TopicIndex(cache_keys=0)
+    pattern = ".".join(["#", "a"] * 12 + ["#"])
+    idx.bind(pattern, "q")
+    idx.bind(".".join(["#"] * 40), "r")
+    key = ".".join(["a"] * 120)
+    assert idx.route(key) == {"q", "r"}
+    assert idx.route(".".join(["b"] * 120)) == {"r"}
+
+
+def test_empty_key_and_empty_pattern() -> None:
+    idx = TopicIndex()
+    idx.bind("", "empty")
+    idx.bind("#", "hash")
+    idx.bind("*", "star")
+    assert idx.route("") == {"empty", "hash"}
+    assert idx.route("x") == {"hash", "star"}
+    assert idx.route(".") == {"hash"}
+
+
+def test_evicted_key_id_is_recycled_cleanly() -> None:
+    idx = TopicIndex(cache_keys=1)
+    idx.bind("a.*", "q1")
+    assert idx.route("a.x") == {"q1"}  # cached under some key id
+    assert idx.route("b.y") == set()  # evicts "a.x"; "b.y" reuses its key id
+    idx.bind("a.*", "q2")  # must not touch "b.y" through a stale reverse index
+    assert idx.route("b.y") == set()
+    idx.check_invariants()
