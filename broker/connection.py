@@ -198,8 +198,10 @@ class Connection(asyncio.Protocol):
                         if type(ev) is ProtocolHeaderReceived:
                             self._send_start()
             except SoftError as exc:
+                _blame(exc, ev)
                 self._channel_exception(getattr(ev, "channel", 0), exc)
             except HardError as exc:
+                _blame(exc, ev)
                 self.close_with_error(exc)
                 return
             except Exception:
@@ -556,6 +558,14 @@ class Connection(asyncio.Protocol):
             queue.vhost.delete_queue(queue, reason="exclusive owner gone")
         self.exclusive_queues.clear()
         self.broker.connection_closed(self)
+
+
+def _blame(exc: Any, event: Any) -> None:
+    """Name the method that failed in the close frame, as RabbitMQ does."""
+    method = getattr(event, "method", None)
+    if exc.class_id == 0 and method is not None:
+        exc.class_id = method.CLASS_ID
+        exc.method_id = method.METHOD_ID
 
 
 __all__ = ["Connection", "REPLY_SUCCESS"]

@@ -59,6 +59,11 @@ EXTENSIONS_XML = """
 </amqp>
 """
 
+# Corrections to the published XML, which dropped these attributes: in the
+# full 0-9-1 spec (and RabbitMQ's JSON spec) basic.recover is synchronous and
+# answered by basic.recover-ok.
+ERRATA = {("basic", "recover"): {"synchronous": True, "responses": ["recover-ok"]}}
+
 # The content property RabbitMQ calls cluster-id is "reserved" in the XML.
 PROPERTY_RENAMES = {"reserved": "cluster-id"}
 
@@ -179,6 +184,9 @@ def load_spec(path: Path) -> Spec:
             extra = method_of(cls, element)
             if (extra.class_index, extra.index) not in known:
                 methods.append(extra)
+    for m in methods:
+        for attr, value in ERRATA.get((m.class_name, m.name), {}).items():
+            setattr(m, attr, value)
     methods.sort(key=lambda m: (m.class_index, m.index))
     return Spec(
         major=int(root.get("major")),

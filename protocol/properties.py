@@ -163,69 +163,108 @@ class BasicProperties:
         """Decode flags + property list from ``buf[offset:]``, which they must fill exactly."""
         if type(buf) is not bytes:
             buf = bytes(buf)
-        content_type = content_encoding = headers = delivery_mode = priority = None
-        correlation_id = reply_to = expiration = message_id = timestamp = None
-        type_ = user_id = app_id = cluster_id = None
+        self = _new(cls)
+        # Straight-line, flag by flag, with absent groups skipped in one test:
+        # a typical publish sets 3-6 of the 14 (measured 750 -> 360 ns for none).
         try:
             (flags,) = _unpack_u16(buf, offset)
             o = offset + 2
             if flags & 3:
                 o = _check_flag_words(buf, o, flags)
-            # Straight-line, flag by flag: a typical publish sets 3-6 of the 14.
-            if flags & CONTENT_TYPE:
+            if flags & 0xE000:
+                if flags & 0x8000:
+                    n = buf[o]
+                    self.content_type = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                    o += 1 + n
+                else:
+                    self.content_type = None
+                if flags & 0x4000:
+                    n = buf[o]
+                    self.content_encoding = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                    o += 1 + n
+                else:
+                    self.content_encoding = None
+                if flags & 0x2000:
+                    try:
+                        self.headers, o = decode_table(buf, o)
+                    except AMQPSyntaxError as exc:
+                        raise AMQPSyntaxError(f"basic property headers: {exc.text}", class_id=60) from None
+                else:
+                    self.headers = None
+            else:
+                self.content_type = self.content_encoding = self.headers = None
+            if flags & 0x1800:
+                if flags & 0x1000:
+                    self.delivery_mode = buf[o]
+                    o += 1
+                else:
+                    self.delivery_mode = None
+                if flags & 0x0800:
+                    self.priority = buf[o]
+                    o += 1
+                else:
+                    self.priority = None
+            else:
+                self.delivery_mode = self.priority = None
+            if flags & 0x0700:
+                if flags & 0x0400:
+                    n = buf[o]
+                    self.correlation_id = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                    o += 1 + n
+                else:
+                    self.correlation_id = None
+                if flags & 0x0200:
+                    n = buf[o]
+                    self.reply_to = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                    o += 1 + n
+                else:
+                    self.reply_to = None
+                if flags & 0x0100:
+                    n = buf[o]
+                    self.expiration = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                    o += 1 + n
+                else:
+                    self.expiration = None
+            else:
+                self.correlation_id = self.reply_to = self.expiration = None
+            if flags & 0x0080:
                 n = buf[o]
-                content_type = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                self.message_id = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
                 o += 1 + n
-            if flags & CONTENT_ENCODING:
-                n = buf[o]
-                content_encoding = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-                o += 1 + n
-            if flags & HEADERS:
-                try:
-                    headers, o = decode_table(buf, o)
-                except AMQPSyntaxError as exc:
-                    raise AMQPSyntaxError(f"basic property headers: {exc.text}", class_id=60) from None
-            if flags & DELIVERY_MODE:
-                delivery_mode = buf[o]
-                o += 1
-            if flags & PRIORITY:
-                priority = buf[o]
-                o += 1
-            if flags & CORRELATION_ID:
-                n = buf[o]
-                correlation_id = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-                o += 1 + n
-            if flags & REPLY_TO:
-                n = buf[o]
-                reply_to = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-                o += 1 + n
-            if flags & EXPIRATION:
-                n = buf[o]
-                expiration = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-                o += 1 + n
-            if flags & MESSAGE_ID:
-                n = buf[o]
-                message_id = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-                o += 1 + n
-            if flags & TIMESTAMP:
-                timestamp = timestamp_from_wire(_unpack_u64(buf, o)[0])
+            else:
+                self.message_id = None
+            if flags & 0x0040:
+                self.timestamp = timestamp_from_wire(_unpack_u64(buf, o)[0])
                 o += 8
-            if flags & TYPE:
-                n = buf[o]
-                type_ = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-                o += 1 + n
-            if flags & USER_ID:
-                n = buf[o]
-                user_id = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-                o += 1 + n
-            if flags & APP_ID:
-                n = buf[o]
-                app_id = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-                o += 1 + n
-            if flags & CLUSTER_ID:
-                n = buf[o]
-                cluster_id = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-                o += 1 + n
+            else:
+                self.timestamp = None
+            if flags & 0x003C:
+                if flags & 0x0020:
+                    n = buf[o]
+                    self.type = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                    o += 1 + n
+                else:
+                    self.type = None
+                if flags & 0x0010:
+                    n = buf[o]
+                    self.user_id = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                    o += 1 + n
+                else:
+                    self.user_id = None
+                if flags & 0x0008:
+                    n = buf[o]
+                    self.app_id = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                    o += 1 + n
+                else:
+                    self.app_id = None
+                if flags & 0x0004:
+                    n = buf[o]
+                    self.cluster_id = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                    o += 1 + n
+                else:
+                    self.cluster_id = None
+            else:
+                self.type = self.user_id = self.app_id = self.cluster_id = None
         except (IndexError, StructError):
             raise AMQPSyntaxError("basic properties truncated", class_id=60) from None
         if o != len(buf):
@@ -234,21 +273,6 @@ class BasicProperties:
             raise AMQPSyntaxError(
                 f"{len(buf) - o} unexpected bytes after the basic properties", class_id=60
             )
-        self = _new(cls)
-        self.content_type = content_type
-        self.content_encoding = content_encoding
-        self.headers = headers
-        self.delivery_mode = delivery_mode
-        self.priority = priority
-        self.correlation_id = correlation_id
-        self.reply_to = reply_to
-        self.expiration = expiration
-        self.message_id = message_id
-        self.timestamp = timestamp
-        self.type = type_
-        self.user_id = user_id
-        self.app_id = app_id
-        self.cluster_id = cluster_id
         return self
 
     def __eq__(self, other: object) -> bool:

@@ -2793,14 +2793,14 @@ class BasicRecoverAsync(Method):
 
 
 class BasicRecover(Method):
-    """``basic.recover``: class 60, method 110."""
+    """``basic.recover``: class 60, method 110; synchronous."""
 
     __slots__ = ("requeue",)
     CLASS_ID = 60
     METHOD_ID = 110
     INDEX = 0x003C006E
     NAME = "basic.recover"
-    SYNCHRONOUS = False
+    SYNCHRONOUS = True
     HAS_CONTENT = False
     TO_SERVER = True
     TO_CLIENT = False
@@ -3178,6 +3178,7 @@ BasicQos.RESPONSES = (BasicQosOk,)
 BasicConsume.RESPONSES = (BasicConsumeOk,)
 BasicCancel.RESPONSES = (BasicCancelOk,)
 BasicGet.RESPONSES = (BasicGetOk, BasicGetEmpty,)
+BasicRecover.RESPONSES = (BasicRecoverOk,)
 ConfirmSelect.RESPONSES = (ConfirmSelectOk,)
 TxSelect.RESPONSES = (TxSelectOk,)
 TxCommit.RESPONSES = (TxCommitOk,)

@@ -57,6 +57,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECOND = timedelta(seconds=1)
 _MAX_SECONDS = 253402300799  # 9999-12-31T23:59:59Z, the last second a datetime holds
 _fromtimestamp = datetime.fromtimestamp
+_timestamps: dict[int, datetime] = {}
 _EMPTY_TABLE = b"\x00\x00\x00\x00"
 
 
@@ -64,11 +65,20 @@ _EMPTY_TABLE = b"\x00\x00\x00\x00"
 
 
 def timestamp_from_wire(seconds: int) -> datetime | int:
-    """Seconds since the epoch -> aware UTC datetime; the int itself past year 9999."""
-    if seconds <= _MAX_SECONDS:
-        # fromtimestamp: 242 ns here against 488 ns for _EPOCH + timedelta(seconds=...).
-        return _fromtimestamp(seconds, UTC)
-    return seconds
+    """Seconds since the epoch -> aware UTC datetime; the int itself past year 9999.
+
+    Conversions are cached by second: a busy publisher stamps many messages
+    with the same second, and a hit (~40 ns) spares ``fromtimestamp`` (~240 ns).
+    datetimes are immutable, so sharing them is safe.
+    """
+    value = _timestamps.get(seconds)
+    if value is None:
+        if seconds > _MAX_SECONDS:
+            return seconds
+        if len(_timestamps) >= 1024:
+            _timestamps.clear()
+        value = _timestamps[seconds] = _fromtimestamp(seconds, UTC)
+    return value
 
 
 def timestamp_to_wire(value: datetime | time.struct_time | int) -> int:
@@ -213,8 +223,15 @@ def decode_table(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[
     """Decode the field table at ``offset`` -> (dict, offset just past it)."""
     if type(buf) is not bytes:
         buf = bytes(buf)
-    start, end = _bounds(buf, offset, "field table")
-    return _table(buf, start, end, False), end
+    try:
+        (size,) = _unpack_u32(buf, offset)
+    except StructError:
+        raise AMQPSyntaxError(f"field table length truncated at offset {offset}") from None
+    start = offset + 4
+    end = start + size
+    if end > len(buf):
+        raise AMQPSyntaxError(f"field table declares {size} bytes but only {len(buf) - start} remain")
+    return (_table(buf, start, end) if size else {}), end
 
 
 def decode_table_typed(
@@ -228,7 +245,7 @@ def decode_table_typed(
     if type(buf) is not bytes:
         buf = bytes(buf)
     start, end = _bounds(buf, offset, "field table")
-    return _table(buf, start, end, True), end
+    return _table_typed(buf, start, end), end
 
 
 def decode_array(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[list[Any], int]:
@@ -263,17 +280,21 @@ def _bounds(buf: bytes, offset: int, what: str) -> tuple[int, int]:
     return start, end
 
 
-def _table(buf: bytes, pos: int, end: int, typed: bool) -> dict[str, Any]:
+def _table(buf: bytes, pos: int, end: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
     try:
         while pos < end:
             key_len = buf[pos]
             pos += 1 + key_len
-            key = buf[pos - key_len : pos].decode("utf-8", "surrogateescape")
+            raw = buf[pos - key_len : pos]
+            try:
+                key = raw.decode()  # strict is the fast path (57 vs 81 ns)
+            except UnicodeDecodeError:
+                key = raw.decode("utf-8", "surrogateescape")
             tag = buf[pos]
-            # The usual header values (longstr, small ints, bool) are inlined:
-            # a call to _value per entry cost ~40% of a 3-entry table.
-            if tag == 0x53 and not typed:  # 'S'
+            # The usual header values (longstr, small int, bool) are inlined:
+            # calling _value for them made a 3-entry table ~40% slower.
+            if tag == 0x53:  # 'S'
                 (size,) = _unpack_u32(buf, pos + 1)
                 pos += 5 + size
                 raw = buf[pos - size : pos]
@@ -281,14 +302,31 @@ def _table(buf: bytes, pos: int, end: int, typed: bool) -> dict[str, Any]:
                     result[key] = raw.decode("utf-8")
                 except UnicodeDecodeError:
                     result[key] = raw
-            elif tag == 0x62 and not typed:  # 'b'
+            elif tag == 0x62:  # 'b'
                 result[key] = _unpack_i8(buf, pos + 1)[0]
                 pos += 2
-            elif tag == 0x74 and not typed:  # 't'
+            elif tag == 0x74:  # 't'
                 result[key] = buf[pos + 1] != 0
                 pos += 2
             else:
-                result[key], pos = _value(buf, pos + 1, end, tag, typed)
+                result[key], pos = _value(buf, pos + 1, end, tag, False)
+    except (IndexError, StructError):
+        raise AMQPSyntaxError("field table truncated") from None
+    if pos != end:
+        raise AMQPSyntaxError(f"field table entries overrun the declared length by {pos - end} bytes")
+    return result
+
+
+def _table_typed(buf: bytes, pos: int, end: int) -> dict[str, tuple[str, Any]]:
+    result: dict[str, tuple[str, Any]] = {}
+    try:
+        while pos < end:
+            key_len = buf[pos]
+            pos += 1 + key_len
+            key = buf[pos - key_len : pos].decode("utf-8", "surrogateescape")
+            tag = buf[pos]
+            value, pos = _value(buf, pos + 1, end, tag, True)
+            result[key] = (chr(tag), value)
     except (IndexError, StructError):
         raise AMQPSyntaxError("field table truncated") from None
     if pos != end:
@@ -300,8 +338,9 @@ def _array(buf: bytes, pos: int, end: int, typed: bool) -> list[Any]:
     result: list[Any] = []
     try:
         while pos < end:
-            value, pos = _value(buf, pos + 1, end, buf[pos], typed)
-            result.append(value)
+            tag = buf[pos]
+            value, pos = _value(buf, pos + 1, end, tag, typed)
+            result.append((chr(tag), value) if typed else value)
     except (IndexError, StructError):
         raise AMQPSyntaxError("field array truncated") from None
     if pos != end:
@@ -310,7 +349,8 @@ def _array(buf: bytes, pos: int, end: int, typed: bool) -> list[Any]:
 
 
 def _value(buf: bytes, pos: int, end: int, tag: int, typed: bool) -> tuple[Any, int]:
-    """Decode one value of type ``tag`` at ``pos`` -> (value, next pos).
+    """Decode one value of type ``tag`` at ``pos`` -> (value, next pos); nested
+    tables and arrays come back typed when ``typed`` is true.
 
     Reads may run past ``end`` (never past ``buf``); the caller's final length
     check turns that into an error, which keeps the common path branch-free.
@@ -344,7 +384,7 @@ def _value(buf: bytes, pos: int, end: int, tag: int, typed: bool) -> tuple[Any, 
         stop = pos + size
         if stop > end:
             raise AMQPSyntaxError(f"nested field table of {size} bytes overruns its container")
-        value = _table(buf, pos, stop, typed)
+        value = _table_typed(buf, pos, stop) if typed else _table(buf, pos, stop)
         pos = stop
     elif tag == 0x41:  # 'A'
         (size,) = _unpack_u32(buf, pos)
@@ -385,6 +425,4 @@ def _value(buf: bytes, pos: int, end: int, tag: int, typed: bool) -> tuple[Any, 
         value = buf[pos - size : pos]
     else:
         raise AMQPSyntaxError(f"unknown field value type {chr(tag)!r} (0x{tag:02x})")
-    if typed:
-        return (chr(tag), value), pos
     return value, pos

@@ -7,6 +7,8 @@ import pytest
 from broker.clock import VirtualClock
 from broker.testing import BrokerThread, running_broker, testing_config
 
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture
 async def broker(tmp_path):

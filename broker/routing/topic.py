@@ -543,7 +543,7 @@ class TopicIndex(BindingTable):
         self._free_kids.append(kid)
         for node in entry.nodes:
             kids = node.kids
-            pass
+            kids.discard(kid)  # type: ignore[union-attr]
             if not kids:
                 node.kids = None
         words = entry.words

@@ -47,7 +47,9 @@ def testing_config(data_dir: str | None = None, **sections: Any) -> Config:
 
 
 def _url(broker: Broker) -> str:
-    return f"amqp://guest:guest@127.0.0.1:{broker.port}/"
+    # No path: every client reads that as the default vhost "/" (a bare "/" path means
+    # the vhost "" to librabbitmq, as the AMQP URI spec says).
+    return f"amqp://guest:guest@127.0.0.1:{broker.port}"
 
 
 class RunningBroker:
