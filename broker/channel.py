@@ -548,6 +548,7 @@ class Channel:
                 503, f"{method.NAME} carries content the broker does not accept",
                 method.CLASS_ID, method.METHOD_ID,
             )
+        self.conn.published = True
         if self.confirm:
             self.publish_seq += 1
         if method.immediate:

@@ -222,7 +222,6 @@ class Connection(asyncio.Protocol):
 
     def want_flush(self, channel: Channel) -> None:
         """A channel has confirms to send once the current batch of frames is handled."""
-        self.published = True
         if channel not in self._confirm_channels:
             self._confirm_channels.append(channel)
 

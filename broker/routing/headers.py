@@ -247,7 +247,7 @@ class HeadersIndex(BindingTable):
                     if more:
                         at_least.append(more)
                 else:
-                    pass
+                    at_least[k] |= more
         out = BitMap()
         for n, ids in self._all_by_n.items():
             if n < len(at_least):

@@ -371,7 +371,7 @@ async def test_channel_beyond_channel_max_is_refused(client):
 
 
 async def test_guest_only_from_loopback():
-    from broker.auth import AuthError, Authenticator
+    from broker.auth import Authenticator, AuthError
     from broker.config import Config
 
     auth = Authenticator(Config())

@@ -1,0 +1,131 @@
+"""Back-pressure and fairness: slow consumers, fast publishers, and whole messages on the wire."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from rawclient import RawClient
+
+from broker.connection import FLUSH_THRESHOLD, WRITE_HIGH
+from broker.testing import running_broker, testing_config
+from protocol import spec
+from protocol.frames import ContentMessage
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_slow_consumer_does_not_slow_others_or_grow_buffers(broker):
+    """A consumer that never reads its socket stops getting deliveries; the other keeps going."""
+    body = b"x" * 4096
+    stuck = await RawClient.connect(broker.port)
+    await stuck.open_channel(1)
+    stuck.send(1, spec.QueueDeclare(queue="slow-q"))
+    await stuck.expect(spec.QueueDeclareOk)
+    stuck.send(1, spec.BasicConsume(queue="slow-q", consumer_tag="stuck", no_ack=True))
+    await stuck.expect(spec.BasicConsumeOk)
+    # From here on `stuck` never reads again.
+
+    fast = await RawClient.connect(broker.port)
+    await fast.open_channel(1)
+    fast.send(1, spec.QueueDeclare(queue="fast-q"))
+    await fast.expect(spec.QueueDeclareOk)
+    fast.send(1, spec.BasicConsume(queue="fast-q", consumer_tag="fast", no_ack=True))
+    await fast.expect(spec.BasicConsumeOk)
+
+    pub = await RawClient.connect(broker.port)
+    await pub.open_channel(1)
+    n = 3000  # 12 MB to the stuck consumer: far more than any socket buffer holds
+    for i in range(n):
+        pub.publish(1, "", "slow-q", body)
+        pub.publish(1, "", "fast-q", body)
+        if i % 200 == 0:
+            await pub.writer.drain()
+    await pub.writer.drain()
+
+    received = 0
+    while received < n:
+        frame = await fast.next_frame(timeout=10)
+        if isinstance(frame, ContentMessage):
+            received += 1
+    assert received == n
+
+    vhost = broker.broker.vhosts["/"]
+    slow_q = vhost.queues["slow-q"]
+    assert slow_q.message_count() > 0, "the stuck consumer must not have been handed everything"
+    conn = next(c for c in broker.broker.connections if "stuck" in next(
+        iter(ch.consumers for ch in c.channels.values()), {}))
+    assert not conn.writable
+    buffered = conn.transport.get_write_buffer_size()
+    assert buffered <= WRITE_HIGH + FLUSH_THRESHOLD + len(body) + 1024
+    for c in (stuck, fast, pub):
+        await c.close()
+
+
+async def test_fast_publisher_is_blocked_by_memory_alarm(tmp_path):
+    cfg = testing_config(data_dir=str(tmp_path), memory={"high_watermark": 2 * 1024 * 1024})
+    async with running_broker(cfg) as b:
+        pub = await RawClient.connect(b.port)
+        await pub.open_channel(1)
+        pub.send(1, spec.QueueDeclare(queue="fill"))
+        await pub.expect(spec.QueueDeclareOk)
+        body = b"y" * 65536
+        blocked = False
+        for i in range(200):  # 13 MB offered, over 6x the watermark
+            pub.publish(1, "", "fill", body)
+            try:
+                await asyncio.wait_for(pub.writer.drain(), 0.5)
+            except asyncio.TimeoutError:
+                break  # the broker stopped reading us: our socket is full
+            while pub.reader._buffer:  # noqa: SLF001 - peek at what the broker sent
+                ev = await pub.next_method(timeout=1)
+                if isinstance(ev, spec.ConnectionBlocked):
+                    blocked = True
+        if not blocked:
+            ev = await pub.next_method(timeout=5)
+            blocked = isinstance(ev, spec.ConnectionBlocked)
+        assert blocked, "a client announcing connection.blocked is told when it is blocked"
+        assert b.broker.blocked
+        # Memory is bounded: the broker held at most the watermark plus what was in flight.
+        assert b.broker.queued_bytes < 2 * 1024 * 1024 + 64 * 65536
+
+        consumer = await RawClient.connect(b.port, capabilities={"connection.blocked": False})
+        await consumer.open_channel(1)
+        consumer.send(1, spec.QueuePurge(queue="fill"))
+        await consumer.expect(spec.QueuePurgeOk)
+        ev = await pub.next_method(timeout=5)
+        assert isinstance(ev, spec.ConnectionUnblocked)
+        assert not b.broker.blocked
+        await pub.close()
+        await consumer.close()
+
+
+async def test_many_channels_many_consumers_frames_never_interleave(broker):
+    """Multi-frame messages on 4 channels x 4 consumers of one connection arrive whole."""
+    c = await RawClient.connect(broker.port)
+    body_len = 300_000  # three frames at frame-max 131072
+    tags = []
+    for ch in range(1, 5):
+        await c.open_channel(ch)
+        for k in range(4):
+            q = f"il-{ch}-{k}"
+            c.send(ch, spec.QueueDeclare(queue=q, exclusive=True))
+            await c.expect(spec.QueueDeclareOk)
+            c.send(ch, spec.BasicConsume(queue=q, consumer_tag=q, no_ack=True))
+            await c.expect(spec.BasicConsumeOk)
+            tags.append(q)
+    pub = await RawClient.connect(broker.port)
+    await pub.open_channel(1)
+    for round_ in range(5):
+        for q in tags:
+            pub.publish(1, "", q, bytes([round_]) * body_len)
+    await pub.writer.drain()
+    seen = 0
+    while seen < 5 * len(tags):
+        frame = await c.next_frame(timeout=10)  # the parser raises 505 on any interleaving
+        assert isinstance(frame, ContentMessage)
+        assert len(frame.body) == body_len and len(set(frame.body)) == 1
+        assert frame.method.consumer_tag.startswith(f"il-{frame.channel}-")
+        seen += 1
+    await c.close()
+    await pub.close()
