@@ -98,11 +98,13 @@ class Channel:
         self.prefetch_size = 0
         self.confirm = False
         self.publish_seq = 0
-        self._ack_upto = 0
+        self._acks_ready: list[int] = []  # confirmed, ack not yet sent
+        self._acks_waiting: dict[int, None] = {}  # publish seqs awaiting fsync, ascending
         self._acked_sent = 0
         self.tx: list[Callable[[], None]] | None = None
         self.reply_key: str | None = None
         self.stats_published = 0
+        self._publish_exchanges: dict[str, Any] = {}  # checked for existence and permission
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -543,7 +545,7 @@ class Channel:
         """An assembled basic.publish (the only content a client may send)."""
         if self.state == CLOSING:
             return
-        if not isinstance(method, spec.BasicPublish):
+        if type(method) is not spec.BasicPublish:
             raise connection_error(
                 503, f"{method.NAME} carries content the broker does not accept",
                 method.CLASS_ID, method.METHOD_ID,
@@ -553,22 +555,9 @@ class Channel:
             self.publish_seq += 1
         if method.immediate:
             raise connection_error(NOT_IMPLEMENTED, "immediate=true", 60, 40)
-        exchange = self.vhost.exchanges.get(method.exchange)
-        if exchange is None:
-            raise channel_error(
-                NOT_FOUND, f"no exchange '{method.exchange}' in vhost '{self.vhost.name}'", 60, 40
-            )
-        perm = self.conn.permission
-        if not perm.allows("write", method.exchange):
-            self._check("write", "exchange", method.exchange)
-        if exchange.internal:
-            raise channel_error(
-                ACCESS_REFUSED,
-                f"cannot publish to internal exchange '{exchange.name}' in vhost "
-                f"'{self.vhost.name}'",
-                60,
-                40,
-            )
+        exchange = self._publish_exchanges.get(method.exchange)
+        if exchange is None or exchange.deleted:
+            exchange = self._publish_exchange(method.exchange)
         msg = Message(method.exchange, method.routing_key, header, body)
         if msg.flags & (FLAG_USER_ID | FLAG_REPLY_TO):
             msg = self._check_properties(msg)
@@ -577,6 +566,24 @@ class Channel:
             self.tx.append(lambda: self._route(exchange, msg, method.mandatory, seq))
             return
         self._route(exchange, msg, method.mandatory, self.publish_seq)
+
+    def _publish_exchange(self, name: str) -> Any:
+        """Look up, check and cache an exchange this channel publishes to."""
+        exchange = self.vhost.exchanges.get(name)
+        if exchange is None:
+            raise channel_error(NOT_FOUND, f"no exchange '{name}' in vhost '{self.vhost.name}'", 60, 40)
+        self._check("write", "exchange", name)
+        if exchange.internal:
+            raise channel_error(
+                ACCESS_REFUSED,
+                f"cannot publish to internal exchange '{name}' in vhost '{self.vhost.name}'",
+                60,
+                40,
+            )
+        if len(self._publish_exchanges) > 1000:
+            self._publish_exchanges.clear()
+        self._publish_exchanges[name] = exchange
+        return exchange
 
     def _check_properties(self, msg: Message) -> Message:
         props = msg.properties
@@ -632,24 +639,53 @@ class Channel:
     # -- confirms ---------------------------------------------------------------------
 
     def _confirmed(self, seq: int, ok: bool) -> None:
+        """A publish was routed: ack now (transient) or nack (refused by x-overflow)."""
         if not self.confirm:
             return
         if ok:
-            self._ack_upto = seq
+            self._acks_ready.append(seq)
             self.conn.want_flush(self)
         else:
             self.flush_confirms()
             self.send_method(spec.BasicNack(delivery_tag=seq, multiple=False, requeue=False))
-            self._acked_sent = seq
-            self._ack_upto = seq
+
+    def confirm_later(self, seq: int) -> None:
+        """The publish waits for its data to reach the disk before it may be acked."""
+        if self.confirm:
+            self._acks_waiting[seq] = None
+
+    def disk_confirmed(self, seq: int) -> None:
+        """Called when the batch holding `seq` was fsynced; the caller then flushes."""
+        if self._acks_waiting.pop(seq, 0) is None:
+            self._acks_ready.append(seq)
 
     def flush_confirms(self) -> None:
-        """Send one basic.ack covering everything confirmed since the last one."""
-        upto = self._ack_upto
-        if upto > self._acked_sent:
-            multiple = upto - self._acked_sent > 1
-            self._acked_sent = upto
-            self.send_method(spec.BasicAck(delivery_tag=upto, multiple=multiple))
+        """Send the fewest acks that cover what is confirmed.
+
+        Everything below the oldest publish still waiting for the disk is
+        covered by one basic.ack(multiple); confirmed publishes above it are
+        acked one by one, since a multiple ack would also confirm the waiter.
+        """
+        ready = self._acks_ready
+        if not ready or self.state != OPEN:
+            return
+        self._acks_ready = []
+        floor = next(iter(self._acks_waiting), None)
+        if floor is None or max(ready) < floor:
+            top = max(ready)
+            multiple = len(ready) > 1 or top - self._acked_sent > 1
+            self.send_method(spec.BasicAck(delivery_tag=top, multiple=multiple))
+            self._acked_sent = max(self._acked_sent, top)
+            return
+        ready.sort()
+        below = [s for s in ready if s < floor]
+        if below:
+            top = below[-1]
+            self.send_method(spec.BasicAck(delivery_tag=top, multiple=len(below) > 1 or
+                                           top - self._acked_sent > 1))
+            self._acked_sent = max(self._acked_sent, top)
+        for seq in ready[len(below):]:
+            self.send_method(spec.BasicAck(delivery_tag=seq, multiple=False))
 
     def _confirm_select(self, m: spec.ConfirmSelect) -> None:
         if self.tx is not None:

@@ -45,42 +45,33 @@ class Entry:
         self.delivery_count = 0
 
 
-class FifoReady:
-    """Ready messages in publish order; requeued messages regain their old place."""
+class FifoReady(deque):
+    """Ready messages in publish order; requeued messages regain their old place.
 
-    __slots__ = ("_q",)
+    A deque subclass so that len() and truth tests stay in C on the hot path
+    (a Python-level __len__ cost ~1 us per publish in profiles).
+    """
 
-    def __init__(self) -> None:
-        self._q: deque[Entry] = deque()
+    __slots__ = ()
 
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self) -> Iterator[Entry]:
-        return iter(self._q)
-
-    def push(self, entry: Entry) -> None:
-        self._q.append(entry)
-
-    def pop(self) -> Entry:
-        return self._q.popleft()
+    push = deque.append
+    pop = deque.popleft  # type: ignore[assignment]
 
     def peek(self) -> Entry | None:
-        return self._q[0] if self._q else None
+        return self[0] if self else None
 
     def requeue(self, entries: list[Entry]) -> None:
-        q = self._q
         entries.sort(key=_seq)
-        if not q or entries[-1].seq < q[0].seq:
-            q.extendleft(reversed(entries))
+        if not self or entries[-1].seq < self[0].seq:
+            self.extendleft(reversed(entries))
         else:
-            merged = sorted(itertools.chain(q, entries), key=_seq)
-            q.clear()
-            q.extend(merged)
+            merged = sorted(itertools.chain(self, entries), key=_seq)
+            deque.clear(self)
+            self.extend(merged)
 
-    def clear(self) -> list[Entry]:
-        out = list(self._q)
-        self._q.clear()
+    def clear(self) -> list[Entry]:  # type: ignore[override]
+        out = list(self)
+        deque.clear(self)
         return out
 
 
@@ -189,6 +180,9 @@ class Queue:
         "stats_acked",
         "stats_dead_lettered",
         "store",
+        "_account",
+        "_reject_overflow",
+        "_limited",
     )
 
     def __init__(
@@ -240,6 +234,9 @@ class Queue:
         self.stats_acked = 0
         self.stats_dead_lettered = 0
         self.store = None
+        self._account = vhost.broker.account_bytes
+        self._reject_overflow = self.overflow != "drop-head"
+        self._limited = self.max_length is not None or self.max_length_bytes is not None
         self.touch()
 
     def __repr__(self) -> str:
@@ -255,7 +252,7 @@ class Queue:
         """Accept a routed message; False when x-overflow refuses it (reject-publish)."""
         if self.deleted:
             return True
-        if self.overflow != "drop-head" and self._would_overflow(msg.size):
+        if self._reject_overflow and self._would_overflow(msg.size):
             if self.overflow == "reject-publish-dlx":
                 self._dead_letter_message(msg, "maxlen")
             return False
@@ -268,7 +265,7 @@ class Queue:
         if self.store is not None and msg.persistent:
             self.store.on_publish(self, entry)
         # Fast path: nothing waiting and a consumer with credit takes it at once.
-        if not len(self.ready) and self.consumer_count:
+        if self.consumer_count and not self.ready:
             consumer = self._next_consumer()
             if consumer is not None:
                 consumer.channel.deliver(consumer, entry)
@@ -282,14 +279,14 @@ class Queue:
             entry.expires_at = self.vhost.clock.monotonic() + ttl / 1000.0
         self.ready.push(entry)
         self.ready_bytes += msg.size
-        self.vhost.account_bytes(msg.size)
+        self._account(msg.size)
         if entry.expires_at is not None:
             self._timed += 1
             if self._expiry_timer is None:
                 self._schedule_expiry()
-        if self.max_length is not None or self.max_length_bytes is not None:
+        if self._limited:
             self._enforce_max_length()
-        if self.consumer_count and len(self.ready):
+        if self.consumer_count and self.ready:
             self.dispatch()
         return True
 
@@ -360,6 +357,11 @@ class Queue:
         for group in self._groups:
             members = group.members
             n = len(members)
+            if n == 1:  # the common case: skip the round-robin arithmetic
+                consumer = members[0]
+                if consumer.has_credit():
+                    return consumer
+                continue
             start = group.rr
             for k in range(n):
                 idx = (start + k) % n
@@ -405,7 +407,7 @@ class Queue:
     def _take(self) -> Entry:
         entry = self.ready.pop()
         self.ready_bytes -= entry.msg.size
-        self.vhost.account_bytes(-entry.msg.size)
+        self._account(-entry.msg.size)
         if self._timed and entry.expires_at is not None:
             self._timed -= 1
             if self._timed and self._expiry_timer is None:
@@ -458,7 +460,7 @@ class Queue:
         self.ready.requeue(keep)
         size = sum(e.msg.size for e in keep)
         self.ready_bytes += size
-        self.vhost.account_bytes(size)
+        self._account(size)
         timed = sum(1 for e in keep if e.expires_at is not None)
         if timed:
             self._timed += timed
@@ -471,7 +473,7 @@ class Queue:
         self._timed = 0
         self.ready_bytes = 0
         size = sum(e.msg.size for e in entries)
-        self.vhost.account_bytes(-size)
+        self._account(-size)
         for entry in entries:
             self.settle(entry)
         return len(entries)
@@ -557,7 +559,7 @@ class Queue:
             self._expiry_timer = None
         entries = self.ready.clear()
         self._timed = 0
-        self.vhost.account_bytes(-self.ready_bytes)
+        self._account(-self.ready_bytes)
         self.ready_bytes = 0
         self._groups.clear()
         self.consumer_count = 0

@@ -417,7 +417,7 @@ class FrameParser:
         if not (PROTOCOL_HEADER[:4].startswith(head[:4])):
             raise _header_mismatch(head)
         if len(head) < 8:
-            self._keep(data, 0, 8)
+            self._keep(data, 0, 0)  # need 0: look at every byte, to refuse early
             return 0
         if head != PROTOCOL_HEADER:
             raise _header_mismatch(head)

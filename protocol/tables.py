@@ -191,6 +191,8 @@ def _encode_value(value: Any, append: Any) -> None:
     elif isinstance(value, dict):
         append(b"F")
         append(encode_table(value))
+    elif isinstance(value, time.struct_time):  # a tuple subclass, so before tuple
+        append(b"T" + timestamp_to_wire(value).to_bytes(8, "big"))
     elif isinstance(value, (list, tuple)):
         append(b"A")
         append(encode_array(value))
@@ -210,7 +212,7 @@ def _encode_value(value: Any, append: Any) -> None:
         raw = bytes(value)
         append(b"x" + _pack_u32(len(raw)))
         append(raw)
-    elif isinstance(value, (datetime, time.struct_time)):
+    elif isinstance(value, datetime):
         append(b"T" + timestamp_to_wire(value).to_bytes(8, "big"))
     else:
         raise TypeError(f"cannot encode {type(value).__name__} as an AMQP field value: {value!r}")
@@ -231,7 +233,12 @@ def decode_table(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[
     end = start + size
     if end > len(buf):
         raise AMQPSyntaxError(f"field table declares {size} bytes but only {len(buf) - start} remain")
-    return (_table(buf, start, end) if size else {}), end
+    if not size:
+        return {}, end
+    try:
+        return _table(buf, start, end), end
+    except RecursionError:
+        raise _too_deep() from None
 
 
 def decode_table_typed(
@@ -245,7 +252,10 @@ def decode_table_typed(
     if type(buf) is not bytes:
         buf = bytes(buf)
     start, end = _bounds(buf, offset, "field table")
-    return _table_typed(buf, start, end), end
+    try:
+        return _table_typed(buf, start, end), end
+    except RecursionError:
+        raise _too_deep() from None
 
 
 def decode_array(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[list[Any], int]:
@@ -253,7 +263,10 @@ def decode_array(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[
     if type(buf) is not bytes:
         buf = bytes(buf)
     start, end = _bounds(buf, offset, "field array")
-    return _array(buf, start, end, False), end
+    try:
+        return _array(buf, start, end, False), end
+    except RecursionError:
+        raise _too_deep() from None
 
 
 def decode_array_typed(
@@ -263,7 +276,17 @@ def decode_array_typed(
     if type(buf) is not bytes:
         buf = bytes(buf)
     start, end = _bounds(buf, offset, "field array")
-    return _array(buf, start, end, True), end
+    try:
+        return _array(buf, start, end, True), end
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> AMQPSyntaxError:
+    # A frame can nest ~20,000 tables; Python's stack cannot follow (the
+    # exact depth depends on the caller's stack), and legitimate tables are
+    # never within sight of it.
+    return AMQPSyntaxError("field table or array nested too deeply")
 
 
 def _bounds(buf: bytes, offset: int, what: str) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Hypothesis strategies shared by the protocol tests.
+"""Hypothesis strategies and frame-building helpers shared by the protocol tests.
 
 Two families: ``full_*`` cover everything our codec accepts; ``oracle_*``
 stay inside the domain where pamqp (the test oracle) is correct, each
@@ -7,6 +7,7 @@ exclusion named where it is made.
 
 from __future__ import annotations
 
+import struct
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -112,6 +113,8 @@ amqp_names = st.text(
 )
 ORACLE_TYPES: dict[str, st.SearchStrategy[Any]] = {
     **FULL_TYPES,
+    # pamqp packs longlong as signed ('>q'); AMQP's (and RabbitMQ's) is unsigned.
+    "longlong": st.integers(0, 2**63 - 1),
     "longstr": st.text(max_size=100),  # pamqp encodes longstr from str only
     "table": oracle_tables,
 }
@@ -175,3 +178,19 @@ oracle_properties = st.fixed_dictionaries(
         "app_id": st.text(min_size=1, max_size=63),
     },
 )
+
+
+# -- raw frames --------------------------------------------------------------------
+
+
+def raw_frame(kind: int, channel: int, payload: bytes, end: int = 0xCE) -> bytes:
+    """A frame built by hand, so tests can break any part of it."""
+    return struct.pack(">BHI", kind, channel, len(payload)) + payload + bytes([end])
+
+
+def method_payload(method: Method) -> bytes:
+    return struct.pack(">HH", method.CLASS_ID, method.METHOD_ID) + method.encode()
+
+
+def header_payload(body_size: int, raw: bytes = b"\x00\x00", class_id: int = 60, weight: int = 0) -> bytes:
+    return struct.pack(">HHQ", class_id, weight, body_size) + raw

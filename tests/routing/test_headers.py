@@ -163,7 +163,7 @@ def binding_args(draw: st.DrawFn) -> dict:
 headers_tables = st.one_of(st.none(), st.dictionaries(st.sampled_from(NAMES), values, max_size=4))
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     bound=st.lists(st.tuples(binding_args(), st.sampled_from("qrs")), max_size=8),
     messages=st.lists(headers_tables, min_size=1, max_size=6),
@@ -245,7 +245,7 @@ dense_args = st.dictionaries(
 dense_headers = st.dictionaries(st.sampled_from("abcd"), st.sampled_from([1, 2]), max_size=4)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(
     bound=st.lists(dense_args, max_size=10),
     messages=st.lists(dense_headers, min_size=1, max_size=6),

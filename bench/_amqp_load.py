@@ -1,0 +1,455 @@
+"""Load processes for ``bench/throughput.py``: an AMQP publisher and consumer on our own codec.
+
+    python bench/_amqp_load.py consumer  --port P --scenario JSON
+    python bench/_amqp_load.py publisher --port P --scenario JSON
+    python bench/_amqp_load.py probe     --port P
+
+Each runs in its own process (``throughput.py`` pins them with ``taskset``) on
+uvloop, with an ``asyncio.Protocol`` client over ``protocol/``: ``FrameParser``
+for everything received, ``encode_method``/``encode_content`` for everything
+sent. The hot paths only reuse bytes those encoders produced:
+
+* publisher: each routing key's method + content header + body-frame head is
+  encoded once; a message is that prefix plus a 16-byte body (send time from
+  ``time.monotonic_ns()``, sequence number, both u64) and the frame-end octet.
+  Messages go out in batches of ``batch`` per ``transport.write``; writing
+  waits while the transport is paused (``pause_writing``), and with confirms
+  at most ``window`` messages are unconfirmed.
+* consumer: receive time is ``time.monotonic_ns()`` once per ``data_received``
+  chunk; latency is that minus the send time in the body (CLOCK_MONOTONIC is
+  system-wide, so it compares across processes). Manual acks are single
+  (``multiple=False``), one per delivery, packed from a template checked
+  against ``encode_method`` at start-up.
+
+The consumer declares the topology, prints one ``{"ready": true}`` line, then
+one JSON result line; the publisher prints one JSON result line. Both stop at
+their deadline (``timeout`` seconds) and report what they measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from struct import Struct
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from protocol import spec  # noqa: E402
+from protocol.frames import (  # noqa: E402
+    PROTOCOL_HEADER,
+    ContentMessage,
+    FrameParser,
+    Heartbeat,
+    MethodFrame,
+    encode_content,
+    encode_method,
+)
+from protocol.properties import BasicProperties  # noqa: E402
+
+CHANNEL = 1
+BODY_SIZE = 16  # send time (u64 ns) + sequence (u64)
+_pack_body = Struct(">QQB").pack  # body + the frame-end octet that closes the body frame
+_unpack_body = Struct(">QQ").unpack_from
+# basic.ack on channel 1: frame head, class 60 / method 80, delivery tag, multiple bit, frame end.
+_pack_ack = Struct(">BHIHHQBB").pack
+
+
+# -- topology ----------------------------------------------------------------------
+
+
+def topology(scenario: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(binding keys of the one queue, routing keys the publisher cycles through).
+
+    direct: one binding ``bench.key``; every message is published with it.
+    topic:  ``bindings`` wildcard patterns on one topic exchange, all to the one queue:
+            ``s{i}.*.x`` for even i, ``s{i}.#`` for odd i. Routing keys are
+            ``s{i}.w{j}.x`` (even i) / ``s{i}.w{j}.y`` (odd i), so each key matches
+            exactly one binding; ``topic_keys`` distinct keys spread evenly over the
+            bindings, in a fixed shuffled order (seed 1), cycled by the publisher.
+    """
+    if scenario["exchange_type"] == "direct":
+        return ["bench.key"], ["bench.key"]
+    n = scenario["bindings"]
+    patterns = [f"s{i}.*.x" if i % 2 == 0 else f"s{i}.#" for i in range(n)]
+    keys = []
+    for k in range(scenario["topic_keys"]):
+        i, j = k % n, k // n
+        keys.append(f"s{i}.w{j}.x" if i % 2 == 0 else f"s{i}.w{j}.y")
+    random.Random(1).shuffle(keys)
+    return patterns, keys
+
+
+# -- the client ----------------------------------------------------------------------
+
+
+class BrokerClosed(Exception):
+    pass
+
+
+class Client(asyncio.Protocol):
+    """A minimal AMQP client: handshake and synchronous methods, plus the two hot paths."""
+
+    def __init__(self) -> None:
+        self.parser = FrameParser(expect_protocol_header=False)
+        self.transport: asyncio.Transport | None = None
+        self.replies: asyncio.Queue[Any] = asyncio.Queue()
+        self.frame_max = 131072
+        self.server_properties: dict[str, Any] = {}
+        self.error: str | None = None
+        self.lost = asyncio.get_running_loop().create_future()
+        self._resume: asyncio.Future[None] | None = None
+        self.paused = False
+        # consumer
+        self.on_deliveries = None  # callable(list of ContentMessage, now_ns)
+        # publisher confirms
+        self.confirmed = 0
+        self.nacked = 0
+        self._acked: bytearray = bytearray()
+        self._floor = 0
+        self._confirm_waiter: asyncio.Future[None] | None = None
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.error is None:
+            self.error = f"connection lost: {exc}" if exc else "connection closed by broker"
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self._wake()
+        self.replies.put_nowait(BrokerClosed(self.error))
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self._resume is not None and not self._resume.done():
+            self._resume.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic_ns()
+        try:
+            events = self.parser.feed(data)
+        except Exception as exc:  # a codec error: report it, stop
+            self.error = f"frame error: {exc!r}"
+            self.transport.close()  # type: ignore[union-attr]
+            return
+        deliveries = None
+        for ev in events:
+            if type(ev) is ContentMessage:
+                if deliveries is None:
+                    deliveries = []
+                deliveries.append(ev)
+            elif type(ev) is MethodFrame:
+                method = ev.method
+                kind = type(method)
+                if kind is spec.BasicAck or kind is spec.BasicNack:
+                    self._confirm(method.delivery_tag, method.multiple, kind is spec.BasicNack)
+                elif kind is spec.ConnectionClose or kind is spec.ChannelClose:
+                    self.error = f"{kind.__name__}: {method.reply_code} {method.reply_text}"
+                    if kind is spec.ConnectionClose:
+                        self.transport.write(encode_method(0, spec.ConnectionCloseOk()))  # type: ignore[union-attr]
+                    self.replies.put_nowait(BrokerClosed(self.error))
+                else:
+                    self.replies.put_nowait(method)
+            elif type(ev) is not Heartbeat:
+                self.replies.put_nowait(ev.method)  # a basic.return or get-ok: unexpected
+        if deliveries is not None and self.on_deliveries is not None:
+            self.on_deliveries(deliveries, now)
+
+    # confirms: delivery tags 1..n, possibly acked out of order or with multiple=True
+    def expect_confirms(self, n: int) -> None:
+        self._acked = bytearray(n + 2)
+
+    def _confirm(self, tag: int, multiple: bool, nack: bool) -> None:
+        acked = self._acked
+        before = self.confirmed
+        if multiple:
+            for t in range(self._floor + 1, min(tag, len(acked) - 1) + 1):
+                if not acked[t]:
+                    acked[t] = 1
+                    self.confirmed += 1
+                    self.nacked += nack
+            self._floor = max(self._floor, tag)
+        elif tag < len(acked) and not acked[tag]:
+            acked[tag] = 1
+            self.confirmed += 1
+            self.nacked += nack
+        if self.confirmed != before:
+            self._wake()
+
+    def _wake(self) -> None:
+        w = self._confirm_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        r = self._resume
+        if r is not None and not r.done() and self.lost.done():
+            r.set_result(None)
+
+    async def confirm_progress(self) -> None:
+        self._confirm_waiter = asyncio.get_running_loop().create_future()
+        await self._confirm_waiter
+
+    async def writable(self) -> None:
+        if self.paused and not self.lost.done():
+            self._resume = asyncio.get_running_loop().create_future()
+            await self._resume
+
+    # synchronous methods
+    def send(self, channel: int, method: Any) -> None:
+        self.transport.write(encode_method(channel, method))  # type: ignore[union-attr]
+
+    async def reply(self, kind: type, timeout: float = 30.0) -> Any:
+        got = await asyncio.wait_for(self.replies.get(), timeout)
+        if isinstance(got, BrokerClosed):
+            raise got
+        if not isinstance(got, kind):
+            raise BrokerClosed(f"expected {kind.__name__}, got {got!r}")
+        return got
+
+    async def call(self, method: Any, kind: type) -> Any:
+        self.send(CHANNEL, method)
+        return await self.reply(kind)
+
+    async def handshake(self) -> None:
+        self.transport.write(PROTOCOL_HEADER)  # type: ignore[union-attr]
+        start = await self.reply(spec.ConnectionStart)
+        self.server_properties = start.server_properties or {}
+        self.send(0, spec.ConnectionStartOk(
+            client_properties={"product": "roarmq-bench",
+                               "capabilities": {"publisher_confirms": True, "basic.nack": True,
+                                                "consumer_cancel_notify": True}},
+            mechanism="PLAIN", response=b"\x00guest\x00guest", locale="en_US"))
+        tune = await self.reply(spec.ConnectionTune)
+        self.frame_max = tune.frame_max or 131072
+        self.parser.frame_max = tune.frame_max
+        self.send(0, spec.ConnectionTuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max,
+                                           heartbeat=0))
+        self.send(0, spec.ConnectionOpen(virtual_host="/"))
+        await self.reply(spec.ConnectionOpenOk)
+        await self.call(spec.ChannelOpen(), spec.ChannelOpenOk)
+
+    async def close(self, timeout: float = 10.0) -> None:
+        if self.lost.done():
+            return
+        try:
+            self.send(0, spec.ConnectionClose(reply_code=200, reply_text="bye"))
+            await asyncio.wait_for(self.reply(spec.ConnectionCloseOk), timeout)
+        except (BrokerClosed, TimeoutError, ConnectionError):
+            pass
+        finally:
+            self.transport.close()  # type: ignore[union-attr]
+
+
+async def connect(port: int) -> Client:
+    loop = asyncio.get_running_loop()
+    _, client = await loop.create_connection(Client, "127.0.0.1", port)
+    await asyncio.wait_for(client.handshake(), 30)
+    return client
+
+
+def _prop(props: dict[str, Any], name: str) -> str:
+    value = props.get(name, "")
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def percentile(sorted_values: list[int], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (ns -> ms)."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, min(len(sorted_values), math.ceil(q / 100 * len(sorted_values))))
+    return sorted_values[rank - 1] / 1e6
+
+
+# -- roles -------------------------------------------------------------------------
+
+
+async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[str, Any]:
+    deadline = time.monotonic() + sc["timeout"]
+    client = await connect(port)
+    exchange, queue = sc["exchange"], "bench.q"
+    patterns, _ = topology(sc)
+    await client.call(spec.ExchangeDeclare(exchange=exchange, type=sc["exchange_type"]),
+                      spec.ExchangeDeclareOk)
+    await client.call(spec.QueueDeclare(queue=queue), spec.QueueDeclareOk)
+    for pattern in patterns:  # pipelined: all binds out, then all bind-oks in
+        client.send(CHANNEL, spec.QueueBind(queue=queue, exchange=exchange, routing_key=pattern))
+    for _ in patterns:
+        await client.reply(spec.QueueBindOk)
+    no_ack = not sc["manual_ack"]
+    if sc["prefetch"]:
+        await client.call(spec.BasicQos(prefetch_count=sc["prefetch"]), spec.BasicQosOk)
+
+    expected = sc["messages"]
+    latencies: list[int] = []
+    state = {"first_send": 0, "last_recv": 0}
+    done = asyncio.get_running_loop().create_future()
+    transport = client.transport
+    ack_template = encode_method(CHANNEL, spec.BasicAck(delivery_tag=0x0102030405060708))
+    assert ack_template == _pack_ack(1, CHANNEL, 13, 60, 80, 0x0102030405060708, 0, 0xCE)
+    lat_append = latencies.append
+
+    def on_deliveries(batch: list[ContentMessage], now: int) -> None:
+        if not latencies:
+            state["first_send"] = _unpack_body(batch[0].body)[0]
+        for ev in batch:
+            lat_append(now - _unpack_body(ev.body)[0])
+        if not no_ack:
+            transport.write(b"".join(
+                [_pack_ack(1, CHANNEL, 13, 60, 80, ev.method.delivery_tag, 0, 0xCE) for ev in batch]))
+        state["last_recv"] = now
+        if len(latencies) >= expected and not done.done():
+            done.set_result(None)
+
+    client.on_deliveries = on_deliveries
+    await client.call(spec.BasicConsume(queue=queue, consumer_tag="bench", no_ack=no_ack),
+                      spec.BasicConsumeOk)
+    emit({"ready": True, "server": _prop(client.server_properties, "product"),
+          "version": _prop(client.server_properties, "version")})
+
+    waiters = [done, client.lost, asyncio.ensure_future(stop.wait())]
+    await asyncio.wait(waiters, timeout=max(0.0, deadline - time.monotonic()),
+                       return_when=asyncio.FIRST_COMPLETED)
+    client.on_deliveries = None
+    waiters[2].cancel()
+    received = len(latencies)
+    latencies.sort()
+    elapsed = (state["last_recv"] - state["first_send"]) / 1e9 if received else 0.0
+    result = {
+        "received": received,
+        "expected": expected,
+        "timed_out": received < expected,
+        "elapsed_s": elapsed,
+        "msgs_per_s": received / elapsed if elapsed > 0 else 0.0,
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+        "max_ms": latencies[-1] / 1e6 if latencies else float("nan"),
+        "error": client.error,
+    }
+    client.transport.close()  # type: ignore[union-attr]
+    return result
+
+
+async def publisher(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[str, Any]:
+    deadline = time.monotonic() + sc["timeout"]
+    client = await connect(port)
+    n, batch, window = sc["messages"], sc["batch"], sc["window"]
+    confirms = sc["confirms"]
+    if confirms:
+        client.expect_confirms(n)
+        await client.call(spec.ConfirmSelect(), spec.ConfirmSelectOk)
+    _, keys = topology(sc)
+    prefixes = []
+    for key in keys:
+        method = spec.BasicPublish(exchange=sc["exchange"], routing_key=key)
+        frames = encode_content(CHANNEL, method, BasicProperties(), b"\0" * BODY_SIZE, client.frame_max)
+        prefixes.append(frames[: -(BODY_SIZE + 1)])  # up to and including the body frame head
+    nkeys = len(prefixes)
+    transport = client.transport
+    mono = time.monotonic_ns
+    sent = 0
+    t0 = time.monotonic()
+    while sent < n and not stop.is_set() and not client.lost.done():
+        if time.monotonic() > deadline:
+            break
+        if client.paused:
+            try:
+                await asyncio.wait_for(client.writable(), max(0.01, deadline - time.monotonic()))
+            except TimeoutError:
+                pass
+            continue
+        count = min(batch, n - sent)
+        if confirms:
+            room = window - (sent - client.confirmed)
+            if room <= 0:
+                try:
+                    await asyncio.wait_for(client.confirm_progress(),
+                                           max(0.01, deadline - time.monotonic()))
+                except TimeoutError:
+                    pass
+                continue
+            count = min(count, room)
+        parts = []
+        for seq in range(sent, sent + count):
+            parts.append(prefixes[seq % nkeys])
+            parts.append(_pack_body(mono(), seq, 0xCE))
+        transport.write(b"".join(parts))  # type: ignore[union-attr]
+        sent += count
+        await asyncio.sleep(0)  # let confirms / pause_writing in
+    t_written = time.monotonic()
+    while confirms and client.confirmed < sent and not client.lost.done() and not stop.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            await asyncio.wait_for(client.confirm_progress(), remaining)
+        except TimeoutError:
+            break
+    t_end = time.monotonic()
+    error = client.error
+    await client.close(timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+    return {
+        "sent": sent,
+        "confirmed": client.confirmed,
+        "nacked": client.nacked,
+        "write_s": t_written - t0,
+        "total_s": t_end - t0,
+        "error": error,
+    }
+
+
+async def probe(port: int) -> dict[str, Any]:
+    client = await connect(port)
+    props = client.server_properties
+    await client.close()
+    return {"product": _prop(props, "product"), "version": _prop(props, "version")}
+
+
+async def amain(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        if args.role == "probe":
+            emit(await probe(args.port))
+            return 0
+        sc = json.loads(args.scenario)
+        role = consumer if args.role == "consumer" else publisher
+        emit(await role(args.port, sc, stop))
+        return 0
+    except (BrokerClosed, OSError, TimeoutError) as exc:
+        emit({"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("role", choices=["consumer", "publisher", "probe"])
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--scenario", default="{}", help="scenario settings as JSON")
+    args = p.parse_args()
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(amain(args))
+    return uvloop.run(amain(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
