@@ -282,11 +282,12 @@ def percentile(sorted_values: list[int], q: float) -> float:
 async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[str, Any]:
     deadline = time.monotonic() + sc["timeout"]
     client = await connect(port)
-    exchange, queue = sc["exchange"], "bench.q"
+    exchange, queue = sc["exchange"], sc.get("queue", "bench.q")
     patterns, _ = topology(sc)
     await client.call(spec.ExchangeDeclare(exchange=exchange, type=sc["exchange_type"]),
                       spec.ExchangeDeclareOk)
-    await client.call(spec.QueueDeclare(queue=queue), spec.QueueDeclareOk)
+    # auto-delete: gone with this consumer, so a reused broker keeps no leftovers
+    await client.call(spec.QueueDeclare(queue=queue, auto_delete=True), spec.QueueDeclareOk)
     for pattern in patterns:  # pipelined: all binds out, then all bind-oks in
         client.send(CHANNEL, spec.QueueBind(queue=queue, exchange=exchange, routing_key=pattern))
     for _ in patterns:

@@ -7,14 +7,17 @@ a publish checks `write` on every message.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import ipaddress
+import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from protocol.tables import decode_table
-
-from .config import Config
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")
 
@@ -45,21 +48,51 @@ class Permission:
 @dataclass
 class User:
     name: str
-    password: str
+    password_hash: str
     tags: tuple[str, ...]
     loopback_only: bool
     permissions: dict[str, Permission]
 
 
+def hash_password(password: str) -> str:
+    """Salted SHA-256, RabbitMQ's default scheme: base64(salt(4 bytes) + sha256(salt + password))."""
+    salt = os.urandom(4)
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def check_password(password_hash: str, password: str) -> bool:
+    try:
+        raw = base64.b64decode(password_hash, validate=True)
+    except ValueError:
+        return False
+    if len(raw) != 36:
+        return False
+    salt, digest = raw[:4], raw[4:]
+    return hmac.compare_digest(digest, hashlib.sha256(salt + password.encode()).digest())
+
+
 class Authenticator:
-    def __init__(self, config: Config) -> None:
+    """Users and their permissions; rebuilt whenever the definitions change."""
+
+    def __init__(self, users: Iterable[Any], permissions: Iterable[Any]) -> None:
+        """`users` have name, password_hash, tags, loopback_only; `permissions` have
+        user, vhost, configure, write, read (the config and store records both fit)."""
         self.users: dict[str, User] = {
-            u.name: User(u.name, u.password, u.tags, u.loopback_only, {}) for u in config.users
+            u.name: User(u.name, u.password_hash, tuple(u.tags), u.loopback_only, {})
+            for u in users
         }
-        for p in config.permissions:
-            self.users[p.user].permissions[p.vhost] = Permission(
-                re.compile(p.configure), re.compile(p.write), re.compile(p.read)
-            )
+        for p in permissions:
+            user = self.users.get(p.user)
+            if user is not None:
+                user.permissions[p.vhost] = Permission(
+                    re.compile(p.configure), re.compile(p.write), re.compile(p.read)
+                )
+
+    def check(self, username: str, password: str) -> User | None:
+        user = self.users.get(username)
+        if user is None or not check_password(user.password_hash, password):
+            return None
+        return user
 
     def authenticate(self, mechanism: str, response: bytes, peer_host: str | None) -> User:
         if mechanism == "PLAIN":
@@ -68,8 +101,8 @@ class Authenticator:
             username, password = parse_amqplain(response)
         else:
             raise AuthError(f"unsupported authentication mechanism '{mechanism}'")
-        user = self.users.get(username)
-        if user is None or not hmac.compare_digest(user.password.encode(), password.encode()):
+        user = self.check(username, password)
+        if user is None:
             raise AuthError(f"user '{username}' - invalid credentials")
         if user.loopback_only and not is_loopback(peer_host):
             raise AuthError(f"user '{username}' can only connect via localhost")

@@ -271,8 +271,6 @@ class Channel:
             internal=m.internal,
             arguments=m.arguments,
         )
-        if created:
-            self.conn.broker.on_exchange_created(exchange)
         if not m.no_wait:
             self.send_method(spec.ExchangeDeclareOk())
 

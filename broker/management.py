@@ -8,7 +8,6 @@ per-message path nothing but an increment.
 from __future__ import annotations
 
 import base64
-import hmac
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +38,8 @@ def _json_safe(value: Any) -> Any:
 def export_definitions(broker: Broker) -> dict[str, Any]:
     """Durable and transient definitions in RabbitMQ's definitions.json format."""
     users = [
-        {"name": u.name, "password": u.password, "tags": ",".join(u.tags)}
+        {"name": u.name, "password_hash": u.password_hash,
+         "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ",".join(u.tags)}
         for u in broker.auth.users.values()
     ]
     permissions = [
@@ -171,12 +171,8 @@ class ManagementServer:
                 user, _, password = base64.b64decode(header[6:]).decode().partition(":")
             except (ValueError, UnicodeDecodeError):
                 user, password = "", ""
-            known = self.broker.auth.users.get(user)
-            if (
-                known is not None
-                and hmac.compare_digest(known.password.encode(), password.encode())
-                and MANAGEMENT_TAGS.intersection(known.tags)
-            ):
+            known = self.broker.auth.check(user, password)
+            if known is not None and MANAGEMENT_TAGS.intersection(known.tags):
                 return await handler(request)
         return web.json_response(
             {"error": "not_authorised", "reason": "Login failed"},

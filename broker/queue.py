@@ -180,6 +180,7 @@ class Queue:
         "stats_acked",
         "stats_dead_lettered",
         "store",
+        "store_id",
         "_account",
         "_reject_overflow",
         "_limited",
@@ -234,6 +235,7 @@ class Queue:
         self.stats_acked = 0
         self.stats_dead_lettered = 0
         self.store = None
+        self.store_id: int | None = None  # row id of a durable queue in the definitions store
         self._account = vhost.broker.account_bytes
         self._reject_overflow = self.overflow != "drop-head"
         self._limited = self.max_length is not None or self.max_length_bytes is not None

@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Any
 from .auth import Authenticator
 from .clock import Clock
 from .config import Config
+from .persistence import Persistence
 from .vhost import VirtualHost
 
 if TYPE_CHECKING:
     from .channel import Consumer
     from .connection import Connection
-    from .exchange import Exchange
-    from .queue import Queue
 
 log = logging.getLogger("roarmq.server")
 
@@ -31,10 +30,13 @@ class Broker:
         self.config = config or Config()
         self.clock = clock or Clock()
         self.cluster_name = f"roarmq@{socket.gethostname()}"
-        self.auth = Authenticator(self.config)
+        self.persistence = Persistence(self, self.config.storage.data_dir)
+        self.persistence.seed_from_config()
+        self.auth: Authenticator = self.persistence.load_auth()
         self.vhosts: dict[str, VirtualHost] = {
-            v.name: VirtualHost(self, v.name) for v in self.config.vhosts
+            name: VirtualHost(self, name) for name in self.persistence.vhost_names()
         }
+        self.persistence.restore()
         self.connections: set[Connection] = set()
         self.reply_to: dict[str, Consumer] = {}
         self.queued_bytes = 0
@@ -104,6 +106,7 @@ class Broker:
         if self._management is not None:
             await self._management.stop()
             self._management = None
+        self.persistence.close()
 
     # -- connections ------------------------------------------------------------------
 
@@ -153,16 +156,3 @@ class Broker:
             for conn in paused:
                 conn.resume_reading()
 
-    # -- hooks for durability and management ------------------------------------------
-
-    def on_queue_created(self, queue: Queue) -> None:
-        pass
-
-    def on_queue_deleted(self, queue: Queue) -> None:
-        pass
-
-    def on_exchange_created(self, exchange: Exchange) -> None:
-        pass
-
-    def on_definitions_changed(self, vhost: VirtualHost) -> None:
-        pass

@@ -177,6 +177,7 @@ class VirtualHost:
             cache_keys=self.cache_keys,
         )
         self.exchanges[name] = exchange
+        self.broker.persistence.exchange_created(exchange)
         return exchange, True
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
@@ -196,10 +197,10 @@ class VirtualHost:
     def _remove_exchange(self, exchange: Exchange) -> None:
         exchange.deleted = True
         self.exchanges.pop(exchange.name, None)
+        self.broker.persistence.exchange_deleted(exchange)
         for other in list(self.exchanges.values()):
             if other.exchange_dests and other.remove_destination(exchange):
                 self._maybe_auto_delete(other)
-        self.broker.on_definitions_changed(self)
 
     def _maybe_auto_delete(self, exchange: Exchange) -> None:
         if exchange.auto_delete and not exchange.deleted and not exchange.index.has_bindings():
@@ -280,7 +281,7 @@ class VirtualHost:
         self.queues[name] = queue
         if exclusive:
             connection.exclusive_queues.append(queue)
-        self.broker.on_queue_created(queue)
+        self.broker.persistence.queue_created(queue)
         return queue, True
 
     def delete_queue(
@@ -308,7 +309,7 @@ class VirtualHost:
         owner = queue.exclusive_owner
         if owner is not None and queue in owner.exclusive_queues:
             owner.exclusive_queues.remove(queue)
-        self.broker.on_queue_deleted(queue)
+        self.broker.persistence.queue_deleted(queue)
         return count
 
     # -- bindings -------------------------------------------------------------------
@@ -322,8 +323,8 @@ class VirtualHost:
             added = exchange.bind(key, queue, arguments)
         except ValueError as exc:
             raise channel_error(PRECONDITION_FAILED, str(exc)) from None
-        if added and queue.durable and exchange.durable:
-            self.broker.on_definitions_changed(self)
+        if added:
+            self.broker.persistence.binding_added(exchange, queue, key, arguments)
 
     def unbind_queue(self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None) -> None:
         if exchange.name == "":
@@ -331,8 +332,8 @@ class VirtualHost:
                 ACCESS_REFUSED, "operation not permitted on the default exchange"
             )
         if exchange.unbind(key, queue, arguments):
+            self.broker.persistence.binding_removed(exchange, queue, key, arguments)
             self._maybe_auto_delete(exchange)
-            self.broker.on_definitions_changed(self)
 
     def bind_exchange(self, destination: Exchange, source: Exchange, key: str, arguments: dict | None) -> None:
         if source.name == "" or destination.name == "":
@@ -342,14 +343,14 @@ class VirtualHost:
         except ValueError as exc:
             raise channel_error(PRECONDITION_FAILED, str(exc)) from None
         if added:
-            self.broker.on_definitions_changed(self)
+            self.broker.persistence.binding_added(source, destination, key, arguments)
 
     def unbind_exchange(self, destination: Exchange, source: Exchange, key: str, arguments: dict | None) -> None:
         if source.name == "" or destination.name == "":
             raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
         if source.unbind(key, destination, arguments):
+            self.broker.persistence.binding_removed(source, destination, key, arguments)
             self._maybe_auto_delete(source)
-            self.broker.on_definitions_changed(self)
 
     # -- routing --------------------------------------------------------------------
 

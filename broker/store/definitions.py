@@ -17,7 +17,7 @@ from protocol.tables import decode_table, encode_table
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS vhosts (name TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS users (
-    name TEXT PRIMARY KEY, password TEXT NOT NULL, tags TEXT NOT NULL, loopback_only INTEGER NOT NULL
+    name TEXT PRIMARY KEY, password_hash TEXT NOT NULL, tags TEXT NOT NULL, loopback_only INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS permissions (
     user TEXT NOT NULL, vhost TEXT NOT NULL, configure TEXT NOT NULL, write TEXT NOT NULL,
@@ -71,7 +71,7 @@ class BindingDef:
 @dataclass(frozen=True)
 class UserDef:
     name: str
-    password: str
+    password_hash: str
     tags: tuple[str, ...]
     loopback_only: bool
 
@@ -126,8 +126,9 @@ class DefinitionStore:
 
     def put_user(self, user: UserDef) -> None:
         self._run(
-            "INSERT OR REPLACE INTO users (name, password, tags, loopback_only) VALUES (?, ?, ?, ?)",
-            user.name, user.password, ",".join(user.tags), int(user.loopback_only),
+            "INSERT OR REPLACE INTO users (name, password_hash, tags, loopback_only) "
+            "VALUES (?, ?, ?, ?)",
+            user.name, user.password_hash, ",".join(user.tags), int(user.loopback_only),
         )
 
     def delete_user(self, name: str) -> None:
@@ -139,7 +140,7 @@ class DefinitionStore:
         return [
             UserDef(name, password, tuple(t for t in tags.split(",") if t), bool(loop))
             for name, password, tags, loop in self._run(
-                "SELECT name, password, tags, loopback_only FROM users ORDER BY name"
+                "SELECT name, password_hash, tags, loopback_only FROM users ORDER BY name"
             )
         ]
 

@@ -1,0 +1,837 @@
+"""Append-only segment log: the lowest layer of message durability.
+
+The broker encodes its own records (publish, ack/remove, delivered markers) and
+hands them to a `SegmentLog` as opaque bytes. The log writes them to segment
+files, makes them durable in batches, reads them back by location, recovers
+them after a crash and reclaims the space of records the owner no longer needs.
+
+Record format (little-endian), back to back in each segment file::
+
+    magic   4 bytes   b"\\x9eRMQ"  (lets recovery find the next record after damage)
+    length  u32       payload length in bytes
+    crc     u32       zlib.crc32(payload)
+    payload length bytes, opaque to this layer
+
+Segments are files ``NNNNNNNN.seg`` (decimal id, 8 digits or more) in one
+directory. The active segment is rotated when the next record would take it past
+`segment_size`; a record larger than that gets a segment of its own. Every
+record has a `Location` (segment, offset of its header, payload length).
+
+Threads. All public methods may be called from any thread (one lock guards the
+state), but the intended use is one *owner* thread (the event loop) calling
+`append`, `schedule_sync`, `read`, `release` and `compact`, and the log's own
+writer thread doing every write, fsync, unlink and directory fsync:
+
+* `append` copies the framed record into an in-memory buffer and returns at
+  once (no syscalls). Its token is a per-record sequence number, increasing by
+  one per append.
+* `schedule_sync` asks the writer for a batch. The writer (optionally waiting
+  `sync_interval_ms` to gather more), takes everything buffered so far, writes
+  it, issues one fdatasync per segment touched (normally one), fsyncs the
+  directory if it created a file, and then calls ``on_synced(token)`` *from
+  the writer thread* with the highest token now on disk (`synced_token`). The
+  owner marshals that to its loop (``loop.call_soon_threadsafe``) and confirms
+  everything with token <= synced. While a batch is being fsynced, new appends
+  collect in the buffer and go out together in the next one (group commit).
+  The writer also starts a batch by itself when `flush_bytes` are buffered.
+* An I/O error in the writer (ENOSPC, EIO, ...) is logged, stored in `error`,
+  reported through ``on_error(exc)`` and stops the writer for good (after a
+  failed fsync the page cache can no longer be trusted): later `append` and
+  `sync_now` calls raise `LogFailed`, and nothing more is confirmed.
+
+Liveness protocol (owner <-> log):
+
+* Every appended record starts *live*. When the owner no longer needs one it
+  calls ``release(location)`` exactly once (refcounting across queues is the
+  owner's business; the log keeps one bit per record and rejects double
+  releases with KeyError).
+* A segment that is not the active one and has no live record left is deleted
+  by the writer after its next batch is durable, then ``on_deleted(segment)``
+  is called (writer thread).
+* Tombstones: an ack/remove record must stay live for as long as the record it
+  cancels may still be on disk, or recovery resurrects the message. The owner
+  can release a tombstone once ``on_deleted`` has reported the target's segment
+  (or the target was relocated by compaction and that old segment was deleted).
+* `compact(relocate)` copies the live records of mostly-dead segments (live
+  bytes under `compact_threshold` of the file, or segments in which recovery
+  found damage) to the active segment with `append` and calls
+  ``relocate(old_location, new_location, payload)`` so the owner can update its
+  index; the old segment is deleted once the copies are durable. A crash in
+  between leaves both copies on disk: replay then yields the record twice, and
+  the owner keeps one and releases the other.
+* Recovery: `SegmentLog.open` starts a fresh active segment after the existing
+  ones, so appends can begin at once. `replay()` yields ``(location,
+  payload)`` for every intact record of the old segments in append order (a
+  relocated record appears where its copy was appended, so the owner's replay
+  should be keyed by its own ids, not by order). Every replayed record is live;
+  the owner calls `release` for those it finds dead, during or after the
+  replay. Replay must be run to exhaustion: only then do old segments take part
+  in deletion and compaction (segments left with no live record are deleted
+  right away). Without a replay, old segments are left alone.
+
+Damage found by replay never raises. Bytes after the last intact record of a
+segment (a torn write, garbage, a record with a bad CRC) are logged and the file
+is truncated; damage followed by intact records is logged and skipped by
+scanning forward for the next magic whose record verifies, so later records
+survive. What was dropped is summed up in `recovery` (a `RecoveryReport`).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+__all__ = [
+    "MAGIC",
+    "HEADER_SIZE",
+    "Location",
+    "SegmentLog",
+    "SegmentLogError",
+    "LogFailed",
+    "LogClosed",
+    "CorruptRecord",
+    "CorruptRegion",
+    "RecoveryReport",
+    "CompactionReport",
+    "SegmentInfo",
+]
+
+log = logging.getLogger("roarmq.store")
+
+MAGIC = b"\x9eRMQ"
+_HEADER = struct.Struct("<4sII")
+HEADER_SIZE = _HEADER.size  # 12
+_SEGMENT_RE = re.compile(r"^(\d{8,})\.seg$")
+
+# Indirections the tests patch to inject I/O errors and count fsyncs.
+_pwrite = os.pwrite
+_fdatasync = getattr(os, "fdatasync", os.fsync)
+_fsync = os.fsync
+
+_pack = _HEADER.pack
+_unpack_from = _HEADER.unpack_from
+_crc32 = zlib.crc32
+
+# Segment states.
+_ACTIVE, _SEALED, _RECOVERING, _DOOMED = "active", "sealed", "recovering", "doomed"
+
+
+class Location(NamedTuple):
+    """Where a record lives: segment id, byte offset of its header, payload length."""
+
+    segment: int
+    offset: int
+    length: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the record takes in its segment, header included."""
+        return HEADER_SIZE + self.length
+
+
+_new_location = tuple.__new__  # Location(...) without the Python-level __new__
+
+
+class SegmentLogError(Exception):
+    """Base class of the errors raised by this module."""
+
+
+class LogFailed(SegmentLogError):
+    """The writer hit an I/O error; nothing appended since is durable. `__cause__` has it."""
+
+
+class LogClosed(SegmentLogError):
+    """The log was closed."""
+
+
+class CorruptRecord(SegmentLogError):
+    """`read` found a record whose header or CRC does not verify."""
+
+
+@dataclass
+class CorruptRegion:
+    segment: int
+    offset: int
+    length: int
+    reason: str
+    truncated: bool  # True: tail cut off the file; False: skipped in the middle
+
+
+@dataclass
+class RecoveryReport:
+    segments: int = 0
+    records_ok: int = 0
+    records_dropped: int = 0  # damaged regions; record boundaries inside one are unknowable
+    bytes_truncated: int = 0
+    bytes_skipped: int = 0  # damaged bytes left in place in the middle of segments
+    corrupt_regions: list[CorruptRegion] = field(default_factory=list)
+
+
+@dataclass
+class CompactionReport:
+    segments: list[int] = field(default_factory=list)  # compacted (deleted once copies are synced)
+    records_moved: int = 0
+    bytes_moved: int = 0
+    bytes_reclaimed: int = 0
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    segment: int
+    size: int
+    live_records: int
+    live_bytes: int
+    state: str
+    damaged: bool
+
+
+class _Segment:
+    __slots__ = ("id", "size", "live", "live_bytes", "state", "damaged", "skip_compaction")
+
+    def __init__(self, seg_id: int, state: str) -> None:
+        self.id = seg_id
+        self.size = 0
+        self.live: dict[int, int] = {}  # offset -> payload length
+        self.live_bytes = 0
+        self.state = state
+        self.damaged = False
+        self.skip_compaction = False
+
+
+def segment_name(seg_id: int) -> str:
+    return f"{seg_id:08d}.seg"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        _fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
+    with memoryview(data) as view:
+        done, total = 0, len(view)
+        while done < total:
+            n = _pwrite(fd, view[done:], offset + done)
+            if n <= 0:
+                raise OSError(errno.EIO, "pwrite wrote nothing")
+            done += n
+
+
+def _check(data: bytes, view: memoryview, pos: int, end: int) -> tuple[int, str]:
+    """(payload length, "") if an intact record starts at pos, else (-1, why not)."""
+    if pos + HEADER_SIZE > end:
+        return -1, "short header"
+    magic, n, crc = _unpack_from(data, pos)
+    if magic != MAGIC:
+        return -1, "bad magic"
+    if pos + HEADER_SIZE + n > end:
+        return -1, "record runs past end of file"
+    if _crc32(view[pos + HEADER_SIZE : pos + HEADER_SIZE + n]) != crc:
+        return -1, "crc mismatch"
+    return n, ""
+
+
+def _resync(data: bytes, view: memoryview, start: int, end: int) -> int:
+    """Offset of the next intact record at or after start, or -1."""
+    i = data.find(MAGIC, start, end)
+    while i >= 0:
+        if _check(data, view, i, end)[0] >= 0:
+            return i
+        i = data.find(MAGIC, i + 1, end)
+    return -1
+
+
+class SegmentLog:
+    """An append-only log of CRC-checked records in rotated segment files (see module doc)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        segment_size: int = 16 << 20,
+        sync_interval_ms: float = 0.0,
+        flush_bytes: int = 4 << 20,
+        compact_threshold: float = 0.25,
+        max_record_size: int = 512 << 20,
+        max_open_files: int = 256,
+        fsync: bool = True,
+        on_synced: Callable[[int], object] | None = None,
+        on_error: Callable[[BaseException], object] | None = None,
+        on_deleted: Callable[[int], object] | None = None,
+    ) -> None:
+        if segment_size <= HEADER_SIZE:
+            raise ValueError("segment_size too small")
+        self.directory = os.fspath(directory)
+        self._segment_size = segment_size
+        self._interval = max(0.0, sync_interval_ms) / 1000.0
+        self._flush_bytes = max(1, flush_bytes)
+        self._compact_threshold = compact_threshold
+        self._max_record = max_record_size
+        self._max_open = max(1, max_open_files)
+        self._do_fsync = fsync
+        self._on_synced = on_synced
+        self._on_error = on_error
+        self._on_deleted = on_deleted
+
+        self.error: BaseException | None = None
+        self.synced_token = 0
+        self.recovery = RecoveryReport()
+
+        created = not os.path.isdir(self.directory)
+        os.makedirs(self.directory, exist_ok=True)
+        if created:
+            _fsync_dir(os.path.dirname(os.path.abspath(self.directory)))
+        found = []
+        for name in os.listdir(self.directory):
+            m = _SEGMENT_RE.match(name)
+            if m:
+                found.append(int(m.group(1)))
+        found.sort()
+        self._to_replay: list[int] | None = found
+        first = found[-1] + 1 if found else 0
+
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # wakes the writer
+        self._done = threading.Condition(threading.Lock())  # batch completions
+        self._segments: dict[int, _Segment] = {}
+        self._seg = _Segment(first, _ACTIVE)  # the active segment
+        self._segments[first] = self._seg
+        self._size = 0  # bytes appended to the active segment
+        self._buf = bytearray()  # framed records of the active segment not yet taken
+        self._buf_base = 0  # offset of _buf[0] in the active segment
+        self._sealed: list[tuple[int, int, bytearray]] = []  # (segment, offset, bytes) for the writer
+        self._inflight: list[tuple[int, int, bytearray]] = []  # taken by the writer, not yet durable
+        self._deletions: list[int] = []
+        self._token = 0
+        self._want = False  # a batch was asked for
+        self._closing = False
+        self._closed = False
+        self._swaps = 0  # batches taken by the writer
+        self._completed = 0  # batches finished
+        self._durable_below = first  # every segment id < this is fully written and synced
+        self._rfds: dict[int, int] = {}  # read fds, oldest first
+        self._wfd: int | None = None  # writer's fd (writer thread only)
+        self._wseg = -1
+
+        self._thread = threading.Thread(target=self._writer_main, name="roarmq-store-writer",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str], **options) -> SegmentLog:  # type: ignore[no-untyped-def]
+        """Open (creating if needed) the log in `directory`; appends go to a fresh segment."""
+        return cls(directory, **options)
+
+    def __enter__(self) -> SegmentLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ hot path
+
+    def append(self, payload: bytes) -> tuple[Location, int]:
+        """Buffer one record; return its location and token. No I/O; raises LogFailed/LogClosed."""
+        n = len(payload)
+        if n > self._max_record:
+            raise ValueError(f"record of {n} bytes exceeds max_record_size")
+        header = _pack(MAGIC, n, _crc32(payload))
+        with self._lock:
+            if self.error is not None or self._closing:
+                self._refuse()
+            off = self._size
+            end = off + HEADER_SIZE + n
+            if end > self._segment_size and off:
+                self._rotate_locked()
+                off, end = 0, HEADER_SIZE + n
+            buf = self._buf
+            buf += header
+            buf += payload
+            self._size = end
+            seg = self._seg
+            seg.live[off] = n
+            seg.live_bytes += HEADER_SIZE + n
+            self._token = token = self._token + 1
+            if len(buf) >= self._flush_bytes and not self._want:
+                self._want = True
+                self._cond.notify()
+        return _new_location(Location, (seg.id, off, n)), token
+
+    def schedule_sync(self) -> None:
+        """Ask the writer to make everything appended so far durable; returns at once."""
+        if self._want:
+            return
+        with self._lock:
+            if not self._want:
+                self._want = True
+                self._cond.notify()
+
+    def read(self, location: Location) -> bytes:
+        """The payload at `location` (from memory if not yet written, else pread + CRC check).
+
+        Raises KeyError if the segment is gone, CorruptRecord if the record does not verify.
+        """
+        seg_id, off, n = location
+        with self._lock:
+            data = self._read_memory_locked(seg_id, off, n)
+            if data is not None:
+                return data
+            fd = self._rfds.get(seg_id)
+            if fd is None:
+                fd = self._open_read_locked(seg_id)
+            # pread under the lock: fds are closed only under it, so no fd-reuse race.
+            raw = os.pread(fd, HEADER_SIZE + n, off)
+        if len(raw) != HEADER_SIZE + n:
+            raise CorruptRecord(f"{location}: short read ({len(raw)} bytes)")
+        magic, length, crc = _unpack_from(raw, 0)
+        if magic != MAGIC or length != n:
+            raise CorruptRecord(f"{location}: bad header")
+        payload = raw[HEADER_SIZE:]
+        if _crc32(payload) != crc:
+            raise CorruptRecord(f"{location}: crc mismatch")
+        return payload
+
+    def release(self, location: Location) -> None:
+        """Mark a record dead. KeyError if it is not a live record of this log."""
+        seg_id, off, n = location
+        with self._lock:
+            seg = self._segments.get(seg_id)
+            if seg is None or seg.live.get(off, -1) != n:
+                raise KeyError(f"not a live record: {tuple(location)}")
+            del seg.live[off]
+            seg.live_bytes -= HEADER_SIZE + n
+            if not seg.live and seg.state == _SEALED:
+                self._doom_locked(seg)
+
+    # ------------------------------------------------------------------ syncing
+
+    def sync_now(self, timeout: float | None = None) -> int:
+        """Block until everything appended (and released) before the call is durable.
+
+        Returns synced_token; raises LogFailed after a writer error, TimeoutError on timeout.
+        """
+        with self._lock:
+            if self.error is not None:
+                self._refuse()
+            if self._closed or not self._thread.is_alive():
+                return self.synced_token
+            target = self._swaps + 1
+            self._want = True
+            self._cond.notify()
+        with self._done:
+            ok = self._done.wait_for(
+                lambda: self._completed >= target or self.error is not None, timeout)
+        if self.error is not None:
+            self._refuse()
+        if not ok:
+            raise TimeoutError("segment log sync timed out")
+        return self.synced_token
+
+    def close(self) -> None:
+        """Write and sync everything buffered, stop the writer, close files. Idempotent.
+
+        Does not raise for a failed writer: check `error`.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._closing = True
+            self._want = True
+            self._cond.notify()
+        self._thread.join()
+        with self._lock:
+            for fd in self._rfds.values():
+                os.close(fd)
+            self._rfds.clear()
+            self._sealed.clear()
+            self._buf = bytearray()
+
+    @property
+    def last_token(self) -> int:
+        """Token of the latest append (0 before any)."""
+        return self._token
+
+    @property
+    def active_segment(self) -> int:
+        return self._seg.id
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes appended but not yet durable (for the owner's flow control)."""
+        with self._lock:
+            return (len(self._buf) + sum(len(c[2]) for c in self._sealed)
+                    + sum(len(c[2]) for c in self._inflight))
+
+    def segments(self) -> list[SegmentInfo]:
+        """Per-segment sizes and liveness, oldest first (only segments the log manages)."""
+        with self._lock:
+            return [SegmentInfo(s.id, self._size if s is self._seg else s.size, len(s.live),
+                                s.live_bytes, s.state, s.damaged)
+                    for _, s in sorted(self._segments.items())]
+
+    # ------------------------------------------------------------------ recovery
+
+    def replay(self) -> Iterator[tuple[Location, bytes]]:
+        """Yield (location, payload) of every intact record of the pre-existing segments.
+
+        Repairs as it goes (see module doc); never raises for damage. Run it once, to the end.
+        """
+        if self._to_replay is None:
+            raise RuntimeError("replay() can only run once")
+        ids, self._to_replay = self._to_replay, None
+        report = self.recovery
+        for seg_id in ids:
+            yield from self._replay_segment(seg_id, report)
+        with self._lock:
+            for seg_id in ids:
+                seg = self._segments.get(seg_id)
+                if seg is not None and seg.state == _RECOVERING:
+                    seg.state = _SEALED
+                    if not seg.live:
+                        self._doom_locked(seg)
+            if self._deletions:
+                self._want = True
+                self._cond.notify()
+        level = logging.WARNING if report.corrupt_regions else logging.INFO
+        log.log(level, "segment log recovered: %d segments, %d records, %d damaged regions, "
+                "%d bytes truncated", report.segments, report.records_ok, report.records_dropped,
+                report.bytes_truncated,
+                extra={"directory": self.directory, "records": report.records_ok,
+                       "dropped": report.records_dropped, "truncated": report.bytes_truncated})
+
+    def _replay_segment(self, seg_id: int, report: RecoveryReport) -> Iterator[tuple[Location, bytes]]:
+        path = os.path.join(self.directory, segment_name(seg_id))
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            # Left alone (not managed, never deleted) so nothing is lost that a person could save.
+            log.error("segment unreadable, skipped: %s", exc,
+                      extra={"segment": seg_id, "path": path})
+            report.corrupt_regions.append(CorruptRegion(seg_id, 0, 0, f"unreadable: {exc}", False))
+            report.records_dropped += 1
+            return
+        report.segments += 1
+        seg = _Segment(seg_id, _RECOVERING)
+        seg.size = len(data)
+        with self._lock:
+            self._segments[seg_id] = seg
+        end = len(data)
+        view = memoryview(data)
+        pos = 0
+        try:
+            while pos < end:
+                n, why = _check(data, view, pos, end)
+                if n >= 0:
+                    with self._lock:
+                        seg.live[pos] = n
+                        seg.live_bytes += HEADER_SIZE + n
+                    report.records_ok += 1
+                    yield _new_location(Location, (seg_id, pos, n)), data[pos + HEADER_SIZE:pos + HEADER_SIZE + n]
+                    pos += HEADER_SIZE + n
+                    continue
+                nxt = _resync(data, view, pos + 1, end)
+                report.records_dropped += 1
+                if nxt < 0:
+                    dropped = end - pos
+                    log.warning("segment tail damaged (%s): truncating %d bytes at offset %d",
+                                why, dropped, pos,
+                                extra={"segment": seg_id, "offset": pos, "nbytes": dropped})
+                    report.corrupt_regions.append(CorruptRegion(seg_id, pos, dropped, why, True))
+                    report.bytes_truncated += dropped
+                    self._truncate(path, pos)
+                    seg.size = pos
+                    break
+                log.warning("segment damaged (%s): skipping %d bytes at offset %d, "
+                            "next intact record at %d", why, nxt - pos, pos, nxt,
+                            extra={"segment": seg_id, "offset": pos, "nbytes": nxt - pos})
+                report.corrupt_regions.append(CorruptRegion(seg_id, pos, nxt - pos, why, False))
+                report.bytes_skipped += nxt - pos
+                seg.damaged = True
+                pos = nxt
+        finally:
+            view.release()
+
+    def _truncate(self, path: str, size: int) -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.ftruncate(fd, size)
+                if self._do_fsync:
+                    _fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:  # the damage is skipped again at the next start
+            log.error("could not truncate damaged segment tail: %s", exc, extra={"path": path})
+
+    # ------------------------------------------------------------------ compaction
+
+    def compact(
+        self,
+        relocate: Callable[[Location, Location, bytes], object],
+        *,
+        threshold: float | None = None,
+        max_bytes: int | None = None,
+    ) -> CompactionReport:
+        """Copy the live records of sparse segments to the active one; delete the old ones.
+
+        Candidates: durable, non-active segments whose live bytes are under `threshold` of
+        their size (default compact_threshold), and segments recovery found damaged; sparsest
+        first. For each live record: append a copy, then relocate(old, new, payload). Stops
+        after a segment once `max_bytes` of payload were moved. Old segments are deleted by
+        the writer after the copies are synced (a sync is scheduled).
+        """
+        limit = self._compact_threshold if threshold is None else threshold
+        report = CompactionReport()
+        with self._lock:
+            if self.error is not None or self._closing:
+                self._refuse()
+            candidates = [
+                s for s in self._segments.values()
+                if s.state == _SEALED and s.id < self._durable_below and s.live
+                and not s.skip_compaction and s.size > 0
+                and (s.damaged or s.live_bytes < limit * s.size)
+            ]
+        candidates.sort(key=lambda s: (s.live_bytes / s.size, s.id))
+        for seg in candidates:
+            if max_bytes is not None and report.bytes_moved >= max_bytes:
+                break
+            if seg.state != _SEALED or not seg.live:
+                continue
+            self._compact_segment(seg, relocate, report)
+        if report.segments:
+            self.schedule_sync()
+            log.info("compacted %d segments, moved %d records (%d bytes)", len(report.segments),
+                     report.records_moved, report.bytes_moved,
+                     extra={"segments": len(report.segments), "records": report.records_moved})
+        return report
+
+    def _compact_segment(self, seg: _Segment, relocate: Callable[[Location, Location, bytes], object],
+                         report: CompactionReport) -> None:
+        with self._lock:
+            fd = self._rfds.get(seg.id)
+            if fd is None:
+                fd = self._open_read_locked(seg.id)
+            data = os.pread(fd, seg.size, 0)
+            live = sorted(seg.live.items())
+        view = memoryview(data)
+        try:
+            for off, n in live:
+                if _check(data, view, off, len(data))[0] != n:
+                    seg.skip_compaction = True
+                    log.error("live record unreadable, segment not compacted",
+                              extra={"segment": seg.id, "offset": off, "nbytes": n})
+                    return
+        finally:
+            view.release()
+        for off, n in live:
+            if seg.live.get(off) != n:  # released meanwhile
+                continue
+            old = _new_location(Location, (seg.id, off, n))
+            payload = data[off + HEADER_SIZE:off + HEADER_SIZE + n]
+            new, _ = self.append(payload)
+            with self._lock:
+                del seg.live[off]
+                seg.live_bytes -= HEADER_SIZE + n
+            try:
+                relocate(old, new, payload)
+            except BaseException:
+                with self._lock:  # undo: the owner still points at the old copy
+                    seg.live[off] = n
+                    seg.live_bytes += HEADER_SIZE + n
+                self.release(new)
+                raise
+            report.records_moved += 1
+            report.bytes_moved += n
+        with self._lock:
+            if seg.state == _SEALED:
+                if seg.live:  # appended meanwhile? cannot happen to a sealed segment
+                    return
+                self._doom_locked(seg)
+                report.segments.append(seg.id)
+                report.bytes_reclaimed += seg.size
+
+    # ------------------------------------------------------------------ internals (lock held)
+
+    def _refuse(self) -> None:
+        if self.error is not None:
+            raise LogFailed(f"segment log failed: {self.error}") from self.error
+        raise LogClosed("segment log closed")
+
+    def _rotate_locked(self) -> None:
+        old = self._seg
+        if self._buf:
+            self._sealed.append((old.id, self._buf_base, self._buf))
+        old.size = self._size
+        old.state = _SEALED
+        self._seg = _Segment(old.id + 1, _ACTIVE)
+        self._segments[self._seg.id] = self._seg
+        self._buf = bytearray()
+        self._buf_base = 0
+        self._size = 0
+        if not old.live:
+            self._doom_locked(old)
+        if not self._want:  # hand the finished segment to the writer
+            self._want = True
+            self._cond.notify()
+
+    def _doom_locked(self, seg: _Segment) -> None:
+        seg.state = _DOOMED
+        del self._segments[seg.id]
+        self._deletions.append(seg.id)
+
+    def _read_memory_locked(self, seg_id: int, off: int, n: int) -> bytes | None:
+        start = off + HEADER_SIZE
+        if seg_id == self._seg.id and off >= self._buf_base:
+            i = start - self._buf_base
+            return bytes(self._buf[i:i + n])
+        for chunks in (self._sealed, self._inflight):
+            for cseg, base, data in chunks:
+                if cseg == seg_id and base <= off < base + len(data):
+                    i = start - base
+                    return bytes(data[i:i + n])
+        return None
+
+    def _open_read_locked(self, seg_id: int) -> int:
+        try:
+            fd = os.open(os.path.join(self.directory, segment_name(seg_id)),
+                         os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise KeyError(f"segment {seg_id} does not exist") from None
+        if len(self._rfds) >= self._max_open:
+            oldest = next(iter(self._rfds))
+            os.close(self._rfds.pop(oldest))
+        self._rfds[seg_id] = fd
+        return fd
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _writer_main(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._want and not self._closing:
+                        self._cond.wait()
+                    if self._interval and not self._closing:
+                        deadline = time.monotonic() + self._interval
+                        while not self._closing and len(self._buf) < self._flush_bytes:
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                break
+                            self._cond.wait(left)
+                    self._want = False
+                    if self._buf:
+                        self._sealed.append((self._seg.id, self._buf_base, self._buf))
+                        self._buf_base = self._size
+                        self._buf = bytearray()
+                    chunks = self._inflight = self._sealed
+                    self._sealed = []
+                    deletions, self._deletions = self._deletions, []
+                    token = self._token
+                    self._swaps += 1
+                    batch = self._swaps
+                    closing = self._closing
+                self._write_batch(chunks, deletions, token)
+                with self._done:
+                    self._completed = batch
+                    self._done.notify_all()
+                if closing:
+                    break
+        except BaseException as exc:  # noqa: BLE001 - must never die silently
+            self._fail(exc)
+        finally:
+            if self._wfd is not None:
+                try:
+                    os.close(self._wfd)
+                except OSError:
+                    pass
+                self._wfd = None
+
+    def _write_batch(self, chunks: list[tuple[int, int, bytearray]], deletions: list[int],
+                     token: int) -> None:
+        new_files = False
+        for seg_id, base, data in chunks:
+            if seg_id != self._wseg:
+                if self._wfd is not None:
+                    if self._do_fsync:
+                        _fdatasync(self._wfd)
+                    os.close(self._wfd)
+                    self._wfd = None
+                self._wfd = os.open(os.path.join(self.directory, segment_name(seg_id)),
+                                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                self._wseg = seg_id
+                new_files = True
+            _pwrite_all(self._wfd, data, base)
+        if chunks and self._do_fsync:
+            _fdatasync(self._wfd)  # type: ignore[arg-type]
+        if new_files and self._do_fsync:
+            _fsync_dir(self.directory)
+        with self._lock:
+            self._inflight = []
+            if chunks:
+                self._durable_below = self._wseg
+        if token > self.synced_token:
+            self.synced_token = token
+            if self._on_synced is not None:
+                try:
+                    self._on_synced(token)
+                except Exception:
+                    log.exception("on_synced callback failed")
+        if deletions:
+            self._delete(deletions)
+
+    def _delete(self, seg_ids: list[int]) -> None:
+        deleted = []
+        for seg_id in seg_ids:
+            with self._lock:
+                fd = self._rfds.pop(seg_id, None)
+            if fd is not None:
+                os.close(fd)
+            if seg_id == self._wseg and self._wfd is not None:
+                os.close(self._wfd)
+                self._wfd = None
+                self._wseg = -1
+            try:
+                os.unlink(os.path.join(self.directory, segment_name(seg_id)))
+            except FileNotFoundError:
+                pass  # never written: all its records were released while still buffered
+            except OSError as exc:
+                # Not fatal: the file is replayed at the next start and its records come
+                # back (the owner's tombstones stay live, as on_deleted is not called).
+                log.error("could not delete segment: %s", exc, extra={"segment": seg_id})
+                continue
+            deleted.append(seg_id)
+        if deleted and self._do_fsync:
+            _fsync_dir(self.directory)
+        for seg_id in deleted:
+            log.debug("segment deleted", extra={"segment": seg_id})
+            if self._on_deleted is not None:
+                try:
+                    self._on_deleted(seg_id)
+                except Exception:
+                    log.exception("on_deleted callback failed")
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = exc
+        log.error("segment log writer failed; no further records will be confirmed: %s", exc,
+                  exc_info=exc, extra={"directory": self.directory})
+        with self._done:
+            self._done.notify_all()
+        if self._on_error is not None:
+            try:
+                self._on_error(exc)
+            except Exception:
+                log.exception("on_error callback failed")
