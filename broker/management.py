@@ -8,6 +8,8 @@ per-message path nothing but an increment.
 from __future__ import annotations
 
 import base64
+import json
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +17,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from protocol.errors import ProtocolError
+
 from . import __version__
+from .auth import hash_password
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -86,6 +91,47 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
     }
 
 
+def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
+    for v in doc.get("vhosts", []):
+        broker.add_vhost(v["name"])
+    for u in doc.get("users", []):
+        tags = u.get("tags", "")
+        tags = tuple(t for t in (tags.split(",") if isinstance(tags, str) else tags) if t)
+        password_hash = u.get("password_hash") or hash_password(u["password"])
+        broker.put_user(u["name"], password_hash, tags)
+    for p in doc.get("permissions", []):
+        broker.set_permission(p["user"], p["vhost"], p.get("configure", ".*"),
+                              p.get("write", ".*"), p.get("read", ".*"))
+    for x in doc.get("exchanges", []):
+        vhost = broker.vhosts[x.get("vhost", "/")]
+        vhost.declare_exchange(x["name"], x.get("type", "direct"), durable=x.get("durable", True),
+                               auto_delete=x.get("auto_delete", False),
+                               internal=x.get("internal", False), arguments=x.get("arguments"))
+    for q in doc.get("queues", []):
+        vhost = broker.vhosts[q.get("vhost", "/")]
+        vhost.declare_queue(q["name"], None, durable=q.get("durable", True),
+                            auto_delete=q.get("auto_delete", False), arguments=q.get("arguments"))
+    for b in doc.get("bindings", []):
+        vhost = broker.vhosts[b.get("vhost", "/")]
+        source = vhost.get_exchange(b["source"])
+        if b.get("destination_type", "queue") == "queue":
+            vhost.bind_queue(vhost.get_queue(b["destination"]), source, b.get("routing_key", ""),
+                             b.get("arguments") or None)
+        else:
+            vhost.bind_exchange(vhost.get_exchange(b["destination"]), source,
+                                b.get("routing_key", ""), b.get("arguments") or None)
+
+
+def _bad_request(reason: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=json.dumps({"error": "bad_request", "reason": reason}),
+                              content_type="application/json")
+
+
+def _not_found() -> web.HTTPNotFound:
+    return web.HTTPNotFound(text='{"error":"Object Not Found","reason":"Not Found"}',
+                            content_type="application/json")
+
+
 class _BrokerCollector:
     """Reads the broker's counters at scrape time."""
 
@@ -145,6 +191,15 @@ class ManagementServer:
         app.router.add_get("/api/queues/{vhost}/{name}", self.queue)
         app.router.add_get("/api/connections", self.connections)
         app.router.add_get("/api/definitions", self.definitions)
+        app.router.add_post("/api/definitions", self.import_definitions)
+        app.router.add_put("/api/vhosts/{vhost}", self.put_vhost)
+        app.router.add_delete("/api/vhosts/{vhost}", self.delete_vhost)
+        app.router.add_get("/api/users", self.users)
+        app.router.add_put("/api/users/{name}", self.put_user)
+        app.router.add_delete("/api/users/{name}", self.delete_user)
+        app.router.add_get("/api/permissions", self.permissions)
+        app.router.add_put("/api/permissions/{vhost}/{user}", self.put_permission)
+        app.router.add_delete("/api/permissions/{vhost}/{user}", self.delete_permission)
         app.router.add_get("/api/health/checks/alarms", self.alarms)
         self.app = app
 
@@ -269,6 +324,90 @@ class ManagementServer:
 
     async def definitions(self, request: web.Request) -> web.Response:
         return web.json_response(export_definitions(self.broker))
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise _bad_request("body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise _bad_request("body must be a JSON object")
+        return body
+
+    async def put_vhost(self, request: web.Request) -> web.Response:
+        created = self.broker.add_vhost(request.match_info["vhost"])
+        return web.Response(status=201 if created else 204)
+
+    async def delete_vhost(self, request: web.Request) -> web.Response:
+        if not self.broker.delete_vhost(request.match_info["vhost"]):
+            raise _not_found()
+        return web.Response(status=204)
+
+    async def users(self, request: web.Request) -> web.Response:
+        return web.json_response([
+            {"name": u.name, "tags": ",".join(u.tags), "password_hash": u.password_hash,
+             "hashing_algorithm": "rabbit_password_hashing_sha256"}
+            for u in self.broker.auth.users.values()
+        ])
+
+    async def put_user(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        name = request.match_info["name"]
+        tags = body.get("tags", "")
+        if isinstance(tags, str):
+            tags = [t.strip() for t in tags.split(",") if t.strip()]
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise _bad_request("tags must be a comma-separated string or a list of strings")
+        if isinstance(body.get("password"), str):
+            password_hash = hash_password(body["password"])
+        elif isinstance(body.get("password_hash"), str):
+            password_hash = body["password_hash"]
+        else:
+            raise _bad_request("either password or password_hash is required")
+        existed = name in self.broker.auth.users
+        self.broker.put_user(name, password_hash, tuple(tags))
+        return web.Response(status=204 if existed else 201)
+
+    async def delete_user(self, request: web.Request) -> web.Response:
+        if not self.broker.delete_user(request.match_info["name"]):
+            raise _not_found()
+        return web.Response(status=204)
+
+    async def permissions(self, request: web.Request) -> web.Response:
+        return web.json_response([
+            {"user": u.name, "vhost": vhost, "configure": p.configure.pattern,
+             "write": p.write.pattern, "read": p.read.pattern}
+            for u in self.broker.auth.users.values() for vhost, p in u.permissions.items()
+        ])
+
+    async def put_permission(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        user, vhost = request.match_info["user"], request.match_info["vhost"]
+        if user not in self.broker.auth.users or vhost not in self.broker.vhosts:
+            raise _not_found()
+        perms = {}
+        for key in ("configure", "write", "read"):
+            value = body.get(key, "")
+            try:
+                re.compile(value)
+            except (re.error, TypeError):
+                raise _bad_request(f"{key}: not a valid regular expression") from None
+            perms[key] = value
+        self.broker.set_permission(user, vhost, **perms)
+        return web.Response(status=204)
+
+    async def delete_permission(self, request: web.Request) -> web.Response:
+        self.broker.clear_permission(request.match_info["user"], request.match_info["vhost"])
+        return web.Response(status=204)
+
+    async def import_definitions(self, request: web.Request) -> web.Response:
+        """Load RabbitMQ-format definitions (users, vhosts, permissions, exchanges, queues, bindings)."""
+        body = await self._json(request)
+        try:
+            import_definitions(self.broker, body)
+        except (KeyError, TypeError, ValueError, ProtocolError) as exc:
+            raise _bad_request(f"cannot import definitions: {exc}") from None
+        return web.Response(status=204)
 
     async def alarms(self, request: web.Request) -> web.Response:
         if self.broker.blocked:

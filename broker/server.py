@@ -108,6 +108,55 @@ class Broker:
             self._management = None
         self.persistence.close()
 
+    # -- users, vhosts, permissions (management API) --------------------------------------
+
+    def add_vhost(self, name: str) -> bool:
+        if name in self.vhosts:
+            return False
+        self.vhosts[name] = VirtualHost(self, name)
+        self.persistence.vhost_created(self.vhosts[name])
+        return True
+
+    def delete_vhost(self, name: str) -> bool:
+        vhost = self.vhosts.pop(name, None)
+        if vhost is None:
+            return False
+        for conn in list(self.connections):
+            if conn.vhost is vhost:
+                conn.force_close(f"vhost '{name}' is deleted")
+        for queue in list(vhost.queues.values()):
+            vhost.delete_queue(queue, reason="vhost deleted")
+        self.persistence.vhost_deleted(name)
+        self.auth = self.persistence.load_auth()
+        return True
+
+    def put_user(self, name: str, password_hash: str, tags: tuple[str, ...],
+                 loopback_only: bool = False) -> None:
+        from .store.definitions import UserDef
+
+        self.persistence.definitions.put_user(UserDef(name, password_hash, tags, loopback_only))
+        self.auth = self.persistence.load_auth()
+
+    def delete_user(self, name: str) -> bool:
+        if name not in self.auth.users:
+            return False
+        self.persistence.definitions.delete_user(name)
+        self.auth = self.persistence.load_auth()
+        for conn in list(self.connections):
+            if conn.user is not None and conn.user.name == name:
+                conn.force_close(f"user '{name}' was deleted")
+        return True
+
+    def set_permission(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
+        from .store.definitions import PermissionDef
+
+        self.persistence.definitions.put_permission(PermissionDef(user, vhost, configure, write, read))
+        self.auth = self.persistence.load_auth()
+
+    def clear_permission(self, user: str, vhost: str) -> None:
+        self.persistence.definitions.delete_permission(user, vhost)
+        self.auth = self.persistence.load_auth()
+
     # -- connections ------------------------------------------------------------------
 
     def connection_opened(self, conn: Connection) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.clock import VirtualClock
-from broker.testing import BrokerThread, running_broker, testing_config
+from broker.testing import BrokerThread, running_broker, ephemeral_config
 
 pytest_plugins = ["pytester"]
 
@@ -13,7 +13,7 @@ pytest_plugins = ["pytester"]
 @pytest.fixture
 async def broker(tmp_path):
     """An in-process broker on the test's event loop (for asyncio clients)."""
-    async with running_broker(testing_config(data_dir=str(tmp_path / "data"))) as b:
+    async with running_broker(ephemeral_config(data_dir=str(tmp_path / "data"))) as b:
         yield b
 
 
@@ -21,7 +21,7 @@ async def broker(tmp_path):
 async def vbroker(tmp_path):
     """An in-process broker whose timers run on a VirtualClock the test advances."""
     clock = VirtualClock()
-    async with running_broker(testing_config(data_dir=str(tmp_path / "data")), clock=clock) as b:
+    async with running_broker(ephemeral_config(data_dir=str(tmp_path / "data")), clock=clock) as b:
         b.clock = clock
         yield b
 
@@ -29,5 +29,5 @@ async def vbroker(tmp_path):
 @pytest.fixture
 def thread_broker(tmp_path):
     """A broker in its own thread (for blocking clients such as pika and kombu)."""
-    with BrokerThread(testing_config(data_dir=str(tmp_path / "data"))) as b:
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "data"))) as b:
         yield b

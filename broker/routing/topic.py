@@ -441,39 +441,47 @@ class TopicIndex(BindingTable):
         pop, push = stack.pop, stack.append
         while stack:
             node, i = pop()
-            if i == n:
-                if node.ids is not None:
-                    found.append(node)
-            else:
-                children = node.children
-                if children is not None:
-                    child = children.get(words[i])
-                    if child is not None:
-                        push((child, i + 1))
+            # Follow the literal chain in this loop; only wildcard branches go on the stack.
+            while True:
+                h = node.hash
+                if i == n:
+                    if node.ids is not None:
+                        found.append(node)
+                    # a "#" here matches zero words; (h, n) is new unless h was entered before
+                    if h is not None and h not in hash_from:
+                        hash_from[h] = n
+                        if h.ids is not None:
+                            found.append(h)
+                    break
                 if skip_root_wild and node is root:
-                    continue
-                if node.star is not None:
+                    h = None
+                elif node.star is not None:
                     push((node.star, i + 1))
-            h = node.hash
-            if h is None:
-                continue
-            # ``#`` may swallow words[i:j] for every j in [i, n]; states (h, j) already
-            # scanned from an earlier entry need no second visit.
-            stop = hash_from.get(h, n + 1)
-            if i >= stop:
-                continue
-            hash_from[h] = i
-            if stop == n + 1 and h.ids is not None:
-                found.append(h)
-            children, star = h.children, h.star
-            if children is not None or star is not None:
-                for j in range(i, min(stop, n)):
-                    if children is not None:
-                        child = children.get(words[j])
-                        if child is not None:
-                            push((child, j + 1))
-                    if star is not None:
-                        push((star, j + 1))
+                if h is not None:
+                    # "#" may swallow words[i:j] for every j in [i, n]; the states (h, j) an
+                    # earlier entry already scanned (j >= stop) need no second visit.
+                    stop = hash_from.get(h, n + 1)
+                    if i < stop:
+                        hash_from[h] = i
+                        if stop > n and h.ids is not None:
+                            found.append(h)
+                        h_children, h_star = h.children, h.star
+                        if h_children is not None:
+                            get = h_children.get
+                            for j in range(i, min(stop, n)):
+                                child = get(words[j])
+                                if child is not None:
+                                    push((child, j + 1))
+                        if h_star is not None:
+                            for j in range(i, min(stop, n)):
+                                push((h_star, j + 1))
+                children = node.children
+                if children is None:
+                    break
+                node = children.get(words[i])  # type: ignore[assignment]
+                if node is None:
+                    break
+                i += 1
         return found
 
     def _insert(self, key: str, words: tuple[str, ...], ids: BitMap, nodes: list[_Node]) -> _Entry:

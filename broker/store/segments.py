@@ -195,16 +195,19 @@ class SegmentInfo:
 
 
 class _Segment:
-    __slots__ = ("id", "size", "live", "live_bytes", "state", "damaged", "skip_compaction")
+    __slots__ = ("id", "size", "live", "state", "damaged", "skip_compaction")
 
     def __init__(self, seg_id: int, state: str) -> None:
         self.id = seg_id
         self.size = 0
         self.live: dict[int, int] = {}  # offset -> payload length
-        self.live_bytes = 0
         self.state = state
         self.damaged = False
         self.skip_compaction = False
+
+    def live_bytes(self) -> int:
+        """Bytes of live records, headers included (computed: keeps append and release cheap)."""
+        return sum(self.live.values()) + HEADER_SIZE * len(self.live)
 
 
 def segment_name(seg_id: int) -> str:
@@ -317,6 +320,7 @@ class SegmentLog:
         self._token = 0
         self._want = False  # a batch was asked for
         self._closing = False
+        self._refusing = False  # error or closing: append refuses
         self._closed = False
         self._swaps = 0  # batches taken by the writer
         self._completed = 0  # batches finished
@@ -349,7 +353,7 @@ class SegmentLog:
             raise ValueError(f"record of {n} bytes exceeds max_record_size")
         header = _pack(MAGIC, n, _crc32(payload))
         with self._lock:
-            if self.error is not None or self._closing:
+            if self._refusing:
                 self._refuse()
             off = self._size
             end = off + HEADER_SIZE + n
@@ -362,7 +366,6 @@ class SegmentLog:
             self._size = end
             seg = self._seg
             seg.live[off] = n
-            seg.live_bytes += HEADER_SIZE + n
             self._token = token = self._token + 1
             if len(buf) >= self._flush_bytes and not self._want:
                 self._want = True
@@ -411,7 +414,6 @@ class SegmentLog:
             if seg is None or seg.live.get(off, -1) != n:
                 raise KeyError(f"not a live record: {tuple(location)}")
             del seg.live[off]
-            seg.live_bytes -= HEADER_SIZE + n
             if not seg.live and seg.state == _SEALED:
                 self._doom_locked(seg)
 
@@ -449,6 +451,7 @@ class SegmentLog:
                 return
             self._closed = True
             self._closing = True
+            self._refusing = True
             self._want = True
             self._cond.notify()
         self._thread.join()
@@ -479,7 +482,7 @@ class SegmentLog:
         """Per-segment sizes and liveness, oldest first (only segments the log manages)."""
         with self._lock:
             return [SegmentInfo(s.id, self._size if s is self._seg else s.size, len(s.live),
-                                s.live_bytes, s.state, s.damaged)
+                                s.live_bytes(), s.state, s.damaged)
                     for _, s in sorted(self._segments.items())]
 
     # ------------------------------------------------------------------ recovery
@@ -538,7 +541,6 @@ class SegmentLog:
                 if n >= 0:
                     with self._lock:
                         seg.live[pos] = n
-                        seg.live_bytes += HEADER_SIZE + n
                     report.records_ok += 1
                     yield _new_location(Location, (seg_id, pos, n)), data[pos + HEADER_SIZE:pos + HEADER_SIZE + n]
                     pos += HEADER_SIZE + n
@@ -597,16 +599,17 @@ class SegmentLog:
         limit = self._compact_threshold if threshold is None else threshold
         report = CompactionReport()
         with self._lock:
-            if self.error is not None or self._closing:
+            if self._refusing:
                 self._refuse()
-            candidates = [
-                s for s in self._segments.values()
-                if s.state == _SEALED and s.id < self._durable_below and s.live
-                and not s.skip_compaction and s.size > 0
-                and (s.damaged or s.live_bytes < limit * s.size)
-            ]
-        candidates.sort(key=lambda s: (s.live_bytes / s.size, s.id))
-        for seg in candidates:
+            candidates = []
+            for s in self._segments.values():
+                if (s.state == _SEALED and s.id < self._durable_below and s.live
+                        and not s.skip_compaction and s.size > 0):
+                    ratio = s.live_bytes() / s.size
+                    if s.damaged or ratio < limit:
+                        candidates.append((ratio, s.id, s))
+        candidates.sort(key=lambda c: c[:2])
+        for _, _, seg in candidates:
             if max_bytes is not None and report.bytes_moved >= max_bytes:
                 break
             if seg.state != _SEALED or not seg.live:
@@ -638,20 +641,21 @@ class SegmentLog:
         finally:
             view.release()
         for off, n in live:
-            if seg.live.get(off) != n:  # released meanwhile
-                continue
+            with self._lock:
+                if seg.live.get(off) != n:  # released meanwhile
+                    continue
+                del seg.live[off]
             old = _new_location(Location, (seg.id, off, n))
             payload = data[off + HEADER_SIZE:off + HEADER_SIZE + n]
-            new, _ = self.append(payload)
-            with self._lock:
-                del seg.live[off]
-                seg.live_bytes -= HEADER_SIZE + n
+            try:
+                new, _ = self.append(payload)
+            except BaseException:
+                self._revive(seg, off, n)
+                raise
             try:
                 relocate(old, new, payload)
             except BaseException:
-                with self._lock:  # undo: the owner still points at the old copy
-                    seg.live[off] = n
-                    seg.live_bytes += HEADER_SIZE + n
+                self._revive(seg, off, n)  # the owner still points at the old copy
                 self.release(new)
                 raise
             report.records_moved += 1
@@ -663,6 +667,10 @@ class SegmentLog:
                 self._doom_locked(seg)
                 report.segments.append(seg.id)
                 report.bytes_reclaimed += seg.size
+
+    def _revive(self, seg: _Segment, off: int, n: int) -> None:
+        with self._lock:
+            seg.live[off] = n
 
     # ------------------------------------------------------------------ internals (lock held)
 
@@ -807,7 +815,7 @@ class SegmentLog:
             try:
                 os.unlink(os.path.join(self.directory, segment_name(seg_id)))
             except FileNotFoundError:
-                pass  # never written: all its records were released while still buffered
+                pass
             except OSError as exc:
                 # Not fatal: the file is replayed at the next start and its records come
                 # back (the owner's tombstones stay live, as on_deleted is not called).
@@ -826,6 +834,7 @@ class SegmentLog:
 
     def _fail(self, exc: BaseException) -> None:
         self.error = exc
+        self._refusing = True
         log.error("segment log writer failed; no further records will be confirmed: %s", exc,
                   exc_info=exc, extra={"directory": self.directory})
         with self._done:

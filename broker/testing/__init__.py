@@ -27,10 +27,10 @@ from ..server import Broker
 T = TypeVar("T")
 
 
-def testing_config(data_dir: str | None = None, **sections: Any) -> Config:
+def ephemeral_config(data_dir: str | None = None, **sections: Any) -> Config:
     """Defaults for tests: loopback only, any free port, no management, a temp data dir.
 
-    Keyword arguments replace fields of a section: `testing_config(limits={"heartbeat": 5})`.
+    Keyword arguments replace fields of a section: `ephemeral_config(limits={"heartbeat": 5})`.
     """
     cfg = Config()
     cfg = dataclasses.replace(
@@ -73,7 +73,7 @@ class RunningBroker:
 async def running_broker(config: Config | None = None, *, clock: Clock | None = None,
                          management: bool = False) -> AsyncIterator[RunningBroker]:
     """An in-process broker on the running loop, on an ephemeral port."""
-    broker = Broker(config or testing_config(), clock=clock)
+    broker = Broker(config or ephemeral_config(), clock=clock)
     await broker.start(management=management)
     try:
         yield RunningBroker(broker)
@@ -85,7 +85,7 @@ class BrokerThread(RunningBroker):
     """A broker on its own event loop in a daemon thread, for blocking clients."""
 
     def __init__(self, config: Config | None = None, *, management: bool = False) -> None:
-        self._config = config or testing_config()
+        self._config = config or ephemeral_config()
         self._management = management
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -142,4 +142,4 @@ class BrokerThread(RunningBroker):
         self.stop()
 
 
-__all__ = ["BrokerThread", "RunningBroker", "running_broker", "testing_config"]
+__all__ = ["BrokerThread", "RunningBroker", "running_broker", "ephemeral_config"]

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from . import BrokerThread, testing_config
+from . import BrokerThread, ephemeral_config
 
 
 @pytest.fixture
 def amqp_broker(tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """The URL (amqp://guest:guest@127.0.0.1:PORT) of a fresh broker, stopped after the test."""
-    with BrokerThread(testing_config(data_dir=str(tmp_path / "roarmq-data"))) as broker:
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "roarmq-data"))) as broker:
         yield broker.url

@@ -8,7 +8,7 @@ import pytest
 from rawclient import RawClient
 
 from broker.connection import FLUSH_THRESHOLD, WRITE_HIGH
-from broker.testing import running_broker, testing_config
+from broker.testing import running_broker, ephemeral_config
 from protocol import spec
 from protocol.frames import ContentMessage
 
@@ -63,7 +63,7 @@ async def test_slow_consumer_does_not_slow_others_or_grow_buffers(broker):
 
 
 async def test_fast_publisher_is_blocked_by_memory_alarm(tmp_path):
-    cfg = testing_config(data_dir=str(tmp_path), memory={"high_watermark": 2 * 1024 * 1024})
+    cfg = ephemeral_config(data_dir=str(tmp_path), memory={"high_watermark": 2 * 1024 * 1024})
     async with running_broker(cfg) as b:
         pub = await RawClient.connect(b.port)
         await pub.open_channel(1)
