@@ -100,7 +100,9 @@ def cases(body: bytes) -> list[tuple[str, Callable[[], object], Callable[[], obj
     marshal = pamqp_frame.marshal
 
     def ours_deliver() -> object:
-        return encode_deliver(1, CONSUMER_TAG, 4711, False, EXCHANGE, ROUTING_KEY, raw, body, FRAME_MAX)
+        return encode_deliver(
+            1, CONSUMER_TAG, 4711, False, EXCHANGE, ROUTING_KEY, raw, body, FRAME_MAX
+        )
 
     header = ContentHeader(60, len(body), raw)
 
@@ -153,7 +155,9 @@ def machine() -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument("--json", type=Path, default=Path("bench/results/codec.json"), help="output file")
+    parser.add_argument(
+        "--json", type=Path, default=Path("bench/results/codec.json"), help="output file"
+    )
     args = parser.parse_args(argv)
     number, repeat = (2_000, 3) if args.quick else (20_000, 7)
 
@@ -178,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| {'case':<{width}} | {'ours ns':>8} | {'pamqp ns':>9} | {'speedup':>7} |")
     print(f"|{'-' * (width + 2)}|{'-' * 10}|{'-' * 11}|{'-' * 9}|")
     for r in rows:
-        print(f"| {r['case']:<{width}} | {r['ours_ns']:>8} | {r['pamqp_ns']:>9} | {r['speedup']:>6}x |")
+        print(
+            f"| {r['case']:<{width}} | {r['ours_ns']:>8} | {r['pamqp_ns']:>9} | {r['speedup']:>6}x |"
+        )
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "codec", "quick": args.quick, "machine": info, "results": rows}

@@ -192,6 +192,9 @@ class Channel:
         self.delivery_tag += 1
         tag = self.delivery_tag
         msg = entry.msg
+        body = msg.body
+        if msg.store_loc is not None:
+            body = self._persisted(entry, body)
         if consumer.no_ack:
             if entry.queue is not None:
                 entry.queue.settle(entry)
@@ -211,10 +214,19 @@ class Channel:
                 msg.exchange,
                 msg.routing_key,
                 msg.header.raw,
-                msg.body,
+                body,
                 conn.frame_max,
             )
         )
+
+    def _persisted(self, entry: Entry, body: bytes | None) -> bytes:
+        """Delivering a stored message: note the first delivery, read a paged-out body back."""
+        queue = entry.queue
+        store = self.conn.broker.store
+        if not entry.marked and queue is not None and queue.store is not None:
+            entry.marked = True
+            store.delivered(queue, entry.msg)
+        return body if body is not None else store.body(entry.msg)
 
     def cancel_by_server(self, consumer: Consumer) -> None:
         """The queue went away: forget the consumer and tell a client that understands."""
@@ -450,6 +462,9 @@ class Channel:
         self.delivery_tag += 1
         tag = self.delivery_tag
         msg = entry.msg
+        body = msg.body
+        if msg.store_loc is not None:
+            body = self._persisted(entry, body)
         if m.no_ack:
             queue.settle(entry)
         else:
@@ -463,7 +478,7 @@ class Channel:
             routing_key=msg.routing_key,
             message_count=queue.message_count(),
         )
-        self.conn.send(encode_content(self.id, method, msg.header, msg.body, self.conn.frame_max))
+        self.conn.send(encode_content(self.id, method, msg.header, body, self.conn.frame_max))
 
     # -- basic class: acks -------------------------------------------------------------
 
@@ -622,10 +637,10 @@ class Channel:
             return
         if msg.flags & FLAG_HEADERS and "BCC" in msg.headers:
             msg = _strip_bcc(msg)
-        ok = True
-        for queue in queues:
-            if not queue.publish(msg):
-                ok = False
+        ok, token = self.vhost.enqueue(msg, queues)
+        if token is not None and ok and self.confirm:
+            self.conn.broker.store.confirm_after(token, self, seq)
+            return
         self._confirmed(seq, ok)
 
     def _return(self, msg: Message, code: int, text: str) -> None:

@@ -37,6 +37,8 @@ class Message:
         "priority",
         "expiration_ms",
         "store_id",
+        "store_loc",
+        "store_refs",
     )
 
     def __init__(self, exchange: str, routing_key: str, header: ContentHeader, body: bytes) -> None:
@@ -51,7 +53,9 @@ class Message:
         self.persistent = False
         self.priority = 0
         self.expiration_ms: int | None = None
-        self.store_id: int | None = None
+        self.store_id: int | None = None  # msg_id in the message store, once persisted
+        self.store_loc = None  # where its publish record is (body may be paged out to it)
+        self.store_refs = 0  # durable queues still holding it
         if flags & (FLAG_DELIVERY_MODE | FLAG_PRIORITY | FLAG_EXPIRATION):
             props = header.properties
             self.persistent = props.delivery_mode == 2
@@ -73,13 +77,12 @@ class Message:
     def with_properties(self, props: BasicProperties, routing_key: str | None = None,
                         exchange: str | None = None) -> Message:
         """A copy with new properties (dead-lettering, BCC stripping, reply-to rewriting)."""
-        msg = Message(
+        return Message(
             self.exchange if exchange is None else exchange,
             self.routing_key if routing_key is None else routing_key,
             ContentHeader.from_properties(props, body_size=self.size),
             self.body,
         )
-        return msg
 
 
 def copy_properties(props: BasicProperties) -> BasicProperties:

@@ -130,6 +130,7 @@ class Persistence:
     def queue_created(self, q: Queue) -> None:
         if q.durable and q.exclusive_owner is None and not self.restoring:
             q.store_id = self.definitions.put_queue(q.vhost.name, q.name, q.auto_delete, q.arguments)
+            q.store = self.broker.store
 
     def queue_deleted(self, q: Queue) -> None:
         if q.store_id is not None:

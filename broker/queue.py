@@ -33,7 +33,8 @@ QUEUE_TYPES = ("classic", "quorum", "stream")
 class Entry:
     """One message's place in one queue: the per-queue state of a shared Message."""
 
-    __slots__ = ("msg", "seq", "redelivered", "expires_at", "queue", "consumer", "delivery_count")
+    __slots__ = ("msg", "seq", "redelivered", "expires_at", "queue", "consumer", "delivery_count",
+                 "marked")
 
     def __init__(self, msg: Message, seq: int, queue: Queue) -> None:
         self.msg = msg
@@ -43,6 +44,7 @@ class Entry:
         self.expires_at: float | None = None
         self.consumer: Consumer | None = None
         self.delivery_count = 0
+        self.marked = False  # a delivered marker is in the message store
 
 
 class FifoReady(deque):
@@ -181,6 +183,7 @@ class Queue:
         "stats_dead_lettered",
         "store",
         "store_id",
+        "memory_limit",
         "_account",
         "_reject_overflow",
         "_limited",
@@ -236,6 +239,7 @@ class Queue:
         self.stats_dead_lettered = 0
         self.store = None
         self.store_id: int | None = None  # row id of a durable queue in the definitions store
+        self.memory_limit = vhost.broker.config.storage.queue_memory_limit
         self._account = vhost.broker.account_bytes
         self._reject_overflow = self.overflow != "drop-head"
         self._limited = self.max_length is not None or self.max_length_bytes is not None
@@ -264,8 +268,6 @@ class Queue:
         ttl = self.message_ttl
         if msg.expiration_ms is not None and (ttl is None or msg.expiration_ms < ttl):
             ttl = msg.expiration_ms
-        if self.store is not None and msg.persistent:
-            self.store.on_publish(self, entry)
         # Fast path: nothing waiting and a consumer with credit takes it at once.
         if self.consumer_count and not self.ready:
             consumer = self._next_consumer()
@@ -281,7 +283,8 @@ class Queue:
             entry.expires_at = self.vhost.clock.monotonic() + ttl / 1000.0
         self.ready.push(entry)
         self.ready_bytes += msg.size
-        self._account(msg.size)
+        if msg.body is not None:  # a paged-out body costs no memory
+            self._account(msg.size)
         if entry.expires_at is not None:
             self._timed += 1
             if self._expiry_timer is None:
@@ -408,8 +411,10 @@ class Queue:
 
     def _take(self) -> Entry:
         entry = self.ready.pop()
-        self.ready_bytes -= entry.msg.size
-        self._account(-entry.msg.size)
+        msg = entry.msg
+        self.ready_bytes -= msg.size
+        if msg.body is not None:
+            self._account(-msg.size)
         if self._timed and entry.expires_at is not None:
             self._timed -= 1
             if self._timed and self._expiry_timer is None:
@@ -430,10 +435,30 @@ class Queue:
         return None
 
     def settle(self, entry: Entry) -> None:
-        """The message is done with (acked, or delivered with no-ack)."""
+        """The message is done with (acked, delivered with no-ack, dropped or dead-lettered)."""
         self.stats_acked += 1
-        if self.store is not None and entry.msg.persistent:
-            self.store.on_settle(self, entry)
+        if self.store is not None and entry.msg.store_loc is not None:
+            self.store.settled(self, entry.msg)
+
+    def restore(self, items: list[tuple[int, Message, bool]]) -> None:
+        """Recovered messages (msg_id order), put back in the ready list at start-up."""
+        for msg_id, msg, redelivered in items:
+            self._seq += 1
+            entry = Entry(msg, self._seq, self)
+            entry.redelivered = redelivered
+            entry.marked = redelivered
+            ttl = self.message_ttl
+            if msg.expiration_ms is not None and (ttl is None or msg.expiration_ms < ttl):
+                ttl = msg.expiration_ms
+            if ttl is not None:
+                entry.expires_at = self.vhost.clock.monotonic() + ttl / 1000.0
+                self._timed += 1
+            self.ready.push(entry)
+            self.ready_bytes += msg.size
+            if msg.body is not None:
+                self._account(msg.size)
+        if self._timed:
+            self._schedule_expiry()
 
     def reject(self, entry: Entry, requeue: bool) -> None:
         if self.deleted:
@@ -460,9 +485,8 @@ class Queue:
         if not keep:
             return
         self.ready.requeue(keep)
-        size = sum(e.msg.size for e in keep)
-        self.ready_bytes += size
-        self._account(size)
+        self.ready_bytes += sum(e.msg.size for e in keep)
+        self._account(sum(e.msg.size for e in keep if e.msg.body is not None))
         timed = sum(1 for e in keep if e.expires_at is not None)
         if timed:
             self._timed += timed
@@ -474,8 +498,7 @@ class Queue:
         entries = self.ready.clear()
         self._timed = 0
         self.ready_bytes = 0
-        size = sum(e.msg.size for e in entries)
-        self._account(-size)
+        self._account(-sum(e.msg.size for e in entries if e.msg.body is not None))
         for entry in entries:
             self.settle(entry)
         return len(entries)
@@ -561,7 +584,7 @@ class Queue:
             self._expiry_timer = None
         entries = self.ready.clear()
         self._timed = 0
-        self._account(-self.ready_bytes)
+        self._account(-sum(e.msg.size for e in entries if e.msg.body is not None))
         self.ready_bytes = 0
         self._groups.clear()
         self.consumer_count = 0

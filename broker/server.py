@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .auth import Authenticator
 from .clock import Clock
 from .config import Config
+from .message import Message
 from .persistence import Persistence
+from .store.messages import MessageStore
 from .vhost import VirtualHost
 
 if TYPE_CHECKING:
@@ -23,6 +27,9 @@ if TYPE_CHECKING:
     from .connection import Connection
 
 log = logging.getLogger("roarmq.server")
+
+#: Seconds between message-log compaction passes.
+COMPACT_EVERY = 30.0
 
 
 class Broker:
@@ -37,6 +44,7 @@ class Broker:
             name: VirtualHost(self, name) for name in self.persistence.vhost_names()
         }
         self.persistence.restore()
+        self.store: MessageStore | None = None  # opened by start(): it needs the loop
         self.connections: set[Connection] = set()
         self.reply_to: dict[str, Consumer] = {}
         self.queued_bytes = 0
@@ -51,6 +59,8 @@ class Broker:
         self.mgmt_port: int | None = None
         self._management: Any = None
         self.started_at: float | None = None
+        self.recovery: dict[str, int] = {}
+        self._compaction_timer: Any = None
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -61,6 +71,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         self.clock.loop  # bind the clock to this loop  # noqa: B018
         self.started_at = self.clock.wall()
+        self._open_message_store(loop)
         amqp = self.config.amqp
         port = amqp.port
         for host in amqp.bind:
@@ -90,6 +101,46 @@ class Broker:
             self.mgmt_port = await self._management.start()
         log.info("broker started", extra={"amqp_port": self.port, "mgmt_port": self.mgmt_port})
 
+    def _open_message_store(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Open the message log and put recovered messages back in their durable queues."""
+        storage = self.config.storage
+        started = time.monotonic()
+        self.store = MessageStore(
+            Path(storage.data_dir) / "messages",
+            segment_size=storage.segment_size,
+            sync_interval_ms=storage.sync_interval_ms,
+            loop=loop,
+        )
+        queues = {}
+        for vhost in self.vhosts.values():
+            for queue in vhost.queues.values():
+                if queue.store_id is not None:
+                    queue.store = self.store
+                    queues[queue.store_id] = queue
+        counts = self.store.recover(queues, Message, storage.queue_memory_limit)
+        report = self.store.log.recovery
+        if report.corrupt_regions:
+            for region in report.corrupt_regions:
+                log.error(
+                    "message log damage %s", "truncated" if region.truncated else "skipped",
+                    extra={"segment": region.segment, "offset": region.offset,
+                           "bytes": region.length, "reason": region.reason},
+                )
+        log.info("message store recovered", extra={
+            **counts, "clean": self.store.clean_start,
+            "ms": round((time.monotonic() - started) * 1000, 1)})
+        self.recovery = counts
+        self._compaction_timer = self.clock.call_later(COMPACT_EVERY, self._compact)
+
+    def _compact(self) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.compact()
+        except Exception:
+            log.exception("message store compaction failed")
+        self._compaction_timer = self.clock.call_later(COMPACT_EVERY, self._compact)
+
     @property
     def port(self) -> int:
         return self.ports[0] if self.ports else self.config.amqp.port
@@ -106,6 +157,11 @@ class Broker:
         if self._management is not None:
             await self._management.stop()
             self._management = None
+        if self._compaction_timer is not None:
+            self._compaction_timer.cancel()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
         self.persistence.close()
 
     # -- users, vhosts, permissions (management API) --------------------------------------

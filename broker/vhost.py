@@ -392,6 +392,26 @@ class VirtualHost:
                     stack.append((dest, dest.route(key, headers)))
         return queues
 
+    def enqueue(self, msg: Message, queues: Collection[Queue]) -> tuple[bool, int | None]:
+        """Hand a routed message to its queues, persisting it first when it must survive.
+
+        Returns (accepted by every queue, store token to wait for before confirming).
+        """
+        token = None
+        store = self.broker.store
+        if msg.persistent and store is not None:
+            durable = [q for q in queues if q.store is not None]
+            if durable:
+                page_out = any(q.ready_bytes > q.memory_limit for q in durable)
+                token = store.persist(msg, durable, page_out)
+        ok = True
+        for queue in queues:
+            if not queue.publish(msg):
+                ok = False
+                if queue.store is not None and msg.store_loc is not None:
+                    store.settled(queue, msg)  # type: ignore[union-attr]
+        return ok, token
+
     # -- dead-lettering -------------------------------------------------------------
 
     def dead_letter(self, queue: Queue, msg: Message, reason: str) -> None:
@@ -399,6 +419,9 @@ class VirtualHost:
         exchange = self.exchanges.get(queue.dlx or "")
         if exchange is None or queue.dlx is None:
             return
+        if msg.body is None:
+            msg = Message(msg.exchange, msg.routing_key, msg.header,
+                          self.broker.store.body(msg))  # type: ignore[union-attr]
         old = msg.properties
         props = copy_properties(old)
         headers = dict(props.headers or {})
@@ -447,9 +470,9 @@ class VirtualHost:
             for k in routing_keys:
                 targets.update(self._route_key(exchange, k, headers))
         rejected_in_path = any(d.get("reason") == "rejected" for d in deaths)
-        for target in targets:
-            # A message that would loop through the same queue with no client
-            # rejection in the cycle is dropped, as RabbitMQ does.
-            if not rejected_in_path and any(d.get("queue") == target.name for d in deaths):
-                continue
-            target.publish(dead)
+        # A message that would loop through the same queue with no client rejection
+        # in the cycle is dropped, as RabbitMQ does.
+        targets = [t for t in targets if rejected_in_path
+                   or not any(d.get("queue") == t.name for d in deaths)]
+        if targets:
+            self.enqueue(dead, targets)

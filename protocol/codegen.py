@@ -68,7 +68,13 @@ ERRATA = {("basic", "recover"): {"synchronous": True, "responses": ["recover-ok"
 PROPERTY_RENAMES = {"reserved": "cluster-id"}
 
 # Wire types with a fixed size: struct format character and byte count.
-FIXED = {"octet": ("B", 1), "short": ("H", 2), "long": ("I", 4), "longlong": ("Q", 8), "timestamp": ("Q", 8)}
+FIXED = {
+    "octet": ("B", 1),
+    "short": ("H", 2),
+    "long": ("I", 4),
+    "longlong": ("Q", 8),
+    "timestamp": ("Q", 8),
+}
 
 PY_TYPES = {
     "bit": ("bool", "False"),
@@ -194,7 +200,8 @@ def load_spec(path: Path) -> Spec:
         revision=int(root.get("revision")),
         port=int(root.get("port")),
         constants=[
-            (c.get("name"), int(c.get("value")), c.get("class", "")) for c in root.findall("constant")
+            (c.get("name"), int(c.get("value")), c.get("class", ""))
+            for c in root.findall("constant")
         ],
         methods=methods,
         properties=properties,
@@ -254,7 +261,9 @@ def emit_encode(m: MethodSpec, structs: Structs) -> list[str]:
 
     for item in group_bits(m.fields):
         if isinstance(item, list):
-            terms = [f"({1 << i} if self.{f.attr} else 0)" for i, f in enumerate(item) if not f.reserved]
+            terms = [
+                f"({1 << i} if self.{f.attr} else 0)" for i, f in enumerate(item) if not f.reserved
+            ]
             fmt += "B"
             values.append(" | ".join(terms) if terms else "0")
             continue
@@ -314,7 +323,11 @@ def emit_decode(m: MethodSpec, structs: Structs) -> list[str]:
         if all(t == "_" for t in targets):
             body.append(f"o += {size}")
         elif len(targets) == 1:
-            body.append(f"{targets[0]} = buf[o]" if fmt == "B" else f"{targets[0]} = {structs.unpack(fmt)}(buf, o)[0]")
+            body.append(
+                f"{targets[0]} = buf[o]"
+                if fmt == "B"
+                else f"{targets[0]} = {structs.unpack(fmt)}(buf, o)[0]"
+            )
             body.append(f"o += {size}")
         else:
             body.append(f"{', '.join(targets)} = {structs.unpack(fmt)}(buf, o)")
@@ -345,7 +358,9 @@ def emit_decode(m: MethodSpec, structs: Structs) -> list[str]:
                 body.append("o += 1 + buf[o]")
             else:
                 body.append("n = buf[o]")
-                body.append(f'{f.local} = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")')
+                body.append(
+                    f'{f.local} = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")'
+                )
                 body.append("o += 1 + n")
         elif f.type == "longstr":
             if f.reserved:
@@ -363,18 +378,22 @@ def emit_decode(m: MethodSpec, structs: Structs) -> list[str]:
 
     lines = [
         "@classmethod",
-        f"def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> {m.py_name}:",
+        "def decode(",
+        "    cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None",
+        f") -> {m.py_name}:",
         "    if type(buf) is not bytes:",
         "        buf = bytes(buf)",
+        "    if end is None:",
+        "        end = len(buf)",
         "    o = offset",
     ]
     if body:
         lines.append("    try:")
         lines += [f"        {line}" for line in body]
         lines.append("    except (IndexError, StructError):")
-        lines.append("        raise _truncated(cls, buf, offset) from None")
-    lines.append("    if o != len(buf):")
-    lines.append("        raise _length_mismatch(cls, buf, offset, o)")
+        lines.append("        raise _truncated(cls, end - offset) from None")
+    lines.append("    if o != end:")
+    lines.append("        raise _length_mismatch(cls, end - offset, o - offset)")
     lines.append("    self = _new(cls)")
     for f in m.args:
         lines.append(f"    self.{f.attr} = {f.local}")
@@ -393,7 +412,13 @@ def emit_init(m: MethodSpec) -> list[str]:
     if len(one_line) <= 90:
         lines = [one_line]
     else:
-        lines = ["def __init__(", "    self,", "    *,", *[f"    {p}," for p in params], ") -> None:"]
+        lines = [
+            "def __init__(",
+            "    self,",
+            "    *,",
+            *[f"    {p}," for p in params],
+            ") -> None:",
+        ]
     for f in m.args:
         if f.type == "table":
             lines.append(f"    self.{f.attr} = {{}} if {f.attr} is None else {f.attr}")
@@ -457,19 +482,19 @@ PORT = {port}
 _new = object.__new__
 
 
-def _truncated(cls: type[Method], buf: bytes, offset: int) -> AMQPSyntaxError:
+def _truncated(cls: type[Method], size: int) -> AMQPSyntaxError:
     return AMQPSyntaxError(
-        f"{{cls.NAME}}: arguments truncated ({{len(buf) - offset}} bytes)",
+        f"{{cls.NAME}}: arguments truncated ({{size}} bytes)",
         class_id=cls.CLASS_ID,
         method_id=cls.METHOD_ID,
     )
 
 
-def _length_mismatch(cls: type[Method], buf: bytes, offset: int, end: int) -> AMQPSyntaxError:
-    if end > len(buf):
-        return _truncated(cls, buf, offset)
+def _length_mismatch(cls: type[Method], size: int, used: int) -> AMQPSyntaxError:
+    if used > size:
+        return _truncated(cls, size)
     return AMQPSyntaxError(
-        f"{{cls.NAME}}: {{len(buf) - end}} unexpected bytes after the arguments",
+        f"{{cls.NAME}}: {{size - used}} unexpected bytes after the arguments",
         class_id=cls.CLASS_ID,
         method_id=cls.METHOD_ID,
     )
@@ -550,7 +575,9 @@ def generate(spec_path: Path | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m protocol.codegen", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m protocol.codegen", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--spec", type=Path, help="spec XML (default: the repository's copy)")
     parser.add_argument("--output", type=Path, default=OUTPUT, help="module to write")
     parser.add_argument("--check", action="store_true", help="exit 1 if the output is stale")

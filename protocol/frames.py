@@ -67,7 +67,9 @@ _unpack_content_header = Struct(">HHQ").unpack_from
 # Encoders put the previous frame's end octet in front of the next frame's
 # header, so a deliver is 9 parts for one b"".join rather than 12.
 _pack_method_head = Struct(">BHIHH").pack  # type, channel, size, class id, method id
-_pack_header_frame = Struct(">BBHIHHQ").pack  # 0xCE, type 2, channel, size, class, weight, body size
+_pack_header_frame = Struct(
+    ">BBHIHHQ"
+).pack  # 0xCE, type 2, channel, size, class, weight, body size
 _pack_body_head = Struct(">BBHI").pack  # 0xCE, type 3, channel, size
 _pack_deliver_head = Struct(">BHIHHB").pack  # method frame head + consumer-tag length
 _pack_deliver_mid = Struct(">QBB").pack  # delivery-tag, redelivered bit, exchange length
@@ -159,7 +161,9 @@ class ContentHeader:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ContentHeader(class_id={self.class_id}, body_size={self.body_size}, raw={self.raw!r})"
+        return (
+            f"ContentHeader(class_id={self.class_id}, body_size={self.body_size}, raw={self.raw!r})"
+        )
 
 
 # -- parser ----------------------------------------------------------------------
@@ -186,7 +190,15 @@ class FrameParser:
     ``exc.events``.
     """
 
-    __slots__ = ("frame_max", "max_body_size", "_expect_header", "_tail", "_need", "_pending", "_error")
+    __slots__ = (
+        "frame_max",
+        "max_body_size",
+        "_expect_header",
+        "_tail",
+        "_need",
+        "_pending",
+        "_error",
+    )
 
     def __init__(
         self,
@@ -224,7 +236,7 @@ class FrameParser:
                 pos = self._protocol_header(data, events)
                 if pos == 0:
                     return events
-            self._frames(data, pos, events)
+            pos, need = self._frames(data, pos, events)
         except HardError as exc:
             self._error = exc
             exc.events = events
@@ -232,9 +244,14 @@ class FrameParser:
         except SoftError as exc:
             exc.events = events
             raise
+        if pos < len(data):  # keep the incomplete frame for the next feed
+            self._tail = bytearray(memoryview(data)[pos:])
+            self._need = need
         return events
 
-    def _frames(self, data: bytes, pos: int, events: list[Any]) -> None:
+    def _frames(self, data: bytes, pos: int, events: list[Any]) -> tuple[int, int]:
+        """Parse whole frames from ``pos``; return where parsing stopped and the
+        bytes the incomplete frame there needs."""
         # The hot loop: one header unpack, one end-octet check and a type
         # dispatch per frame; the common single-body-frame publish allocates
         # only the method, the ContentHeader, the body slice and the event.
@@ -265,7 +282,9 @@ class FrameParser:
                 )
             if kind == 1:  # FRAME_METHOD
                 if size < 4:
-                    raise FrameError(f"method frame payload of {size} bytes is too short for a method id")
+                    raise FrameError(
+                        f"method frame payload of {size} bytes is too short for a method id"
+                    )
                 if channel in pending:
                     raise self._out_of_order(channel, "method")
                 index = _unpack_u32(data, pos + 7)[0]
@@ -276,7 +295,7 @@ class FrameParser:
                         class_id=index >> 16,
                         method_id=index & 0xFFFF,
                     )
-                method = cls.decode(data[pos + 11 : nxt - 1])
+                method = cls.decode(data, pos + 11, nxt - 1)  # no payload slice
                 if index not in CONTENT_METHODS:
                     append(_tuple_new(MethodFrame, (channel, method)))
                     pos = nxt
@@ -318,9 +337,13 @@ class FrameParser:
                                     and bend <= end
                                     and data[bend - 1] == 0xCE
                                 ):
-                                    header = ContentHeader(class_id, body_size, data[nxt + 19 : hend - 1])
+                                    header = ContentHeader(
+                                        class_id, body_size, data[nxt + 19 : hend - 1]
+                                    )
                                     body = data[hend + 7 : bend - 1]
-                                    append(_tuple_new(ContentMessage, (channel, method, header, body)))
+                                    append(
+                                        _tuple_new(ContentMessage, (channel, method, header, body))
+                                    )
                                     pos = bend
                                     continue
                 pending[channel] = [method, None, 0, None]
@@ -340,7 +363,11 @@ class FrameParser:
                 chunks = state[3]
                 if remaining == 0 and chunks is None:  # the whole body in one frame
                     del pending[channel]
-                    append(_tuple_new(ContentMessage, (channel, state[0], state[1], data[pos + 7 : nxt - 1])))
+                    append(
+                        _tuple_new(
+                            ContentMessage, (channel, state[0], state[1], data[pos + 7 : nxt - 1])
+                        )
+                    )
                 elif chunks is _DISCARD:
                     if remaining:
                         state[2] = remaining
@@ -354,13 +381,19 @@ class FrameParser:
                         state[2] = remaining
                     else:
                         del pending[channel]
-                        append(_tuple_new(ContentMessage, (channel, state[0], state[1], b"".join(chunks))))
+                        append(
+                            _tuple_new(
+                                ContentMessage, (channel, state[0], state[1], b"".join(chunks))
+                            )
+                        )
             elif kind == 2:  # FRAME_HEADER
                 state = pending.get(channel)
                 if state is None or state[1] is not None:
                     raise self._out_of_order(channel, "header")
                 if size < 12:
-                    raise FrameError(f"content header frame payload of {size} bytes is shorter than 12")
+                    raise FrameError(
+                        f"content header frame payload of {size} bytes is shorter than 12"
+                    )
                 method = state[0]
                 class_id, weight, body_size = _unpack_content_header(data, pos + 7)
                 if class_id != method.CLASS_ID:
@@ -395,14 +428,18 @@ class FrameParser:
                         )
             elif kind == 8:  # FRAME_HEARTBEAT
                 if channel != 0:
-                    raise FrameError(f"heartbeat frame on channel {channel}; heartbeats belong on channel 0")
+                    raise FrameError(
+                        f"heartbeat frame on channel {channel}; heartbeats belong on channel 0"
+                    )
                 if size:
-                    raise FrameError(f"heartbeat frame with a {size}-byte payload; it must be empty")
+                    raise FrameError(
+                        f"heartbeat frame with a {size}-byte payload; it must be empty"
+                    )
                 append(_HEARTBEAT)
             else:
                 raise FrameError(f"unknown frame type {kind} on channel {channel}")
             pos = nxt
-        self._keep(data, pos, need)
+        return pos, need
 
     def _keep(self, data: bytes, pos: int, need: int) -> None:
         """Buffer the unparsed ``data[pos:]``; parse again when it holds ``need`` bytes."""
@@ -429,7 +466,9 @@ class FrameParser:
         """RabbitMQ's texts for a frame that breaks method -> header -> body order."""
         state = self._pending.get(channel)
         if state is None:
-            return UnexpectedFrame(f"expected method frame, got non method frame instead (a {got} frame)")
+            return UnexpectedFrame(
+                f"expected method frame, got non method frame instead (a {got} frame)"
+            )
         method = state[0]
         if state[1] is None:
             text = (
@@ -465,7 +504,9 @@ def encode_method(channel: int, method: Method) -> bytes:
     """One method frame."""
     args = method.encode()
     try:
-        head = _pack_method_head(FRAME_METHOD, channel, len(args) + 4, method.CLASS_ID, method.METHOD_ID)
+        head = _pack_method_head(
+            FRAME_METHOD, channel, len(args) + 4, method.CLASS_ID, method.METHOD_ID
+        )
     except StructError as exc:
         raise ValueError(f"cannot frame {method.NAME} on channel {channel!r}: {exc}") from None
     return head + args + _END
@@ -491,7 +532,9 @@ def encode_content(
     elif isinstance(header, BasicProperties):
         class_id, raw = method.CLASS_ID, header.encode()
     else:
-        raise TypeError(f"header must be ContentHeader or BasicProperties, not {type(header).__name__}")
+        raise TypeError(
+            f"header must be ContentHeader or BasicProperties, not {type(header).__name__}"
+        )
     args = method.encode()
     limit = _max_payload(frame_max)
     if len(args) + 4 > limit or len(raw) + 12 > limit:
@@ -501,7 +544,9 @@ def encode_content(
     size = len(body)
     try:
         parts = [
-            _pack_method_head(FRAME_METHOD, channel, len(args) + 4, method.CLASS_ID, method.METHOD_ID),
+            _pack_method_head(
+                FRAME_METHOD, channel, len(args) + 4, method.CLASS_ID, method.METHOD_ID
+            ),
             args,
             _pack_header_frame(FRAME_END, FRAME_HEADER, channel, len(raw) + 12, class_id, 0, size),
             raw,
@@ -544,13 +589,17 @@ def encode_deliver(
             # The common case, inlined: 5 packs and one join.
             return b"".join(
                 (
-                    _pack_deliver_head(FRAME_METHOD, channel, len(tag) + len(ex) + len(key) + 16, 60, 60, len(tag)),
+                    _pack_deliver_head(
+                        FRAME_METHOD, channel, len(tag) + len(ex) + len(key) + 16, 60, 60, len(tag)
+                    ),
                     tag,
                     _pack_deliver_mid(delivery_tag, 1 if redelivered else 0, len(ex)),
                     ex,
                     _pack_u8(len(key)),
                     key,
-                    _pack_header_frame(FRAME_END, FRAME_HEADER, channel, len(header_raw) + 12, 60, 0, size),
+                    _pack_header_frame(
+                        FRAME_END, FRAME_HEADER, channel, len(header_raw) + 12, 60, 0, size
+                    ),
                     header_raw,
                     _pack_body_head(FRAME_END, FRAME_BODY, channel, size),
                     body,

@@ -31,8 +31,14 @@ class Method:
         raise NotImplementedError
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> Method:
-        """Decode the arguments in ``buf[offset:]``, which they must fill exactly."""
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> Method:
+        """Decode the arguments in ``buf[offset:end]``, which they must fill exactly.
+
+        ``end`` defaults to the end of ``buf``; the frame parser passes the
+        frame's bounds rather than slicing the payload out.
+        """
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:

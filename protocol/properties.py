@@ -180,7 +180,9 @@ class BasicProperties:
                     self.content_type = None
                 if flags & 0x4000:
                     n = buf[o]
-                    self.content_encoding = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
+                    self.content_encoding = buf[o + 1 : o + 1 + n].decode(
+                        "utf-8", "surrogateescape"
+                    )
                     o += 1 + n
                 else:
                     self.content_encoding = None
@@ -188,7 +190,9 @@ class BasicProperties:
                     try:
                         self.headers, o = decode_table(buf, o)
                     except AMQPSyntaxError as exc:
-                        raise AMQPSyntaxError(f"basic property headers: {exc.text}", class_id=60) from None
+                        raise AMQPSyntaxError(
+                            f"basic property headers: {exc.text}", class_id=60
+                        ) from None
                 else:
                     self.headers = None
             else:
@@ -290,7 +294,9 @@ class BasicProperties:
 def _check_flag_words(buf: bytes, o: int, flags: int) -> int:
     """Validate the rare flag bits: bit 1 (no such property) and continuation words."""
     if flags & 2:
-        raise AMQPSyntaxError("property flag bit 1 is set but basic has only 14 properties", class_id=60)
+        raise AMQPSyntaxError(
+            "property flag bit 1 is set but basic has only 14 properties", class_id=60
+        )
     word = flags
     while word & 1:  # continuation: another flag word follows
         (word,) = _unpack_u16(buf, o)

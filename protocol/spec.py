@@ -28,19 +28,19 @@ FRAME_END = 206
 _new = object.__new__
 
 
-def _truncated(cls: type[Method], buf: bytes, offset: int) -> AMQPSyntaxError:
+def _truncated(cls: type[Method], size: int) -> AMQPSyntaxError:
     return AMQPSyntaxError(
-        f"{cls.NAME}: arguments truncated ({len(buf) - offset} bytes)",
+        f"{cls.NAME}: arguments truncated ({size} bytes)",
         class_id=cls.CLASS_ID,
         method_id=cls.METHOD_ID,
     )
 
 
-def _length_mismatch(cls: type[Method], buf: bytes, offset: int, end: int) -> AMQPSyntaxError:
-    if end > len(buf):
-        return _truncated(cls, buf, offset)
+def _length_mismatch(cls: type[Method], size: int, used: int) -> AMQPSyntaxError:
+    if used > size:
+        return _truncated(cls, size)
     return AMQPSyntaxError(
-        f"{cls.NAME}: {len(buf) - end} unexpected bytes after the arguments",
+        f"{cls.NAME}: {size - used} unexpected bytes after the arguments",
         class_id=cls.CLASS_ID,
         method_id=cls.METHOD_ID,
     )
@@ -132,9 +132,13 @@ class ConnectionStart(Method):
             raise TypeError(f"connection.start: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionStart:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionStart:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_version_major, a_version_minor = _unpack_BB(buf, o)
@@ -147,9 +151,9 @@ class ConnectionStart(Method):
             o += 4 + n
             a_locales = buf[o - n : o]
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.version_major = a_version_major
         self.version_minor = a_version_minor
@@ -204,9 +208,13 @@ class ConnectionStartOk(Method):
             raise TypeError(f"connection.start-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionStartOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionStartOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_client_properties, o = _table(buf, o, cls, "client_properties")
@@ -220,9 +228,9 @@ class ConnectionStartOk(Method):
             a_locale = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.client_properties = a_client_properties
         self.mechanism = a_mechanism
@@ -260,18 +268,22 @@ class ConnectionSecure(Method):
             raise TypeError(f"connection.secure: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionSecure:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionSecure:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             n = _unpack_I(buf, o)[0]
             o += 4 + n
             a_challenge = buf[o - n : o]
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.challenge = a_challenge
         return self
@@ -306,18 +318,22 @@ class ConnectionSecureOk(Method):
             raise TypeError(f"connection.secure-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionSecureOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionSecureOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             n = _unpack_I(buf, o)[0]
             o += 4 + n
             a_response = buf[o - n : o]
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.response = a_response
         return self
@@ -357,17 +373,21 @@ class ConnectionTune(Method):
             raise TypeError(f"connection.tune: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionTune:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionTune:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_channel_max, a_frame_max, a_heartbeat = _unpack_HIH(buf, o)
             o += 8
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.channel_max = a_channel_max
         self.frame_max = a_frame_max
@@ -409,17 +429,21 @@ class ConnectionTuneOk(Method):
             raise TypeError(f"connection.tune-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionTuneOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionTuneOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_channel_max, a_frame_max, a_heartbeat = _unpack_HIH(buf, o)
             o += 8
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.channel_max = a_channel_max
         self.frame_max = a_frame_max
@@ -456,9 +480,13 @@ class ConnectionOpen(Method):
             raise TypeError(f"connection.open: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionOpen:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionOpen:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             n = buf[o]
@@ -467,9 +495,9 @@ class ConnectionOpen(Method):
             o += 1 + buf[o]
             o += 1
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.virtual_host = a_virtual_host
         return self
@@ -498,16 +526,20 @@ class ConnectionOpenOk(Method):
             raise TypeError(f"connection.open-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionOpenOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionOpenOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 1 + buf[o]
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -551,9 +583,13 @@ class ConnectionClose(Method):
             raise TypeError(f"connection.close: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionClose:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionClose:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_reply_code = _unpack_H(buf, o)[0]
@@ -564,9 +600,9 @@ class ConnectionClose(Method):
             a_class_id, a_method_id = _unpack_HH(buf, o)
             o += 4
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.reply_code = a_reply_code
         self.reply_text = a_reply_text
@@ -593,12 +629,16 @@ class ConnectionCloseOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionCloseOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionCloseOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -632,18 +672,22 @@ class ConnectionBlocked(Method):
             raise TypeError(f"connection.blocked: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionBlocked:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionBlocked:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             n = buf[o]
             a_reason = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.reason = a_reason
         return self
@@ -667,12 +711,16 @@ class ConnectionUnblocked(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionUnblocked:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionUnblocked:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -710,9 +758,13 @@ class ConnectionUpdateSecret(Method):
             raise TypeError(f"connection.update-secret: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionUpdateSecret:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionUpdateSecret:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             n = _unpack_I(buf, o)[0]
@@ -722,9 +774,9 @@ class ConnectionUpdateSecret(Method):
             a_reason = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.new_secret = a_new_secret
         self.reason = a_reason
@@ -749,12 +801,16 @@ class ConnectionUpdateSecretOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConnectionUpdateSecretOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConnectionUpdateSecretOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -782,16 +838,20 @@ class ChannelOpen(Method):
             raise TypeError(f"channel.open: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ChannelOpen:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ChannelOpen:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 1 + buf[o]
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -819,16 +879,20 @@ class ChannelOpenOk(Method):
             raise TypeError(f"channel.open-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ChannelOpenOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ChannelOpenOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 4 + _unpack_I(buf, o)[0]
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -859,18 +923,22 @@ class ChannelFlow(Method):
             raise TypeError(f"channel.flow: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ChannelFlow:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ChannelFlow:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             bits0_active = buf[o]
             o += 1
             a_active = (bits0_active & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.active = a_active
         return self
@@ -902,18 +970,22 @@ class ChannelFlowOk(Method):
             raise TypeError(f"channel.flow-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ChannelFlowOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ChannelFlowOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             bits0_active = buf[o]
             o += 1
             a_active = (bits0_active & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.active = a_active
         return self
@@ -958,9 +1030,13 @@ class ChannelClose(Method):
             raise TypeError(f"channel.close: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ChannelClose:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ChannelClose:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_reply_code = _unpack_H(buf, o)[0]
@@ -971,9 +1047,9 @@ class ChannelClose(Method):
             a_class_id, a_method_id = _unpack_HH(buf, o)
             o += 4
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.reply_code = a_reply_code
         self.reply_text = a_reply_text
@@ -1000,12 +1076,16 @@ class ChannelCloseOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ChannelCloseOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ChannelCloseOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -1060,9 +1140,13 @@ class ExchangeDeclare(Method):
             raise TypeError(f"exchange.declare: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ExchangeDeclare:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ExchangeDeclare:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -1081,9 +1165,9 @@ class ExchangeDeclare(Method):
             a_no_wait = (bits0_passive & 16) != 0
             a_arguments, o = _table(buf, o, cls, "arguments")
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.exchange = a_exchange
         self.type = a_type
@@ -1114,12 +1198,16 @@ class ExchangeDeclareOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ExchangeDeclareOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ExchangeDeclareOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -1161,9 +1249,13 @@ class ExchangeDelete(Method):
             raise TypeError(f"exchange.delete: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ExchangeDelete:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ExchangeDelete:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -1175,9 +1267,9 @@ class ExchangeDelete(Method):
             a_if_unused = (bits0_if_unused & 1) != 0
             a_no_wait = (bits0_if_unused & 2) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.exchange = a_exchange
         self.if_unused = a_if_unused
@@ -1203,12 +1295,16 @@ class ExchangeDeleteOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ExchangeDeleteOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ExchangeDeleteOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -1260,9 +1356,13 @@ class ExchangeBind(Method):
             raise TypeError(f"exchange.bind: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ExchangeBind:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ExchangeBind:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -1280,9 +1380,9 @@ class ExchangeBind(Method):
             a_no_wait = (bits0_no_wait & 1) != 0
             a_arguments, o = _table(buf, o, cls, "arguments")
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.destination = a_destination
         self.source = a_source
@@ -1310,12 +1410,16 @@ class ExchangeBindOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ExchangeBindOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ExchangeBindOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -1367,9 +1471,13 @@ class ExchangeUnbind(Method):
             raise TypeError(f"exchange.unbind: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ExchangeUnbind:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ExchangeUnbind:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -1387,9 +1495,9 @@ class ExchangeUnbind(Method):
             a_no_wait = (bits0_no_wait & 1) != 0
             a_arguments, o = _table(buf, o, cls, "arguments")
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.destination = a_destination
         self.source = a_source
@@ -1417,12 +1525,16 @@ class ExchangeUnbindOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ExchangeUnbindOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ExchangeUnbindOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -1472,9 +1584,13 @@ class QueueDeclare(Method):
             raise TypeError(f"queue.declare: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> QueueDeclare:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> QueueDeclare:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -1490,9 +1606,9 @@ class QueueDeclare(Method):
             a_no_wait = (bits0_passive & 16) != 0
             a_arguments, o = _table(buf, o, cls, "arguments")
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.queue = a_queue
         self.passive = a_passive
@@ -1541,9 +1657,13 @@ class QueueDeclareOk(Method):
             raise TypeError(f"queue.declare-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> QueueDeclareOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> QueueDeclareOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             n = buf[o]
@@ -1552,9 +1672,9 @@ class QueueDeclareOk(Method):
             a_message_count, a_consumer_count = _unpack_II(buf, o)
             o += 8
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.queue = a_queue
         self.message_count = a_message_count
@@ -1609,9 +1729,13 @@ class QueueBind(Method):
             raise TypeError(f"queue.bind: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> QueueBind:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> QueueBind:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -1629,9 +1753,9 @@ class QueueBind(Method):
             a_no_wait = (bits0_no_wait & 1) != 0
             a_arguments, o = _table(buf, o, cls, "arguments")
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.queue = a_queue
         self.exchange = a_exchange
@@ -1659,12 +1783,16 @@ class QueueBindOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> QueueBindOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> QueueBindOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -1699,9 +1827,13 @@ class QueuePurge(Method):
             raise TypeError(f"queue.purge: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> QueuePurge:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> QueuePurge:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -1712,9 +1844,9 @@ class QueuePurge(Method):
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.queue = a_queue
         self.no_wait = a_no_wait
@@ -1747,17 +1879,21 @@ class QueuePurgeOk(Method):
             raise TypeError(f"queue.purge-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> QueuePurgeOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> QueuePurgeOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_message_count = _unpack_I(buf, o)[0]
             o += 4
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.message_count = a_message_count
         return self
@@ -1802,9 +1938,13 @@ class QueueDelete(Method):
             raise TypeError(f"queue.delete: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> QueueDelete:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> QueueDelete:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -1817,9 +1957,9 @@ class QueueDelete(Method):
             a_if_empty = (bits0_if_unused & 2) != 0
             a_no_wait = (bits0_if_unused & 4) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.queue = a_queue
         self.if_unused = a_if_unused
@@ -1854,17 +1994,21 @@ class QueueDeleteOk(Method):
             raise TypeError(f"queue.delete-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> QueueDeleteOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> QueueDeleteOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_message_count = _unpack_I(buf, o)[0]
             o += 4
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.message_count = a_message_count
         return self
@@ -1915,9 +2059,13 @@ class QueueUnbind(Method):
             raise TypeError(f"queue.unbind: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> QueueUnbind:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> QueueUnbind:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -1932,9 +2080,9 @@ class QueueUnbind(Method):
             o += 1 + n
             a_arguments, o = _table(buf, o, cls, "arguments")
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.queue = a_queue
         self.exchange = a_exchange
@@ -1961,12 +2109,16 @@ class QueueUnbindOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> QueueUnbindOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> QueueUnbindOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -2005,18 +2157,22 @@ class BasicQos(Method):
             raise TypeError(f"basic.qos: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicQos:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicQos:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_prefetch_size, a_prefetch_count, bits0_global_ = _unpack_IHB(buf, o)
             o += 7
             a_global_ = (bits0_global_ & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.prefetch_size = a_prefetch_size
         self.prefetch_count = a_prefetch_count
@@ -2042,12 +2198,16 @@ class BasicQosOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicQosOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicQosOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -2100,9 +2260,13 @@ class BasicConsume(Method):
             raise TypeError(f"basic.consume: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicConsume:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicConsume:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -2120,9 +2284,9 @@ class BasicConsume(Method):
             a_no_wait = (bits0_no_local & 8) != 0
             a_arguments, o = _table(buf, o, cls, "arguments")
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.queue = a_queue
         self.consumer_tag = a_consumer_tag
@@ -2163,18 +2327,22 @@ class BasicConsumeOk(Method):
             raise TypeError(f"basic.consume-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicConsumeOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicConsumeOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             n = buf[o]
             a_consumer_tag = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.consumer_tag = a_consumer_tag
         return self
@@ -2210,9 +2378,13 @@ class BasicCancel(Method):
             raise TypeError(f"basic.cancel: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicCancel:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicCancel:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             n = buf[o]
@@ -2222,9 +2394,9 @@ class BasicCancel(Method):
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.consumer_tag = a_consumer_tag
         self.no_wait = a_no_wait
@@ -2260,18 +2432,22 @@ class BasicCancelOk(Method):
             raise TypeError(f"basic.cancel-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicCancelOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicCancelOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             n = buf[o]
             a_consumer_tag = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.consumer_tag = a_consumer_tag
         return self
@@ -2319,9 +2495,13 @@ class BasicPublish(Method):
             raise TypeError(f"basic.publish: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicPublish:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicPublish:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -2336,9 +2516,9 @@ class BasicPublish(Method):
             a_mandatory = (bits0_mandatory & 1) != 0
             a_immediate = (bits0_mandatory & 2) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.exchange = a_exchange
         self.routing_key = a_routing_key
@@ -2392,9 +2572,13 @@ class BasicReturn(Method):
             raise TypeError(f"basic.return: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicReturn:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicReturn:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_reply_code = _unpack_H(buf, o)[0]
@@ -2409,9 +2593,9 @@ class BasicReturn(Method):
             a_routing_key = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.reply_code = a_reply_code
         self.reply_text = a_reply_text
@@ -2467,9 +2651,13 @@ class BasicDeliver(Method):
             raise TypeError(f"basic.deliver: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicDeliver:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicDeliver:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             n = buf[o]
@@ -2485,9 +2673,9 @@ class BasicDeliver(Method):
             a_routing_key = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.consumer_tag = a_consumer_tag
         self.delivery_tag = a_delivery_tag
@@ -2527,9 +2715,13 @@ class BasicGet(Method):
             raise TypeError(f"basic.get: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicGet:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicGet:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 2
@@ -2540,9 +2732,9 @@ class BasicGet(Method):
             o += 1
             a_no_ack = (bits0_no_ack & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.queue = a_queue
         self.no_ack = a_no_ack
@@ -2593,9 +2785,13 @@ class BasicGetOk(Method):
             raise TypeError(f"basic.get-ok: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicGetOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicGetOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_delivery_tag, bits0_redelivered = _unpack_QB(buf, o)
@@ -2610,9 +2806,9 @@ class BasicGetOk(Method):
             a_message_count = _unpack_I(buf, o)[0]
             o += 4
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.delivery_tag = a_delivery_tag
         self.redelivered = a_redelivered
@@ -2645,16 +2841,20 @@ class BasicGetEmpty(Method):
             raise TypeError(f"basic.get-empty: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicGetEmpty:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicGetEmpty:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             o += 1 + buf[o]
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -2686,18 +2886,22 @@ class BasicAck(Method):
             raise TypeError(f"basic.ack: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicAck:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicAck:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_delivery_tag, bits0_multiple = _unpack_QB(buf, o)
             o += 9
             a_multiple = (bits0_multiple & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.delivery_tag = a_delivery_tag
         self.multiple = a_multiple
@@ -2731,18 +2935,22 @@ class BasicReject(Method):
             raise TypeError(f"basic.reject: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicReject:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicReject:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_delivery_tag, bits0_requeue = _unpack_QB(buf, o)
             o += 9
             a_requeue = (bits0_requeue & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.delivery_tag = a_delivery_tag
         self.requeue = a_requeue
@@ -2775,18 +2983,22 @@ class BasicRecoverAsync(Method):
             raise TypeError(f"basic.recover-async: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicRecoverAsync:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicRecoverAsync:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             bits0_requeue = buf[o]
             o += 1
             a_requeue = (bits0_requeue & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.requeue = a_requeue
         return self
@@ -2818,18 +3030,22 @@ class BasicRecover(Method):
             raise TypeError(f"basic.recover: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicRecover:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicRecover:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             bits0_requeue = buf[o]
             o += 1
             a_requeue = (bits0_requeue & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.requeue = a_requeue
         return self
@@ -2853,12 +3069,16 @@ class BasicRecoverOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicRecoverOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicRecoverOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -2897,9 +3117,13 @@ class BasicNack(Method):
             raise TypeError(f"basic.nack: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicNack:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> BasicNack:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             a_delivery_tag, bits0_multiple = _unpack_QB(buf, o)
@@ -2907,9 +3131,9 @@ class BasicNack(Method):
             a_multiple = (bits0_multiple & 1) != 0
             a_requeue = (bits0_multiple & 2) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.delivery_tag = a_delivery_tag
         self.multiple = a_multiple
@@ -2943,18 +3167,22 @@ class ConfirmSelect(Method):
             raise TypeError(f"confirm.select: {exc}") from None
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConfirmSelect:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConfirmSelect:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
         try:
             bits0_nowait = buf[o]
             o += 1
             a_nowait = (bits0_nowait & 1) != 0
         except (IndexError, StructError):
-            raise _truncated(cls, buf, offset) from None
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+            raise _truncated(cls, end - offset) from None
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         self.nowait = a_nowait
         return self
@@ -2978,12 +3206,16 @@ class ConfirmSelectOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ConfirmSelectOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> ConfirmSelectOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -3006,12 +3238,16 @@ class TxSelect(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> TxSelect:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> TxSelect:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -3034,12 +3270,16 @@ class TxSelectOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> TxSelectOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> TxSelectOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -3062,12 +3302,16 @@ class TxCommit(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> TxCommit:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> TxCommit:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -3090,12 +3334,16 @@ class TxCommitOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> TxCommitOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> TxCommitOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -3118,12 +3366,16 @@ class TxRollback(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> TxRollback:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> TxRollback:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 
@@ -3146,12 +3398,16 @@ class TxRollbackOk(Method):
         return b""
 
     @classmethod
-    def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> TxRollbackOk:
+    def decode(
+        cls, buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    ) -> TxRollbackOk:
         if type(buf) is not bytes:
             buf = bytes(buf)
+        if end is None:
+            end = len(buf)
         o = offset
-        if o != len(buf):
-            raise _length_mismatch(cls, buf, offset, o)
+        if o != end:
+            raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
         return self
 

@@ -92,7 +92,9 @@ def timestamp_to_wire(value: datetime | time.struct_time | int) -> int:
     elif isinstance(value, int) and not isinstance(value, bool):
         seconds = value
     else:
-        raise TypeError(f"timestamp must be datetime, struct_time or int, not {type(value).__name__}")
+        raise TypeError(
+            f"timestamp must be datetime, struct_time or int, not {type(value).__name__}"
+        )
     if not 0 <= seconds <= 0xFFFFFFFFFFFFFFFF:
         raise ValueError(f"timestamp {value!r} is outside the unsigned 64-bit range of seconds")
     return seconds
@@ -221,7 +223,9 @@ def _encode_value(value: Any, append: Any) -> None:
 # -- decoding ------------------------------------------------------------------
 
 
-def decode_table(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[dict[str, Any], int]:
+def decode_table(
+    buf: bytes | bytearray | memoryview, offset: int = 0
+) -> tuple[dict[str, Any], int]:
     """Decode the field table at ``offset`` -> (dict, offset just past it)."""
     if type(buf) is not bytes:
         buf = bytes(buf)
@@ -232,7 +236,9 @@ def decode_table(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[
     start = offset + 4
     end = start + size
     if end > len(buf):
-        raise AMQPSyntaxError(f"field table declares {size} bytes but only {len(buf) - start} remain")
+        raise AMQPSyntaxError(
+            f"field table declares {size} bytes but only {len(buf) - start} remain"
+        )
     if not size:
         return {}, end
     try:
@@ -336,7 +342,9 @@ def _table(buf: bytes, pos: int, end: int) -> dict[str, Any]:
     except (IndexError, StructError):
         raise AMQPSyntaxError("field table truncated") from None
     if pos != end:
-        raise AMQPSyntaxError(f"field table entries overrun the declared length by {pos - end} bytes")
+        raise AMQPSyntaxError(
+            f"field table entries overrun the declared length by {pos - end} bytes"
+        )
     return result
 
 
@@ -353,7 +361,9 @@ def _table_typed(buf: bytes, pos: int, end: int) -> dict[str, tuple[str, Any]]:
     except (IndexError, StructError):
         raise AMQPSyntaxError("field table truncated") from None
     if pos != end:
-        raise AMQPSyntaxError(f"field table entries overrun the declared length by {pos - end} bytes")
+        raise AMQPSyntaxError(
+            f"field table entries overrun the declared length by {pos - end} bytes"
+        )
     return result
 
 
@@ -367,7 +377,9 @@ def _array(buf: bytes, pos: int, end: int, typed: bool) -> list[Any]:
     except (IndexError, StructError):
         raise AMQPSyntaxError("field array truncated") from None
     if pos != end:
-        raise AMQPSyntaxError(f"field array entries overrun the declared length by {pos - end} bytes")
+        raise AMQPSyntaxError(
+            f"field array entries overrun the declared length by {pos - end} bytes"
+        )
     return result
 
 

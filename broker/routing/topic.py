@@ -66,6 +66,10 @@ class _Node:
         return self.ids is None and not self.children and self.star is None and self.hash is None
 
 
+def _bitmap(ids: int | BitMap) -> BitMap:
+    return BitMap((ids,)) if type(ids) is int else ids  # type: ignore[return-value]
+
+
 class _Entry:
     """A cached routing key: matching binding ids and (lazily) their destinations."""
 
@@ -177,9 +181,9 @@ class TopicIndex(BindingTable):
         self._hand = 0
         # Key-side positional index over the cached keys: word at position i (from the start,
         # and from the end), number of words, all, and (MQTT) first level starting with "$".
-        self._kpos: list[dict[str, BitMap]] = []
-        self._kneg: list[dict[str, BitMap]] = []
-        self._klen: dict[int, BitMap] = {}
+        self._kpos: list[dict[str, int | BitMap]] = []
+        self._kneg: list[dict[str, int | BitMap]] = []
+        self._klen: dict[int, int | BitMap] = {}
         self._kall = BitMap()
         self._kdollar = BitMap()
 
@@ -508,18 +512,14 @@ class TopicIndex(BindingTable):
         while len(kpos) < n:
             kpos.append({})
             kneg.append({})
+        last = n - 1
         for i, w in enumerate(words):
-            for table in (kpos[i], kneg[n - 1 - i]):
-                bm = table.get(w)
-                if bm is None:
-                    table[w] = BitMap((kid,))
-                else:
-                    bm.add(kid)
-        bm = self._klen.get(n)
-        if bm is None:
-            self._klen[n] = BitMap((kid,))
-        else:
-            bm.add(kid)
+            table = kpos[i]
+            table[w] = ids_add(table.get(w), kid)
+            table = kneg[last - i]
+            table[w] = ids_add(table.get(w), kid)
+        klen = self._klen
+        klen[n] = ids_add(klen.get(n), kid)
         self._kall.add(kid)
         if self._mqtt and n and words[0][:1] == "$":
             self._kdollar.add(kid)
@@ -557,16 +557,19 @@ class TopicIndex(BindingTable):
         words = entry.words
         n = len(words)
         kpos, kneg = self._kpos, self._kneg
+        last = n - 1
         for i, w in enumerate(words):
-            for table in (kpos[i], kneg[n - 1 - i]):
-                bm = table[w]
-                bm.discard(kid)
-                if not bm:
+            for table in (kpos[i], kneg[last - i]):
+                rest = ids_remove(table[w], kid)
+                if rest is None:
                     del table[w]
-        bm = self._klen[n]
-        bm.discard(kid)
-        if not bm:
+                else:
+                    table[w] = rest
+        rest = ids_remove(self._klen[n], kid)
+        if rest is None:
             del self._klen[n]
+        else:
+            self._klen[n] = rest
         self._kall.discard(kid)
         self._kdollar.discard(kid)
 
@@ -579,7 +582,7 @@ class TopicIndex(BindingTable):
         ``#``; with more, the candidates are checked against their words.
         """
         kpos, kneg, klen = self._kpos, self._kneg, self._klen
-        constraints: list[BitMap] = []
+        constraints: list = []  # BitMaps, or ints for single cached keys
         if HASH not in tokens:
             n = len(tokens)
             bm = klen.get(n)
@@ -615,18 +618,25 @@ class TopicIndex(BindingTable):
                     constraints.append(bm)
             fixed = len(tokens) - tokens.count(HASH)
             if fixed:
-                lengths = [bm for length, bm in klen.items() if length >= fixed]
+                lengths = [_bitmap(bm) for length, bm in klen.items() if length >= fixed]
                 if not lengths:
                     return None
                 constraints.append(BitMap.union(*lengths) if len(lengths) > 1 else lengths[0])
             verify = first != last
         if not constraints:
             result = BitMap(self._kall)
-        elif len(constraints) == 1:
-            result = BitMap(constraints[0])
         else:
-            constraints.sort(key=len)
-            result = BitMap.intersection(*constraints)
+            single = [c for c in constraints if type(c) is int]
+            if single:  # a single cached key can satisfy this: test just that one
+                kid = single[0]
+                if any(c != kid if type(c) is int else kid not in c for c in constraints):
+                    return None
+                result = BitMap((kid,))
+            elif len(constraints) == 1:
+                result = BitMap(constraints[0])
+            else:
+                constraints.sort(key=len)
+                result = BitMap.intersection(*constraints)
         if self._mqtt and tokens and not isinstance(tokens[0], str):
             result -= self._kdollar
         if verify and result:

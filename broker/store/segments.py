@@ -33,11 +33,22 @@ writer thread doing every write, fsync, unlink and directory fsync:
   owner marshals that to its loop (``loop.call_soon_threadsafe``) and confirms
   everything with token <= synced. While a batch is being fsynced, new appends
   collect in the buffer and go out together in the next one (group commit).
-  The writer also starts a batch by itself when `flush_bytes` are buffered.
+  Records are framed straight into recycled write buffers of `buffer_size`
+  bytes; a full buffer is handed to the writer at once, which starts a batch.
+* Callbacks (``on_synced``, ``on_error``, ``on_deleted``) run on the writer
+  thread: they must be quick and must not call `sync_now` or `close` (refused
+  with RuntimeError: it would deadlock). Exceptions they raise are logged.
 * An I/O error in the writer (ENOSPC, EIO, ...) is logged, stored in `error`,
   reported through ``on_error(exc)`` and stops the writer for good (after a
   failed fsync the page cache can no longer be trusted): later `append` and
   `sync_now` calls raise `LogFailed`, and nothing more is confirmed.
+* `buffered_bytes` is what is appended but not yet durable; the owner should
+  apply flow control on it (nothing here bounds it).
+* The writer is a daemon thread: call `close()` (or use ``with``) at shutdown,
+  or what is still buffered is lost, as in a crash.
+* A ``LOCK`` file in the directory (flock) keeps a second log, in this process
+  or another, from opening the same directory.
+* ``fsync=False`` skips every fsync: for tests and benchmarks only.
 
 Liveness protocol (owner <-> log):
 
@@ -79,6 +90,7 @@ survive. What was dropped is summed up in `recovery` (a `RecoveryReport`).
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import re
@@ -117,9 +129,11 @@ _pwrite = os.pwrite
 _fdatasync = getattr(os, "fdatasync", os.fsync)
 _fsync = os.fsync
 
-_pack = _HEADER.pack
+_pack_into = _HEADER.pack_into
 _unpack_from = _HEADER.unpack_from
 _crc32 = zlib.crc32
+
+_POOL_MAX = 4  # idle write buffers kept for reuse
 
 # Segment states.
 _ACTIVE, _SEALED, _RECOVERING, _DOOMED = "active", "sealed", "recovering", "doomed"
@@ -222,11 +236,11 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
+def _pwrite_all(fd: int, data: bytearray, offset: int, total: int) -> None:
     with memoryview(data) as view:
-        done, total = 0, len(view)
+        done = 0
         while done < total:
-            n = _pwrite(fd, view[done:], offset + done)
+            n = _pwrite(fd, view[done:total], offset + done)
             if n <= 0:
                 raise OSError(errno.EIO, "pwrite wrote nothing")
             done += n
@@ -265,7 +279,7 @@ class SegmentLog:
         *,
         segment_size: int = 16 << 20,
         sync_interval_ms: float = 0.0,
-        flush_bytes: int = 4 << 20,
+        buffer_size: int = 1 << 20,
         compact_threshold: float = 0.25,
         max_record_size: int = 512 << 20,
         max_open_files: int = 256,
@@ -279,7 +293,7 @@ class SegmentLog:
         self.directory = os.fspath(directory)
         self._segment_size = segment_size
         self._interval = max(0.0, sync_interval_ms) / 1000.0
-        self._flush_bytes = max(1, flush_bytes)
+        self._bufsize = max(64 << 10, buffer_size)
         self._compact_threshold = compact_threshold
         self._max_record = max_record_size
         self._max_open = max(1, max_open_files)
@@ -296,6 +310,15 @@ class SegmentLog:
         os.makedirs(self.directory, exist_ok=True)
         if created:
             _fsync_dir(os.path.dirname(os.path.abspath(self.directory)))
+        # One log per directory: a second process appending to the same files would
+        # interleave records and defeat recovery. The lock dies with the process.
+        self._lock_fd = os.open(os.path.join(self.directory, "LOCK"),
+                                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise SegmentLogError(f"{self.directory} is in use by another log") from exc
         found = []
         for name in os.listdir(self.directory):
             m = _SEGMENT_RE.match(name)
@@ -312,10 +335,17 @@ class SegmentLog:
         self._seg = _Segment(first, _ACTIVE)  # the active segment
         self._segments[first] = self._seg
         self._size = 0  # bytes appended to the active segment
-        self._buf = bytearray()  # framed records of the active segment not yet taken
-        self._buf_base = 0  # offset of _buf[0] in the active segment
-        self._sealed: list[tuple[int, int, bytearray]] = []  # (segment, offset, bytes) for the writer
-        self._inflight: list[tuple[int, int, bytearray]] = []  # taken by the writer, not yet durable
+        # Write buffers. Records of the active segment from offset _buf_base up to _size
+        # are framed into _buf[:_size - _buf_base]. Full (or taken) buffers become chunks
+        # (segment, offset, buffer, used) in _sealed; the writer moves them to _inflight
+        # while it writes them, then returns them to _pool. _limit is the segment offset
+        # at which the next record needs the slow path (rotation or a new buffer).
+        self._buf = bytearray(self._bufsize)
+        self._buf_base = 0
+        self._limit = min(self._segment_size, self._bufsize)
+        self._pool: list[bytearray] = []
+        self._sealed: list[tuple[int, int, bytearray, int]] = []
+        self._inflight: list[tuple[int, int, bytearray, int]] = []
         self._deletions: list[int] = []
         self._token = 0
         self._want = False  # a batch was asked for
@@ -351,25 +381,23 @@ class SegmentLog:
         n = len(payload)
         if n > self._max_record:
             raise ValueError(f"record of {n} bytes exceeds max_record_size")
-        header = _pack(MAGIC, n, _crc32(payload))
+        crc = _crc32(payload)
         with self._lock:
             if self._refusing:
                 self._refuse()
             off = self._size
-            end = off + HEADER_SIZE + n
-            if end > self._segment_size and off:
-                self._rotate_locked()
-                off, end = 0, HEADER_SIZE + n
+            end = off + 12 + n  # 12 == HEADER_SIZE (a constant is cheaper than a global)
+            if end > self._limit:  # segment or buffer full: the slow path makes room
+                off = self._make_room_locked(12 + n)
+                end = off + 12 + n
+            pos = off - self._buf_base
             buf = self._buf
-            buf += header
-            buf += payload
+            _pack_into(buf, pos, MAGIC, n, crc)
+            buf[pos + 12:pos + 12 + n] = payload
             self._size = end
             seg = self._seg
             seg.live[off] = n
             self._token = token = self._token + 1
-            if len(buf) >= self._flush_bytes and not self._want:
-                self._want = True
-                self._cond.notify()
         return _new_location(Location, (seg.id, off, n)), token
 
     def schedule_sync(self) -> None:
@@ -424,6 +452,7 @@ class SegmentLog:
 
         Returns synced_token; raises LogFailed after a writer error, TimeoutError on timeout.
         """
+        self._not_from_writer("sync_now")
         with self._lock:
             if self.error is not None:
                 self._refuse()
@@ -446,6 +475,7 @@ class SegmentLog:
 
         Does not raise for a failed writer: check `error`.
         """
+        self._not_from_writer("close")
         with self._lock:
             if self._closed:
                 return
@@ -459,8 +489,9 @@ class SegmentLog:
             for fd in self._rfds.values():
                 os.close(fd)
             self._rfds.clear()
+            os.close(self._lock_fd)  # releases the directory lock
             self._sealed.clear()
-            self._buf = bytearray()
+            self._pool.clear()
 
     @property
     def last_token(self) -> int:
@@ -475,8 +506,8 @@ class SegmentLog:
     def buffered_bytes(self) -> int:
         """Bytes appended but not yet durable (for the owner's flow control)."""
         with self._lock:
-            return (len(self._buf) + sum(len(c[2]) for c in self._sealed)
-                    + sum(len(c[2]) for c in self._inflight))
+            return (self._size - self._buf_base + sum(c[3] for c in self._sealed)
+                    + sum(c[3] for c in self._inflight))
 
     def segments(self) -> list[SegmentInfo]:
         """Per-segment sizes and liveness, oldest first (only segments the log manages)."""
@@ -674,6 +705,10 @@ class SegmentLog:
 
     # ------------------------------------------------------------------ internals (lock held)
 
+    def _not_from_writer(self, what: str) -> None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(f"{what}() called from a SegmentLog callback would deadlock")
+
     def _refuse(self) -> None:
         if self.error is not None:
             raise LogFailed(f"segment log failed: {self.error}") from self.error
@@ -681,13 +716,11 @@ class SegmentLog:
 
     def _rotate_locked(self) -> None:
         old = self._seg
-        if self._buf:
-            self._sealed.append((old.id, self._buf_base, self._buf))
+        self._seal_locked()
         old.size = self._size
         old.state = _SEALED
         self._seg = _Segment(old.id + 1, _ACTIVE)
         self._segments[self._seg.id] = self._seg
-        self._buf = bytearray()
         self._buf_base = 0
         self._size = 0
         if not old.live:
@@ -695,6 +728,33 @@ class SegmentLog:
         if not self._want:  # hand the finished segment to the writer
             self._want = True
             self._cond.notify()
+
+    def _seal_locked(self) -> None:
+        """Hand the current buffer's records to the writer; continue in a fresh buffer."""
+        used = self._size - self._buf_base
+        if used:
+            self._sealed.append((self._seg.id, self._buf_base, self._buf, used))
+            self._buf = self._pool.pop() if self._pool else bytearray(self._bufsize)
+            self._buf_base = self._size
+        self._limit = min(self._segment_size, self._buf_base + len(self._buf))
+
+    def _make_room_locked(self, need: int) -> int:
+        """Rotate and/or start a new buffer so that `need` bytes fit; return the offset."""
+        if self._size + need > self._segment_size and self._size:
+            self._rotate_locked()
+        if self._size + need > self._buf_base + len(self._buf):
+            self._seal_locked()
+            if need > len(self._buf):  # an oversized record gets a buffer of its own
+                if len(self._buf) == self._bufsize and len(self._pool) < _POOL_MAX:
+                    self._pool.append(self._buf)
+                self._buf = bytearray(need)
+            if not self._want:  # a full buffer starts a batch
+                self._want = True
+                self._cond.notify()
+        # An oversized record may pass the segment limit; it is alone in its segment.
+        self._limit = max(min(self._segment_size, self._buf_base + len(self._buf)),
+                          self._size + need)
+        return self._size
 
     def _doom_locked(self, seg: _Segment) -> None:
         seg.state = _DOOMED
@@ -707,8 +767,8 @@ class SegmentLog:
             i = start - self._buf_base
             return bytes(self._buf[i:i + n])
         for chunks in (self._sealed, self._inflight):
-            for cseg, base, data in chunks:
-                if cseg == seg_id and base <= off < base + len(data):
+            for cseg, base, data, used in chunks:
+                if cseg == seg_id and base <= off < base + used:
                     i = start - base
                     return bytes(data[i:i + n])
         return None
@@ -735,16 +795,13 @@ class SegmentLog:
                         self._cond.wait()
                     if self._interval and not self._closing:
                         deadline = time.monotonic() + self._interval
-                        while not self._closing and len(self._buf) < self._flush_bytes:
+                        while not self._closing and not self._sealed:
                             left = deadline - time.monotonic()
                             if left <= 0:
                                 break
                             self._cond.wait(left)
                     self._want = False
-                    if self._buf:
-                        self._sealed.append((self._seg.id, self._buf_base, self._buf))
-                        self._buf_base = self._size
-                        self._buf = bytearray()
+                    self._seal_locked()
                     chunks = self._inflight = self._sealed
                     self._sealed = []
                     deletions, self._deletions = self._deletions, []
@@ -768,10 +825,10 @@ class SegmentLog:
                     pass
                 self._wfd = None
 
-    def _write_batch(self, chunks: list[tuple[int, int, bytearray]], deletions: list[int],
+    def _write_batch(self, chunks: list[tuple[int, int, bytearray, int]], deletions: list[int],
                      token: int) -> None:
         new_files = False
-        for seg_id, base, data in chunks:
+        for seg_id, base, data, used in chunks:
             if seg_id != self._wseg:
                 if self._wfd is not None:
                     if self._do_fsync:
@@ -782,14 +839,18 @@ class SegmentLog:
                                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                 self._wseg = seg_id
                 new_files = True
-            _pwrite_all(self._wfd, data, base)
-        if chunks and self._do_fsync:
-            _fdatasync(self._wfd)  # type: ignore[arg-type]
-        if new_files and self._do_fsync:
-            _fsync_dir(self.directory)
-        with self._lock:
-            self._inflight = []
-            if chunks:
+            _pwrite_all(self._wfd, data, base, used)
+        if chunks:
+            with self._lock:  # in the page cache now: reads go to the file, buffers are free
+                self._inflight = []
+                for _, _, data, _ in chunks:
+                    if len(data) == self._bufsize and len(self._pool) < _POOL_MAX:
+                        self._pool.append(data)
+            if self._do_fsync:
+                _fdatasync(self._wfd)  # type: ignore[arg-type]
+                if new_files:
+                    _fsync_dir(self.directory)
+            with self._lock:
                 self._durable_below = self._wseg
         if token > self.synced_token:
             self.synced_token = token

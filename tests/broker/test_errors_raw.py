@@ -266,7 +266,7 @@ async def test_unknown_method_is_closed(client):
 
 
 async def test_message_over_max_size_is_406(tmp_path):
-    from broker.testing import running_broker, ephemeral_config
+    from broker.testing import ephemeral_config, running_broker
 
     cfg = ephemeral_config(data_dir=str(tmp_path), limits={"max_message_size": 1000})
     async with running_broker(cfg) as b:

@@ -8,7 +8,7 @@ import pytest
 from rawclient import RawClient
 
 from broker.connection import FLUSH_THRESHOLD, WRITE_HIGH
-from broker.testing import running_broker, ephemeral_config
+from broker.testing import ephemeral_config, running_broker
 from protocol import spec
 from protocol.frames import ContentMessage
 
@@ -75,7 +75,7 @@ async def test_fast_publisher_is_blocked_by_memory_alarm(tmp_path):
             pub.publish(1, "", "fill", body)
             try:
                 await asyncio.wait_for(pub.writer.drain(), 0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break  # the broker stopped reading us: our socket is full
             while pub.reader._buffer:  # noqa: SLF001 - peek at what the broker sent
                 ev = await pub.next_method(timeout=1)

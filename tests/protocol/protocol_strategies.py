@@ -52,7 +52,9 @@ full_scalars = st.one_of(
 
 
 def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    return st.one_of(st.lists(children, max_size=4), st.dictionaries(table_keys, children, max_size=4))
+    return st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(table_keys, children, max_size=4)
+    )
 
 
 full_values = st.recursive(full_scalars, _containers, max_leaves=12)
@@ -151,10 +153,7 @@ def _optional(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 full_properties = st.builds(
     BasicProperties,
-    **{
-        name: _optional(PROPERTY_TYPES.get(name, shortstr))
-        for name in BasicProperties.__slots__
-    },
+    **{name: _optional(PROPERTY_TYPES.get(name, shortstr)) for name in BasicProperties.__slots__},
 )
 
 # pamqp's domain: it skips '' properties (we send them: None is "absent"),
@@ -192,5 +191,7 @@ def method_payload(method: Method) -> bytes:
     return struct.pack(">HH", method.CLASS_ID, method.METHOD_ID) + method.encode()
 
 
-def header_payload(body_size: int, raw: bytes = b"\x00\x00", class_id: int = 60, weight: int = 0) -> bytes:
+def header_payload(
+    body_size: int, raw: bytes = b"\x00\x00", class_id: int = 60, weight: int = 0
+) -> bytes:
     return struct.pack(">HHQ", class_id, weight, body_size) + raw

@@ -7,10 +7,16 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from protocol_strategies import header_payload, method_payload, raw_frame
+from protocol_strategies import raw_frame
 
 from protocol import spec
-from protocol.errors import FrameError, HardError, ProtocolHeaderMismatch, SoftError, UnexpectedFrame
+from protocol.errors import (
+    FrameError,
+    HardError,
+    ProtocolHeaderMismatch,
+    SoftError,
+    UnexpectedFrame,
+)
 from protocol.frames import (
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
@@ -32,7 +38,9 @@ PUBLISH = spec.BasicPublish(exchange="amq.topic", routing_key="orders.eu.created
 
 
 def message(channel: int, body: bytes, method: spec.Method = PUBLISH) -> ContentMessage:
-    return ContentMessage(channel, method, ContentHeader.from_properties(PROPS, body_size=len(body)), body)
+    return ContentMessage(
+        channel, method, ContentHeader.from_properties(PROPS, body_size=len(body)), body
+    )
 
 
 def split_frames(data: bytes) -> list[bytes]:
@@ -52,7 +60,12 @@ def client_stream() -> tuple[bytes, list[object]]:
     stream = b"".join(
         [
             PROTOCOL_HEADER,
-            encode_method(0, spec.ConnectionStartOk(client_properties={"product": "t"}, mechanism="PLAIN", response=b"\0u\0p")),
+            encode_method(
+                0,
+                spec.ConnectionStartOk(
+                    client_properties={"product": "t"}, mechanism="PLAIN", response=b"\0u\0p"
+                ),
+            ),
             encode_method(1, open_),
             encode_content(1, PUBLISH, PROPS, b"small", 4096),
             HEARTBEAT_FRAME,
@@ -63,7 +76,12 @@ def client_stream() -> tuple[bytes, list[object]]:
     )
     events = [
         ProtocolHeaderReceived(0, 9, 1),
-        MethodFrame(0, spec.ConnectionStartOk(client_properties={"product": "t"}, mechanism="PLAIN", response=b"\0u\0p")),
+        MethodFrame(
+            0,
+            spec.ConnectionStartOk(
+                client_properties={"product": "t"}, mechanism="PLAIN", response=b"\0u\0p"
+            ),
+        ),
         MethodFrame(1, open_),
         message(1, b"small"),
         Heartbeat(0),
@@ -106,7 +124,10 @@ def test_random_chunk_sizes(data: st.DataObject) -> None:
 def test_interleaved_channels(data: st.DataObject) -> None:
     """Frames of different channels interleave freely; each channel's order is kept."""
     bodies = {ch: data.draw(st.binary(max_size=300)) for ch in (1, 2, 3)}
-    per_channel = {ch: split_frames(encode_content(ch, PUBLISH, PROPS, body, 128)) for ch, body in bodies.items()}
+    per_channel = {
+        ch: split_frames(encode_content(ch, PUBLISH, PROPS, body, 128))
+        for ch, body in bodies.items()
+    }
     order = data.draw(st.permutations([ch for ch, frames in per_channel.items() for _ in frames]))
     stream = b"".join(per_channel[ch].pop(0) for ch in order)
     parser = FrameParser(expect_protocol_header=False, frame_max=128)
@@ -115,12 +136,16 @@ def test_interleaved_channels(data: st.DataObject) -> None:
     assert sorted(got, key=lambda e: e.channel) == [message(ch, bodies[ch]) for ch in (1, 2, 3)]
 
 
-@pytest.mark.parametrize("method", [
-    spec.BasicPublish(exchange="e"),
-    spec.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange="e", routing_key="k"),
-    spec.BasicDeliver(consumer_tag="c", delivery_tag=1, exchange="e", routing_key="k"),
-    spec.BasicGetOk(delivery_tag=1, exchange="e", routing_key="k", message_count=3),
-], ids=lambda m: m.NAME)
+@pytest.mark.parametrize(
+    "method",
+    [
+        spec.BasicPublish(exchange="e"),
+        spec.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange="e", routing_key="k"),
+        spec.BasicDeliver(consumer_tag="c", delivery_tag=1, exchange="e", routing_key="k"),
+        spec.BasicGetOk(delivery_tag=1, exchange="e", routing_key="k", message_count=3),
+    ],
+    ids=lambda m: m.NAME,
+)
 def test_every_content_method_assembles(method: spec.Method) -> None:
     data = encode_content(9, method, PROPS, b"payload", 131072)
     assert FrameParser(expect_protocol_header=False).feed(data) == [message(9, b"payload", method)]
@@ -135,7 +160,11 @@ def test_encode_content_splits_bodies_at_frame_max() -> None:
     assert [len(f) for f in frames[2:]] == [4096, 4096, 10000 - 2 * 4088 + 8]
     assert [f[0] for f in split_frames(encode_content(1, PUBLISH, PROPS, b"", 4096))] == [1, 2]
     # frame_max 0 means unlimited
-    assert [f[0] for f in split_frames(encode_content(1, PUBLISH, PROPS, bytes(10**6), 0))] == [1, 2, 3]
+    assert [f[0] for f in split_frames(encode_content(1, PUBLISH, PROPS, bytes(10**6), 0))] == [
+        1,
+        2,
+        3,
+    ]
 
 
 def test_encode_content_with_a_content_header_forwards_raw_bytes() -> None:
@@ -152,7 +181,11 @@ def test_encode_deliver_equals_the_generic_encoder(size: int, redelivered: bool)
     raw = PROPS.encode()
     fast = encode_deliver(7, "ctag", 2**64 - 1, redelivered, "amq.topic", "a.b", raw, body, 4096)
     method = spec.BasicDeliver(
-        consumer_tag="ctag", delivery_tag=2**64 - 1, redelivered=redelivered, exchange="amq.topic", routing_key="a.b"
+        consumer_tag="ctag",
+        delivery_tag=2**64 - 1,
+        redelivered=redelivered,
+        exchange="amq.topic",
+        routing_key="a.b",
     )
     assert fast == encode_content(7, method, ContentHeader(60, size, raw), body, 4096)
     (event,) = FrameParser(expect_protocol_header=False, frame_max=4096).feed(fast)
@@ -232,7 +265,9 @@ def test_header_is_not_expected_by_a_client_side_parser() -> None:
 
 def test_frame_max_is_enforced_from_the_header_alone() -> None:
     parser = FrameParser(expect_protocol_header=False, frame_max=4096)
-    with pytest.raises(FrameError, match="4089-byte payload, larger than the negotiated frame_max 4096") as info:
+    with pytest.raises(
+        FrameError, match="4089-byte payload, larger than the negotiated frame_max 4096"
+    ) as info:
         parser.feed(raw_frame(3, 1, bytes(4089))[:7])  # 7 bytes are enough to refuse it
     assert info.value.reply_code == 501
     assert FrameParser(expect_protocol_header=False, frame_max=4096).feed(
@@ -276,7 +311,9 @@ def test_oversized_message_is_a_soft_error_and_its_body_is_skipped() -> None:
     assert parser.feed(b"") == [Heartbeat(0), message(3, b"ok")]
     assert parser.feed(HEARTBEAT_FRAME) == [Heartbeat(0)]
     # A message within the limit still passes.
-    assert parser.feed(encode_content(2, PUBLISH, PROPS, bytes(5000), 4096)) == [message(2, bytes(5000))]
+    assert parser.feed(encode_content(2, PUBLISH, PROPS, bytes(5000), 4096)) == [
+        message(2, bytes(5000))
+    ]
 
 
 def test_dribbling_a_big_frame_costs_linear_time() -> None:

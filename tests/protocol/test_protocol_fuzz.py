@@ -15,11 +15,23 @@ from protocol_strategies import full_properties, full_tables, methods, raw_frame
 
 from protocol import spec
 from protocol.errors import ProtocolError, SoftError
-from protocol.frames import PROTOCOL_HEADER, ContentMessage, FrameParser, encode_content, encode_method
+from protocol.frames import (
+    PROTOCOL_HEADER,
+    ContentMessage,
+    FrameParser,
+    encode_content,
+    encode_method,
+)
 from protocol.properties import BasicProperties
-from protocol.tables import decode_array, decode_array_typed, decode_table, decode_table_typed, encode_table
+from protocol.tables import (
+    decode_array,
+    decode_array_typed,
+    decode_table,
+    decode_table_typed,
+    encode_table,
+)
 
-FUZZ = settings(max_examples=40000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALL_METHODS = sorted(spec.METHODS.values(), key=lambda cls: cls.INDEX)
 
 
@@ -65,7 +77,9 @@ def parsers() -> st.SearchStrategy[FrameParser]:
 
 
 @FUZZ
-@given(parser=parsers(), data=st.binary(max_size=600), sizes=st.lists(st.integers(1, 50), max_size=10))
+@given(
+    parser=parsers(), data=st.binary(max_size=600), sizes=st.lists(st.integers(1, 50), max_size=10)
+)
 def test_random_bytes(parser: FrameParser, data: bytes, sizes: list[int]) -> None:
     feed_all(parser, chunked(data, sizes))
 
@@ -76,16 +90,30 @@ frames = st.builds(
     channel=st.integers(0, 3),
     payload=st.one_of(
         st.binary(max_size=80),
-        st.builds(lambda i, rest: i.to_bytes(4, "big") + rest, st.sampled_from(sorted(spec.METHODS)), st.binary(max_size=80)),
-        st.builds(lambda h, rest: h + rest, st.sampled_from([b"\x00\x3c\x00\x00", b"\x00\x3c\x00\x01"]), st.binary(max_size=40)),
+        st.builds(
+            lambda i, rest: i.to_bytes(4, "big") + rest,
+            st.sampled_from(sorted(spec.METHODS)),
+            st.binary(max_size=80),
+        ),
+        st.builds(
+            lambda h, rest: h + rest,
+            st.sampled_from([b"\x00\x3c\x00\x00", b"\x00\x3c\x00\x01"]),
+            st.binary(max_size=40),
+        ),
     ),
     end=st.sampled_from([0xCE] * 9 + [0]),
 )
 
 
 @FUZZ
-@given(parser=parsers(), frames=st.lists(frames, max_size=12), sizes=st.lists(st.integers(1, 30), max_size=6))
-def test_well_framed_random_payloads(parser: FrameParser, frames: list[bytes], sizes: list[int]) -> None:
+@given(
+    parser=parsers(),
+    frames=st.lists(frames, max_size=12),
+    sizes=st.lists(st.integers(1, 30), max_size=6),
+)
+def test_well_framed_random_payloads(
+    parser: FrameParser, frames: list[bytes], sizes: list[int]
+) -> None:
     prefix = PROTOCOL_HEADER if parser._expect_header else b""
     feed_all(parser, chunked(prefix + b"".join(frames), sizes))
 
@@ -130,8 +158,12 @@ def mutated(draw: st.DrawFn, streams: st.SearchStrategy[bytes]) -> bytes:
     return bytes(data)
 
 
-@settings(max_examples=4000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=mutated(valid_streams()), sizes=st.lists(st.integers(1, 40), max_size=6), frame_max=st.sampled_from([0, 4096]))
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=mutated(valid_streams()),
+    sizes=st.lists(st.integers(1, 40), max_size=6),
+    frame_max=st.sampled_from([0, 4096]),
+)
 def test_mutated_valid_streams(data: bytes, sizes: list[int], frame_max: int) -> None:
     feed_all(FrameParser(frame_max=frame_max, max_body_size=150), chunked(data, sizes))
 
@@ -154,7 +186,10 @@ def one_byte_changed(raw: bytes) -> st.SearchStrategy[bytes]:
 
 
 @FUZZ
-@given(data=st.binary(max_size=200) | full_properties.map(BasicProperties.encode).flatmap(one_byte_changed))
+@given(
+    data=st.binary(max_size=200)
+    | full_properties.map(BasicProperties.encode).flatmap(one_byte_changed)
+)
 def test_properties_decoder(data: bytes) -> None:
     try:
         BasicProperties.decode(data)

@@ -22,7 +22,13 @@ from protocol_strategies import method_args, oracle_properties
 
 from protocol import spec
 from protocol.codegen import find_spec, load_spec
-from protocol.frames import ContentHeader, ContentMessage, FrameParser, encode_content, encode_method
+from protocol.frames import (
+    ContentHeader,
+    ContentMessage,
+    FrameParser,
+    encode_content,
+    encode_method,
+)
 from protocol.method import Method
 from protocol.properties import BasicProperties
 
@@ -122,7 +128,9 @@ def test_content_header_matches_pamqp_both_directions(
     ours = encode_content(channel, method, props, body, 131072)
     theirs = b"".join(
         [
-            pamqp_frame.marshal(pamqp_commands.Basic.Publish(exchange="amq.topic", routing_key="a.b"), channel),
+            pamqp_frame.marshal(
+                pamqp_commands.Basic.Publish(exchange="amq.topic", routing_key="a.b"), channel
+            ),
             pamqp_frame.marshal(pamqp_header.ContentHeader(0, len(body), their_props), channel),
             pamqp_frame.marshal(pamqp_body.ContentBody(body), channel) if body else b"",
         ]

@@ -52,15 +52,23 @@ def test_metadata_of_well_known_methods() -> None:
         "mechanisms",
         "locales",
     )
-    assert spec.ConnectionBlocked.INDEX == 0x000A003C and spec.ConnectionUnblocked.INDEX == 0x000A003D
+    assert (
+        spec.ConnectionBlocked.INDEX == 0x000A003C and spec.ConnectionUnblocked.INDEX == 0x000A003D
+    )
     assert spec.ConnectionUpdateSecret.__slots__ == ("new_secret", "reason")
     # RabbitMQ extensions the server sends to clients.
     assert spec.BasicAck.TO_CLIENT and spec.BasicNack.TO_CLIENT and spec.BasicCancel.TO_CLIENT
     assert spec.BasicDeliver.TO_CLIENT and not spec.BasicDeliver.TO_SERVER
     assert spec.CONTENT_METHODS == frozenset(
-        cls.INDEX for cls in (spec.BasicPublish, spec.BasicReturn, spec.BasicDeliver, spec.BasicGetOk)
+        cls.INDEX
+        for cls in (spec.BasicPublish, spec.BasicReturn, spec.BasicDeliver, spec.BasicGetOk)
     )
-    assert (spec.FRAME_METHOD, spec.FRAME_HEADER, spec.FRAME_BODY, spec.FRAME_HEARTBEAT) == (1, 2, 3, 8)
+    assert (spec.FRAME_METHOD, spec.FRAME_HEADER, spec.FRAME_BODY, spec.FRAME_HEARTBEAT) == (
+        1,
+        2,
+        3,
+        8,
+    )
     assert (spec.FRAME_END, spec.FRAME_MIN_SIZE) == (206, 4096)
 
 
