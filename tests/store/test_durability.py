@@ -171,7 +171,7 @@ def test_kill9_rounds_lose_nothing_confirmed(tmp_path):
             assert not extra, f"{q}: messages never confirmed came back: {sorted(extra)[:10]}"
             # An acked message may come back only if its ack was not yet on disk, and then
             # only as redelivered; everything else exactly once, in publish order.
-            for (body, redelivered), value in zip(got, values, strict=True):
+            for (_body, redelivered), value in zip(got, values, strict=True):
                 if value in acked:
                     assert redelivered
             assert len(values) == len(set(values))
