@@ -442,7 +442,7 @@ class Queue:
 
     def restore(self, items: list[tuple[int, Message, bool]]) -> None:
         """Recovered messages (msg_id order), put back in the ready list at start-up."""
-        for msg_id, msg, redelivered in items:
+        for _msg_id, msg, redelivered in items:
             self._seq += 1
             entry = Entry(msg, self._seq, self)
             entry.redelivered = redelivered

@@ -271,7 +271,7 @@ class MessageStore:
             restored += 1
         self.next_id = max(publishes, default=0) + 1
         # Queues whose bodies exceed the memory limit keep only their index in memory.
-        for qid, items in per_queue.items():
+        for items in per_queue.values():
             if sum(msg.size for _, msg, _ in items) > memory_limit:
                 for _, msg, _ in items:
                     msg.body = None

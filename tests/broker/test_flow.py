@@ -71,7 +71,7 @@ async def test_fast_publisher_is_blocked_by_memory_alarm(tmp_path):
         await pub.expect(spec.QueueDeclareOk)
         body = b"y" * 65536
         blocked = False
-        for i in range(200):  # 13 MB offered, over 6x the watermark
+        for _i in range(200):  # 13 MB offered, over 6x the watermark
             pub.publish(1, "", "fill", body)
             try:
                 await asyncio.wait_for(pub.writer.drain(), 0.5)

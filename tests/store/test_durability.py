@@ -128,7 +128,7 @@ def test_kill9_rounds_lose_nothing_confirmed(tmp_path):
     seq = 0
     try:
         broker.start()
-        for round_ in range(4):
+        for _round in range(4):
             conn = connect(port)
             ch = conn.channel()
             ch.confirm_delivery()
