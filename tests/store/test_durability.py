@@ -207,3 +207,27 @@ def test_torn_and_corrupt_tail_recovers_and_reports(tmp_path):
         assert "message log damage truncated" in log_text
     finally:
         broker.stop()
+
+
+def test_long_queue_pages_bodies_to_the_log(tmp_path):
+    """Over queue_memory_limit a durable queue keeps only its index; bodies come back from disk."""
+    cfg = ephemeral_config(data_dir=str(tmp_path / "data"),
+                           storage={"queue_memory_limit": 64 * 1024})
+    body = os.urandom(1024)
+    with BrokerThread(cfg) as b:
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        ch.queue_declare("long", durable=True)
+        for i in range(2000):
+            ch.basic_publish("", "long", struct.pack(">I", i) + body, PERSISTENT)
+        assert ch.queue_declare("long", passive=True).method.message_count == 2000
+        queue = b.broker.vhosts["/"].queues["long"]
+        paged = b.call(lambda: sum(1 for e in queue.iter_ready() if e.msg.body is None))
+        assert paged >= 1900
+        # Only the in-memory part counts against the memory alarm.
+        assert b.call(lambda: b.broker.queued_bytes) <= 64 * 1024 + 2 * 1028
+        for i in range(2000):
+            method, _, got = ch.basic_get("long")
+            assert got == struct.pack(">I", i) + body
+            ch.basic_ack(method.delivery_tag)
+        conn.close()
