@@ -63,6 +63,16 @@ class MemoryConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ArchiveConfig:
+    enabled: bool = False
+    dir: str = "./data/archive"
+    roll_minutes: int = 60
+    max_body_bytes: int = 0
+    batch_rows: int = 8192
+    max_pending_batches: int = 16
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     level: str = "warning"
     format: str = "text"
@@ -110,6 +120,7 @@ class Config:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
     log: LogConfig = field(default_factory=LogConfig)
     users: tuple[UserConfig, ...] = field(default_factory=_default_users)
     vhosts: tuple[VhostConfig, ...] = field(default_factory=_default_vhosts)
@@ -233,6 +244,7 @@ def parse_config(data: dict[str, Any]) -> Config:
         "routing",
         "storage",
         "memory",
+        "archive",
         "log",
         "users",
         "vhosts",
@@ -291,6 +303,20 @@ def parse_config(data: dict[str, Any]) -> Config:
         data, "memory", MemoryConfig, {"high_watermark": lambda k, v: _int(k, v, 1024 * 1024)}
     )
 
+    archive = _section(
+        data,
+        "archive",
+        ArchiveConfig,
+        {
+            "enabled": _bool,
+            "dir": _str,
+            "roll_minutes": lambda k, v: _int(k, v, 1, 24 * 60),
+            "max_body_bytes": lambda k, v: _int(k, v, 0, 128 * 1024 * 1024),
+            "batch_rows": lambda k, v: _int(k, v, 1),
+            "max_pending_batches": lambda k, v: _int(k, v, 1),
+        },
+    )
+
     def log_format(key: str, value: Any) -> str:
         if value not in ("text", "json"):
             raise ConfigError(f"{key}: must be \"text\" or \"json\", got {value!r}")
@@ -308,6 +334,7 @@ def parse_config(data: dict[str, Any]) -> Config:
         routing=routing,
         storage=storage,
         memory=memory,
+        archive=archive,
         log=log,
         users=users,
         vhosts=vhosts,

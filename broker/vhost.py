@@ -24,6 +24,7 @@ from .errors import channel_error
 from .exchange import DefaultExchange, Exchange
 from .message import FLAG_HEADERS, Message, copy_properties
 from .queue import Queue
+from .routing.graph import route_key, route_message
 
 if TYPE_CHECKING:
     from .clock import Clock
@@ -356,41 +357,12 @@ class VirtualHost:
 
     def route(self, exchange: Exchange, msg: Message) -> Collection[Queue]:
         """The queues a message published to `exchange` reaches, each once."""
-        headers = msg.headers if msg.flags & FLAG_HEADERS else None
-        if headers is not None and ("CC" in headers or "BCC" in headers):
-            keys = [msg.routing_key]
-            for name in ("CC", "BCC"):
-                extra = headers.get(name)
-                if isinstance(extra, list):
-                    keys.extend(k for k in extra if isinstance(k, str))
-            result: set[Queue] = set()
-            for key in keys:
-                result.update(self._route_key(exchange, key, headers))
-            return result
-        return self._route_key(exchange, msg.routing_key, headers)
+        if msg.flags & FLAG_HEADERS:
+            return route_message(exchange, msg.routing_key, msg.headers, self.exchanges.get)
+        return route_key(exchange, msg.routing_key, None, self.exchanges.get)
 
     def _route_key(self, exchange: Exchange, key: str, headers: dict | None) -> Collection[Queue]:
-        dests = exchange.route(key, headers)
-        if not exchange.exchange_dests and (dests or exchange.alternate is None):
-            return dests  # the common case: queues only, no graph to walk
-        queues: set[Queue] = set()
-        seen = {exchange}
-        stack = [(exchange, dests)]
-        while stack:
-            current, found = stack.pop()
-            if not found and current.alternate is not None:
-                alternate = self.exchanges.get(current.alternate)
-                if alternate is not None and alternate not in seen:
-                    seen.add(alternate)
-                    stack.append((alternate, alternate.route(key, headers)))
-                continue
-            for dest in found:
-                if isinstance(dest, Queue):
-                    queues.add(dest)
-                elif dest not in seen:
-                    seen.add(dest)
-                    stack.append((dest, dest.route(key, headers)))
-        return queues
+        return route_key(exchange, key, headers, self.exchanges.get)
 
     def enqueue(self, msg: Message, queues: Collection[Queue]) -> tuple[bool, int | None]:
         """Hand a routed message to its queues, persisting it first when it must survive.
