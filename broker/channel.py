@@ -629,6 +629,9 @@ class Channel:
             queues: Any = ()
         else:
             queues = self.vhost.route(exchange, msg)
+        archive = self.conn.broker.archive
+        if archive is not None:
+            archive.record(self.vhost.name, msg, queues)
         if not queues:
             exchange.stats_unroutable += 1
             if mandatory:

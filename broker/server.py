@@ -60,6 +60,7 @@ class Broker:
         self._management: Any = None
         self.started_at: float | None = None
         self.recovery: dict[str, int] = {}
+        self.archive: Any = None  # broker/archive.py's Archive when [archive] enabled
         self._compaction_timer: Any = None
 
     # -- lifecycle --------------------------------------------------------------------
@@ -72,6 +73,10 @@ class Broker:
         self.clock.loop  # bind the clock to this loop  # noqa: B018
         self.started_at = self.clock.wall()
         self._open_message_store(loop)
+        if self.config.archive.enabled:
+            from .archive import Archive
+
+            self.archive = Archive(self.config.archive, clock=self.clock)
         amqp = self.config.amqp
         port = amqp.port
         for host in amqp.bind:
@@ -162,6 +167,9 @@ class Broker:
         if self.store is not None:
             self.store.close()
             self.store = None
+        if self.archive is not None:
+            self.archive.close()
+            self.archive = None
         self.persistence.close()
 
     # -- users, vhosts, permissions (management API) --------------------------------------
