@@ -343,6 +343,8 @@ class SegmentLog:
         self._buf = bytearray(self._bufsize)
         self._buf_base = 0
         self._limit = min(self._segment_size, self._bufsize)
+        self._seg_id = first  # the active segment's id and live map, cached for append
+        self._live = self._seg.live
         self._pool: list[bytearray] = []
         self._sealed: list[tuple[int, int, bytearray, int]] = []
         self._inflight: list[tuple[int, int, bytearray, int]] = []
@@ -383,11 +385,9 @@ class SegmentLog:
             raise ValueError(f"record of {n} bytes exceeds max_record_size")
         crc = _crc32(payload)
         with self._lock:
-            if self._refusing:
-                self._refuse()
             off = self._size
             end = off + 12 + n  # 12 == HEADER_SIZE (a constant is cheaper than a global)
-            if end > self._limit:  # segment or buffer full: the slow path makes room
+            if end > self._limit:  # full, closed or failed: the slow path sorts it out
                 off = self._make_room_locked(12 + n)
                 end = off + 12 + n
             pos = off - self._buf_base
@@ -395,10 +395,10 @@ class SegmentLog:
             _pack_into(buf, pos, MAGIC, n, crc)
             buf[pos + 12:pos + 12 + n] = payload
             self._size = end
-            seg = self._seg
-            seg.live[off] = n
+            self._live[off] = n
+            seg_id = self._seg_id
             self._token = token = self._token + 1
-        return _new_location(Location, (seg.id, off, n)), token
+        return _new_location(Location, (seg_id, off, n)), token
 
     def schedule_sync(self) -> None:
         """Ask the writer to make everything appended so far durable; returns at once."""
@@ -482,6 +482,7 @@ class SegmentLog:
             self._closed = True
             self._closing = True
             self._refusing = True
+            self._limit = -1
             self._want = True
             self._cond.notify()
         self._thread.join()
@@ -721,13 +722,14 @@ class SegmentLog:
         old.state = _SEALED
         self._seg = _Segment(old.id + 1, _ACTIVE)
         self._segments[self._seg.id] = self._seg
+        self._seg_id = self._seg.id
+        self._live = self._seg.live
         self._buf_base = 0
         self._size = 0
         if not old.live:
             self._doom_locked(old)
-        if not self._want:  # hand the finished segment to the writer
-            self._want = True
-            self._cond.notify()
+        self._want = True  # hand the finished segment to the writer
+        self._cond.notify()
 
     def _seal_locked(self) -> None:
         """Hand the current buffer's records to the writer; continue in a fresh buffer."""
@@ -736,10 +738,13 @@ class SegmentLog:
             self._sealed.append((self._seg.id, self._buf_base, self._buf, used))
             self._buf = self._pool.pop() if self._pool else bytearray(self._bufsize)
             self._buf_base = self._size
-        self._limit = min(self._segment_size, self._buf_base + len(self._buf))
+        self._limit = -1 if self._refusing else min(self._segment_size,
+                                                     self._buf_base + len(self._buf))
 
     def _make_room_locked(self, need: int) -> int:
         """Rotate and/or start a new buffer so that `need` bytes fit; return the offset."""
+        if self._refusing:
+            self._refuse()
         if self._size + need > self._segment_size and self._size:
             self._rotate_locked()
         if self._size + need > self._buf_base + len(self._buf):
@@ -748,9 +753,8 @@ class SegmentLog:
                 if len(self._buf) == self._bufsize and len(self._pool) < _POOL_MAX:
                     self._pool.append(self._buf)
                 self._buf = bytearray(need)
-            if not self._want:  # a full buffer starts a batch
-                self._want = True
-                self._cond.notify()
+            self._want = True  # a full buffer starts a batch (or ends a gathering wait)
+            self._cond.notify()
         # An oversized record may pass the segment limit; it is alone in its segment.
         self._limit = max(min(self._segment_size, self._buf_base + len(self._buf)),
                           self._size + need)
@@ -894,8 +898,10 @@ class SegmentLog:
                     log.exception("on_deleted callback failed")
 
     def _fail(self, exc: BaseException) -> None:
-        self.error = exc
-        self._refusing = True
+        with self._lock:
+            self.error = exc
+            self._refusing = True
+            self._limit = -1  # append takes the slow path, which refuses
         log.error("segment log writer failed; no further records will be confirmed: %s", exc,
                   exc_info=exc, extra={"directory": self.directory})
         with self._done:
