@@ -417,12 +417,29 @@ def json_rows(results: list[dict]) -> list[dict]:
                     "rss_bytes_per_binding": round(r["rss_bytes_per_binding"], 1),
                     **{
                         k: r[k]
-                        for k in ("matched_bindings", "dests_per_lookup", "cache_bytes")
+                        for k in (
+                            "matched_bindings",
+                            "dests_per_lookup",
+                            "cache_bytes",
+                            "cached_keys",
+                            "hot_hit_rate",
+                        )
                         if k in r
                     },
                 }
             )
     return rows
+
+
+COLORS = {  # one colour per algorithm in every panel
+    ALGORITHMS["ours"]: ("tab:red", "-"),
+    "ours, cold": ("tab:red", "--"),
+    "ours, hot (cached)": ("tab:red", "-"),
+    ALGORITHMS["trie"]: ("tab:purple", "-"),
+    ALGORITHMS["optimized"]: ("tab:green", "-"),
+    ALGORITHMS["inverted"]: ("tab:blue", "-"),
+    ALGORITHMS["naive"]: ("tab:orange", "-"),
+}
 
 
 def chart(results: list[dict], path: Path) -> None:
@@ -456,7 +473,15 @@ def chart(results: list[dict], path: Path) -> None:
                     series.setdefault(label, []).append((r["bindings"], r["ops"][op]["ns"]))
         for label, pts in sorted(series.items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+            style = COLORS.get(label, ("black", "-"))
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                color=style[0],
+                linestyle=style[1],
+                label=label,
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("bindings")
