@@ -641,6 +641,9 @@ class Channel:
         if msg.flags & FLAG_HEADERS and "BCC" in msg.headers:
             msg = _strip_bcc(msg)
         ok, token = self.vhost.enqueue(msg, queues)
+        for queue in queues:
+            if queue.throttled is not None:
+                self.conn.throttle(queue)
         if token is not None and ok and self.confirm:
             self.conn.broker.store.confirm_after(token, self, seq)
             return

@@ -115,6 +115,7 @@ class Connection(asyncio.Protocol):
         self._missed = 0
         self._timer: Any = None
         self._reading_paused = False
+        self._throttled_by: set[Any] = set()  # queues in flow state we published to
         self.blocked_notified = False
         self.published = False
 
@@ -216,9 +217,26 @@ class Connection(asyncio.Protocol):
             for ch in self._confirm_channels:
                 ch.flush_confirms()
             self._confirm_channels.clear()
-        if self.published and self.broker.blocked and not self._reading_paused:
+        if self.published and not self._reading_paused and (
+            self.broker.blocked or self._throttled_by
+        ):
             self._pause_reading()
         self.published = False
+
+    def throttle(self, queue: Any) -> None:
+        """A queue we publish to is in flow state: stop reading us once this batch is done."""
+        if self not in queue.throttled:
+            queue.throttled.add(self)
+            self._throttled_by.add(queue)
+
+    def unthrottle(self, queue: Any) -> None:
+        self._throttled_by.discard(queue)
+        if self._throttled_by or not self._reading_paused:
+            return
+        if self.broker.blocked:
+            self.broker.paused_readers.add(self)  # the memory alarm resumes us when it clears
+        else:
+            self.resume_reading()
 
     def want_flush(self, channel: Channel) -> None:
         """A channel has confirms to send once the current batch of frames is handled."""
@@ -458,9 +476,12 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
-            self.broker.paused_readers.add(self)
+            if self.broker.blocked:
+                self.broker.paused_readers.add(self)
 
     def resume_reading(self) -> None:
+        if self._throttled_by:
+            return  # still held back by a queue in flow state
         if self.transport is not None and self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()
@@ -549,6 +570,10 @@ class Connection(asyncio.Protocol):
         self.channels.clear()
 
     def _cleanup(self) -> None:
+        for queue in self._throttled_by:
+            if queue.throttled is not None:
+                queue.throttled.discard(self)
+        self._throttled_by.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 #: queue with a deep backlog cannot starve the others.
 DISPATCH_BATCH = 2000
 
+#: A consumed queue whose consumers' sockets are full and whose backlog passes
+#: FLOW_HIGH ready messages stops reading its publishers until it is back under
+#: FLOW_LOW: RabbitMQ's "flow" state, which keeps latency bounded and leaves the
+#: consumers CPU to catch up, where plain buffering would only grow the backlog.
+FLOW_HIGH = 4000
+FLOW_LOW = 1000
+
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_TYPES = ("classic", "quorum", "stream")
 
@@ -187,6 +194,7 @@ class Queue:
         "_account",
         "_reject_overflow",
         "_limited",
+        "throttled",
     )
 
     def __init__(
@@ -243,6 +251,7 @@ class Queue:
         self._account = vhost.broker.account_bytes
         self._reject_overflow = self.overflow != "drop-head"
         self._limited = self.max_length is not None or self.max_length_bytes is not None
+        self.throttled: set | None = None  # publisher connections paused for this queue
         self.touch()
 
     def __repr__(self) -> str:
@@ -293,7 +302,19 @@ class Queue:
             self._enforce_max_length()
         if self.consumer_count and self.ready:
             self.dispatch()
+            if len(self.ready) > FLOW_HIGH and self.throttled is None and self._consumers_stalled():
+                self.throttled = set()  # the publishing channel adds its connection
         return True
+
+    def _consumers_stalled(self) -> bool:
+        """Some consumer could take more but its connection's socket is full."""
+        return any(not c.channel.conn.writable for g in self._groups for c in g.members)
+
+    def release_publishers(self) -> None:
+        """Leave the flow state: resume reading the publishers we paused."""
+        paused, self.throttled = self.throttled, None
+        for conn in paused or ():
+            conn.unthrottle(self)
 
     def _would_overflow(self, size: int) -> bool:
         if self.max_length is not None and len(self.ready) >= self.max_length:
@@ -335,6 +356,8 @@ class Queue:
         else:
             return
         if self.consumer_count == 0:
+            if self.throttled is not None:
+                self.release_publishers()
             if self.auto_delete and self._had_consumers and not self.deleted:
                 self.vhost.delete_queue(self, reason="auto_delete")
                 return
@@ -397,6 +420,8 @@ class Queue:
                 self._schedule_dispatch()
                 break
         self.stats_delivered += delivered
+        if self.throttled is not None and len(ready) < FLOW_LOW:
+            self.release_publishers()
 
     def _schedule_dispatch(self) -> None:
         if not self._dispatch_scheduled:
@@ -495,6 +520,8 @@ class Queue:
             self.dispatch()
 
     def purge(self) -> int:
+        if self.throttled is not None:
+            self.release_publishers()
         entries = self.ready.clear()
         self._timed = 0
         self.ready_bytes = 0
@@ -578,6 +605,8 @@ class Queue:
     def on_deleted(self) -> list[Entry]:
         """Called by the vhost once the queue is gone: stop timers, hand back ready entries."""
         self.deleted = True
+        if self.throttled is not None:
+            self.release_publishers()
         self._cancel_idle_timer()
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
