@@ -1,0 +1,164 @@
+"""The broker's per-message CPU cost, in process, without sockets.
+
+Feeds pre-encoded publishes straight into a Connection's data_received and
+lets deliveries fall into a null transport, so the number is the broker's own
+work per message (parse, route, enqueue, deliver, encode) with no kernel, no
+load generator and no other process in the way. Use it before and after a
+change to the hot path; bench/throughput.py measures the whole system.
+
+    .venv/bin/python bench/hotpath.py [--messages N] [--json FILE] [--profile SCENARIO]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import json
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from broker.connection import Connection  # noqa: E402
+from broker.server import Broker  # noqa: E402
+from broker.testing import ephemeral_config  # noqa: E402
+from protocol import spec  # noqa: E402
+from protocol.frames import PROTOCOL_HEADER, encode_content, encode_method  # noqa: E402
+from protocol.properties import BasicProperties  # noqa: E402
+
+CHUNK = 2000  # publishes per data_received call, like a busy socket read
+
+
+class NullTransport:
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def get_extra_info(self, key: str, default: object = None) -> object:
+        return ("127.0.0.1", 1) if key == "peername" else default
+
+    def set_write_buffer_limits(self, **_: int) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        self.bytes += len(data)
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        for data in chunks:
+            self.bytes += len(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def open_connection(broker: Broker) -> Connection:
+    conn = Connection(broker)
+    conn.connection_made(NullTransport())  # type: ignore[arg-type]
+    for data in (
+        PROTOCOL_HEADER,
+        encode_method(0, spec.ConnectionStartOk(client_properties={}, mechanism="PLAIN",
+                                                response=b"\0guest\0guest", locale="en_US")),
+        encode_method(0, spec.ConnectionTuneOk(channel_max=0, frame_max=131072, heartbeat=0)),
+        encode_method(0, spec.ConnectionOpen(virtual_host="/")),
+        encode_method(1, spec.ChannelOpen()),
+    ):
+        conn.data_received(data)
+    return conn
+
+
+def setup(broker: Broker, scenario: str) -> tuple[Connection, bytes]:
+    consumer, publisher = open_connection(broker), open_connection(broker)
+    send = consumer.data_received
+    exchange, key = "", "q0"
+    queues = 3 if scenario == "fanout-3" else 1
+    for i in range(queues):
+        send(encode_method(1, spec.QueueDeclare(queue=f"q{i}")))
+        send(encode_method(1, spec.BasicConsume(queue=f"q{i}", consumer_tag=f"c{i}", no_ack=True)))
+    if scenario.startswith("topic"):
+        exchange, key = "t", "s500.w1.x"
+        send(encode_method(1, spec.ExchangeDeclare(exchange="t", type="topic")))
+        for i in range(1000):
+            pattern = f"s{i}.*.x" if i % 2 == 0 else f"s{i}.#"
+            send(encode_method(1, spec.QueueBind(queue="q0", exchange="t", routing_key=pattern)))
+    elif scenario == "fanout-3":
+        exchange, key = "amq.fanout", ""
+        for i in range(queues):
+            send(encode_method(1, spec.QueueBind(queue=f"q{i}", exchange="amq.fanout")))
+    if scenario == "confirms":
+        publisher.data_received(encode_method(1, spec.ConfirmSelect()))
+    props = BasicProperties(content_type="application/octet-stream")
+    one = encode_content(1, spec.BasicPublish(exchange=exchange, routing_key=key), props,
+                         b"x" * 16, 131072)
+    return publisher, one * CHUNK
+
+
+async def measure(scenario: str, messages: int, profile: bool) -> dict:
+    broker = Broker(ephemeral_config())
+    await broker.start(management=False)
+    publisher, chunk = setup(broker, scenario)
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
+    profiler = cProfile.Profile() if profile else None
+    rounds = max(1, messages // CHUNK)
+    started = time.process_time()
+    if profiler:
+        profiler.enable()
+    for _ in range(rounds):
+        publisher.data_received(chunk)
+        broker._flush_dirty()  # what the loop does once per iteration
+    if profiler:
+        profiler.disable()
+    elapsed = time.process_time() - started
+    await broker.stop()
+    gc.unfreeze()
+    if profiler:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+    n = rounds * CHUNK
+    return {"scenario": scenario, "messages": n, "ns_per_msg": round(elapsed / n * 1e9),
+            "msgs_per_cpu_s": round(n / elapsed)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--json", default="bench/results/hotpath.json")
+    parser.add_argument("--profile", metavar="SCENARIO", help="cProfile one scenario instead")
+    args = parser.parse_args()
+    scenarios = ["direct", "confirms", "fanout-3", "topic-1000-cached"]
+    if args.profile:
+        asyncio.run(measure(args.profile, args.messages, True))
+        return 0
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    rows = []
+    for scenario in scenarios:
+        runner = uvloop.run if uvloop else asyncio.run
+        rows.append(runner(measure(scenario, args.messages, False)))
+    print(f"| scenario | messages | broker CPU ns/msg | msgs per CPU-second |\n|---|--:|--:|--:|")
+    for r in rows:
+        print(f"| {r['scenario']} | {r['messages']:,} | {r['ns_per_msg']:,} | {r['msgs_per_cpu_s']:,} |")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"rows": rows, "python": sys.version.split()[0],
+                                           "nproc": os.cpu_count()}, indent=2))
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
