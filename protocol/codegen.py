@@ -67,14 +67,9 @@ ERRATA = {("basic", "recover"): {"synchronous": True, "responses": ["recover-ok"
 # The content property RabbitMQ calls cluster-id is "reserved" in the XML.
 PROPERTY_RENAMES = {"reserved": "cluster-id"}
 
-# Wire types with a fixed size: struct format character and byte count.
-FIXED = {
-    "octet": ("B", 1),
-    "short": ("H", 2),
-    "long": ("I", 4),
-    "longlong": ("Q", 8),
-    "timestamp": ("Q", 8),
-}
+# Wire types with a fixed size, by struct format character; and those sizes.
+FIXED = {"octet": "B", "short": "H", "long": "I", "longlong": "Q", "timestamp": "Q"}
+SIZES = {"B": 1, "H": 2, "I": 4, "Q": 8}
 
 PY_TYPES = {
     "bit": ("bool", "False"),
@@ -269,7 +264,7 @@ def emit_encode(m: MethodSpec, structs: Structs) -> list[str]:
             continue
         f = item
         if f.type in FIXED:
-            fmt += FIXED[f.type][0]
+            fmt += FIXED[f.type]
             values.append("0" if f.reserved else f"self.{f.attr}")
         elif f.reserved:  # an empty string or table is just a zero length
             fmt += {"shortstr": "B", "longstr": "I", "table": "I"}[f.type]
@@ -313,16 +308,23 @@ def emit_decode(m: MethodSpec, structs: Structs) -> list[str]:
     body: list[str] = []
     run: list[tuple[str, str]] = []  # (struct char, target) of the pending fixed run
     bit_groups: list[tuple[str, list[Field]]] = []
+    skip = 0  # reserved bytes not yet added to o, folded into the next read
 
     def flush() -> None:
+        nonlocal skip
         if not run:
             return
         fmt = "".join(c for c, _ in run)
-        size = sum({"B": 1, "H": 2, "I": 4, "Q": 8}[c] for c in fmt)
+        size = sum(SIZES[c] for c in fmt)
         targets = [t for _, t in run]
         if all(t == "_" for t in targets):
-            body.append(f"o += {size}")
-        elif len(targets) == 1:
+            skip += size
+            run.clear()
+            return
+        if skip:
+            body.append(f"o += {skip}")
+            skip = 0
+        if len(targets) == 1:
             body.append(
                 f"{targets[0]} = buf[o]"
                 if fmt == "B"
@@ -350,19 +352,25 @@ def emit_decode(m: MethodSpec, structs: Structs) -> list[str]:
             continue
         f = item
         if f.type in FIXED:
-            run.append((FIXED[f.type][0], "_" if f.reserved else f.local))
+            run.append((FIXED[f.type], "_" if f.reserved else f.local))
             continue
         flush()
         if f.type == "shortstr":
+            # o jumps past the string first: one addition fewer than slicing
+            # buf[o + 1 : o + 1 + n] and then advancing.
+            at = f"o + {skip}" if skip else "o"
             if f.reserved:
-                body.append("o += 1 + buf[o]")
+                body.append(f"o += {skip + 1} + buf[{at}]")
             else:
-                body.append("n = buf[o]")
-                body.append(
-                    f'{f.local} = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")'
-                )
-                body.append("o += 1 + n")
-        elif f.type == "longstr":
+                body.append(f"n = buf[{at}]")
+                body.append(f"o += {skip + 1} + n")
+                body.append(f'{f.local} = buf[o - n : o].decode("utf-8", "surrogateescape")')
+            skip = 0
+            continue
+        if skip:
+            body.append(f"o += {skip}")
+            skip = 0
+        if f.type == "longstr":
             if f.reserved:
                 body.append(f"o += 4 + {structs.unpack('I')}(buf, o)[0]")
             else:
@@ -371,10 +379,12 @@ def emit_decode(m: MethodSpec, structs: Structs) -> list[str]:
                 body.append(f"{f.local} = buf[o - n : o]")
         elif f.type == "table":
             target = "_" if f.reserved else f.local
-            body.append(f'{target}, o = _table(buf, o, cls, "{f.attr}")')
+            body.append(f'{target}, o = _table(buf, o, end, cls, "{f.attr}")')
         else:
             raise ValueError(f"unknown field type {f.type}")
     flush()
+    if skip:
+        body.append(f"o += {skip}")
 
     lines = [
         "@classmethod",
@@ -500,9 +510,11 @@ def _length_mismatch(cls: type[Method], size: int, used: int) -> AMQPSyntaxError
     )
 
 
-def _table(buf: bytes, o: int, cls: type[Method], name: str) -> tuple[dict[str, Any], int]:
+def _table(
+    buf: bytes, o: int, end: int, cls: type[Method], name: str
+) -> tuple[dict[str, Any], int]:
     try:
-        return decode_table(buf, o)
+        return decode_table(buf, o, end)
     except AMQPSyntaxError as exc:
         raise AMQPSyntaxError(
             f"{{cls.NAME}}.{{name}}: {{exc.text}}", class_id=cls.CLASS_ID, method_id=cls.METHOD_ID

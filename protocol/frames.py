@@ -64,8 +64,9 @@ FRAME_OVERHEAD = 8  # 7-byte frame header + end octet
 _unpack_frame_header = Struct(">BHI").unpack_from
 _unpack_u32 = Struct(">I").unpack_from
 _unpack_content_header = Struct(">HHQ").unpack_from
+_unpack_header_frame = Struct(">BHIHHQ").unpack_from  # frame header + content header at once
 # Encoders put the previous frame's end octet in front of the next frame's
-# header, so a deliver is 9 parts for one b"".join rather than 12.
+# header, so a deliver is 11 parts for one b"".join rather than 13.
 _pack_method_head = Struct(">BHIHH").pack  # type, channel, size, class id, method id
 _pack_header_frame = Struct(
     ">BBHIHHQ"
@@ -76,6 +77,10 @@ _pack_deliver_mid = Struct(">QBB").pack  # delivery-tag, redelivered bit, exchan
 _pack_u8 = Struct(">B").pack
 _END = b"\xce"
 _tuple_new = tuple.__new__
+# Bound decoders by method index: spares a class attribute lookup and a
+# classmethod binding per method frame (-4% instructions per publish).
+_DECODERS = {index: cls.decode for index, cls in METHODS.items()}
+_decode_properties = BasicProperties.decode
 
 
 # -- events ----------------------------------------------------------------------
@@ -146,7 +151,7 @@ class ContentHeader:
     def properties(self) -> BasicProperties:
         props = self._properties
         if props is None:
-            props = self._properties = BasicProperties.decode(self.raw)
+            props = self._properties = _decode_properties(self.raw)
         return props
 
     def __eq__(self, other: object) -> bool:
@@ -168,7 +173,7 @@ class ContentHeader:
 
 # -- parser ----------------------------------------------------------------------
 
-_DISCARD: list[bytes] = []  # marks a pending content whose body frames are dropped
+_DISCARD: Any = object()  # in place of the chunk list: this content's body frames are dropped
 
 
 class FrameParser:
@@ -230,13 +235,207 @@ class FrameParser:
         elif type(data) is not bytes:
             data = bytes(data)
         events: list[Any] = []
+        pos = 0
         try:
-            pos = 0
             if self._expect_header:
                 pos = self._protocol_header(data, events)
                 if pos == 0:
                     return events
-            pos, need = self._frames(data, pos, events)
+            # The hot loop: one header unpack, one end-octet check and a type
+            # dispatch per frame; the common single-body-frame publish allocates
+            # only the method, the ContentHeader, the body slice and the event.
+            # Inlined here rather than in a method of its own: -3% instructions
+            # per publish (callgrind, bench/codec.py's 1 KiB publish).
+            pending = self._pending
+            append = events.append
+            frame_max = self.frame_max
+            max_payload = frame_max - FRAME_OVERHEAD if frame_max else 0xFFFFFFFF
+            max_body = self.max_body_size
+            end = len(data)
+            while True:
+                if end - pos < 7:
+                    need = 7
+                    break
+                kind, channel, size = _unpack_frame_header(data, pos)
+                if size > max_payload:
+                    raise FrameError(
+                        f"frame of type {kind} on channel {channel} has a {size}-byte payload, larger "
+                        f"than the negotiated frame_max {frame_max} allows ({max_payload} bytes)"
+                    )
+                nxt = pos + size + 8
+                if nxt > end:
+                    need = size + 8
+                    break
+                if data[nxt - 1] != 0xCE:  # FRAME_END; literals beat globals in this loop
+                    raise FrameError(
+                        f"frame of type {kind} on channel {channel} ends with 0x{data[nxt - 1]:02x}, "
+                        f"expected 0xce"
+                    )
+                if kind == 1:  # FRAME_METHOD
+                    if size < 4:
+                        raise FrameError(
+                            f"method frame payload of {size} bytes is too short for a method id"
+                        )
+                    if channel in pending:
+                        raise self._out_of_order(channel, "method")
+                    index = _unpack_u32(data, pos + 7)[0]
+                    decode = _DECODERS.get(index)
+                    if decode is None:
+                        raise CommandInvalid(
+                            f"unknown method: class {index >> 16}, method {index & 0xFFFF}",
+                            class_id=index >> 16,
+                            method_id=index & 0xFFFF,
+                        )
+                    method = decode(data, pos + 11, nxt - 1)  # no payload slice
+                    if index not in CONTENT_METHODS:
+                        append(_tuple_new(MethodFrame, (channel, method)))
+                        pos = nxt
+                        continue
+                    # Fast path for the bulk of a broker's input: the content header
+                    # and a single body frame already sit behind the method in this
+                    # buffer. Any other shape, or anything wrong, falls through to the
+                    # general path, which re-reads those frames and raises the precise
+                    # error. Measured (callgrind): 30.0k -> 26.9k instructions per 1 KiB publish.
+                    if end - nxt >= 20:
+                        kind, hchannel, size, class_id, weight, body_size = _unpack_header_frame(
+                            data, nxt
+                        )
+                        hend = nxt + size + 8
+                        if (
+                            kind == 2
+                            and hchannel == channel
+                            and 12 <= size <= max_payload
+                            and hend <= end
+                            and data[hend - 1] == 0xCE
+                        ):
+                            if (
+                                class_id == index >> 16
+                                and not weight
+                                and (max_body is None or body_size <= max_body)
+                            ):
+                                if body_size == 0:
+                                    header = ContentHeader(class_id, 0, data[nxt + 19 : hend - 1])
+                                    append(
+                                        _tuple_new(ContentMessage, (channel, method, header, b""))
+                                    )
+                                    pos = hend
+                                    continue
+                                if end - hend >= 8:
+                                    kind, bchannel, size = _unpack_frame_header(data, hend)
+                                    bend = hend + size + 8
+                                    if (
+                                        kind == 3
+                                        and bchannel == channel
+                                        and size == body_size
+                                        and size <= max_payload
+                                        and bend <= end
+                                        and data[bend - 1] == 0xCE
+                                    ):
+                                        header = ContentHeader(
+                                            class_id, body_size, data[nxt + 19 : hend - 1]
+                                        )
+                                        body = data[hend + 7 : bend - 1]
+                                        append(
+                                            _tuple_new(
+                                                ContentMessage, (channel, method, header, body)
+                                            )
+                                        )
+                                        pos = bend
+                                        continue
+                    pending[channel] = [method, None, 0, None]
+                elif kind == 3:  # FRAME_BODY
+                    state = pending.get(channel)
+                    if state is None or state[1] is None:
+                        raise self._out_of_order(channel, "body")
+                    remaining = state[2] - size
+                    if remaining < 0:
+                        method = state[0]
+                        raise FrameError(
+                            f"content body frame of {size} bytes exceeds the remaining content size "
+                            f"of {state[2]} bytes",
+                            class_id=method.CLASS_ID,
+                            method_id=method.METHOD_ID,
+                        )
+                    chunks = state[3]
+                    if remaining == 0 and chunks is None:  # the whole body in one frame
+                        del pending[channel]
+                        append(
+                            _tuple_new(
+                                ContentMessage,
+                                (channel, state[0], state[1], data[pos + 7 : nxt - 1]),
+                            )
+                        )
+                    elif chunks is _DISCARD:
+                        if remaining:
+                            state[2] = remaining
+                        else:
+                            del pending[channel]
+                    else:
+                        if chunks is None:
+                            chunks = state[3] = []
+                        chunks.append(data[pos + 7 : nxt - 1])
+                        if remaining:
+                            state[2] = remaining
+                        else:
+                            del pending[channel]
+                            append(
+                                _tuple_new(
+                                    ContentMessage, (channel, state[0], state[1], b"".join(chunks))
+                                )
+                            )
+                elif kind == 2:  # FRAME_HEADER
+                    state = pending.get(channel)
+                    if state is None or state[1] is not None:
+                        raise self._out_of_order(channel, "header")
+                    if size < 12:
+                        raise FrameError(
+                            f"content header frame payload of {size} bytes is shorter than 12"
+                        )
+                    method = state[0]
+                    class_id, weight, body_size = _unpack_content_header(data, pos + 7)
+                    if class_id != method.CLASS_ID:
+                        raise UnexpectedFrame(
+                            f"expected content header for class {method.CLASS_ID}, "
+                            f"got one for class {class_id} instead",
+                            class_id=method.CLASS_ID,
+                            method_id=method.METHOD_ID,
+                        )
+                    if weight:
+                        raise UnexpectedFrame(
+                            f"content header weight must be 0, got {weight}",
+                            class_id=method.CLASS_ID,
+                            method_id=method.METHOD_ID,
+                        )
+                    header = ContentHeader(class_id, body_size, data[pos + 19 : nxt - 1])
+                    if body_size == 0:
+                        del pending[channel]
+                        append(_tuple_new(ContentMessage, (channel, method, header, b"")))
+                    else:
+                        state[1] = header
+                        state[2] = body_size
+                        if max_body is not None and body_size > max_body:
+                            state[3] = _DISCARD
+                            self._keep(data, nxt, 0)
+                            raise SoftError(
+                                PRECONDITION_FAILED,
+                                f"message size {body_size} is larger than configured max size {max_body}",
+                                channel=channel,
+                                class_id=method.CLASS_ID,
+                                method_id=method.METHOD_ID,
+                            )
+                elif kind == 8:  # FRAME_HEARTBEAT
+                    if channel != 0:
+                        raise FrameError(
+                            f"heartbeat frame on channel {channel}; heartbeats belong on channel 0"
+                        )
+                    if size:
+                        raise FrameError(
+                            f"heartbeat frame with a {size}-byte payload; it must be empty"
+                        )
+                    append(_HEARTBEAT)
+                else:
+                    raise FrameError(f"unknown frame type {kind} on channel {channel}")
+                pos = nxt
         except HardError as exc:
             self._error = exc
             exc.events = events
@@ -244,202 +443,10 @@ class FrameParser:
         except SoftError as exc:
             exc.events = events
             raise
-        if pos < len(data):  # keep the incomplete frame for the next feed
+        if pos < end:  # keep the incomplete frame for the next feed
             self._tail = bytearray(memoryview(data)[pos:])
             self._need = need
         return events
-
-    def _frames(self, data: bytes, pos: int, events: list[Any]) -> tuple[int, int]:
-        """Parse whole frames from ``pos``; return where parsing stopped and the
-        bytes the incomplete frame there needs."""
-        # The hot loop: one header unpack, one end-octet check and a type
-        # dispatch per frame; the common single-body-frame publish allocates
-        # only the method, the ContentHeader, the body slice and the event.
-        pending = self._pending
-        append = events.append
-        frame_max = self.frame_max
-        max_payload = frame_max - FRAME_OVERHEAD if frame_max else 0xFFFFFFFF
-        limit = self.max_body_size
-        end = len(data)
-        while True:
-            if end - pos < 7:
-                need = 7
-                break
-            kind, channel, size = _unpack_frame_header(data, pos)
-            if size > max_payload:
-                raise FrameError(
-                    f"frame of type {kind} on channel {channel} has a {size}-byte payload, larger "
-                    f"than the negotiated frame_max {frame_max} allows ({max_payload} bytes)"
-                )
-            nxt = pos + size + 8
-            if nxt > end:
-                need = size + 8
-                break
-            if data[nxt - 1] != 0xCE:  # FRAME_END; literals beat globals in this loop
-                raise FrameError(
-                    f"frame of type {kind} on channel {channel} ends with 0x{data[nxt - 1]:02x}, "
-                    f"expected 0xce"
-                )
-            if kind == 1:  # FRAME_METHOD
-                if size < 4:
-                    raise FrameError(
-                        f"method frame payload of {size} bytes is too short for a method id"
-                    )
-                if channel in pending:
-                    raise self._out_of_order(channel, "method")
-                index = _unpack_u32(data, pos + 7)[0]
-                cls = METHODS.get(index)
-                if cls is None:
-                    raise CommandInvalid(
-                        f"unknown method: class {index >> 16}, method {index & 0xFFFF}",
-                        class_id=index >> 16,
-                        method_id=index & 0xFFFF,
-                    )
-                method = cls.decode(data, pos + 11, nxt - 1)  # no payload slice
-                if index not in CONTENT_METHODS:
-                    append(_tuple_new(MethodFrame, (channel, method)))
-                    pos = nxt
-                    continue
-                # Fast path for the bulk of a broker's input: the content header
-                # and a single body frame already sit behind the method in this
-                # buffer. Any other shape, or anything wrong, falls through to the
-                # general path, which re-reads those frames and raises the precise
-                # error. Measured: publish 1 KiB feed 3.1 -> 2.6 us.
-                if end - nxt >= 20:
-                    kind, hchannel, size = _unpack_frame_header(data, nxt)
-                    hend = nxt + size + 8
-                    if (
-                        kind == 2
-                        and hchannel == channel
-                        and 12 <= size <= max_payload
-                        and hend <= end
-                        and data[hend - 1] == 0xCE
-                    ):
-                        class_id, weight, body_size = _unpack_content_header(data, nxt + 7)
-                        if (
-                            class_id == cls.CLASS_ID
-                            and not weight
-                            and (limit is None or body_size <= limit)
-                        ):
-                            if body_size == 0:
-                                header = ContentHeader(class_id, 0, data[nxt + 19 : hend - 1])
-                                append(_tuple_new(ContentMessage, (channel, method, header, b"")))
-                                pos = hend
-                                continue
-                            if end - hend >= 8:
-                                kind, bchannel, size = _unpack_frame_header(data, hend)
-                                bend = hend + size + 8
-                                if (
-                                    kind == 3
-                                    and bchannel == channel
-                                    and size == body_size
-                                    and size <= max_payload
-                                    and bend <= end
-                                    and data[bend - 1] == 0xCE
-                                ):
-                                    header = ContentHeader(
-                                        class_id, body_size, data[nxt + 19 : hend - 1]
-                                    )
-                                    body = data[hend + 7 : bend - 1]
-                                    append(
-                                        _tuple_new(ContentMessage, (channel, method, header, body))
-                                    )
-                                    pos = bend
-                                    continue
-                pending[channel] = [method, None, 0, None]
-            elif kind == 3:  # FRAME_BODY
-                state = pending.get(channel)
-                if state is None or state[1] is None:
-                    raise self._out_of_order(channel, "body")
-                remaining = state[2] - size
-                if remaining < 0:
-                    method = state[0]
-                    raise FrameError(
-                        f"content body frame of {size} bytes exceeds the remaining content size "
-                        f"of {state[2]} bytes",
-                        class_id=method.CLASS_ID,
-                        method_id=method.METHOD_ID,
-                    )
-                chunks = state[3]
-                if remaining == 0 and chunks is None:  # the whole body in one frame
-                    del pending[channel]
-                    append(
-                        _tuple_new(
-                            ContentMessage, (channel, state[0], state[1], data[pos + 7 : nxt - 1])
-                        )
-                    )
-                elif chunks is _DISCARD:
-                    if remaining:
-                        state[2] = remaining
-                    else:
-                        del pending[channel]
-                else:
-                    if chunks is None:
-                        chunks = state[3] = []
-                    chunks.append(data[pos + 7 : nxt - 1])
-                    if remaining:
-                        state[2] = remaining
-                    else:
-                        del pending[channel]
-                        append(
-                            _tuple_new(
-                                ContentMessage, (channel, state[0], state[1], b"".join(chunks))
-                            )
-                        )
-            elif kind == 2:  # FRAME_HEADER
-                state = pending.get(channel)
-                if state is None or state[1] is not None:
-                    raise self._out_of_order(channel, "header")
-                if size < 12:
-                    raise FrameError(
-                        f"content header frame payload of {size} bytes is shorter than 12"
-                    )
-                method = state[0]
-                class_id, weight, body_size = _unpack_content_header(data, pos + 7)
-                if class_id != method.CLASS_ID:
-                    raise UnexpectedFrame(
-                        f"expected content header for class {method.CLASS_ID}, "
-                        f"got one for class {class_id} instead",
-                        class_id=method.CLASS_ID,
-                        method_id=method.METHOD_ID,
-                    )
-                if weight:
-                    raise UnexpectedFrame(
-                        f"content header weight must be 0, got {weight}",
-                        class_id=method.CLASS_ID,
-                        method_id=method.METHOD_ID,
-                    )
-                header = ContentHeader(class_id, body_size, data[pos + 19 : nxt - 1])
-                if body_size == 0:
-                    del pending[channel]
-                    append(_tuple_new(ContentMessage, (channel, method, header, b"")))
-                else:
-                    state[1] = header
-                    state[2] = body_size
-                    if limit is not None and body_size > limit:
-                        state[3] = _DISCARD
-                        self._keep(data, nxt, 0)
-                        raise SoftError(
-                            PRECONDITION_FAILED,
-                            f"message size {body_size} is larger than configured max size {limit}",
-                            channel=channel,
-                            class_id=method.CLASS_ID,
-                            method_id=method.METHOD_ID,
-                        )
-            elif kind == 8:  # FRAME_HEARTBEAT
-                if channel != 0:
-                    raise FrameError(
-                        f"heartbeat frame on channel {channel}; heartbeats belong on channel 0"
-                    )
-                if size:
-                    raise FrameError(
-                        f"heartbeat frame with a {size}-byte payload; it must be empty"
-                    )
-                append(_HEARTBEAT)
-            else:
-                raise FrameError(f"unknown frame type {kind} on channel {channel}")
-            pos = nxt
-        return pos, need
 
     def _keep(self, data: bytes, pos: int, need: int) -> None:
         """Buffer the unparsed ``data[pos:]``; parse again when it holds ``need`` bytes."""
@@ -527,7 +534,7 @@ def encode_content(
 
     The header's body size is taken from ``len(body)``; an empty body sends no body frame.
     """
-    if type(header) is ContentHeader:
+    if isinstance(header, ContentHeader):
         class_id, raw = header.class_id, header.raw
     elif isinstance(header, BasicProperties):
         class_id, raw = method.CLASS_ID, header.encode()

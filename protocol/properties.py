@@ -165,7 +165,7 @@ class BasicProperties:
             buf = bytes(buf)
         self = _new(cls)
         # Straight-line, flag by flag, with absent groups skipped in one test:
-        # a typical publish sets 3-6 of the 14 (measured 750 -> 360 ns for none).
+        # a typical publish sets 3-6 of the 14 (timeit, no properties: 750 -> 360 ns).
         try:
             (flags,) = _unpack_u16(buf, offset)
             o = offset + 2

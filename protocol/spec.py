@@ -46,9 +46,11 @@ def _length_mismatch(cls: type[Method], size: int, used: int) -> AMQPSyntaxError
     )
 
 
-def _table(buf: bytes, o: int, cls: type[Method], name: str) -> tuple[dict[str, Any], int]:
+def _table(
+    buf: bytes, o: int, end: int, cls: type[Method], name: str
+) -> tuple[dict[str, Any], int]:
     try:
-        return decode_table(buf, o)
+        return decode_table(buf, o, end)
     except AMQPSyntaxError as exc:
         raise AMQPSyntaxError(
             f"{cls.NAME}.{name}: {exc.text}", class_id=cls.CLASS_ID, method_id=cls.METHOD_ID
@@ -143,7 +145,7 @@ class ConnectionStart(Method):
         try:
             a_version_major, a_version_minor = _unpack_BB(buf, o)
             o += 2
-            a_server_properties, o = _table(buf, o, cls, "server_properties")
+            a_server_properties, o = _table(buf, o, end, cls, "server_properties")
             n = _unpack_I(buf, o)[0]
             o += 4 + n
             a_mechanisms = buf[o - n : o]
@@ -217,16 +219,16 @@ class ConnectionStartOk(Method):
             end = len(buf)
         o = offset
         try:
-            a_client_properties, o = _table(buf, o, cls, "client_properties")
+            a_client_properties, o = _table(buf, o, end, cls, "client_properties")
             n = buf[o]
-            a_mechanism = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_mechanism = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = _unpack_I(buf, o)[0]
             o += 4 + n
             a_response = buf[o - n : o]
             n = buf[o]
-            a_locale = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_locale = buf[o - n : o].decode("utf-8", "surrogateescape")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -490,8 +492,8 @@ class ConnectionOpen(Method):
         o = offset
         try:
             n = buf[o]
-            a_virtual_host = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_virtual_host = buf[o - n : o].decode("utf-8", "surrogateescape")
             o += 1 + buf[o]
             o += 1
         except (IndexError, StructError):
@@ -595,8 +597,8 @@ class ConnectionClose(Method):
             a_reply_code = _unpack_H(buf, o)[0]
             o += 2
             n = buf[o]
-            a_reply_text = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_reply_text = buf[o - n : o].decode("utf-8", "surrogateescape")
             a_class_id, a_method_id = _unpack_HH(buf, o)
             o += 4
         except (IndexError, StructError):
@@ -682,8 +684,8 @@ class ConnectionBlocked(Method):
         o = offset
         try:
             n = buf[o]
-            a_reason = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_reason = buf[o - n : o].decode("utf-8", "surrogateescape")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -771,8 +773,8 @@ class ConnectionUpdateSecret(Method):
             o += 4 + n
             a_new_secret = buf[o - n : o]
             n = buf[o]
-            a_reason = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_reason = buf[o - n : o].decode("utf-8", "surrogateescape")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -1042,8 +1044,8 @@ class ChannelClose(Method):
             a_reply_code = _unpack_H(buf, o)[0]
             o += 2
             n = buf[o]
-            a_reply_text = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_reply_text = buf[o - n : o].decode("utf-8", "surrogateescape")
             a_class_id, a_method_id = _unpack_HH(buf, o)
             o += 4
         except (IndexError, StructError):
@@ -1149,13 +1151,12 @@ class ExchangeDeclare(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
+            n = buf[o + 2]
+            o += 3 + n
+            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_exchange = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
-            n = buf[o]
-            a_type = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            a_type = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_passive = buf[o]
             o += 1
             a_passive = (bits0_passive & 1) != 0
@@ -1163,7 +1164,7 @@ class ExchangeDeclare(Method):
             a_auto_delete = (bits0_passive & 4) != 0
             a_internal = (bits0_passive & 8) != 0
             a_no_wait = (bits0_passive & 16) != 0
-            a_arguments, o = _table(buf, o, cls, "arguments")
+            a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -1258,10 +1259,9 @@ class ExchangeDelete(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
-            n = buf[o]
-            a_exchange = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            n = buf[o + 2]
+            o += 3 + n
+            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_if_unused = buf[o]
             o += 1
             a_if_unused = (bits0_if_unused & 1) != 0
@@ -1365,20 +1365,19 @@ class ExchangeBind(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
+            n = buf[o + 2]
+            o += 3 + n
+            a_destination = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_destination = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_source = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_source = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
-            n = buf[o]
-            a_routing_key = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_no_wait = buf[o]
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
-            a_arguments, o = _table(buf, o, cls, "arguments")
+            a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -1480,20 +1479,19 @@ class ExchangeUnbind(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
+            n = buf[o + 2]
+            o += 3 + n
+            a_destination = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_destination = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_source = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_source = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
-            n = buf[o]
-            a_routing_key = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_no_wait = buf[o]
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
-            a_arguments, o = _table(buf, o, cls, "arguments")
+            a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -1593,10 +1591,9 @@ class QueueDeclare(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
-            n = buf[o]
-            a_queue = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            n = buf[o + 2]
+            o += 3 + n
+            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_passive = buf[o]
             o += 1
             a_passive = (bits0_passive & 1) != 0
@@ -1604,7 +1601,7 @@ class QueueDeclare(Method):
             a_exclusive = (bits0_passive & 4) != 0
             a_auto_delete = (bits0_passive & 8) != 0
             a_no_wait = (bits0_passive & 16) != 0
-            a_arguments, o = _table(buf, o, cls, "arguments")
+            a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -1667,8 +1664,8 @@ class QueueDeclareOk(Method):
         o = offset
         try:
             n = buf[o]
-            a_queue = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
             a_message_count, a_consumer_count = _unpack_II(buf, o)
             o += 8
         except (IndexError, StructError):
@@ -1738,20 +1735,19 @@ class QueueBind(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
+            n = buf[o + 2]
+            o += 3 + n
+            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_queue = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_exchange = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
-            n = buf[o]
-            a_routing_key = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_no_wait = buf[o]
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
-            a_arguments, o = _table(buf, o, cls, "arguments")
+            a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -1836,10 +1832,9 @@ class QueuePurge(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
-            n = buf[o]
-            a_queue = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            n = buf[o + 2]
+            o += 3 + n
+            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_no_wait = buf[o]
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
@@ -1947,10 +1942,9 @@ class QueueDelete(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
-            n = buf[o]
-            a_queue = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            n = buf[o + 2]
+            o += 3 + n
+            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_if_unused = buf[o]
             o += 1
             a_if_unused = (bits0_if_unused & 1) != 0
@@ -2068,17 +2062,16 @@ class QueueUnbind(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
+            n = buf[o + 2]
+            o += 3 + n
+            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_queue = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_exchange = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
-            n = buf[o]
-            a_routing_key = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
-            a_arguments, o = _table(buf, o, cls, "arguments")
+            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -2269,20 +2262,19 @@ class BasicConsume(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
+            n = buf[o + 2]
+            o += 3 + n
+            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_queue = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
-            n = buf[o]
-            a_consumer_tag = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            a_consumer_tag = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_no_local = buf[o]
             o += 1
             a_no_local = (bits0_no_local & 1) != 0
             a_no_ack = (bits0_no_local & 2) != 0
             a_exclusive = (bits0_no_local & 4) != 0
             a_no_wait = (bits0_no_local & 8) != 0
-            a_arguments, o = _table(buf, o, cls, "arguments")
+            a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -2337,8 +2329,8 @@ class BasicConsumeOk(Method):
         o = offset
         try:
             n = buf[o]
-            a_consumer_tag = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_consumer_tag = buf[o - n : o].decode("utf-8", "surrogateescape")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -2388,8 +2380,8 @@ class BasicCancel(Method):
         o = offset
         try:
             n = buf[o]
-            a_consumer_tag = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_consumer_tag = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_no_wait = buf[o]
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
@@ -2442,8 +2434,8 @@ class BasicCancelOk(Method):
         o = offset
         try:
             n = buf[o]
-            a_consumer_tag = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_consumer_tag = buf[o - n : o].decode("utf-8", "surrogateescape")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -2504,13 +2496,12 @@ class BasicPublish(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
+            n = buf[o + 2]
+            o += 3 + n
+            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_exchange = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
-            n = buf[o]
-            a_routing_key = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_mandatory = buf[o]
             o += 1
             a_mandatory = (bits0_mandatory & 1) != 0
@@ -2584,14 +2575,14 @@ class BasicReturn(Method):
             a_reply_code = _unpack_H(buf, o)[0]
             o += 2
             n = buf[o]
-            a_reply_text = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_reply_text = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_exchange = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_routing_key = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -2661,17 +2652,17 @@ class BasicDeliver(Method):
         o = offset
         try:
             n = buf[o]
-            a_consumer_tag = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_consumer_tag = buf[o - n : o].decode("utf-8", "surrogateescape")
             a_delivery_tag, bits0_redelivered = _unpack_QB(buf, o)
             o += 9
             a_redelivered = (bits0_redelivered & 1) != 0
             n = buf[o]
-            a_exchange = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_routing_key = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
         if o != end:
@@ -2724,10 +2715,9 @@ class BasicGet(Method):
             end = len(buf)
         o = offset
         try:
-            o += 2
-            n = buf[o]
-            a_queue = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
-            o += 1 + n
+            n = buf[o + 2]
+            o += 3 + n
+            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
             bits0_no_ack = buf[o]
             o += 1
             a_no_ack = (bits0_no_ack & 1) != 0
@@ -2798,11 +2788,11 @@ class BasicGetOk(Method):
             o += 9
             a_redelivered = (bits0_redelivered & 1) != 0
             n = buf[o]
-            a_exchange = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
             n = buf[o]
-            a_routing_key = buf[o + 1 : o + 1 + n].decode("utf-8", "surrogateescape")
             o += 1 + n
+            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
             a_message_count = _unpack_I(buf, o)[0]
             o += 4
         except (IndexError, StructError):

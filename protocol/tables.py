@@ -68,7 +68,8 @@ def timestamp_from_wire(seconds: int) -> datetime | int:
     """Seconds since the epoch -> aware UTC datetime; the int itself past year 9999.
 
     Conversions are cached by second: a busy publisher stamps many messages
-    with the same second, and a hit (~40 ns) spares ``fromtimestamp`` (~240 ns).
+    with the same second, and a hit (0.9k instructions, callgrind) spares
+    ``fromtimestamp`` (3.2k; ``_EPOCH + timedelta(...)`` is 5.7k).
     datetimes are immutable, so sharing them is safe.
     """
     value = _timestamps.get(seconds)
@@ -224,20 +225,25 @@ def _encode_value(value: Any, append: Any) -> None:
 
 
 def decode_table(
-    buf: bytes | bytearray | memoryview, offset: int = 0
+    buf: bytes | bytearray | memoryview, offset: int = 0, limit: int | None = None
 ) -> tuple[dict[str, Any], int]:
-    """Decode the field table at ``offset`` -> (dict, offset just past it)."""
+    """Decode the field table at ``offset`` -> (dict, offset just past it).
+
+    The table must end by ``limit`` (default: the end of ``buf``).
+    """
     if type(buf) is not bytes:
         buf = bytes(buf)
+    if limit is None:
+        limit = len(buf)
     try:
         (size,) = _unpack_u32(buf, offset)
     except StructError:
         raise AMQPSyntaxError(f"field table length truncated at offset {offset}") from None
     start = offset + 4
     end = start + size
-    if end > len(buf):
+    if end > limit:
         raise AMQPSyntaxError(
-            f"field table declares {size} bytes but only {len(buf) - start} remain"
+            f"field table declares {size} bytes but only {max(limit - start, 0)} remain"
         )
     if not size:
         return {}, end
@@ -317,18 +323,19 @@ def _table(buf: bytes, pos: int, end: int) -> dict[str, Any]:
             pos += 1 + key_len
             raw = buf[pos - key_len : pos]
             try:
-                key = raw.decode()  # strict is the fast path (57 vs 81 ns)
+                key = raw.decode()  # strict, no arguments: 57 vs 81 ns with errors=
             except UnicodeDecodeError:
                 key = raw.decode("utf-8", "surrogateescape")
             tag = buf[pos]
             # The usual header values (longstr, small int, bool) are inlined:
-            # calling _value for them made a 3-entry table ~40% slower.
+            # calling _value for every entry costs 18% more instructions on a
+            # 3-entry headers table (callgrind: 17.1k vs 14.5k).
             if tag == 0x53:  # 'S'
                 (size,) = _unpack_u32(buf, pos + 1)
                 pos += 5 + size
                 raw = buf[pos - size : pos]
                 try:
-                    result[key] = raw.decode("utf-8")
+                    result[key] = raw.decode()
                 except UnicodeDecodeError:
                     result[key] = raw
             elif tag == 0x62:  # 'b'

@@ -67,10 +67,11 @@ def chunked(data: bytes, sizes: list[int]) -> list[bytes]:
     return chunks
 
 
-def parsers() -> st.SearchStrategy[FrameParser]:
+def parsers(expect_protocol_header: bool | None = None) -> st.SearchStrategy[FrameParser]:
+    expect = st.booleans() if expect_protocol_header is None else st.just(expect_protocol_header)
     return st.builds(
         FrameParser,
-        expect_protocol_header=st.booleans(),
+        expect_protocol_header=expect,
         frame_max=st.sampled_from([0, 64, 4096, 131072]),
         max_body_size=st.sampled_from([None, 0, 10, 1000]),
     )
@@ -107,14 +108,16 @@ frames = st.builds(
 
 @FUZZ
 @given(
-    parser=parsers(),
+    expect_header=st.booleans(),
+    data=st.data(),
     frames=st.lists(frames, max_size=12),
     sizes=st.lists(st.integers(1, 30), max_size=6),
 )
 def test_well_framed_random_payloads(
-    parser: FrameParser, frames: list[bytes], sizes: list[int]
+    expect_header: bool, data: st.DataObject, frames: list[bytes], sizes: list[int]
 ) -> None:
-    prefix = PROTOCOL_HEADER if parser._expect_header else b""
+    parser = data.draw(parsers(expect_header))
+    prefix = PROTOCOL_HEADER if expect_header else b""
     feed_all(parser, chunked(prefix + b"".join(frames), sizes))
 
 
