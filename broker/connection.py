@@ -154,21 +154,26 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
-        try:
-            events = self.parser.feed(data)
-        except ProtocolHeaderMismatch:
-            self._write_now(PROTOCOL_HEADER)
-            self._abort("bad protocol header")
-            return
-        except SoftError as exc:
-            self._process(getattr(exc, "events", None) or ())
-            self._channel_exception(exc.channel, exc)
-            self._after_batch()
-            return
-        except HardError as exc:
-            self._process(getattr(exc, "events", None) or ())
-            self.close_with_error(exc)
-            return
+        while True:
+            try:
+                events = self.parser.feed(data)
+            except ProtocolHeaderMismatch:
+                self._write_now(PROTOCOL_HEADER)
+                self._abort("bad protocol header")
+                return
+            except SoftError as exc:
+                # A channel error found while parsing (a message over the size limit):
+                # handle what came before it, close that channel, then go on parsing
+                # whatever the parser still holds.
+                self._process(exc.events)
+                self._channel_exception(exc.channel, exc)
+                data = b""
+                continue
+            except HardError as exc:
+                self._process(exc.events)
+                self.close_with_error(exc)
+                return
+            break
         self._process(events)
         self._after_batch()
 

@@ -414,3 +414,22 @@ async def test_other_connections_unaffected_by_a_crashing_one(broker):
     got = await good.next_frame()
     assert got.body == b"still here"
     await good.close()
+
+
+async def test_frames_after_an_oversized_message_are_still_handled(tmp_path):
+    """The oversized message and a following method arrive in one write: both get answered."""
+    from broker.testing import ephemeral_config, running_broker
+    from protocol.frames import encode_content
+
+    cfg = ephemeral_config(data_dir=str(tmp_path), limits={"max_message_size": 1000})
+    async with running_broker(cfg) as b:
+        c = await RawClient.connect(b.port)
+        await c.open_channel(1)
+        await c.open_channel(2)
+        c.write(encode_content(1, spec.BasicPublish(exchange="", routing_key="q"),
+                               BasicProperties(), b"x" * 5000, 131072)
+                + encode_method(2, spec.QueueDeclare(queue="", exclusive=True)))
+        got = [await c.next_method(), await c.next_method()]
+        kinds = sorted(type(m).__name__ for m in got)
+        assert kinds == ["ChannelClose", "QueueDeclareOk"]
+        await c.close()

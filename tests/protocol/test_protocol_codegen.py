@@ -47,7 +47,7 @@ def test_codegen_check_detects_a_stale_file(tmp_path: Path) -> None:
 
 
 def test_generator_reads_the_repository_copy_first() -> None:
-    assert codegen.find_spec() == REPO / "protocol" / "spec" / codegen.SPEC_NAME
+    assert codegen.find_spec() == REPO / "protocol" / "xml" / codegen.SPEC_NAME
     assert codegen.SPEC_CANDIDATES[1] == SHARED_SPEC
 
 
@@ -55,7 +55,7 @@ def test_generator_reads_the_repository_copy_first() -> None:
     not SHARED_SPEC.exists(), reason="no ../shared/spec beside this checkout to compare with"
 )
 def test_repository_copy_matches_the_shared_spec() -> None:
-    assert (REPO / "protocol" / "spec" / codegen.SPEC_NAME).read_bytes() == SHARED_SPEC.read_bytes()
+    assert (REPO / "protocol" / "xml" / codegen.SPEC_NAME).read_bytes() == SHARED_SPEC.read_bytes()
 
 
 def test_reply_code_constants_match_the_spec() -> None:
