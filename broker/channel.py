@@ -187,23 +187,33 @@ class Channel:
 
     # -- delivering -------------------------------------------------------------------
 
-    def deliver(self, consumer: Consumer, entry: Entry) -> None:
-        """Write one basic.deliver (method + header + body) as a single buffer."""
+    def _hand_out(self, entry: Entry, no_ack: bool) -> tuple[int, bytes]:
+        """Give an entry the next delivery tag: settled at once (no-ack) or tracked as unacked.
+
+        Returns the tag and the body to send (read back from the log if it was paged out).
+        """
         self.delivery_tag += 1
         tag = self.delivery_tag
         msg = entry.msg
         body = msg.body
         if msg.store_loc is not None:
             body = self._persisted(entry, body)
-        if consumer.no_ack:
+        if no_ack:
             if entry.queue is not None:
                 entry.queue.settle(entry)
         else:
-            entry.consumer = consumer
             self.unacked[tag] = entry
-            consumer.unacked += 1
             self.unacked_bytes += msg.size
             entry.queue.unacked += 1
+        return tag, body
+
+    def deliver(self, consumer: Consumer, entry: Entry) -> None:
+        """Write one basic.deliver (method + header + body) as a single buffer."""
+        tag, body = self._hand_out(entry, consumer.no_ack)
+        if not consumer.no_ack:
+            entry.consumer = consumer
+            consumer.unacked += 1
+        msg = entry.msg
         conn = self.conn
         conn.send(
             encode_deliver(
@@ -459,18 +469,8 @@ class Channel:
         if entry is None:
             self.send_method(spec.BasicGetEmpty())
             return
-        self.delivery_tag += 1
-        tag = self.delivery_tag
+        tag, body = self._hand_out(entry, m.no_ack)
         msg = entry.msg
-        body = msg.body
-        if msg.store_loc is not None:
-            body = self._persisted(entry, body)
-        if m.no_ack:
-            queue.settle(entry)
-        else:
-            self.unacked[tag] = entry
-            self.unacked_bytes += msg.size
-            queue.unacked += 1
         method = spec.BasicGetOk(
             delivery_tag=tag,
             redelivered=entry.redelivered,
