@@ -571,7 +571,10 @@ class Channel:
         exchange = self._publish_exchanges.get(method.exchange)
         if exchange is None or exchange.deleted:
             exchange = self._publish_exchange(method.exchange)
-        msg = Message(method.exchange, method.routing_key, header, body)
+        try:
+            msg = Message(method.exchange, method.routing_key, header, body)
+        except ValueError as exc:  # a malformed per-message TTL
+            raise channel_error(PRECONDITION_FAILED, str(exc), 60, 40) from None
         if msg.flags & (FLAG_USER_ID | FLAG_REPLY_TO):
             msg = self._check_properties(msg)
         if self.tx is not None:
