@@ -2,19 +2,28 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-dev
+RUN_STAMP  := $(VENV)/.installed-run
+DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test bench lint install clean system-deps
+.PHONY: run test bench lint format install clean system-deps
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
 
-install: $(STAMP)
+# The broker alone: uvloop, pyroaring, aiohttp, prometheus-client.
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e .
+	touch $@
 
-run: $(STAMP)
+# Tests, benchmarks and the PySpark pipeline on top.
+$(DEV_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e '.[dev,pipeline]'
+	touch $@ $(RUN_STAMP)
+
+install: $(DEV_STAMP)
+
+run: $(RUN_STAMP)
 	$(PY) -m broker --config config.toml
 
 # amqp-tools (librabbitmq's CLI) is a system package: installed through apt when we can;
@@ -26,16 +35,24 @@ system-deps:
 	      || echo "note: could not install amqp-tools with apt-get"; \
 	  else echo "note: amqp-tools not installed (needs root and apt-get)"; fi; }
 
-test: $(STAMP) system-deps
+test: $(DEV_STAMP) system-deps
 	$(PY) -m pytest
 
-bench: $(STAMP)
-	$(PY) bench/codec.py
+# Quick versions of every benchmark (each prints a table and writes JSON to bench/results/).
+bench: $(DEV_STAMP)
+	$(PY) bench/codec.py --quick
 	$(PY) bench/matching.py --quick
+	$(PY) bench/hotpath.py
+	$(PY) bench/throughput.py --quick
+	$(PY) bench/persistence.py --quick
+	$(PY) bench/pipeline.py --quick
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+format: $(DEV_STAMP)
+	$(PY) -m ruff format .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
