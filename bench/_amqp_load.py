@@ -3,6 +3,8 @@
     python bench/_amqp_load.py consumer  --port P --scenario JSON
     python bench/_amqp_load.py publisher --port P --scenario JSON
     python bench/_amqp_load.py probe     --port P
+    python bench/_amqp_load.py declare   --port P --scenario JSON      (bench/persistence.py)
+    python bench/_amqp_load.py recovery  --port P --scenario JSON      (bench/persistence.py)
 
 Each runs in its own process (``throughput.py`` pins them with ``taskset``) on
 uvloop, with an ``asyncio.Protocol`` client over ``protocol/``: ``FrameParser``
@@ -24,6 +26,27 @@ sent. The hot paths only reuse bytes those encoders produced:
 The consumer declares the topology, prints one ``{"ready": true}`` line, then
 one JSON result line; the publisher prints one JSON result line. Both stop at
 their deadline (``timeout`` seconds) and report what they measured.
+
+Optional publisher settings (``bench/persistence.py``; absent, the publisher
+behaves as above):
+
+* ``body_size`` (default 16): bodies of that many bytes, the first 16 as
+  above, the rest zeros.
+* ``delivery_mode``: set in the content header (2 = persistent); absent, no
+  properties at all.
+* ``routing_key``: publish every message with this key (instead of the
+  scenario's topology), e.g. to the default exchange ``""`` and a queue name.
+* ``declare_queue`` (+ ``durable``): queue.declare it before publishing.
+* ``confirm_latency``: with confirms, the time from writing each publish to
+  receiving the basic.ack (or nack) covering it; p50/p99/max and confirmed
+  msgs/s (confirmed / (last confirm - first write)) in the result.
+
+``declare`` declares a queue (``passive`` to only ask for its message count)
+and prints the count. ``recovery`` is started before a broker restarts: it
+prints ``{"ready": true}``, then polls the port until a TCP connection is
+accepted, completes the AMQP handshake, and passively declares ``queue`` until
+its message_count reaches ``expect``, printing the CLOCK_MONOTONIC times (ns)
+of each step.
 """
 
 from __future__ import annotations
@@ -58,6 +81,7 @@ CHANNEL = 1
 BODY_SIZE = 16  # send time (u64 ns) + sequence (u64)
 _pack_body = Struct(">QQB").pack  # body + the frame-end octet that closes the body frame
 _unpack_body = Struct(">QQ").unpack_from
+_pack_head = Struct(">QQ").pack  # the first 16 bytes of a longer body
 # basic.ack on channel 1: frame head, class 60 / method 80, delivery tag, multiple bit, frame end.
 _pack_ack = Struct(">BHIHHQBB").pack
 
@@ -115,6 +139,10 @@ class Client(asyncio.Protocol):
         self._acked: bytearray = bytearray()
         self._floor = 0
         self._confirm_waiter: asyncio.Future[None] | None = None
+        # confirm latency: write time (monotonic ns) by delivery tag, when recorded
+        self.sent_at: list[int] | None = None
+        self.confirm_latencies: list[int] = []
+        self.last_confirm_ns = 0
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -154,7 +182,8 @@ class Client(asyncio.Protocol):
                 method = ev.method
                 kind = type(method)
                 if kind is spec.BasicAck or kind is spec.BasicNack:
-                    self._confirm(method.delivery_tag, method.multiple, kind is spec.BasicNack)
+                    self._confirm(method.delivery_tag, method.multiple, kind is spec.BasicNack,
+                                  now)
                 elif kind is spec.ConnectionClose or kind is spec.ChannelClose:
                     self.error = f"{kind.__name__}: {method.reply_code} {method.reply_text}"
                     if kind is spec.ConnectionClose:
@@ -171,21 +200,27 @@ class Client(asyncio.Protocol):
     def expect_confirms(self, n: int) -> None:
         self._acked = bytearray(n + 2)
 
-    def _confirm(self, tag: int, multiple: bool, nack: bool) -> None:
+    def _confirm(self, tag: int, multiple: bool, nack: bool, now: int = 0) -> None:
         acked = self._acked
         before = self.confirmed
+        sent_at = self.sent_at
         if multiple:
             for t in range(self._floor + 1, min(tag, len(acked) - 1) + 1):
                 if not acked[t]:
                     acked[t] = 1
                     self.confirmed += 1
                     self.nacked += nack
+                    if sent_at is not None:
+                        self.confirm_latencies.append(now - sent_at[t])
             self._floor = max(self._floor, tag)
         elif tag < len(acked) and not acked[tag]:
             acked[tag] = 1
             self.confirmed += 1
             self.nacked += nack
+            if sent_at is not None:
+                self.confirm_latencies.append(now - sent_at[tag])
         if self.confirmed != before:
+            self.last_confirm_ns = now
             self._wake()
 
     def _wake(self) -> None:
@@ -351,19 +386,33 @@ async def publisher(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[
     client = await connect(port)
     n, batch, window = sc["messages"], sc["batch"], sc["window"]
     confirms = sc["confirms"]
+    body_size = sc.get("body_size", BODY_SIZE)
+    if body_size < BODY_SIZE or body_size > client.frame_max - 8:
+        raise ValueError(f"body_size must be {BODY_SIZE}..{client.frame_max - 8} (one body frame)")
+    if sc.get("declare_queue"):
+        await client.call(spec.QueueDeclare(queue=sc["declare_queue"], durable=sc.get("durable", False)),
+                          spec.QueueDeclareOk)
     if confirms:
         client.expect_confirms(n)
         await client.call(spec.ConfirmSelect(), spec.ConfirmSelectOk)
-    _, keys = topology(sc)
+    sent_at = None
+    if confirms and sc.get("confirm_latency"):
+        sent_at = client.sent_at = [0] * (n + 2)  # by delivery tag = seq + 1
+    keys = [sc["routing_key"]] if "routing_key" in sc else topology(sc)[1]
+    props = BasicProperties()
+    if sc.get("delivery_mode") is not None:
+        props = BasicProperties(delivery_mode=sc["delivery_mode"])
+    pad = bytes(body_size - BODY_SIZE)  # after the send time and sequence number
     prefixes = []
     for key in keys:
         method = spec.BasicPublish(exchange=sc["exchange"], routing_key=key)
-        frames = encode_content(CHANNEL, method, BasicProperties(), b"\0" * BODY_SIZE, client.frame_max)
-        prefixes.append(frames[: -(BODY_SIZE + 1)])  # up to and including the body frame head
+        frames = encode_content(CHANNEL, method, props, b"\0" * body_size, client.frame_max)
+        prefixes.append(frames[: -(body_size + 1)])  # up to and including the body frame head
     nkeys = len(prefixes)
     transport = client.transport
     mono = time.monotonic_ns
     sent = 0
+    first_write_ns = 0
     t0 = time.monotonic()
     while sent < n and not stop.is_set() and not client.lost.done():
         if time.monotonic() > deadline:
@@ -386,10 +435,23 @@ async def publisher(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[
                 continue
             count = min(count, room)
         parts = []
-        for seq in range(sent, sent + count):
-            parts.append(prefixes[seq % nkeys])
-            parts.append(_pack_body(mono(), seq, 0xCE))
+        if not pad:
+            for seq in range(sent, sent + count):
+                parts.append(prefixes[seq % nkeys])
+                parts.append(_pack_body(mono(), seq, 0xCE))
+        else:
+            for seq in range(sent, sent + count):
+                parts.append(prefixes[seq % nkeys])
+                parts.append(_pack_head(mono(), seq))
+                parts.append(pad)
+                parts.append(b"\xce")
+        if not first_write_ns:
+            first_write_ns = mono()
         transport.write(b"".join(parts))  # type: ignore[union-attr]
+        if sent_at is not None:  # write time: just after the write of its batch
+            now = mono()
+            for tag in range(sent + 1, sent + count + 1):
+                sent_at[tag] = now
         sent += count
         await asyncio.sleep(0)  # let confirms / pause_writing in
     t_written = time.monotonic()
@@ -403,8 +465,12 @@ async def publisher(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[
             break
     t_end = time.monotonic()
     error = client.error
+    unexpected = []  # e.g. connection.blocked: anything the broker sent that nobody awaited
+    while not client.replies.empty():
+        got = client.replies.get_nowait()
+        unexpected.append(str(got) if isinstance(got, BrokerClosed) else type(got).__name__)
     await client.close(timeout=max(1.0, min(10.0, deadline - time.monotonic())))
-    return {
+    result = {
         "sent": sent,
         "confirmed": client.confirmed,
         "nacked": client.nacked,
@@ -412,6 +478,94 @@ async def publisher(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[
         "total_s": t_end - t0,
         "error": error,
     }
+    if unexpected:
+        result["unexpected"] = unexpected[:20]
+    if sent_at is not None:
+        lat = client.confirm_latencies
+        lat.sort()
+        span = (client.last_confirm_ns - first_write_ns) / 1e9 if lat else 0.0
+        result.update({
+            "confirm_elapsed_s": span,
+            "confirmed_per_s": client.confirmed / span if span > 0 else 0.0,
+            "confirm_p50_ms": percentile(lat, 50),
+            "confirm_p99_ms": percentile(lat, 99),
+            "confirm_max_ms": lat[-1] / 1e6 if lat else float("nan"),
+        })
+    return result
+
+
+async def declare(port: int, sc: dict[str, Any]) -> dict[str, Any]:
+    client = await connect(port)
+    ok = await client.call(spec.QueueDeclare(queue=sc["queue"], durable=sc.get("durable", True),
+                                             passive=sc.get("passive", False)), spec.QueueDeclareOk)
+    await client.close()
+    return {"queue": ok.queue, "message_count": ok.message_count,
+            "consumer_count": ok.consumer_count}
+
+
+async def recovery(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[str, Any]:
+    """Times (CLOCK_MONOTONIC ns) at which a restarting broker accepts, speaks AMQP, has the count.
+
+    Polls every ``interval_ms``: TCP connect until one is accepted (``accept_ns``),
+    then the handshake (``open_ns``: connection.open-ok and channel.open-ok), then a
+    passive queue.declare of ``queue`` until message_count >= ``expect``
+    (``count_ns``). Without ``queue`` it stops after the handshake.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + sc["timeout"]
+    interval = sc.get("interval_ms", 5) / 1000
+    out: dict[str, Any] = {"accept_ns": None, "open_ns": None, "count_ns": None,
+                           "message_count": None, "polls": 0, "error": None}
+    emit({"ready": True})
+    client = None
+    while not stop.is_set() and time.monotonic() < deadline:
+        out["polls"] += 1
+        try:
+            transport, client = await loop.create_connection(Client, "127.0.0.1", port)
+        except OSError:
+            client = None
+            await asyncio.sleep(interval)
+            continue
+        if out["accept_ns"] is None:
+            out["accept_ns"] = time.monotonic_ns()
+        try:
+            await asyncio.wait_for(client.handshake(), max(0.1, deadline - time.monotonic()))
+        except (BrokerClosed, OSError, TimeoutError) as exc:
+            out["error"] = f"handshake: {type(exc).__name__}: {exc}"
+            transport.close()
+            client = None
+            await asyncio.sleep(interval)
+            continue
+        out["open_ns"] = time.monotonic_ns()
+        break
+    if client is None or out["open_ns"] is None:
+        out["error"] = out["error"] or "timed out waiting for the port"
+        return out
+    out["error"] = None
+    queue = sc.get("queue")
+    while queue and not stop.is_set() and time.monotonic() < deadline:
+        try:
+            ok = await client.call(spec.QueueDeclare(queue=queue, durable=True, passive=True),
+                                   spec.QueueDeclareOk)
+        except BrokerClosed as exc:  # e.g. 404 while the queue is not back yet: new channel
+            out["error"] = str(exc)
+            if client.lost.done():
+                break
+            client.send(CHANNEL, spec.ChannelCloseOk())
+            await asyncio.sleep(interval)
+            await client.call(spec.ChannelOpen(), spec.ChannelOpenOk)
+            continue
+        out["message_count"] = ok.message_count
+        if ok.message_count >= sc.get("expect", 0):
+            out["count_ns"] = time.monotonic_ns()
+            out["error"] = None
+            break
+        await asyncio.sleep(interval)
+    else:
+        if queue and out["count_ns"] is None:
+            out["error"] = out["error"] or "timed out waiting for the message count"
+    await client.close()
+    return out
 
 
 async def probe(port: int) -> dict[str, Any]:
@@ -431,17 +585,23 @@ async def amain(args: argparse.Namespace) -> int:
             emit(await probe(args.port))
             return 0
         sc = json.loads(args.scenario)
+        if args.role == "declare":
+            emit(await declare(args.port, sc))
+            return 0
+        if args.role == "recovery":
+            emit(await recovery(args.port, sc, stop))
+            return 0
         role = consumer if args.role == "consumer" else publisher
         emit(await role(args.port, sc, stop))
         return 0
-    except (BrokerClosed, OSError, TimeoutError) as exc:
+    except (BrokerClosed, OSError, TimeoutError, ValueError) as exc:
         emit({"error": f"{type(exc).__name__}: {exc}"})
         return 1
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("role", choices=["consumer", "publisher", "probe"])
+    p.add_argument("role", choices=["consumer", "publisher", "probe", "declare", "recovery"])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--scenario", default="{}", help="scenario settings as JSON")
     args = p.parse_args()

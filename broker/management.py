@@ -21,6 +21,7 @@ from protocol.errors import ProtocolError
 
 from . import __version__
 from .auth import hash_password
+from .exchange import Exchange
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -74,7 +75,7 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
             for key, dest, args in x.index.bindings():
                 bindings.append({
                     "source": x.name, "vhost": vhost.name, "destination": dest.name,
-                    "destination_type": "exchange" if hasattr(dest, "index") else "queue",
+                    "destination_type": "exchange" if isinstance(dest, Exchange) else "queue",
                     "routing_key": key, "arguments": _json_safe(args or {}),
                 })
     return {

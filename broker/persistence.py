@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .auth import Authenticator, check_password, hash_password
+from .exchange import Exchange
 from .store.definitions import BindingDef, DefinitionStore, ExchangeDef, PermissionDef, UserDef
 
 if TYPE_CHECKING:
-    from .exchange import Exchange
     from .queue import Queue
     from .server import Broker
     from .vhost import VirtualHost
@@ -25,10 +25,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("roarmq.persistence")
 
 DEFINITIONS_FILE = "definitions.sqlite3"
-
-
-def _is_queue(dest: Any) -> bool:
-    return not hasattr(dest, "index")
 
 
 class Persistence:
@@ -139,7 +135,7 @@ class Persistence:
     def _binding(self, source: Exchange, dest: Any, key: str, args: dict | None) -> BindingDef | None:
         if self.restoring or not source.durable or source.builtin and source.name == "":
             return None
-        if _is_queue(dest):
+        if not isinstance(dest, Exchange):
             if dest.store_id is None:
                 return None
             return BindingDef(source.vhost.name, source.name, dest.name, "queue", key, args or {})
