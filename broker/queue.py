@@ -465,23 +465,28 @@ class Queue:
         if self.store is not None and entry.msg.store_loc is not None:
             self.store.settled(self, entry.msg)
 
-    def restore(self, items: list[tuple[int, Message, bool]]) -> None:
-        """Recovered messages (msg_id order), put back in the ready list at start-up."""
-        for _msg_id, msg, redelivered in items:
-            self._seq += 1
-            entry = Entry(msg, self._seq, self)
-            entry.redelivered = redelivered
-            entry.marked = redelivered
-            ttl = self.message_ttl
+    def restore(self, items: list[tuple[Message, bool]]) -> None:
+        """Recovered messages (publish order), put back in the ready list at start-up."""
+        now = self.vhost.clock.monotonic()
+        queue_ttl = self.message_ttl
+        push = self.ready.push
+        seq = self._seq
+        total = 0
+        for msg, redelivered in items:
+            seq += 1
+            entry = Entry(msg, seq, self)
+            if redelivered:
+                entry.redelivered = entry.marked = True
+            ttl = queue_ttl
             if msg.expiration_ms is not None and (ttl is None or msg.expiration_ms < ttl):
                 ttl = msg.expiration_ms
             if ttl is not None:
-                entry.expires_at = self.vhost.clock.monotonic() + ttl / 1000.0
+                entry.expires_at = now + ttl / 1000.0
                 self._timed += 1
-            self.ready.push(entry)
-            self.ready_bytes += msg.size
-            if msg.body is not None:
-                self._account(msg.size)
+            push(entry)
+            total += msg.size
+        self._seq = seq
+        self.ready_bytes += total  # bodies are on disk: nothing to account as memory
         if self._timed:
             self._schedule_expiry()
 

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from .auth import Authenticator
 from .clock import Clock
 from .config import Config
-from .message import Message
 from .persistence import Persistence
 from .store.messages import MessageStore
 from .vhost import VirtualHost
@@ -122,7 +121,7 @@ class Broker:
                 if queue.store_id is not None:
                     queue.store = self.store
                     queues[queue.store_id] = queue
-        counts = self.store.recover(queues, Message, storage.queue_memory_limit)
+        counts = self.store.recover(queues)
         report = self.store.log.recovery
         if report.corrupt_regions:
             for region in report.corrupt_regions:

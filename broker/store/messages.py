@@ -17,12 +17,12 @@ msg_id, which grows with publish order.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -216,65 +216,110 @@ class MessageStore:
 
     # -- recovery ---------------------------------------------------------------------
 
-    def recover(self, queues_by_id: dict[int, Queue],
-                make_message: Callable[[str, str, ContentHeader, bytes], Message],
-                memory_limit: int) -> dict[str, int]:
-        """Replay the log into the durable queues; returns counts for the start-up log."""
-        publishes: dict[int, tuple[Location, bytes]] = {}
-        marks: dict[int, list[tuple[bytes, int, Location]]] = {}
+    def recover(self, queues_by_id: dict[int, Queue]) -> dict[str, int]:
+        """Replay the log into the durable queues; returns counts for the start-up log.
+
+        Recovered bodies stay on disk and are read back when delivered, so start-up
+        time and memory do not grow with the size of the messages. The collector is
+        off meanwhile: millions of new objects, none of them cyclic.
+        """
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._recover(queues_by_id)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _recover(self, queues_by_id: dict[int, Queue]) -> dict[str, int]:
+        from ..message import Message
+
+        recovered = Message.recovered
+        publishes: dict[int, tuple] = {}  # msg_id -> (message, location, queue ids)
+        marks: dict[int, list[tuple[int, int, Location]]] = {}
+        headers: dict[bytes, ContentHeader] = {}  # shared: most publishers repeat theirs
+        names: dict[bytes, str] = {}
         duplicates = 0
-        for loc, payload in self.log.replay():
-            kind = payload[:1]
-            if kind == b"P":
-                msg_id = _P_HEAD.unpack_from(payload, 0)[1]
+        in_order = True
+        last_id = 0
+        unpack_head, unpack_qid, unpack_u32 = _P_HEAD.unpack_from, _QID.unpack_from, _U32.unpack_from
+        for loc, payload in self.log.replay(copy=False):  # memoryviews: keep only bytes()
+            kind = payload[0]
+            if kind == 0x50:  # P
+                _, msg_id, n = unpack_head(payload, 0)
+                if n == 1:
+                    qids = [unpack_qid(payload, 11)[0]]
+                else:
+                    qids = [unpack_qid(payload, 11 + 4 * i)[0] for i in range(n)]
+                pos = 11 + 4 * n
+                ln = payload[pos]
+                ex = bytes(payload[pos + 1:pos + 1 + ln])
+                pos += 1 + ln
+                ln = payload[pos]
+                rk = bytes(payload[pos + 1:pos + 1 + ln])
+                pos += 1 + ln
+                hlen = unpack_u32(payload, pos)[0]
+                raw = bytes(payload[pos + 4:pos + 4 + hlen])
+                header = headers.get(raw)
+                if header is None:
+                    header = headers[raw] = ContentHeader(60, 0, raw)
+                exchange = names.get(ex)
+                if exchange is None:
+                    exchange = names[ex] = ex.decode("utf-8", "surrogateescape")
+                routing_key = names.get(rk)
+                if routing_key is None:
+                    routing_key = names[rk] = rk.decode("utf-8", "surrogateescape")
+                msg = recovered(exchange, routing_key, header, len(payload) - pos - 4 - hlen)
                 if msg_id in publishes:  # a compaction copy and its original
-                    self.log.release(publishes[msg_id][0])
+                    self.log.release(publishes[msg_id][1])
                     duplicates += 1
-                publishes[msg_id] = (loc, payload)
-            elif kind in (b"A", b"D") and len(payload) == _MARK.size:
-                _, qid, msg_id = _MARK.unpack(payload)
+                elif msg_id < last_id:
+                    in_order = False
+                last_id = msg_id
+                publishes[msg_id] = (msg, loc, qids)
+            elif (kind == 0x41 or kind == 0x44) and len(payload) == _MARK.size:  # A, D
+                _, qid, msg_id = _MARK.unpack_from(payload)
                 marks.setdefault(msg_id, []).append((kind, qid, loc))
             else:
                 self.log.release(loc)
         for msg_id in [m for m in marks if m not in publishes]:
             for _, _, loc in marks.pop(msg_id):
                 self.log.release(loc)  # its publish is gone for good
-        per_queue: dict[int, list[tuple[int, Message, bool]]] = {}
+        per_queue: dict[int, list[tuple[Message, bool]]] = {}
         restored = dropped = 0
-        for msg_id in sorted(publishes):
-            loc, payload = publishes[msg_id]
-            _, qids, exchange, routing_key, raw, body = decode_publish(payload)
-            acked: set[int] = set()
-            delivered: set[int] = set()
-            tombs = marks.get(msg_id, ())
-            for kind, qid, _ in tombs:
-                (acked if kind == b"A" else delivered).add(qid)
-            live = [q for q in dict.fromkeys(qids) if q not in acked and q in queues_by_id]
+        # After a crash we cannot know which deliveries reached a client, so every
+        # recovered message is marked redelivered; after a clean stop, the markers say.
+        unclean = not self.clean_start
+        by_id = self.by_id
+        ids = publishes if in_order else sorted(publishes)
+        for msg_id in ids:
+            msg, loc, qids = publishes[msg_id]
+            tombs = marks.get(msg_id) if marks else None
             if tombs:
+                acked = {qid for kind, qid, _ in tombs if kind == 0x41}
+                delivered = {qid for kind, qid, _ in tombs if kind == 0x44}
                 self._tombs[msg_id] = [t[2] for t in tombs]
                 self._seg_of[msg_id] = loc.segment
                 self._tomb_seg.setdefault(loc.segment, set()).add(msg_id)
+                live = [q for q in dict.fromkeys(qids) if q not in acked and q in queues_by_id]
+            else:
+                delivered = ()
+                live = [q for q in qids if q in queues_by_id]
             if not live:
                 self.log.release(loc)
                 dropped += 1
                 continue
-            msg = make_message(exchange, routing_key, ContentHeader(60, len(body), raw), body)
             msg.store_id = msg_id
             msg.store_loc = loc
             msg.store_refs = len(live)
-            self.by_id[msg_id] = msg
+            by_id[msg_id] = msg
             for qid in live:
-                # After a crash we cannot know which deliveries reached a client, so every
-                # recovered message is marked redelivered; after a clean stop, the markers say.
-                redelivered = (qid in delivered) or not self.clean_start
-                per_queue.setdefault(qid, []).append((msg_id, msg, redelivered))
+                items = per_queue.get(qid)
+                if items is None:
+                    items = per_queue[qid] = []
+                items.append((msg, unclean or qid in delivered))
             restored += 1
         self.next_id = max(publishes, default=0) + 1
-        # Queues whose bodies exceed the memory limit keep only their index in memory.
-        for items in per_queue.values():
-            if sum(msg.size for _, msg, _ in items) > memory_limit:
-                for _, msg, _ in items:
-                    msg.body = None
         for qid, items in per_queue.items():
             queues_by_id[qid].restore(items)
         report = self.log.recovery

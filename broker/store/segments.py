@@ -519,17 +519,19 @@ class SegmentLog:
 
     # ------------------------------------------------------------------ recovery
 
-    def replay(self) -> Iterator[tuple[Location, bytes]]:
+    def replay(self, *, copy: bool = True) -> Iterator[tuple[Location, bytes]]:
         """Yield (location, payload) of every intact record of the pre-existing segments.
 
         Repairs as it goes (see module doc); never raises for damage. Run it once, to the end.
+        With copy=False the payloads are read-only memoryviews into the segment just read,
+        for owners that parse a record and keep nothing of the view (no copy per record).
         """
         if self._to_replay is None:
             raise RuntimeError("replay() can only run once")
         ids, self._to_replay = self._to_replay, None
         report = self.recovery
         for seg_id in ids:
-            yield from self._replay_segment(seg_id, report)
+            yield from self._replay_segment(seg_id, report, copy)
         with self._lock:
             for seg_id in ids:
                 seg = self._segments.get(seg_id)
@@ -547,7 +549,8 @@ class SegmentLog:
                 extra={"directory": self.directory, "records": report.records_ok,
                        "dropped": report.records_dropped, "truncated": report.bytes_truncated})
 
-    def _replay_segment(self, seg_id: int, report: RecoveryReport) -> Iterator[tuple[Location, bytes]]:
+    def _replay_segment(self, seg_id: int, report: RecoveryReport,
+                        copy: bool = True) -> Iterator[tuple[Location, bytes]]:
         path = os.path.join(self.directory, segment_name(seg_id))
         try:
             with open(path, "rb") as f:
@@ -567,16 +570,26 @@ class SegmentLog:
         end = len(data)
         view = memoryview(data)
         pos = 0
+        live = seg.live
+        lock = self._lock
+        ok = 0
         try:
             while pos < end:
+                # The intact-record check of _check(), inlined: this loop runs once per
+                # record at start-up (about 1 us saved per record, a second per million).
+                if pos + 12 <= end:
+                    magic, n, crc = _unpack_from(data, pos)
+                    start = pos + 12
+                    stop = start + n
+                    if magic == MAGIC and stop <= end and _crc32(view[start:stop]) == crc:
+                        with lock:
+                            live[pos] = n
+                        ok += 1
+                        yield (_new_location(Location, (seg_id, pos, n)),
+                               data[start:stop] if copy else view[start:stop])
+                        pos = stop
+                        continue
                 n, why = _check(data, view, pos, end)
-                if n >= 0:
-                    with self._lock:
-                        seg.live[pos] = n
-                    report.records_ok += 1
-                    yield _new_location(Location, (seg_id, pos, n)), data[pos + HEADER_SIZE:pos + HEADER_SIZE + n]
-                    pos += HEADER_SIZE + n
-                    continue
                 nxt = _resync(data, view, pos + 1, end)
                 report.records_dropped += 1
                 if nxt < 0:
@@ -597,7 +610,11 @@ class SegmentLog:
                 seg.damaged = True
                 pos = nxt
         finally:
-            view.release()
+            report.records_ok += ok
+            try:
+                view.release()
+            except BufferError:
+                pass  # the owner still holds a payload view; the view goes when that does
 
     def _truncate(self, path: str, size: int) -> None:
         try:
@@ -792,19 +809,24 @@ class SegmentLog:
     # ------------------------------------------------------------------ writer thread
 
     def _writer_main(self) -> None:
+        last_start = float("-inf")
         try:
             while True:
                 with self._lock:
                     while not self._want and not self._closing:
                         self._cond.wait()
                     if self._interval and not self._closing:
-                        deadline = time.monotonic() + self._interval
+                        # Batches start at least `interval` apart: an idle log syncs at
+                        # once (low latency for a lone publisher), a busy one gathers
+                        # everything that arrives meanwhile into one fsync.
+                        deadline = last_start + self._interval
                         while not self._closing and not self._sealed:
                             left = deadline - time.monotonic()
                             if left <= 0:
                                 break
                             self._cond.wait(left)
                     self._want = False
+                    last_start = time.monotonic()
                     self._seal_locked()
                     chunks = self._inflight = self._sealed
                     self._sealed = []
