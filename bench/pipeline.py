@@ -1,0 +1,478 @@
+"""Pipeline benchmark: archive routing throughput on Spark, and the archive's cost to the broker.
+
+    .venv/bin/python bench/pipeline.py [--quick] [--json bench/results/pipeline.json]
+                                       [--rows N] [--bindings N] [--skip-spark] [--skip-broker]
+
+A benchmark, not a test. Two parts:
+
+1. Routing. Definitions with ``--bindings`` bindings (default 100,000: 60% wildcard patterns on
+   one topic exchange, ``s{i}.*.x`` / ``s{i}.#``, 40% keys on one direct exchange, spread over
+   1,000 queues) and a generated archive of ``--rows`` rows (default 10 million) over 24 hours,
+   in the broker's own file layout and schema. Routing keys come from a pool of ``--keys``
+   distinct keys (default 100,000; 5% match nothing), so keys repeat as they do in real traffic
+   ("cached routing keys"); 10% of the rows carry a per-message ``trace`` header. The timed job
+   is the routing pass of ``report`` (``pipeline.jobs.route_archive``: scan, group identical
+   envelopes, route each group with the broker's index in ``mapInArrow``, sum the counters),
+   run twice per master in a fresh process each: cold (Python workers start, indexes are built)
+   and warm. Rows routed per second = archive rows / wall time; per core = / executor cores.
+   Also timed in this process: building the routers for the definitions, and routing every
+   distinct envelope of the pool through them once (the Python index alone, uncached).
+2. Broker cost. A RoarMQ broker with the archive off, then on (alternating, ``--repeat`` times
+   each, fresh broker each run), pinned to core 0 with ``taskset`` like bench/throughput.py; a
+   consumer and a publisher from bench/_amqp_load.py pinned to core 1: direct exchange, one
+   queue, 16-byte bodies, no-ack. Reported: median msg/s and broker CPU per message; cost =
+   1 - on/off. After each archive-on run the archive's rows are counted from the footers.
+
+``--quick``: 1 million rows, 1 run per broker setting with fewer messages; under two minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+LOAD = REPO / "bench" / "_amqp_load.py"
+SESSION = "20240501T000000-000000"  # the writer session named in generated file names
+START_HOUR = 1_714_521_600 // 3600  # 2024-05-01T00Z
+QUEUES = 1000
+
+
+# -- generated definitions and archive -------------------------------------------------
+
+
+def make_definitions(bindings: int) -> dict[str, Any]:
+    n_topic = bindings * 6 // 10
+    out = {
+        "vhosts": [{"name": "/"}],
+        "exchanges": [
+            {"name": "bench.topic", "vhost": "/", "type": "topic", "arguments": {}},
+            {"name": "bench.direct", "vhost": "/", "type": "direct", "arguments": {}},
+        ],
+        "queues": [{"name": f"q{i}", "vhost": "/", "arguments": {}} for i in range(QUEUES)],
+        "bindings": [],
+    }
+    for i in range(bindings):
+        if i < n_topic:
+            source, key = "bench.topic", f"s{i}.*.x" if i % 2 == 0 else f"s{i}.#"
+        else:
+            source, key = "bench.direct", f"d{i}"
+        out["bindings"].append({"source": source, "vhost": "/", "destination": f"q{i % QUEUES}",
+                                "destination_type": "queue", "routing_key": key,
+                                "arguments": {}})
+    return out
+
+
+def key_pool(bindings: int, keys: int) -> tuple[list[str], list[str], list[list[str]]]:
+    """Distinct (exchange, routing key, queues) envelopes: each matches one binding, or none."""
+    import random
+
+    rng = random.Random(7)
+    n_topic = bindings * 6 // 10
+    exchanges, routing_keys, queues = [], [], []
+    for k in range(keys):
+        r = k % 20
+        if r == 0:  # 5%: nothing matches
+            exchanges.append("bench.topic")
+            routing_keys.append(f"nomatch.{k}")
+            queues.append([])
+        elif r < 13:  # 60%: topic
+            i = rng.randrange(n_topic)
+            exchanges.append("bench.topic")
+            routing_keys.append(f"s{i}.w{k}.x" if i % 2 == 0 else f"s{i}.w{k}.y")
+            queues.append([f"q{i % QUEUES}"])
+        else:  # 35%: direct
+            i = n_topic + rng.randrange(bindings - n_topic)
+            exchanges.append("bench.direct")
+            routing_keys.append(f"d{i}")
+            queues.append([f"q{i % QUEUES}"])
+    return exchanges, routing_keys, queues
+
+
+def make_archive(root: Path, rows: int, bindings: int, keys: int, hours: int = 24) -> float:
+    """Write ``rows`` archive rows (the broker's schema and layout); returns seconds taken."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from broker.archive import SCHEMA, hour_name
+
+    started = time.monotonic()
+    exchanges, routing_keys, queues = key_pool(bindings, keys)
+    pool_ex = pa.array(exchanges, pa.string())
+    pool_key = pa.array(routing_keys, pa.string())
+    pool_q = pa.array(queues, pa.list_(pa.string()))
+    rng = np.random.default_rng(11)
+    per_hour = -(-rows // hours)
+    written = 0
+    seq = 0
+    for h in range(hours):
+        n = min(per_hour, rows - written)
+        if n <= 0:
+            break
+        idx = pa.array(rng.integers(0, keys, n))
+        ts = (START_HOUR + h) * 3_600_000_000 + np.sort(rng.integers(0, 3_600_000_000, n))
+        trace = rng.random(n) < 0.10
+        # {"trace": int32}: u32 length 11, key length 5, "trace", type 'I', value
+        packed = np.zeros(n, dtype="S15")
+        values = rng.integers(0, 2**31 - 1, int(trace.sum()), dtype=np.int32)
+        packed[trace] = [b"\x00\x00\x00\x0b\x05traceI" + int(v).to_bytes(4, "big") for v in values]
+        headers = pa.array(packed.astype(object), pa.binary())
+        headers = pa.compute.if_else(pa.array(trace), headers, pa.nulls(n, pa.binary()))
+        q = pool_q.take(idx)
+        counts = pa.compute.list_value_length(q).cast(pa.int32())
+        columns = {
+            "ts": pa.array(ts, SCHEMA.field("ts").type),
+            "vhost": pa.array(["/"] * n, pa.string()),
+            "exchange": pool_ex.take(idx),
+            "routing_key": pool_key.take(idx),
+            "headers": headers,
+            "body_size": pa.array(rng.integers(16, 2048, n)),
+            "queue_count": counts,
+            "queues": q,
+            "unroutable": pa.compute.equal(counts, 0),
+        }
+        table = pa.Table.from_arrays(
+            [columns.get(f.name, pa.nulls(n, f.type)) for f in SCHEMA], schema=SCHEMA)
+        directory = root / "vhost=%2F" / f"hour={hour_name(START_HOUR + h)}"
+        directory.mkdir(parents=True, exist_ok=True)
+        seq += 1
+        pq.write_table(table, directory / f"part-{SESSION}-{seq:08d}-{seq:08d}.parquet",
+                       compression="zstd", row_group_size=256 * 1024)
+        written += n
+    return time.monotonic() - started
+
+
+# -- routing -------------------------------------------------------------------------------
+
+
+def route_worker(args: argparse.Namespace) -> int:
+    """In its own process: route the archive twice under one master; print one JSON line."""
+    from pipeline.definitions import load_definitions
+    from pipeline.jobs import ALL, read_archive, route_archive
+    from pipeline.reader import scan_archive
+    from pipeline.session import get_spark
+
+    defs = load_definitions(args.defs)
+    scan = scan_archive(args.archive)
+    t0 = time.monotonic()
+    spark, _ = get_spark(args.master, conf={"spark.ui.showConsoleProgress": "false"})
+    startup = time.monotonic() - t0
+    runs = []
+    for label in ("cold", "warm"):
+        t0 = time.monotonic()
+        counters = route_archive(spark, read_archive(spark, scan.files), [defs])
+        seconds = time.monotonic() - t0
+        rows = counters.total(ALL, "rows")
+        runs.append({"run": label, "seconds": seconds, "rows": rows,
+                     "agree": counters.total(0, "agree"), "routed": counters.total(0, "routed")})
+    spark.stop()
+    print(json.dumps({"master": args.master, "startup_s": startup, "runs": runs}), flush=True)
+    return 0
+
+
+def bench_routing(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from pipeline.definitions import load_definitions
+    from pipeline.router import Router
+    from protocol.tables import encode_table
+
+    defs_path = tmp / "definitions.json"
+    defs_path.write_text(json.dumps(make_definitions(args.bindings)))
+    archive = tmp / "archive"
+    print(f"generating {args.rows:,} archive rows, {args.keys:,} distinct keys, "
+          f"{args.bindings:,} bindings ...", flush=True)
+    gen_s = make_archive(archive, args.rows, args.bindings, args.keys)
+    size = sum(p.stat().st_size for p in archive.rglob("*.parquet"))
+    print(f"  {gen_s:.1f} s, {size / 1e6:.0f} MB of Parquet", flush=True)
+
+    t0 = time.monotonic()
+    router = Router(load_definitions(defs_path))
+    build_s = time.monotonic() - t0
+    exchanges, keys, _ = key_pool(args.bindings, args.keys)
+    trace = encode_table({"trace": 1})
+    t0 = time.monotonic()
+    for i, (x, k) in enumerate(zip(exchanges, keys, strict=True)):
+        router.route("/", x, k, trace if i % 10 == 0 else None)
+    distinct_s = time.monotonic() - t0
+    print(f"  routers built in {build_s:.2f} s; {len(keys):,} distinct envelopes routed in "
+          f"{distinct_s:.2f} s ({len(keys) / distinct_s:,.0f}/s, one core)", flush=True)
+
+    results = []
+    for master in ("local[1]", "local[2]"):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--route-worker", "--master", master,
+               "--archive", str(archive), "--defs", str(defs_path)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
+                              timeout=args.spark_timeout)
+        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
+        if proc.returncode != 0 or line is None:
+            tail = "\n".join(proc.stderr.splitlines()[-5:])
+            results.append({"master": master, "error": f"exit {proc.returncode}: {tail}"})
+            print(f"  {master}: failed\n{tail}", flush=True)
+            continue
+        result = json.loads(line)
+        cores = int(master[6:-1])
+        for run in result["runs"]:
+            run["rows_per_s"] = run["rows"] / run["seconds"]
+            run["rows_per_s_per_core"] = run["rows_per_s"] / cores
+            if run["rows"] != args.rows or run["agree"] != args.rows:
+                run["error"] = f"counted {run['rows']:,} rows, {run['agree']:,} agreeing"
+            print(f"  {master} {run['run']}: {run['rows']:,} rows in {run['seconds']:.1f} s = "
+                  f"{run['rows_per_s']:,.0f} rows/s ({run['rows_per_s_per_core']:,.0f} per core)"
+                  + (f"  {run['error']}" if "error" in run else ""), flush=True)
+        result["cores"] = cores
+        results.append(result)
+    return {"rows": args.rows, "bindings": args.bindings, "distinct_keys": args.keys,
+            "archive_mb": size / 1e6, "generate_s": gen_s, "router_build_s": build_s,
+            "distinct_envelopes_per_s": len(keys) / distinct_s, "masters": results}
+
+
+# -- broker cost ---------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pinned(cpu: int | None, cmd: list[str]) -> list[str]:
+    return cmd if cpu is None else ["taskset", "-c", str(cpu), *cmd]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def one_broker_run(tmp: Path, archive_on: bool, messages: int, cpus: tuple, tag: str) -> dict:
+    base = tmp / tag
+    base.mkdir()
+    cfg = base / "roarmq.toml"
+    text = ('[amqp]\nbind = ["127.0.0.1"]\nport = 0\n\n[management]\nenabled = false\n\n'
+            f'[storage]\ndata_dir = "{base / "data"}"\n\n[log]\nlevel = "warning"\n')
+    if archive_on:
+        text += f'\n[archive]\nenabled = true\ndir = "{base / "archive"}"\n'
+    cfg.write_text(text)
+    log = base / "broker.log"
+    with open(log, "wb") as out:
+        broker = subprocess.Popen(
+            pinned(cpus[0], [sys.executable, "-m", "broker", "--config", str(cfg)]),
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    procs = [broker]
+    try:
+        port = 0
+        deadline = time.monotonic() + 30
+        while not port and time.monotonic() < deadline:
+            if broker.poll() is not None:
+                raise RuntimeError(f"broker exited: {log.read_text()[-500:]}")
+            for line in log.read_text(errors="replace").splitlines():
+                if "AMQP on" in line and " port " in line:
+                    port = int(line.rsplit(" port ", 1)[1].split()[0].rstrip(","))
+            time.sleep(0.1)
+        if not port:
+            raise RuntimeError("broker did not start")
+        time.sleep(2.0)  # start-up work (the archive's one-off pyarrow warm-up) is not traffic
+        scenario = json.dumps({
+            "exchange": f"bench.pipeline.{tag}", "queue": f"bench.pipeline.q.{tag}",
+            "exchange_type": "direct", "messages": messages, "manual_ack": False, "prefetch": 0,
+            "confirms": False, "window": 1000, "batch": 200, "bindings": 1, "topic_keys": 1,
+            "timeout": 60.0})
+        load = [sys.executable, str(LOAD)]
+        consumer = subprocess.Popen(
+            pinned(cpus[1], [*load, "consumer", "--port", str(port), "--scenario", scenario]),
+            stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+        procs.append(consumer)
+        ready = json.loads(consumer.stdout.readline() or "{}")
+        if not ready.get("ready"):
+            raise RuntimeError(f"consumer not ready: {ready}")
+        cpu0 = cpu_seconds(broker.pid)
+        publisher = subprocess.Popen(
+            pinned(cpus[1], [*load, "publisher", "--port", str(port), "--scenario", scenario]),
+            stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+        procs.append(publisher)
+        consumed = json.loads(consumer.stdout.readline() or "{}")
+        broker_cpu = cpu_seconds(broker.pid) - cpu0
+        publisher.wait(70)
+    finally:
+        for proc in reversed(procs):
+            stop(proc)  # the broker stops gracefully: the archive is flushed
+    result = {"archive": archive_on, "msgs_per_s": consumed.get("msgs_per_s"),
+              "received": consumed.get("received"),
+              "broker_cpu_us_per_msg": broker_cpu / consumed["received"] * 1e6
+              if consumed.get("received") else None}
+    if archive_on:
+        import pyarrow.parquet as pq
+
+        files = list((base / "archive").rglob("part-*.parquet"))
+        result["archived_rows"] = sum(pq.read_metadata(f).num_rows for f in files)
+    shutil.rmtree(base, ignore_errors=True)
+    return result
+
+
+def bench_broker(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    cpus: tuple = (0, 1)
+    if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        print("  warning: no taskset or one CPU: broker and load are not pinned", flush=True)
+        cpus = (None, None)
+    runs: dict[bool, list[dict]] = {False: [], True: []}
+    for i in range(args.repeat):
+        for archive_on in (False, True):
+            r = one_broker_run(tmp, archive_on, args.messages, cpus, f"r{i}{int(archive_on)}")
+            runs[archive_on].append(r)
+            extra = f", {r['archived_rows']:,} rows archived" if archive_on else ""
+            print(f"  archive {'on ' if archive_on else 'off'}: {r['msgs_per_s'] or 0:,.0f} msg/s, "
+                  f"broker {r['broker_cpu_us_per_msg'] or 0:.2f} us/msg CPU{extra}", flush=True)
+
+    def median(on: bool, key: str) -> float | None:
+        values = [r[key] for r in runs[on] if r.get(key)]
+        return statistics.median(values) if values else None
+
+    off, on = median(False, "msgs_per_s"), median(True, "msgs_per_s")
+    cpu_off, cpu_on = median(False, "broker_cpu_us_per_msg"), median(True, "broker_cpu_us_per_msg")
+    return {
+        "messages": args.messages, "repeat": args.repeat, "pinned": cpus[0] is not None,
+        "msgs_per_s_off": off, "msgs_per_s_on": on,
+        "cost": 1 - on / off if on and off else None,
+        "cpu_us_per_msg_off": cpu_off, "cpu_us_per_msg_on": cpu_on,
+        "cpu_cost": cpu_on / cpu_off - 1 if cpu_on and cpu_off else None,
+        "runs": runs[False] + runs[True],
+    }
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    java = "?"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
+        java = (out.stderr or out.stdout).splitlines()[0]
+    try:
+        import pyspark
+
+        spark = pyspark.__version__
+    except ImportError:
+        spark = None
+    import pyarrow
+
+    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
+            "java": java, "spark": spark, "pyarrow": pyarrow.__version__,
+            "loadavg": Path("/proc/loadavg").read_text().strip()}
+
+
+def table(result: dict[str, Any]) -> str:
+    out = ["| measure | result | target |", "|---|---:|---|"]
+    routing = result.get("routing")
+    if routing:
+        out.append(f"| archive rows / bindings / distinct keys | {routing['rows']:,} / "
+                   f"{routing['bindings']:,} / {routing['distinct_keys']:,} | |")
+        warm: dict[str, float] = {}
+        for m in routing["masters"]:
+            if "error" in m:
+                out.append(f"| routing {m['master']} | failed | |")
+                continue
+            for run in m["runs"]:
+                target = "≥ 1,000,000 rows/s per core" if run["run"] == "warm" else ""
+                out.append(f"| routing {m['master']}, {run['run']} | {run['rows_per_s']:,.0f} rows/s"
+                           f" = {run['rows_per_s_per_core']:,.0f} per core ({run['seconds']:.1f} s)"
+                           f" | {target} |")
+                if run["run"] == "warm":
+                    warm[m["master"]] = run["rows_per_s"]
+        if len(warm) == 2:
+            out.append(f"| scaling local[1] -> local[2] (warm) | "
+                       f"{warm['local[2]'] / warm['local[1]']:.2f}x | |")
+        out.append(f"| routers built (driver, {routing['bindings']:,} bindings) | "
+                   f"{routing['router_build_s']:.2f} s | |")
+        out.append(f"| distinct envelopes through the index, uncached, one core | "
+                   f"{routing['distinct_envelopes_per_s']:,.0f} /s | |")
+    broker = result.get("broker")
+    if broker:
+        out.append(f"| broker direct msg/s, archive off (median of {broker['repeat']}) | "
+                   f"{broker['msgs_per_s_off'] or 0:,.0f} | |")
+        out.append(f"| broker direct msg/s, archive on (median of {broker['repeat']}) | "
+                   f"{broker['msgs_per_s_on'] or 0:,.0f} | |")
+        cost = broker["cost"]
+        out.append(f"| archive cost on throughput | {cost:.1%} | ≤ 15% |" if cost is not None
+                   else "| archive cost on throughput | - | ≤ 15% |")
+        if broker["cpu_cost"] is not None:
+            out.append(f"| broker CPU per message, off -> on | {broker['cpu_us_per_msg_off']:.2f} -> "
+                       f"{broker['cpu_us_per_msg_on']:.2f} us (+{broker['cpu_cost']:.1%}) | |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1M rows, one broker run each; < 2 min")
+    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "pipeline.json")
+    p.add_argument("--rows", type=int, default=0, help="archive rows (default 10M, quick 1M)")
+    p.add_argument("--bindings", type=int, default=100_000)
+    p.add_argument("--keys", type=int, default=100_000, help="distinct routing keys")
+    p.add_argument("--messages", type=int, default=0,
+                   help="messages per broker run (default 300,000, quick 60,000)")
+    p.add_argument("--repeat", type=int, default=0, help="broker runs per setting (3, quick 1)")
+    p.add_argument("--skip-spark", action="store_true")
+    p.add_argument("--skip-broker", action="store_true")
+    p.add_argument("--spark-timeout", type=float, default=1800.0)
+    p.add_argument("--route-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--master", help=argparse.SUPPRESS)
+    p.add_argument("--archive", help=argparse.SUPPRESS)
+    p.add_argument("--defs", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.route_worker:
+        return route_worker(args)
+    args.rows = args.rows or (1_000_000 if args.quick else 10_000_000)
+    args.messages = args.messages or (60_000 if args.quick else 300_000)
+    args.repeat = args.repeat or (1 if args.quick else 3)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    started = time.monotonic()
+    result: dict[str, Any] = {"command": "bench/pipeline.py" + (" --quick" if args.quick else ""),
+                              "machine": machine()}
+    print(f"pipeline bench: {'quick' if args.quick else 'full'} run; "
+          f"load average {result['machine']['loadavg']}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="roarbench-pipeline-"))
+    try:
+        if not args.skip_spark:
+            result["routing"] = bench_routing(args, tmp)
+        if not args.skip_broker:
+            print(f"broker cost: {args.messages:,} messages x {args.repeat} per setting", flush=True)
+            result["broker"] = bench_broker(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result["seconds"] = time.monotonic() - started
+    print()
+    print(table(result))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\n{result['seconds']:.0f} s; wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "bench"
+    sys.exit(main())

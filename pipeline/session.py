@@ -1,0 +1,126 @@
+"""Getting a SparkSession: embedded local mode by default, or whatever spark-submit set up.
+
+Local mode runs the executors' Python workers with this interpreter (``PYSPARK_PYTHON``), keeps
+every socket on the loopback interface, and points log4j at a configuration that prints WARN and
+above without Java stack traces (task failures reach the user as one line from the command, see
+``pipeline.cli``). Spark's console progress bar stays on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# Loggers that repeat at WARN/ERROR what the command reports itself in one line (task failures
+# with their stack traces), or that only comment on the local machine.
+_QUIET = {
+    "org.apache.spark.executor.Executor": "off",
+    "org.apache.spark.scheduler.TaskSetManager": "off",
+    "org.apache.spark.scheduler.TaskSchedulerImpl": "off",
+    "org.apache.spark.scheduler.DAGScheduler": "off",
+    "org.apache.spark.api.python.PythonRunner": "off",
+    "org.apache.spark.sql.execution.python": "off",
+    "org.apache.spark.util.Utils": "error",
+    "org.apache.hadoop.util.NativeCodeLoader": "error",
+    "org.apache.spark.sql.execution.datasources.FileScanRDD": "error",
+    "org.apache.spark.storage.BlockManager": "error",
+    "org.apache.parquet": "error",
+}
+
+
+def log4j2_properties() -> str:
+    lines = [
+        "status = error",
+        "rootLogger.level = warn",
+        "rootLogger.appenderRef.console.ref = console",
+        "appender.console.type = Console",
+        "appender.console.name = console",
+        "appender.console.target = SYSTEM_ERR",
+        "appender.console.layout.type = PatternLayout",
+        "appender.console.layout.alwaysWriteExceptions = false",
+        "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n",
+    ]
+    for i, (name, level) in enumerate(sorted(_QUIET.items())):
+        lines += [f"logger.q{i}.name = {name}", f"logger.q{i}.level = {level}"]
+    return "\n".join(lines) + "\n"
+
+
+def under_spark_submit() -> bool:
+    """True when spark-submit started this interpreter (it hands us its JVM gateway)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def local_conf(cores: int | None) -> dict[str, str]:
+    """Settings for the embedded local mode (not applied under spark-submit)."""
+    log_config = Path(tempfile.gettempdir()) / "roarmq-pipeline-log4j2.properties"
+    text = log4j2_properties()
+    if not log_config.exists() or log_config.read_text() != text:
+        tmp = log_config.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, log_config)
+    parallelism = cores or os.cpu_count() or 2
+    return {
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log_config}",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": str(max(2, 2 * parallelism)),
+    }
+
+
+def _cores(master: str) -> int | None:
+    """``local[4]`` -> 4, ``local[*]``/``local`` -> None (all) or 1."""
+    if master == "local":
+        return 1
+    if master.startswith("local[") and master[6:-1].isdigit():
+        return int(master[6:-1])
+    return None
+
+
+def get_spark(
+    master: str | None = None, app_name: str = "roarmq-pipeline", conf: dict[str, str] | None = None
+) -> tuple[Any, bool]:
+    """``(session, created)``: an active session is reused (tests, spark-submit, notebooks)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        for key, value in (conf or {}).items():
+            active.conf.set(key, value)
+        return active, False
+    builder = SparkSession.builder.appName(app_name)
+    settings = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "true",
+        "spark.sql.files.ignoreMissingFiles": "true",
+        "spark.sql.files.ignoreCorruptFiles": "true",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    if not under_spark_submit():
+        master = master or "local[*]"
+        if master.startswith("local"):
+            # Executors are Python processes of this interpreter, importing this checkout.
+            os.environ["PYSPARK_PYTHON"] = sys.executable
+            os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            path = os.environ.get("PYTHONPATH", "")
+            if str(PROJECT_ROOT) not in path.split(os.pathsep):
+                os.environ["PYTHONPATH"] = os.pathsep.join(
+                    p for p in (str(PROJECT_ROOT), path) if p
+                )
+            settings.update(local_conf(_cores(master)))
+        builder = builder.master(master)
+    elif master:
+        builder = builder.master(master)
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if under_spark_submit():
+        spark.sparkContext.setLogLevel("WARN")
+    return spark, True

@@ -1,0 +1,431 @@
+"""The pipeline end to end on Spark local mode: a broker records traffic, report and whatif
+read it, and every count equals a pure-Python computation over the same archive.
+
+One SparkSession for the whole module (local[2], no UI, 2 shuffle partitions); the broker run
+happens once per module. The command line runs in-process and reuses the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import aio_pika
+import pyarrow.parquet as pq
+import pytest
+
+from broker.clock import VirtualClock
+from broker.management import export_definitions
+from broker.testing import ephemeral_config, running_broker
+from pipeline.cli import main
+
+pytest.importorskip("pyspark")
+import pipeline_reference as ref  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+HOURS = 3
+START = 1_717_200_000.0  # 2024-06-01T00:00:00Z
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pipeline.session import get_spark
+
+    session, _ = get_spark("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+async def _topology(conn: aio_pika.abc.AbstractConnection) -> dict:
+    ch = await conn.channel()
+    names = [
+        "q.created",
+        "q.all",
+        "q.eu",
+        "q.never",
+        "q.audit",
+        "q.k1",
+        "q.k2",
+        "q.alt",
+        "q.ha",
+        "q.hany",
+        "q.hp",
+        "q.default",
+    ]
+    q = {n: await ch.declare_queue(n) for n in names}
+    orders = await ch.declare_exchange("orders", "topic")
+    events = await ch.declare_exchange("events", "fanout")
+    alt = await ch.declare_exchange("alt", "fanout")
+    main_x = await ch.declare_exchange("main", "direct", arguments={"alternate-exchange": "alt"})
+    hdr = await ch.declare_exchange("hdr", "headers")
+    await q["q.created"].bind(orders, "order.*.created")
+    await q["q.all"].bind(orders, "order.#")
+    await q["q.eu"].bind(orders, "*.eu.#")
+    await q["q.never"].bind(orders, "never.matches")
+    await q["q.audit"].bind(events, "")
+    await orders.bind(events, "")
+    await hdr.bind(events, "")
+    await q["q.k1"].bind(main_x, "k1")
+    await q["q.k2"].bind(main_x, "k2")
+    await q["q.alt"].bind(alt, "")
+    await q["q.ha"].bind(hdr, "", arguments={"x-match": "all", "type": "a", "v": 1})
+    await q["q.hany"].bind(hdr, "", arguments={"x-match": "any", "region": "eu", "prio": 5})
+    await q["q.hp"].bind(hdr, "", arguments={"x-match": "any", "present": None})
+    amq = await ch.get_exchange("amq.topic", ensure=False)
+    return {"ch": ch, "orders": orders, "events": events, "main": main_x, "hdr": hdr, "amq": amq}
+
+
+async def _publish_hour(t: dict, ch2: aio_pika.abc.AbstractChannel, d2, hour: int) -> None:
+    msg = aio_pika.Message
+    order_keys = [
+        "order.us.created",
+        "order.eu.created",
+        "order.eu.cancelled",
+        "misc.eu",
+        "nothing",
+    ]
+    for i in range(30 + 10 * hour):
+        await t["orders"].publish(
+            msg(b"o" * (i % 7), headers={"trace": i}),
+            routing_key=order_keys[i % len(order_keys)],
+            mandatory=False,
+        )
+        event_headers = [
+            {"type": "a", "v": 1},
+            {"region": "eu", "trace": i},
+            None,
+            {"prio": 5, "present": "yes"},
+        ][i % 4]
+        await t["events"].publish(
+            msg(b"e", headers=event_headers),
+            routing_key=["order.eu.x", "evt"][i % 2],
+            mandatory=False,
+        )
+        main_cases = [
+            ("k1", None),
+            ("k2", None),
+            ("k3", None),
+            ("k1", {"CC": ["k2"], "BCC": ["k9"]}),
+            ("zz", {"CC": ["k1"]}),
+        ]
+        key, headers = main_cases[i % len(main_cases)]
+        await t["main"].publish(msg(b"m" * 3, headers=headers), routing_key=key, mandatory=False)
+        hdr_headers = [
+            {"type": "a", "v": 1},
+            {"type": "a", "v": 2},
+            {"region": "eu"},
+            {"present": 1, "trace": i},
+            {},
+        ][i % 5]
+        await t["hdr"].publish(msg(b"h", headers=hdr_headers), routing_key="", mandatory=False)
+        if i % 3 == 0:
+            await t["ch"].default_exchange.publish(
+                msg(b"d"), routing_key="q.default", mandatory=False
+            )
+            await t["ch"].default_exchange.publish(
+                msg(b"d"), routing_key="missing.queue", mandatory=False
+            )
+            await t["amq"].publish(msg(b"a"), routing_key="unbound", mandatory=False)
+        if i % 2 == 0:
+            await d2.publish(msg(b"v2"), routing_key=["x", "y"][(i // 2) % 2], mandatory=False)
+
+
+async def _record(root: Path) -> None:
+    clock = VirtualClock(wall_start=START)
+    cfg = ephemeral_config(
+        data_dir=str(root / "data"),
+        archive={
+            "enabled": True,
+            "dir": str(root / "archive"),
+            "batch_rows": 64,
+            "max_pending_batches": 1000,
+        },
+    )
+    async with running_broker(cfg, clock=clock) as b:
+        b.broker.add_vhost("v2")
+        b.broker.set_permission("guest", "v2", ".*", ".*", ".*")
+        conn = await aio_pika.connect(b.url + "/?heartbeat=0")
+        conn2 = await aio_pika.connect(b.url + "/v2?heartbeat=0")
+        t = await _topology(conn)
+        ch2 = await conn2.channel()
+        d2 = await ch2.declare_exchange("d2", "direct")
+        q2 = await ch2.declare_queue("q2")
+        await q2.bind(d2, "x")
+        for hour in range(HOURS):
+            await _publish_hour(t, ch2, d2, hour)
+            clock.advance(3600)
+        await conn.close()
+        await conn2.close()
+        (root / "current.json").write_text(json.dumps(export_definitions(b.broker), indent=1))
+
+
+def _candidate(current: dict) -> dict:
+    doc = json.loads(json.dumps(current))
+    doc["queues"].append(
+        {"name": "q.new", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}
+    )
+    bindings = [
+        b
+        for b in doc["bindings"]
+        if not (b["routing_key"] == "order.#" or b["arguments"].get("region") == "eu")
+    ]
+    bindings += [
+        {
+            "source": "orders",
+            "vhost": "/",
+            "destination": "q.created",
+            "destination_type": "queue",
+            "routing_key": "order.*.cancelled",
+            "arguments": {},
+        },
+        {
+            "source": "orders",
+            "vhost": "/",
+            "destination": "q.new",
+            "destination_type": "queue",
+            "routing_key": "*.us.#",
+            "arguments": {},
+        },
+        {
+            "source": "hdr",
+            "vhost": "/",
+            "destination": "q.hany",
+            "destination_type": "queue",
+            "routing_key": "",
+            "arguments": {"x-match": "all", "region": "eu"},
+        },
+    ]
+    doc["bindings"] = bindings
+    return doc
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("recorded")
+    asyncio.run(_record(root))
+    current = json.loads((root / "current.json").read_text())
+    (root / "candidate.json").write_text(json.dumps(_candidate(current), indent=1))
+    return root
+
+
+def _rows(path: Path) -> list[dict]:
+    return pq.read_table(path).to_pylist()
+
+
+def test_broker_records_what_it_routed(recorded):
+    """Every archived row's queues are what the naive router says the definitions give."""
+    rows = ref.read_rows(recorded / "archive")
+    router = ref.NaiveRouter(recorded / "current.json")
+    assert {r["vhost"] for r in rows} == {"/", "v2"}
+    assert len({r["hour"] for r in rows}) == HOURS
+    for row in rows:
+        queues, _ = router.route(
+            row["vhost"], row["exchange"], row["routing_key"], ref.headers_of(row)
+        )
+        assert sorted(queues) == row["queues"], row
+        assert row["unroutable"] == (not queues)
+        assert row["queue_count"] == len(queues)
+    assert any(r["headers"] and b"CC" in r["headers"] for r in rows)
+    assert any(r["unroutable"] for r in rows)
+
+
+def test_report_equals_reference(spark, recorded, tmp_path, capsys):
+    out = tmp_path / "report"
+    code = main(
+        [
+            "report",
+            "--archive",
+            str(recorded / "archive"),
+            "--definitions",
+            str(recorded / "current.json"),
+            "--out",
+            str(out),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out.startswith("report: read ")
+    rows = ref.read_rows(recorded / "archive")
+    expected = ref.report(rows, ref.NaiveRouter(recorded / "current.json"))
+
+    traffic = {
+        (r["vhost"], r["exchange"], r["routing_key"], r["hour"]): (
+            r["messages"],
+            r["bytes"],
+            r["unroutable"],
+            r["deliveries"],
+        )
+        for r in _rows(out / "traffic.parquet")
+    }
+    assert traffic == expected["traffic"]
+    fanout = {(r["vhost"], r["queues"]): r["messages"] for r in _rows(out / "fanout.parquet")}
+    assert fanout == expected["fanout"]
+    queues = {(r["vhost"], r["queue"]): r["messages"] for r in _rows(out / "queues.parquet")}
+    assert queues == expected["queues"]
+    bindings = {
+        (
+            r["vhost"],
+            r["source"],
+            r["destination_type"],
+            r["destination"],
+            r["routing_key"],
+            r["arguments"],
+        ): r["hits"]
+        for r in _rows(out / "bindings.parquet")
+    }
+    assert bindings == expected["bindings"]
+    assert bindings[("/", "orders", "queue", "q.never", "never.matches", "{}")] == 0
+
+    hourly = {(r["vhost"], r["hour"]): r["messages"] for r in _rows(out / "hourly.parquet")}
+    per_hour = {}
+    for (vhost, _, _, hour), (n, *_rest) in expected["traffic"].items():
+        per_hour[(vhost, hour)] = per_hour.get((vhost, hour), 0) + n
+    assert hourly == per_hour
+    exchanges = {
+        (r["vhost"], r["exchange"]): (r["messages"], r["unroutable"])
+        for r in _rows(out / "exchanges.parquet")
+    }
+    per_exchange = {}
+    for (vhost, exchange, _, _), (n, _, unroutable, _) in expected["traffic"].items():
+        m, u = per_exchange.get((vhost, exchange), (0, 0))
+        per_exchange[(vhost, exchange)] = (m + n, u + unroutable)
+    assert exchanges == per_exchange
+    top = [r for r in _rows(out / "top_keys.parquet") if r["vhost"] == "/"]
+    assert [r["rank"] for r in top] == list(range(1, len(top) + 1))
+    assert [r["messages"] for r in top] == sorted((r["messages"] for r in top), reverse=True)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows_read"] == summary["rows_in_files"] == len(rows)
+    assert summary["rows_routed"] == len(rows)
+    assert summary["agree_rate"] == 1.0
+    assert summary["unroutable"] == sum(r["unroutable"] for r in rows)
+    assert summary["bindings_never_matched"] == 1
+    page = (out / "report.html").read_text()
+    for chart in ("hourly.png", "top_keys.png", "fanout.png", "unroutable.png", "bindings.png"):
+        assert f"charts/{chart}" in page
+        assert (out / "charts" / chart).read_bytes().startswith(b"\x89PNG")
+
+
+def test_whatif_equals_reference(spark, recorded, tmp_path, capsys):
+    out = tmp_path / "whatif"
+    code = main(
+        [
+            "whatif",
+            "--archive",
+            str(recorded / "archive"),
+            "--definitions",
+            str(recorded / "current.json"),
+            "--candidate",
+            str(recorded / "candidate.json"),
+            "--out",
+            str(out),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    rows = ref.read_rows(recorded / "archive")
+    expected = ref.whatif(
+        rows,
+        ref.NaiveRouter(recorded / "current.json"),
+        ref.NaiveRouter(recorded / "candidate.json"),
+    )
+    got = {}
+    for r in _rows(out / "queues.parquet"):
+        counts = {k: r[k] for k in ("actual", "current", "added", "lost", "unchanged") if r[k]}
+        assert r["candidate"] == r["added"] + r["unchanged"]
+        assert r["actual"] == r["lost"] + r["unchanged"]
+        if counts:
+            got[(r["vhost"], r["queue"])] = counts
+    assert got == expected["queues"]
+    assert got[("/", "q.new")]["added"] > 0
+    assert got[("/", "q.all")]["lost"] == got[("/", "q.all")]["actual"]
+    bindings = {
+        (
+            r["vhost"],
+            r["source"],
+            r["destination_type"],
+            r["destination"],
+            r["routing_key"],
+            r["arguments"],
+        ): {k: r[k] for k in ("in_current", "in_candidate", "hits_current", "hits_candidate")}
+        for r in _rows(out / "bindings.parquet")
+    }
+    assert bindings == expected["bindings"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["current_agree_rate"] == 1.0
+    assert summary["messages_changed"] > 0
+    assert (out / "whatif.html").exists()
+    assert (out / "charts" / "queues.png").exists()
+
+
+def test_torn_and_corrupt_files_are_skipped_and_reported(spark, recorded, tmp_path, capsys):
+    archive = tmp_path / "archive"
+    shutil.copytree(recorded / "archive", archive)
+    files = sorted(archive.glob("vhost=%2F/hour=*/part-*.parquet"))
+    victim = files[0]
+    data = victim.read_bytes()
+    torn = victim.parent / "part-99990101T000000-abcdef-00000001.parquet"
+    torn.write_bytes(data[: len(data) // 2])  # a copy cut off mid-write
+    garbage = files[-1].parent / "part-99990101T000000-abcdef-00000002.parquet"
+    garbage.write_bytes(b"PAR1" + b"\x00" * 64 + b"PAR1")  # magic, but no valid footer
+    out = tmp_path / "report"
+    code = main(
+        [
+            "report",
+            "--archive",
+            str(archive),
+            "--definitions",
+            str(recorded / "current.json"),
+            "--out",
+            str(out),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    warnings = [line for line in captured.err.splitlines() if "skipping" in line]
+    assert len(warnings) == 2
+    assert any(str(torn) in w and "torn" in w for w in warnings)
+    assert any(str(garbage) in w for w in warnings)
+    summary = json.loads((out / "summary.json").read_text())
+    assert {s["path"] for s in summary["files_skipped"]} == {str(torn), str(garbage)}
+    expected = ref.report(
+        ref.read_rows(archive, skip={torn, garbage}), ref.NaiveRouter(recorded / "current.json")
+    )
+    traffic = {
+        (r["vhost"], r["exchange"], r["routing_key"], r["hour"]): (
+            r["messages"],
+            r["bytes"],
+            r["unroutable"],
+            r["deliveries"],
+        )
+        for r in _rows(out / "traffic.parquet")
+    }
+    assert traffic == expected["traffic"]
+    assert "Skipped files" in (out / "report.html").read_text()
+
+
+def test_window_filters_hours(spark, recorded, tmp_path, capsys):
+    hours = sorted({r["hour"] for r in ref.read_rows(recorded / "archive")})
+    out = tmp_path / "report"
+    code = main(
+        [
+            "report",
+            "--archive",
+            str(recorded / "archive"),
+            "--definitions",
+            str(recorded / "current.json"),
+            "--out",
+            str(out),
+            "--since",
+            hours[1],
+            "--until",
+            hours[1],
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    assert {r["hour"] for r in _rows(out / "traffic.parquet")} == {hours[1]}
+    rows = [r for r in ref.read_rows(recorded / "archive") if r["hour"] == hours[1]]
+    assert json.loads((out / "summary.json").read_text())["rows_read"] == len(rows)
