@@ -32,7 +32,6 @@ from protocol.frames import (
     PROTOCOL_HEADER,
     ContentMessage,
     FrameParser,
-    Heartbeat,
     MethodFrame,
     ProtocolHeaderReceived,
     encode_method,
@@ -136,7 +135,7 @@ class Connection(asyncio.Protocol):
         self._timer = self.broker.clock.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.state not in (CLOSING, CLOSED) and self.state == OPEN:
+        if self.state == OPEN:
             log.info("client closed the connection without connection.close",
                      extra={"conn": self.name})
         self.state = CLOSED
@@ -182,7 +181,7 @@ class Connection(asyncio.Protocol):
     def _process(self, events: Any) -> None:
         i, n = 0, len(events)
         channels = self.channels
-        while i < n and self.state not in (CLOSED,):
+        while i < n and self.state != CLOSED:
             ev = None
             try:
                 while i < n:
@@ -200,9 +199,9 @@ class Connection(asyncio.Protocol):
                             self._connection_method(ev.method)
                         else:
                             self._channel_method(ev.channel, ev.method)
-                    elif type(ev) is Heartbeat or type(ev) is ProtocolHeaderReceived:
-                        if type(ev) is ProtocolHeaderReceived:
-                            self._send_start()
+                    elif type(ev) is ProtocolHeaderReceived:
+                        self._send_start()
+                    # Heartbeat: data_received already noted that the peer is alive.
             except SoftError as exc:
                 _blame(exc, ev)
                 self._channel_exception(getattr(ev, "channel", 0), exc)
