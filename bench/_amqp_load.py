@@ -98,15 +98,25 @@ def topology(scenario: dict[str, Any]) -> tuple[list[str], list[str]]:
             ``s{i}.w{j}.x`` (even i) / ``s{i}.w{j}.y`` (odd i), so each key matches
             exactly one binding; ``topic_keys`` distinct keys spread evenly over the
             bindings, in a fixed shuffled order (seed 1), cycled by the publisher.
+            shape "leading" (topic-1000-lead): ``*.e{i}.#`` for even i, ``#.o{i}`` for odd
+            i, keys ``p{j}.e{i}.z`` / ``p{j}.q.o{i}``: still one match per key, but no
+            prefix of a key prunes the patterns, so a trie walk visits far more nodes.
     """
     if scenario["exchange_type"] == "direct":
         return ["bench.key"], ["bench.key"]
     n = scenario["bindings"]
-    patterns = [f"s{i}.*.x" if i % 2 == 0 else f"s{i}.#" for i in range(n)]
+    leading = scenario.get("shape") == "leading"
+    if leading:
+        patterns = [f"*.e{i}.#" if i % 2 == 0 else f"#.o{i}" for i in range(n)]
+    else:
+        patterns = [f"s{i}.*.x" if i % 2 == 0 else f"s{i}.#" for i in range(n)]
     keys = []
     for k in range(scenario["topic_keys"]):
         i, j = k % n, k // n
-        keys.append(f"s{i}.w{j}.x" if i % 2 == 0 else f"s{i}.w{j}.y")
+        if leading:
+            keys.append(f"p{j}.e{i}.z" if i % 2 == 0 else f"p{j}.q.o{i}")
+        else:
+            keys.append(f"s{i}.w{j}.x" if i % 2 == 0 else f"s{i}.w{j}.y")
     random.Random(1).shuffle(keys)
     return patterns, keys
 

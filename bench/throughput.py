@@ -15,6 +15,8 @@ one queue, one consumer):
               and manual acks (one basic.ack per delivery), prefetch 100
   topic-10    topic exchange, 10 wildcard bindings, consumer no-ack
   topic-1000  topic exchange, 1,000 wildcard bindings, consumer no-ack
+  topic-1000-lead  the same with patterns that start with a wildcard (*.e{i}.# / #.o{i}),
+                   which no prefix of the key can prune
 
 Topic setup: the one queue is bound with ``s{i}.*.x`` (even i) and ``s{i}.#``
 (odd i) for i < N; the publisher cycles through ``--topic-keys`` distinct keys
@@ -83,6 +85,7 @@ class Scenario:
     prefetch: int = 0
     confirms: bool = False
     bindings: int = 1
+    shape: str = "prefixed"  # topic patterns: see _amqp_load.topology
 
 
 SCENARIOS = [
@@ -93,6 +96,8 @@ SCENARIOS = [
              bindings=10),
     Scenario("topic-1000", "topic, 1,000 wildcard bindings, no-ack", "topic", 50_000, 5_000,
              bindings=1000),
+    Scenario("topic-1000-lead", "topic, 1,000 bindings led by wildcards, no-ack", "topic",
+             50_000, 5_000, bindings=1000, shape="leading"),
 ]
 BROKERS = ("roarmq", "rabbitmq")
 LABEL = {"roarmq": "RoarMQ", "rabbitmq": "RabbitMQ"}
@@ -405,6 +410,7 @@ def run_scenario(procs: Procs, broker: Running, sc: Scenario, args: argparse.Nam
         "window": args.window,
         "batch": args.batch,
         "bindings": sc.bindings,
+        "shape": sc.shape,
         "topic_keys": args.topic_keys,
         "timeout": args.timeout,
     }
