@@ -192,8 +192,7 @@ class Client(asyncio.Protocol):
                 method = ev.method
                 kind = type(method)
                 if kind is spec.BasicAck or kind is spec.BasicNack:
-                    self._confirm(method.delivery_tag, method.multiple, kind is spec.BasicNack,
-                                  now)
+                    self._confirm(method.delivery_tag, method.multiple, kind is spec.BasicNack, now)
                 elif kind is spec.ConnectionClose or kind is spec.ChannelClose:
                     self.error = f"{kind.__name__}: {method.reply_code} {method.reply_text}"
                     if kind is spec.ConnectionClose:
@@ -270,16 +269,31 @@ class Client(asyncio.Protocol):
         self.transport.write(PROTOCOL_HEADER)  # type: ignore[union-attr]
         start = await self.reply(spec.ConnectionStart)
         self.server_properties = start.server_properties or {}
-        self.send(0, spec.ConnectionStartOk(
-            client_properties={"product": "roarmq-bench",
-                               "capabilities": {"publisher_confirms": True, "basic.nack": True,
-                                                "consumer_cancel_notify": True}},
-            mechanism="PLAIN", response=b"\x00guest\x00guest", locale="en_US"))
+        self.send(
+            0,
+            spec.ConnectionStartOk(
+                client_properties={
+                    "product": "roarmq-bench",
+                    "capabilities": {
+                        "publisher_confirms": True,
+                        "basic.nack": True,
+                        "consumer_cancel_notify": True,
+                    },
+                },
+                mechanism="PLAIN",
+                response=b"\x00guest\x00guest",
+                locale="en_US",
+            ),
+        )
         tune = await self.reply(spec.ConnectionTune)
         self.frame_max = tune.frame_max or 131072
         self.parser.frame_max = tune.frame_max
-        self.send(0, spec.ConnectionTuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max,
-                                           heartbeat=0))
+        self.send(
+            0,
+            spec.ConnectionTuneOk(
+                channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0
+            ),
+        )
         self.send(0, spec.ConnectionOpen(virtual_host="/"))
         await self.reply(spec.ConnectionOpenOk)
         await self.call(spec.ChannelOpen(), spec.ChannelOpenOk)
@@ -329,8 +343,9 @@ async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
     client = await connect(port)
     exchange, queue = sc["exchange"], sc.get("queue", "bench.q")
     patterns, _ = topology(sc)
-    await client.call(spec.ExchangeDeclare(exchange=exchange, type=sc["exchange_type"]),
-                      spec.ExchangeDeclareOk)
+    await client.call(
+        spec.ExchangeDeclare(exchange=exchange, type=sc["exchange_type"]), spec.ExchangeDeclareOk
+    )
     # auto-delete: gone with this consumer, so a reused broker keeps no leftovers
     await client.call(spec.QueueDeclare(queue=queue, auto_delete=True), spec.QueueDeclareOk)
     for pattern in patterns:  # pipelined: all binds out, then all bind-oks in
@@ -356,21 +371,34 @@ async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
         for ev in batch:
             lat_append(now - _unpack_body(ev.body)[0])
         if not no_ack:
-            transport.write(b"".join(
-                [_pack_ack(1, CHANNEL, 13, 60, 80, ev.method.delivery_tag, 0, 0xCE) for ev in batch]))
+            transport.write(
+                b"".join(
+                    [
+                        _pack_ack(1, CHANNEL, 13, 60, 80, ev.method.delivery_tag, 0, 0xCE)
+                        for ev in batch
+                    ]
+                )
+            )
         state["last_recv"] = now
         if len(latencies) >= expected and not done.done():
             done.set_result(None)
 
     client.on_deliveries = on_deliveries
-    await client.call(spec.BasicConsume(queue=queue, consumer_tag="bench", no_ack=no_ack),
-                      spec.BasicConsumeOk)
-    emit({"ready": True, "server": _prop(client.server_properties, "product"),
-          "version": _prop(client.server_properties, "version")})
+    await client.call(
+        spec.BasicConsume(queue=queue, consumer_tag="bench", no_ack=no_ack), spec.BasicConsumeOk
+    )
+    emit(
+        {
+            "ready": True,
+            "server": _prop(client.server_properties, "product"),
+            "version": _prop(client.server_properties, "version"),
+        }
+    )
 
     waiters = [done, client.lost, asyncio.ensure_future(stop.wait())]
-    await asyncio.wait(waiters, timeout=max(0.0, deadline - time.monotonic()),
-                       return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait(
+        waiters, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+    )
     client.on_deliveries = None
     waiters[2].cancel()
     received = len(latencies)
@@ -400,8 +428,10 @@ async def publisher(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[
     if body_size < BODY_SIZE or body_size > client.frame_max - 8:
         raise ValueError(f"body_size must be {BODY_SIZE}..{client.frame_max - 8} (one body frame)")
     if sc.get("declare_queue"):
-        await client.call(spec.QueueDeclare(queue=sc["declare_queue"], durable=sc.get("durable", False)),
-                          spec.QueueDeclareOk)
+        await client.call(
+            spec.QueueDeclare(queue=sc["declare_queue"], durable=sc.get("durable", False)),
+            spec.QueueDeclareOk,
+        )
     if confirms:
         client.expect_confirms(n)
         await client.call(spec.ConfirmSelect(), spec.ConfirmSelectOk)
@@ -438,8 +468,9 @@ async def publisher(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[
             room = window - (sent - client.confirmed)
             if room <= 0:
                 try:
-                    await asyncio.wait_for(client.confirm_progress(),
-                                           max(0.01, deadline - time.monotonic()))
+                    await asyncio.wait_for(
+                        client.confirm_progress(), max(0.01, deadline - time.monotonic())
+                    )
                 except TimeoutError:
                     pass
                 continue
@@ -494,23 +525,32 @@ async def publisher(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[
         lat = client.confirm_latencies
         lat.sort()
         span = (client.last_confirm_ns - first_write_ns) / 1e9 if lat else 0.0
-        result.update({
-            "confirm_elapsed_s": span,
-            "confirmed_per_s": client.confirmed / span if span > 0 else 0.0,
-            "confirm_p50_ms": percentile(lat, 50),
-            "confirm_p99_ms": percentile(lat, 99),
-            "confirm_max_ms": lat[-1] / 1e6 if lat else float("nan"),
-        })
+        result.update(
+            {
+                "confirm_elapsed_s": span,
+                "confirmed_per_s": client.confirmed / span if span > 0 else 0.0,
+                "confirm_p50_ms": percentile(lat, 50),
+                "confirm_p99_ms": percentile(lat, 99),
+                "confirm_max_ms": lat[-1] / 1e6 if lat else float("nan"),
+            }
+        )
     return result
 
 
 async def declare(port: int, sc: dict[str, Any]) -> dict[str, Any]:
     client = await connect(port)
-    ok = await client.call(spec.QueueDeclare(queue=sc["queue"], durable=sc.get("durable", True),
-                                             passive=sc.get("passive", False)), spec.QueueDeclareOk)
+    ok = await client.call(
+        spec.QueueDeclare(
+            queue=sc["queue"], durable=sc.get("durable", True), passive=sc.get("passive", False)
+        ),
+        spec.QueueDeclareOk,
+    )
     await client.close()
-    return {"queue": ok.queue, "message_count": ok.message_count,
-            "consumer_count": ok.consumer_count}
+    return {
+        "queue": ok.queue,
+        "message_count": ok.message_count,
+        "consumer_count": ok.consumer_count,
+    }
 
 
 async def recovery(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[str, Any]:
@@ -524,8 +564,14 @@ async def recovery(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + sc["timeout"]
     interval = sc.get("interval_ms", 5) / 1000
-    out: dict[str, Any] = {"accept_ns": None, "open_ns": None, "count_ns": None,
-                           "message_count": None, "polls": 0, "error": None}
+    out: dict[str, Any] = {
+        "accept_ns": None,
+        "open_ns": None,
+        "count_ns": None,
+        "message_count": None,
+        "polls": 0,
+        "error": None,
+    }
     emit({"ready": True})
     client = None
     while not stop.is_set() and time.monotonic() < deadline:
@@ -555,8 +601,9 @@ async def recovery(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
     queue = sc.get("queue")
     while queue and not stop.is_set() and time.monotonic() < deadline:
         try:
-            ok = await client.call(spec.QueueDeclare(queue=queue, durable=True, passive=True),
-                                   spec.QueueDeclareOk)
+            ok = await client.call(
+                spec.QueueDeclare(queue=queue, durable=True, passive=True), spec.QueueDeclareOk
+            )
         except BrokerClosed as exc:  # e.g. 404 while the queue is not back yet: new channel
             out["error"] = str(exc)
             if client.lost.done():

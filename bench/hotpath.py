@@ -69,8 +69,12 @@ def open_connection(broker: Broker) -> Connection:
     conn.connection_made(NullTransport())  # type: ignore[arg-type]
     for data in (
         PROTOCOL_HEADER,
-        encode_method(0, spec.ConnectionStartOk(client_properties={}, mechanism="PLAIN",
-                                                response=b"\0guest\0guest", locale="en_US")),
+        encode_method(
+            0,
+            spec.ConnectionStartOk(
+                client_properties={}, mechanism="PLAIN", response=b"\0guest\0guest", locale="en_US"
+            ),
+        ),
         encode_method(0, spec.ConnectionTuneOk(channel_max=0, frame_max=131072, heartbeat=0)),
         encode_method(0, spec.ConnectionOpen(virtual_host="/")),
         encode_method(1, spec.ChannelOpen()),
@@ -100,8 +104,9 @@ def setup(broker: Broker, scenario: str) -> tuple[Connection, bytes]:
     if scenario == "confirms":
         publisher.data_received(encode_method(1, spec.ConfirmSelect()))
     props = BasicProperties(content_type="application/octet-stream")
-    one = encode_content(1, spec.BasicPublish(exchange=exchange, routing_key=key), props,
-                         b"x" * 16, 131072)
+    one = encode_content(
+        1, spec.BasicPublish(exchange=exchange, routing_key=key), props, b"x" * 16, 131072
+    )
     return publisher, one * CHUNK
 
 
@@ -128,8 +133,12 @@ async def measure(scenario: str, messages: int, profile: bool) -> dict:
     if profiler:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
     n = rounds * CHUNK
-    return {"scenario": scenario, "messages": n, "ns_per_msg": round(elapsed / n * 1e9),
-            "msgs_per_cpu_s": round(n / elapsed)}
+    return {
+        "scenario": scenario,
+        "messages": n,
+        "ns_per_msg": round(elapsed / n * 1e9),
+        "msgs_per_cpu_s": round(n / elapsed),
+    }
 
 
 def main() -> int:
@@ -150,12 +159,17 @@ def main() -> int:
     for scenario in scenarios:
         runner = uvloop.run if uvloop else asyncio.run
         rows.append(runner(measure(scenario, args.messages, False)))
-    print(f"| scenario | messages | broker CPU ns/msg | msgs per CPU-second |\n|---|--:|--:|--:|")
+    print("| scenario | messages | broker CPU ns/msg | msgs per CPU-second |\n|---|--:|--:|--:|")
     for r in rows:
-        print(f"| {r['scenario']} | {r['messages']:,} | {r['ns_per_msg']:,} | {r['msgs_per_cpu_s']:,} |")
+        print(
+            f"| {r['scenario']} | {r['messages']:,} | {r['ns_per_msg']:,} | {r['msgs_per_cpu_s']:,} |"
+        )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"rows": rows, "python": sys.version.split()[0],
-                                           "nproc": os.cpu_count()}, indent=2))
+    Path(args.json).write_text(
+        json.dumps(
+            {"rows": rows, "python": sys.version.split()[0], "nproc": os.cpu_count()}, indent=2
+        )
+    )
     print(f"wrote {args.json}")
     return 0
 

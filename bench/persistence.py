@@ -136,42 +136,65 @@ class Broker:
         env = None
         if self.kind == "roarmq":
             cfg = self.base / "roarmq.toml"
-            cfg.write_text('[amqp]\nbind = ["127.0.0.1"]\n\n[management]\nenabled = false\n'
-                           + (f"\n[storage]\n{self.storage}\n" if self.storage else ""))
+            cfg.write_text(
+                '[amqp]\nbind = ["127.0.0.1"]\n\n[management]\nenabled = false\n'
+                + (f"\n[storage]\n{self.storage}\n" if self.storage else "")
+            )
             py = [sys.executable]
             if self.profile is not None:
-                py += ["-m", "cProfile", "-o", str(self.profile.with_suffix(f".{self.starts}.prof"))]
-            cmd = pinned(self.cpu, [*py, "-m", "broker", "--config", str(cfg), "--port",
-                                    str(self.port), "--data-dir", str(self.data),
-                                    "--log-level", "info"])
+                py += [
+                    "-m",
+                    "cProfile",
+                    "-o",
+                    str(self.profile.with_suffix(f".{self.starts}.prof")),
+                ]
+            cmd = pinned(
+                self.cpu,
+                [
+                    *py,
+                    "-m",
+                    "broker",
+                    "--config",
+                    str(cfg),
+                    "--port",
+                    str(self.port),
+                    "--data-dir",
+                    str(self.data),
+                    "--log-level",
+                    "info",
+                ],
+            )
         else:
             server = ensure_rabbitmq()
             (self.base / "enabled_plugins").write_text("[].\n")
             env = dict(os.environ)
-            env.update({
-                "HOME": str(self.base),  # the Erlang cookie goes here
-                "RABBITMQ_NODENAME": "roarbench@localhost",
-                "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-                "RABBITMQ_NODE_PORT": str(self.port),
-                "RABBITMQ_DIST_PORT": str(free_port()),
-                "ERL_EPMD_PORT": str(free_port()),
-                "ERL_EPMD_ADDRESS": "127.0.0.1",
-                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-                "RABBITMQ_MNESIA_BASE": str(self.data),
-                "RABBITMQ_LOG_BASE": str(self.base / "log"),
-                "RABBITMQ_PID_FILE": str(self.base / "rabbit.pid"),
-                "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "enabled_plugins"),
-                "RABBITMQ_CONFIG_FILE": str(self.base / "rabbitmq"),  # absent: defaults
-                "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.base / "advanced.config"),
-                "RABBITMQ_CONF_ENV_FILE": str(self.base / "rabbitmq-env.conf"),
-            })
+            env.update(
+                {
+                    "HOME": str(self.base),  # the Erlang cookie goes here
+                    "RABBITMQ_NODENAME": "roarbench@localhost",
+                    "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+                    "RABBITMQ_NODE_PORT": str(self.port),
+                    "RABBITMQ_DIST_PORT": str(free_port()),
+                    "ERL_EPMD_PORT": str(free_port()),
+                    "ERL_EPMD_ADDRESS": "127.0.0.1",
+                    "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+                    "RABBITMQ_MNESIA_BASE": str(self.data),
+                    "RABBITMQ_LOG_BASE": str(self.base / "log"),
+                    "RABBITMQ_PID_FILE": str(self.base / "rabbit.pid"),
+                    "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "enabled_plugins"),
+                    "RABBITMQ_CONFIG_FILE": str(self.base / "rabbitmq"),  # absent: defaults
+                    "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.base / "advanced.config"),
+                    "RABBITMQ_CONF_ENV_FILE": str(self.base / "rabbitmq-env.conf"),
+                }
+            )
             cmd = pinned(self.cpu, [server])
         with open(self.log, "ab") as out:
             out.write(f"\n==== start {self.starts}: {shlex.join(cmd)}\n".encode())
             out.flush()
             self.spawned_ns = time.monotonic_ns()
-            self.proc = procs.start(cmd, instance=self.instance, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT)
+            self.proc = procs.start(
+                cmd, instance=self.instance, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
 
     def start(self, procs: Procs, timeout: float = 90) -> None:
         """Spawn and wait until it speaks AMQP."""
@@ -264,7 +287,9 @@ def filesystem(path: Path) -> str:
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mounts").read_text().splitlines():
             dev, mnt, kind, opts = line.split()[:4]
-            if (path_s == mnt or path_s.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+            if (path_s == mnt or path_s.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(
+                best
+            ):
                 best, fs = mnt, f"{kind} on {dev} ({mnt}, {opts.split(',')[0]})"
     return fs
 
@@ -280,17 +305,21 @@ def erlang_otp() -> str | None:
 
 
 def load_cmd(role: str, port: int, settings: dict[str, Any], cpu: int | None) -> list[str]:
-    return pinned(cpu, [sys.executable, str(LOAD), role, "--port", str(port),
-                        "--scenario", json.dumps(settings)])
+    return pinned(
+        cpu,
+        [sys.executable, str(LOAD), role, "--port", str(port), "--scenario", json.dumps(settings)],
+    )
 
 
-def run_load(procs: Procs, role: str, port: int, settings: dict[str, Any], cpu: int | None,
-             timeout: float) -> dict[str, Any] | None:
+def run_load(
+    procs: Procs, role: str, port: int, settings: dict[str, Any], cpu: int | None, timeout: float
+) -> dict[str, Any] | None:
     """Run one load process to completion; its JSON result line (None if it printed none)."""
     instance = uuid.uuid4().hex
     lines: queue.Queue = queue.Queue()
-    proc = procs.start(load_cmd(role, port, settings, cpu), instance=instance,
-                       stdout=subprocess.PIPE, text=True)
+    proc = procs.start(
+        load_cmd(role, port, settings, cpu), instance=instance, stdout=subprocess.PIPE, text=True
+    )
     threading.Thread(target=_reader, args=(proc, lines), daemon=True).start()
     try:
         return _next_line(lines, time.monotonic() + timeout)
@@ -317,13 +346,20 @@ def publish_settings(messages: int, window: int, timeout: float) -> dict[str, An
     }
 
 
-def publish(procs: Procs, broker: Broker, messages: int, window: int, load_cpu: int | None,
-            timeout: float) -> dict[str, Any]:
+def publish(
+    procs: Procs, broker: Broker, messages: int, window: int, load_cpu: int | None, timeout: float
+) -> dict[str, Any]:
     """One confirmed persistent publishing run against a running broker."""
     load = loadavg()
     cpu0 = broker.cpu_s()
-    res = run_load(procs, "publisher", broker.port, publish_settings(messages, window, timeout),
-                   load_cpu, timeout + 30)
+    res = run_load(
+        procs,
+        "publisher",
+        broker.port,
+        publish_settings(messages, window, timeout),
+        load_cpu,
+        timeout + 30,
+    )
     cpu = broker.cpu_s() - cpu0
     if not res or "confirmed" not in res:
         return {"status": f"error: publisher: {res}", "confirmed": 0, "loadavg": load}
@@ -350,8 +386,9 @@ def publish(procs: Procs, broker: Broker, messages: int, window: int, load_cpu: 
     }
 
 
-def timed_start(procs: Procs, broker: Broker, expect: int | None, load_cpu: int | None,
-                timeout: float) -> dict[str, Any]:
+def timed_start(
+    procs: Procs, broker: Broker, expect: int | None, load_cpu: int | None, timeout: float
+) -> dict[str, Any]:
     """(Re)start ``broker`` with a probe already polling its port; times from the spawn."""
     port = free_port()
     settings: dict[str, Any] = {"timeout": timeout, "interval_ms": 5}
@@ -359,8 +396,12 @@ def timed_start(procs: Procs, broker: Broker, expect: int | None, load_cpu: int 
         settings.update(queue=QUEUE, expect=expect)
     instance = uuid.uuid4().hex
     lines: queue.Queue = queue.Queue()
-    probe = procs.start(load_cmd("recovery", port, settings, load_cpu), instance=instance,
-                        stdout=subprocess.PIPE, text=True)
+    probe = procs.start(
+        load_cmd("recovery", port, settings, load_cpu),
+        instance=instance,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     threading.Thread(target=_reader, args=(probe, lines), daemon=True).start()
     try:
         ready = _next_line(lines, time.monotonic() + 30)
@@ -372,8 +413,10 @@ def timed_start(procs: Procs, broker: Broker, expect: int | None, load_cpu: int 
         while got is None and time.monotonic() < deadline:
             got = _next_line(lines, min(deadline, time.monotonic() + 0.5))
             if got is None and broker.proc.poll() is not None:
-                raise RuntimeError(f"{broker.kind} exited with {broker.proc.returncode} while "
-                                   f"starting; log tail:\n{_tail(broker.log)}")
+                raise RuntimeError(
+                    f"{broker.kind} exited with {broker.proc.returncode} while "
+                    f"starting; log tail:\n{_tail(broker.log)}"
+                )
         # measured right after the count was seen
         mem = broker.memory_kib() if broker.proc.poll() is None else {}
         cpu = broker.cpu_s() if broker.proc.poll() is None else None
@@ -426,8 +469,14 @@ def dispose(procs: Procs, broker: Broker) -> None:
         shutil.rmtree(broker.base, ignore_errors=True)
 
 
-def throughput_run(procs: Procs, kind: str, window: int, args: argparse.Namespace,
-                   versions: dict[str, str], label: str) -> dict[str, Any]:
+def throughput_run(
+    procs: Procs,
+    kind: str,
+    window: int,
+    args: argparse.Namespace,
+    versions: dict[str, str],
+    label: str,
+) -> dict[str, Any]:
     broker = new_broker(kind, args, label)
     try:
         broker.start(procs)
@@ -437,8 +486,9 @@ def throughput_run(procs: Procs, kind: str, window: int, args: argparse.Namespac
         dispose(procs, broker)
 
 
-def recovery_run(procs: Procs, kind: str, args: argparse.Namespace,
-                 versions: dict[str, str], say: Any) -> dict[str, Any]:
+def recovery_run(
+    procs: Procs, kind: str, args: argparse.Namespace, versions: dict[str, str], say: Any
+) -> dict[str, Any]:
     """Fill, kill -9, restart (timed), SIGTERM, restart (timed)."""
     broker = new_broker(kind, args, "recovery")
     out: dict[str, Any] = {"broker": kind, "messages": args.recovery_messages, "starts": []}
@@ -452,14 +502,22 @@ def recovery_run(procs: Procs, kind: str, args: argparse.Namespace,
             return out
         broker.version = _probe_version(broker.port)
         versions[kind] = broker.version
-        fill = publish(procs, broker, args.recovery_messages, 1000, args.load_cpu,
-                       args.fill_timeout)
+        fill = publish(
+            procs, broker, args.recovery_messages, 1000, args.load_cpu, args.fill_timeout
+        )
         out["fill"] = fill
-        print(f"  {kind:9} fill {fill.get('confirmed', 0):,} msgs  "
-              f"{fmt(_num(fill.get('msgs_per_s')), 0)} msg/s  p99 "
-              f"{fmt(_num(fill.get('p99_ms')), 1)} ms  {fill['status']}", flush=True)
-        check = run_load(procs, "declare", broker.port, {"queue": QUEUE, "passive": True},
-                         args.load_cpu, 60) or {}
+        print(
+            f"  {kind:9} fill {fill.get('confirmed', 0):,} msgs  "
+            f"{fmt(_num(fill.get('msgs_per_s')), 0)} msg/s  p99 "
+            f"{fmt(_num(fill.get('p99_ms')), 1)} ms  {fill['status']}",
+            flush=True,
+        )
+        check = (
+            run_load(
+                procs, "declare", broker.port, {"queue": QUEUE, "passive": True}, args.load_cpu, 60
+            )
+            or {}
+        )
         expect = check.get("message_count")
         out["queued_before_stop"] = expect
         if not expect:
@@ -536,10 +594,23 @@ def throughput_table(rows: list[dict[str, Any]], repeat: int) -> str:
                 ratio = f"{ours / theirs:.2f}×"
         runs = ", ".join(f"{v / 1000:.1f}k" if v else "-" for v in r["runs_msgs_per_s"])
         status = "" if r["status"] == "ok" else f" ({r['status']})"
-        out.append("| " + " | ".join([
-            LABEL[r["broker"]], f"{r['window']:,}", fmt(r["msgs_per_s"], 0) + status,
-            fmt(r["p50_ms"], 1), fmt(r["p99_ms"], 1), fmt(r["max_ms"], 1), ratio,
-            fmt(r["broker_cpu_us_per_msg"], 1), runs]) + " |")
+        out.append(
+            "| "
+            + " | ".join(
+                [
+                    LABEL[r["broker"]],
+                    f"{r['window']:,}",
+                    fmt(r["msgs_per_s"], 0) + status,
+                    fmt(r["p50_ms"], 1),
+                    fmt(r["p99_ms"], 1),
+                    fmt(r["max_ms"], 1),
+                    ratio,
+                    fmt(r["broker_cpu_us_per_msg"], 1),
+                    runs,
+                ]
+            )
+            + " |"
+        )
     return "\n".join(out)
 
 
@@ -556,23 +627,51 @@ def recovery_table(results: list[dict[str, Any]]) -> str:
             count = s.get("message_count")
             replay = (s.get("store_log") or {}).get("ms")
             status = "" if s["status"] == "ok" else f" ({s['status']})"
-            out.append("| " + " | ".join([
-                LABEL[res["broker"]], s["start"] + status,
-                f"{count:,}" if count is not None else "-",
-                fmt(s.get("accept_s"), 2), fmt(s.get("open_s"), 2), fmt(s.get("count_s"), 2),
-                fmt(replay, 0), fmt(s.get("rss_mib"), 0), fmt(s.get("peak_rss_mib"), 0),
-                fmt(s.get("broker_cpu_s"), 1), fmt(s["data"]["bytes"] / 2**20, 0),
-                fmt(_num(s.get("stop_s")), 2)]) + " |")
+            out.append(
+                "| "
+                + " | ".join(
+                    [
+                        LABEL[res["broker"]],
+                        s["start"] + status,
+                        f"{count:,}" if count is not None else "-",
+                        fmt(s.get("accept_s"), 2),
+                        fmt(s.get("open_s"), 2),
+                        fmt(s.get("count_s"), 2),
+                        fmt(replay, 0),
+                        fmt(s.get("rss_mib"), 0),
+                        fmt(s.get("peak_rss_mib"), 0),
+                        fmt(s.get("broker_cpu_s"), 1),
+                        fmt(s["data"]["bytes"] / 2**20, 0),
+                        fmt(_num(s.get("stop_s")), 2),
+                    ]
+                )
+                + " |"
+            )
     fills = [r for r in results if r.get("fill")]
     if fills:
-        out += ["", "| broker | fill: messages confirmed | msg/s | confirm p50 ms | p99 ms "
-                "| broker CPU µs/msg | status |", "|---|---:|---:|---:|---:|---:|---|"]
+        out += [
+            "",
+            "| broker | fill: messages confirmed | msg/s | confirm p50 ms | p99 ms "
+            "| broker CPU µs/msg | status |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
         for res in fills:
             f = res["fill"]
-            out.append("| " + " | ".join([
-                LABEL[res["broker"]], f"{f.get('confirmed', 0):,}", fmt(_num(f.get("msgs_per_s")), 0),
-                fmt(f.get("p50_ms"), 1), fmt(f.get("p99_ms"), 1),
-                fmt(f.get("broker_cpu_us_per_msg"), 1), f["status"]]) + " |")
+            out.append(
+                "| "
+                + " | ".join(
+                    [
+                        LABEL[res["broker"]],
+                        f"{f.get('confirmed', 0):,}",
+                        fmt(_num(f.get("msgs_per_s")), 0),
+                        fmt(f.get("p50_ms"), 1),
+                        fmt(f.get("p99_ms"), 1),
+                        fmt(f.get("broker_cpu_us_per_msg"), 1),
+                        f["status"],
+                    ]
+                )
+                + " |"
+            )
     return "\n".join(out)
 
 
@@ -584,38 +683,81 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description="RoarMQ vs RabbitMQ: confirmed persistent "
-                                "publishing and recovery after a restart.")
+    p = argparse.ArgumentParser(
+        description="RoarMQ vs RabbitMQ: confirmed persistent "
+        "publishing and recovery after a restart."
+    )
     p.add_argument("--broker", choices=["roarmq", "rabbitmq", "both"], default="both")
     p.add_argument("--quick", action="store_true", help="fewer messages, one run; under 2 minutes")
     p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "persistence.json")
     p.add_argument("--parts", default="throughput,recovery", help="throughput, recovery or both")
     p.add_argument("--windows", default="1000,100", help="confirm windows (unconfirmed messages)")
-    p.add_argument("--messages", type=int, default=0,
-                   help="messages per throughput run (default 200,000; quick 20,000)")
-    p.add_argument("--repeat", type=int, default=0, help="throughput runs per broker and window "
-                   "(default 3, quick 1); the median is reported")
-    p.add_argument("--timeout", type=float, default=0.0,
-                   help="seconds per throughput run (default 60, quick 20)")
-    p.add_argument("--recovery-messages", type=int, default=0,
-                   help="messages queued before the restarts (default 1,000,000; quick 100,000)")
-    p.add_argument("--fill-timeout", type=float, default=0.0,
-                   help="seconds for the fill (default 300, quick 60)")
-    p.add_argument("--recovery-timeout", type=float, default=0.0,
-                   help="seconds for one restart to show the count (default 180, quick 60)")
-    p.add_argument("--kill9", default="roarmq,rabbitmq",
-                   help="brokers also restarted after SIGKILL (comma-separated; '' for none)")
+    p.add_argument(
+        "--messages",
+        type=int,
+        default=0,
+        help="messages per throughput run (default 200,000; quick 20,000)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=0,
+        help="throughput runs per broker and window (default 3, quick 1); the median is reported",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="seconds per throughput run (default 60, quick 20)",
+    )
+    p.add_argument(
+        "--recovery-messages",
+        type=int,
+        default=0,
+        help="messages queued before the restarts (default 1,000,000; quick 100,000)",
+    )
+    p.add_argument(
+        "--fill-timeout",
+        type=float,
+        default=0.0,
+        help="seconds for the fill (default 300, quick 60)",
+    )
+    p.add_argument(
+        "--recovery-timeout",
+        type=float,
+        default=0.0,
+        help="seconds for one restart to show the count (default 180, quick 60)",
+    )
+    p.add_argument(
+        "--kill9",
+        default="roarmq,rabbitmq",
+        help="brokers also restarted after SIGKILL (comma-separated; '' for none)",
+    )
     p.add_argument("--broker-cpu", type=int, default=0)
     p.add_argument("--load-cpu", type=int, default=1)
-    p.add_argument("--tmp-dir", type=Path, default=None,
-                   help="where the brokers' data directories go (default: the system temp dir)")
-    p.add_argument("--profile", type=Path, default=None,
-                   help="run RoarMQ under cProfile; .prof files (written on clean exits) go here")
-    p.add_argument("--roarmq-storage", action="append", default=[], metavar="KEY=VALUE",
-                   help="a line for RoarMQ's [storage] config section, e.g. "
-                   "'sync_interval_ms = 1' (repeatable; default: none, all defaults)")
-    p.add_argument("--keep", action="store_true",
-                   help="keep the brokers' data and log directories (printed)")
+    p.add_argument(
+        "--tmp-dir",
+        type=Path,
+        default=None,
+        help="where the brokers' data directories go (default: the system temp dir)",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="run RoarMQ under cProfile; .prof files (written on clean exits) go here",
+    )
+    p.add_argument(
+        "--roarmq-storage",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a line for RoarMQ's [storage] config section, e.g. "
+        "'sync_interval_ms = 1' (repeatable; default: none, all defaults)",
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="keep the brokers' data and log directories (printed)"
+    )
     args = p.parse_args()
     global KEEP
     KEEP = args.keep
@@ -642,16 +784,22 @@ def main() -> int:
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     recoveries: list[dict[str, Any]] = []
     t_begin = time.monotonic()
-    print(f"persistence: brokers {', '.join(brokers)}; parts {', '.join(parts)}; "
-          f"{'quick' if q else 'full'} run; data in {tmp_dir} ({filesystem(tmp_dir)}); "
-          f"load average {loadavg():.2f}", flush=True)
+    print(
+        f"persistence: brokers {', '.join(brokers)}; parts {', '.join(parts)}; "
+        f"{'quick' if q else 'full'} run; data in {tmp_dir} ({filesystem(tmp_dir)}); "
+        f"load average {loadavg():.2f}",
+        flush=True,
+    )
 
     def say(kind: str, row: dict[str, Any]) -> None:
         replay = (row.get("store_log") or {}).get("ms")
-        print(f"  {kind:9} start {row['start']:15} accept {fmt(row.get('accept_s'), 2):>6} s  "
-              f"count {fmt(row.get('count_s'), 2):>6} s  msgs {row.get('message_count')}  "
-              f"replay {fmt(replay, 0)} ms  RSS {fmt(row.get('rss_mib'), 0)} MiB  "
-              f"data {row['data']['bytes'] / 2**20:,.0f} MiB  {row['status']}", flush=True)
+        print(
+            f"  {kind:9} start {row['start']:15} accept {fmt(row.get('accept_s'), 2):>6} s  "
+            f"count {fmt(row.get('count_s'), 2):>6} s  msgs {row.get('message_count')}  "
+            f"replay {fmt(replay, 0)} ms  RSS {fmt(row.get('rss_mib'), 0)} MiB  "
+            f"data {row['data']['bytes'] / 2**20:,.0f} MiB  {row['status']}",
+            flush=True,
+        )
 
     try:
         if "throughput" in parts:
@@ -661,18 +809,22 @@ def main() -> int:
                         if kind in unavailable:
                             continue
                         try:
-                            r = throughput_run(procs, kind, window, args, versions,
-                                               f"w{window}-{rep}")
+                            r = throughput_run(
+                                procs, kind, window, args, versions, f"w{window}-{rep}"
+                            )
                         except (BrokerUnavailable, RuntimeError) as exc:
                             unavailable[kind] = str(exc).splitlines()[0]
                             print(f"  {kind}: {unavailable[kind]}", flush=True)
                             r = {"status": unavailable[kind]}
                         runs.setdefault((kind, window), []).append(r)
-                        print(f"  {kind:9} window {window:5}  {fmt(_num(r.get('msgs_per_s')), 0):>7} "
-                              f"msg/s  p50 {fmt(r.get('p50_ms'), 1):>6} ms  p99 "
-                              f"{fmt(r.get('p99_ms'), 1):>6} ms  broker "
-                              f"{fmt(r.get('broker_cpu_us_per_msg'), 1)} us/msg  load "
-                              f"{fmt(_num(r.get('loadavg')), 2)}  {r['status']}", flush=True)
+                        print(
+                            f"  {kind:9} window {window:5}  {fmt(_num(r.get('msgs_per_s')), 0):>7} "
+                            f"msg/s  p50 {fmt(r.get('p50_ms'), 1):>6} ms  p99 "
+                            f"{fmt(r.get('p99_ms'), 1):>6} ms  broker "
+                            f"{fmt(r.get('broker_cpu_us_per_msg'), 1)} us/msg  load "
+                            f"{fmt(_num(r.get('loadavg')), 2)}  {r['status']}",
+                            flush=True,
+                        )
         if "recovery" in parts:
             for kind in brokers:
                 if kind in unavailable:
@@ -682,8 +834,13 @@ def main() -> int:
                     recoveries.append(recovery_run(procs, kind, args, versions, say))
                 except (BrokerUnavailable, RuntimeError) as exc:
                     print(f"  {kind}: {exc}", flush=True)
-                    recoveries.append({"broker": kind, "status": f"error: {str(exc).splitlines()[0]}",
-                                       "starts": []})
+                    recoveries.append(
+                        {
+                            "broker": kind,
+                            "status": f"error: {str(exc).splitlines()[0]}",
+                            "starts": [],
+                        }
+                    )
     except KeyboardInterrupt:
         print("interrupted: stopping everything", file=sys.stderr, flush=True)
         return 130
@@ -699,8 +856,11 @@ def main() -> int:
     if recoveries:
         print(recovery_table(recoveries))
     info = machine(versions)
-    info.update(erlang_otp=erlang_otp(), data_filesystem=filesystem(tmp_dir),
-                wall_s=round(time.monotonic() - t_begin, 1))
+    info.update(
+        erlang_otp=erlang_otp(),
+        data_filesystem=filesystem(tmp_dir),
+        wall_s=round(time.monotonic() - t_begin, 1),
+    )
     result = {
         "benchmark": "persistence",
         "quick": q,

@@ -90,14 +90,36 @@ class Scenario:
 
 SCENARIOS = [
     Scenario("direct", "direct 1->1, no-ack", "direct", 200_000, 20_000),
-    Scenario("confirms", "direct, confirms + manual ack, prefetch 100", "direct", 100_000, 10_000,
-             manual_ack=True, prefetch=100, confirms=True),
-    Scenario("topic-10", "topic, 10 wildcard bindings, no-ack", "topic", 100_000, 10_000,
-             bindings=10),
-    Scenario("topic-1000", "topic, 1,000 wildcard bindings, no-ack", "topic", 50_000, 5_000,
-             bindings=1000),
-    Scenario("topic-1000-lead", "topic, 1,000 bindings led by wildcards, no-ack", "topic",
-             50_000, 5_000, bindings=1000, shape="leading"),
+    Scenario(
+        "confirms",
+        "direct, confirms + manual ack, prefetch 100",
+        "direct",
+        100_000,
+        10_000,
+        manual_ack=True,
+        prefetch=100,
+        confirms=True,
+    ),
+    Scenario(
+        "topic-10", "topic, 10 wildcard bindings, no-ack", "topic", 100_000, 10_000, bindings=10
+    ),
+    Scenario(
+        "topic-1000",
+        "topic, 1,000 wildcard bindings, no-ack",
+        "topic",
+        50_000,
+        5_000,
+        bindings=1000,
+    ),
+    Scenario(
+        "topic-1000-lead",
+        "topic, 1,000 bindings led by wildcards, no-ack",
+        "topic",
+        50_000,
+        5_000,
+        bindings=1000,
+        shape="leading",
+    ),
 ]
 BROKERS = ("roarmq", "rabbitmq")
 LABEL = {"roarmq": "RoarMQ", "rabbitmq": "RabbitMQ"}
@@ -116,8 +138,9 @@ class Procs:
     def __init__(self) -> None:
         self.live: list[subprocess.Popen] = []
 
-    def start(self, cmd: list[str], *, instance: str, env: dict[str, str] | None = None,
-              **kw: Any) -> subprocess.Popen:
+    def start(
+        self, cmd: list[str], *, instance: str, env: dict[str, str] | None = None, **kw: Any
+    ) -> subprocess.Popen:
         full_env = dict(os.environ if env is None else env)
         full_env[MARKER] = instance
         proc = subprocess.Popen(cmd, env=full_env, start_new_session=True, cwd=REPO, **kw)
@@ -209,8 +232,11 @@ def amqp_probe(port: int, timeout: float = 2.0) -> dict[str, Any] | None:
                 for ev in parser.feed(data):
                     if isinstance(ev, MethodFrame) and isinstance(ev.method, spec.ConnectionStart):
                         props = ev.method.server_properties or {}
-                        return {k: v.decode() if isinstance(v, bytes) else v
-                                for k, v in props.items() if k in ("product", "version")}
+                        return {
+                            k: v.decode() if isinstance(v, bytes) else v
+                            for k, v in props.items()
+                            if k in ("product", "version")
+                        }
     except (OSError, Exception):
         return None
     return None
@@ -229,7 +255,9 @@ class Running:
     log: Path
 
 
-def _wait_ready(proc: subprocess.Popen, port_of: Any, log: Path, timeout: float) -> tuple[int, dict]:
+def _wait_ready(
+    proc: subprocess.Popen, port_of: Any, log: Path, timeout: float
+) -> tuple[int, dict]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -260,8 +288,20 @@ def start_roarmq(procs: Procs, tmp: Path, cpu: int | None) -> Running:
     )
     log = tmp / "roarmq.log"
     instance = uuid.uuid4().hex
-    cmd = pinned(cpu, [sys.executable, "-m", "broker", "--config", str(cfg),
-                       "--data-dir", str(data), "--log-level", "warning"])
+    cmd = pinned(
+        cpu,
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "--config",
+            str(cfg),
+            "--data-dir",
+            str(data),
+            "--log-level",
+            "warning",
+        ],
+    )
     with open(log, "wb") as out:
         proc = procs.start(cmd, instance=instance, stdout=out, stderr=subprocess.STDOUT)
 
@@ -300,8 +340,9 @@ def ensure_rabbitmq() -> str:
         subprocess.call(["apt-get", "update"], env=env)
         ok = subprocess.call(["apt-get", "install", "-y", "rabbitmq-server"], env=env) == 0
     # the package may start a system node: we run our own instance on our own ports
-    subprocess.call(["service", "rabbitmq-server", "stop"], stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL)
+    subprocess.call(
+        ["service", "rabbitmq-server", "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     path = rabbit_server()
     if not ok or not path:
         raise BrokerUnavailable("skipped: rabbitmq-server not installed (apt-get failed)")
@@ -317,27 +358,34 @@ def start_rabbitmq(procs: Procs, tmp: Path, cpu: int | None, attempts: int = 2) 
         port, dist, epmd = free_port(), free_port(), free_port()
         instance = uuid.uuid4().hex
         env = dict(os.environ)
-        env.update({
-            "HOME": str(base),  # the Erlang cookie goes here
-            "RABBITMQ_NODENAME": "roarbench@localhost",
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(port),
-            "RABBITMQ_DIST_PORT": str(dist),
-            "ERL_EPMD_PORT": str(epmd),
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(base / "log"),
-            "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
-            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq"),  # absent: defaults
-            "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
-            "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
-        })
+        env.update(
+            {
+                "HOME": str(base),  # the Erlang cookie goes here
+                "RABBITMQ_NODENAME": "roarbench@localhost",
+                "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+                "RABBITMQ_NODE_PORT": str(port),
+                "RABBITMQ_DIST_PORT": str(dist),
+                "ERL_EPMD_PORT": str(epmd),
+                "ERL_EPMD_ADDRESS": "127.0.0.1",
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+                "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+                "RABBITMQ_LOG_BASE": str(base / "log"),
+                "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
+                "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+                "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq"),  # absent: defaults
+                "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
+                "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
+            }
+        )
         log = base / "stdout.log"
         with open(log, "wb") as out:
-            proc = procs.start(pinned(cpu, [server]), instance=instance, env=env, stdout=out,
-                               stderr=subprocess.STDOUT)
+            proc = procs.start(
+                pinned(cpu, [server]),
+                instance=instance,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         try:
             port, props = _wait_ready(proc, lambda p=port: p, log, 90)
         except RuntimeError:
@@ -389,8 +437,9 @@ def _next_line(lines: queue.Queue, deadline: float) -> dict | None:
         return None
 
 
-def run_scenario(procs: Procs, broker: Running, sc: Scenario, args: argparse.Namespace,
-                 tag: str) -> dict[str, Any]:
+def run_scenario(
+    procs: Procs, broker: Running, sc: Scenario, args: argparse.Namespace, tag: str
+) -> dict[str, Any]:
     """One scenario against a running broker: consumer (declares, consumes), then publisher.
 
     Besides the consumer's figures, the broker's CPU time from the consumer's
@@ -422,18 +471,24 @@ def run_scenario(procs: Procs, broker: Running, sc: Scenario, args: argparse.Nam
     pub_lines: queue.Queue = queue.Queue()
     cons = pub = None
     try:
-        cons = procs.start(pinned(args.load_cpu, [*base, "consumer", "--port", str(port),
-                                                  "--scenario", blob]),
-                           instance=instance, stdout=subprocess.PIPE, text=True)
+        cons = procs.start(
+            pinned(args.load_cpu, [*base, "consumer", "--port", str(port), "--scenario", blob]),
+            instance=instance,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         threading.Thread(target=_reader, args=(cons, cons_lines), daemon=True).start()
         ready = _next_line(cons_lines, hard_deadline)
         if not ready or not ready.get("ready"):
             return {"status": f"error: consumer not ready: {ready}", "messages": 0}
         load = loadavg()
         cpu0 = group_cpu_s(broker.proc.pid)
-        pub = procs.start(pinned(args.load_cpu, [*base, "publisher", "--port", str(port),
-                                                 "--scenario", blob]),
-                          instance=instance, stdout=subprocess.PIPE, text=True)
+        pub = procs.start(
+            pinned(args.load_cpu, [*base, "publisher", "--port", str(port), "--scenario", blob]),
+            instance=instance,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         threading.Thread(target=_reader, args=(pub, pub_lines), daemon=True).start()
         consumed = _next_line(cons_lines, hard_deadline)
         broker_cpu = group_cpu_s(broker.proc.pid) - cpu0
@@ -461,7 +516,9 @@ def run_scenario(procs: Procs, broker: Running, sc: Scenario, args: argparse.Nam
         "msgs_per_s": consumed["msgs_per_s"],
         "p50_ms": consumed["p50_ms"],
         "p99_ms": consumed["p99_ms"],
-        "broker_cpu_us_per_msg": broker_cpu / consumed["received"] * 1e6 if consumed["received"] else None,
+        "broker_cpu_us_per_msg": broker_cpu / consumed["received"] * 1e6
+        if consumed["received"]
+        else None,
         "loadavg": load,
         "publisher": published,
     }
@@ -483,8 +540,16 @@ def fmt(value: float | None, digits: int) -> str:
 
 
 def table(rows: list[dict[str, Any]], repeat: int) -> str:
-    head = ["scenario", "broker", "msg/s", "p50 ms", "p99 ms", "messages", "RoarMQ/RabbitMQ",
-            "broker CPU us/msg"]
+    head = [
+        "scenario",
+        "broker",
+        "msg/s",
+        "p50 ms",
+        "p99 ms",
+        "messages",
+        "RoarMQ/RabbitMQ",
+        "broker CPU us/msg",
+    ]
     runs = f"median of {repeat} runs (by msg/s); " if repeat > 1 else ""
     out = [
         f"{runs}Latency is publish -> deliver under saturation (unthrottled publisher; time queued "
@@ -499,16 +564,31 @@ def table(rows: list[dict[str, Any]], repeat: int) -> str:
     for r in rows:
         ratio = ""
         if r["broker"] == "roarmq":
-            ours, theirs = rate.get((r["scenario"], "roarmq")), rate.get((r["scenario"], "rabbitmq"))
+            ours, theirs = (
+                rate.get((r["scenario"], "roarmq")),
+                rate.get((r["scenario"], "rabbitmq")),
+            )
             if ours and theirs:
                 ratio = f"{ours / theirs:.2f}x"
         msgs = f"{r['messages']:,}" if r.get("messages") is not None else "-"
         if r.get("status", "ok") != "ok":
             msgs += f" ({r['status']})"
-        out.append("| " + " | ".join([
-            r["scenario"], LABEL[r["broker"]], fmt(r.get("msgs_per_s"), 0),
-            fmt(r.get("p50_ms"), 1), fmt(r.get("p99_ms"), 1), msgs, ratio,
-            fmt(r.get("broker_cpu_us_per_msg"), 1)]) + " |")
+        out.append(
+            "| "
+            + " | ".join(
+                [
+                    r["scenario"],
+                    LABEL[r["broker"]],
+                    fmt(r.get("msgs_per_s"), 0),
+                    fmt(r.get("p50_ms"), 1),
+                    fmt(r.get("p99_ms"), 1),
+                    msgs,
+                    ratio,
+                    fmt(r.get("broker_cpu_us_per_msg"), 1),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(out)
 
 
@@ -524,6 +604,7 @@ def machine(versions: dict[str, str]) -> dict[str, Any]:
         load = Path("/proc/loadavg").read_text().strip()
     try:
         import uvloop
+
         uv = uvloop.__version__
     except ImportError:
         uv = None
@@ -540,8 +621,9 @@ def machine(versions: dict[str, str]) -> dict[str, Any]:
 
 def summarize(scenario: str, kind: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     """One row from a scenario's runs: the median run by msg/s (lower middle if even)."""
-    measured = sorted((r for r in results if _num(r.get("msgs_per_s")) is not None),
-                      key=lambda r: r["msgs_per_s"])
+    measured = sorted(
+        (r for r in results if _num(r.get("msgs_per_s")) is not None), key=lambda r: r["msgs_per_s"]
+    )
     pick = measured[(len(measured) - 1) // 2] if measured else results[-1]
     cpus = sorted(c for r in measured if (c := _num(r.get("broker_cpu_us_per_msg"))) is not None)
     return {
@@ -570,21 +652,36 @@ def main() -> int:
     p.add_argument("--broker", choices=["roarmq", "rabbitmq", "both"], default="both")
     p.add_argument("--quick", action="store_true", help="far fewer messages; under a minute")
     p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "throughput.json")
-    p.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
-                   help="comma-separated subset of: " + ", ".join(s.name for s in SCENARIOS))
+    p.add_argument(
+        "--scenarios",
+        default=",".join(s.name for s in SCENARIOS),
+        help="comma-separated subset of: " + ", ".join(s.name for s in SCENARIOS),
+    )
     p.add_argument("--messages", type=int, default=0, help="override every scenario's count")
-    p.add_argument("--timeout", type=float, default=0.0,
-                   help="seconds per scenario (default 60, quick 10)")
-    p.add_argument("--topic-keys", type=int, default=50_000,
-                   help="distinct routing keys in the topic scenarios (default 50,000)")
+    p.add_argument(
+        "--timeout", type=float, default=0.0, help="seconds per scenario (default 60, quick 10)"
+    )
+    p.add_argument(
+        "--topic-keys",
+        type=int,
+        default=50_000,
+        help="distinct routing keys in the topic scenarios (default 50,000)",
+    )
     p.add_argument("--window", type=int, default=1000, help="unconfirmed messages, confirms")
     p.add_argument("--batch", type=int, default=200, help="messages per transport.write")
     p.add_argument("--broker-cpu", type=int, default=0)
     p.add_argument("--load-cpu", type=int, default=1)
-    p.add_argument("--repeat", type=int, default=0,
-                   help="runs per scenario and broker, the median reported (default 3, quick 1)")
-    p.add_argument("--reuse-broker", action="store_true",
-                   help="one broker instance for all scenarios (default with --quick)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=0,
+        help="runs per scenario and broker, the median reported (default 3, quick 1)",
+    )
+    p.add_argument(
+        "--reuse-broker",
+        action="store_true",
+        help="one broker instance for all scenarios (default with --quick)",
+    )
     args = p.parse_args()
     args.timeout = args.timeout or (10.0 if args.quick else 60.0)
     args.repeat = args.repeat or (1 if args.quick else 3)
@@ -603,18 +700,24 @@ def main() -> int:
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     versions: dict[str, str] = {}
     unavailable: dict[str, str] = {}
-    print(f"throughput: brokers {', '.join(brokers)}; scenarios "
-          f"{', '.join(s.name for s in chosen)}; {'quick' if args.quick else 'full'} run, "
-          f"{args.repeat} run(s) each; load average {loadavg():.2f}", flush=True)
+    print(
+        f"throughput: brokers {', '.join(brokers)}; scenarios "
+        f"{', '.join(s.name for s in chosen)}; {'quick' if args.quick else 'full'} run, "
+        f"{args.repeat} run(s) each; load average {loadavg():.2f}",
+        flush=True,
+    )
 
     def record(kind: str, sc: Scenario, result: dict[str, Any]) -> None:
         runs.setdefault((sc.name, kind), []).append(result)
-        print(f"  {kind:9} {sc.name:11} {fmt(_num(result.get('msgs_per_s')), 0):>9} msg/s  "
-              f"p50 {fmt(_num(result.get('p50_ms')), 1):>7} ms  "
-              f"p99 {fmt(_num(result.get('p99_ms')), 1):>7} ms  "
-              f"{result.get('messages') or 0:,} msgs  "
-              f"broker {fmt(_num(result.get('broker_cpu_us_per_msg')), 1)} us/msg  "
-              f"load {fmt(_num(result.get('loadavg')), 2)}  {result['status']}", flush=True)
+        print(
+            f"  {kind:9} {sc.name:11} {fmt(_num(result.get('msgs_per_s')), 0):>9} msg/s  "
+            f"p50 {fmt(_num(result.get('p50_ms')), 1):>7} ms  "
+            f"p99 {fmt(_num(result.get('p99_ms')), 1):>7} ms  "
+            f"{result.get('messages') or 0:,} msgs  "
+            f"broker {fmt(_num(result.get('broker_cpu_us_per_msg')), 1)} us/msg  "
+            f"load {fmt(_num(result.get('loadavg')), 2)}  {result['status']}",
+            flush=True,
+        )
 
     def failed(kind: str, exc: Exception) -> dict[str, Any]:
         if isinstance(exc, BrokerUnavailable):
@@ -632,8 +735,11 @@ def main() -> int:
                         versions[kind] = broker.version
                         for sc in chosen:
                             for _ in range(args.repeat):
-                                record(kind, sc, run_scenario(procs, broker, sc, args,
-                                                              uuid.uuid4().hex[:8]))
+                                record(
+                                    kind,
+                                    sc,
+                                    run_scenario(procs, broker, sc, args, uuid.uuid4().hex[:8]),
+                                )
                 except (BrokerUnavailable, RuntimeError) as exc:
                     result = failed(kind, exc)
                     for sc in chosen:

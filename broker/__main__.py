@@ -57,9 +57,16 @@ async def serve(config: Config) -> None:
     await broker.start()
     tune_gc()
     hosts = ", ".join(f"[{h}]" if ":" in h else h for h in config.amqp.bind)
-    mgmt = f", management http://{config.management.bind}:{broker.mgmt_port}" if broker.mgmt_port else ""
-    print(f"RoarMQ {__version__}: AMQP on {hosts} port {broker.port}{mgmt}", file=sys.stderr,
-          flush=True)
+    mgmt = (
+        f", management http://{config.management.bind}:{broker.mgmt_port}"
+        if broker.mgmt_port
+        else ""
+    )
+    print(
+        f"RoarMQ {__version__}: AMQP on {hosts} port {broker.port}{mgmt}",
+        file=sys.stderr,
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

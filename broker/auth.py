@@ -78,8 +78,7 @@ class Authenticator:
         """`users` have name, password_hash, tags, loopback_only; `permissions` have
         user, vhost, configure, write, read (the config and store records both fit)."""
         self.users: dict[str, User] = {
-            u.name: User(u.name, u.password_hash, tuple(u.tags), u.loopback_only, {})
-            for u in users
+            u.name: User(u.name, u.password_hash, tuple(u.tags), u.loopback_only, {}) for u in users
         }
         for p in permissions:
             user = self.users.get(p.user)

@@ -56,8 +56,17 @@ class Consumer:
         "arguments",
     )
 
-    def __init__(self, channel: Channel, queue: Queue | None, tag: str, no_ack: bool,
-                 exclusive: bool, priority: int, prefetch: int, arguments: dict) -> None:
+    def __init__(
+        self,
+        channel: Channel,
+        queue: Queue | None,
+        tag: str,
+        no_ack: bool,
+        exclusive: bool,
+        priority: int,
+        prefetch: int,
+        arguments: dict,
+    ) -> None:
         self.channel = channel
         self.queue = queue
         self.tag = tag
@@ -146,8 +155,12 @@ class Channel:
         """Channel exception: tell the client, drop our state, await close-ok."""
         log.info(
             "channel error",
-            extra={"conn": self.conn.name, "channel": self.id, "code": error.reply_code,
-                   "text": error.text},
+            extra={
+                "conn": self.conn.name,
+                "channel": self.id,
+                "code": error.reply_code,
+                "text": error.text,
+            },
         )
         self.flush_confirms()
         self.release()
@@ -412,9 +425,7 @@ class Channel:
     def _basic_consume(self, m: spec.BasicConsume) -> None:
         tag = m.consumer_tag or _tag("amq.ctag-")
         if tag in self.consumers:
-            raise connection_error(
-                NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20
-            )
+            raise connection_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
         args = m.arguments or {}
         if m.queue == REPLY_TO_QUEUE:
             self._consume_reply_to(m, tag)
@@ -424,7 +435,8 @@ class Channel:
         queue = self.vhost.get_queue(qname, self.conn)
         if queue.has_exclusive_consumer() or (m.exclusive and queue.consumer_count):
             raise channel_error(
-                ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use"
+                ACCESS_REFUSED,
+                f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
             )
         priority = args.get("x-priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -432,8 +444,9 @@ class Channel:
                 PRECONDITION_FAILED,
                 f"invalid arg 'x-priority' for consumer '{tag}': expected an integer",
             )
-        consumer = Consumer(self, queue, tag, m.no_ack, m.exclusive, priority,
-                            self.prefetch_count, args)
+        consumer = Consumer(
+            self, queue, tag, m.no_ack, m.exclusive, priority, self.prefetch_count, args
+        )
         self.consumers[tag] = consumer
         if not m.no_wait:
             self.send_method(spec.BasicConsumeOk(consumer_tag=tag))
@@ -560,8 +573,10 @@ class Channel:
             return
         if type(method) is not spec.BasicPublish:
             raise connection_error(
-                503, f"{method.NAME} carries content the broker does not accept",
-                method.CLASS_ID, method.METHOD_ID,
+                503,
+                f"{method.NAME} carries content the broker does not accept",
+                method.CLASS_ID,
+                method.METHOD_ID,
             )
         self.conn.published = True
         if self.confirm:
@@ -587,7 +602,9 @@ class Channel:
         """Look up, check and cache an exchange this channel publishes to."""
         exchange = self.vhost.exchanges.get(name)
         if exchange is None:
-            raise channel_error(NOT_FOUND, f"no exchange '{name}' in vhost '{self.vhost.name}'", 60, 40)
+            raise channel_error(
+                NOT_FOUND, f"no exchange '{name}' in vhost '{self.vhost.name}'", 60, 40
+            )
         self._check("write", "exchange", name)
         if exchange.internal:
             raise channel_error(
@@ -613,7 +630,9 @@ class Channel:
             )
         if props.reply_to == REPLY_TO_QUEUE:
             if self.reply_key is None:
-                raise channel_error(PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
+                raise channel_error(
+                    PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40
+                )
             new = copy_properties(props)
             new.reply_to = REPLY_TO_PREFIX + self.reply_key
             msg = msg.with_properties(new)
@@ -623,7 +642,7 @@ class Channel:
         self.stats_published += 1
         exchange.stats_in += 1
         if exchange.name == "" and msg.routing_key.startswith(REPLY_TO_PREFIX):
-            consumer = self.conn.broker.reply_to.get(msg.routing_key[len(REPLY_TO_PREFIX):])
+            consumer = self.conn.broker.reply_to.get(msg.routing_key[len(REPLY_TO_PREFIX) :])
             if consumer is not None:
                 if consumer.channel.state == OPEN:
                     consumer.channel.deliver(consumer, Entry(msg, 0, None))  # type: ignore[arg-type]
@@ -703,15 +722,20 @@ class Channel:
         below = [s for s in ready if s < floor]
         if below:
             top = below[-1]
-            self.send_method(spec.BasicAck(delivery_tag=top, multiple=len(below) > 1 or
-                                           top - self._acked_sent > 1))
+            self.send_method(
+                spec.BasicAck(
+                    delivery_tag=top, multiple=len(below) > 1 or top - self._acked_sent > 1
+                )
+            )
             self._acked_sent = max(self._acked_sent, top)
-        for seq in ready[len(below):]:
+        for seq in ready[len(below) :]:
             self.send_method(spec.BasicAck(delivery_tag=seq, multiple=False))
 
     def _confirm_select(self, m: spec.ConfirmSelect) -> None:
         if self.tx is not None:
-            raise channel_error(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10)
+            raise channel_error(
+                PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10
+            )
         self.confirm = True
         if not m.nowait:
             self.send_method(spec.ConfirmSelectOk())
@@ -720,7 +744,9 @@ class Channel:
 
     def _tx_select(self, m: spec.TxSelect) -> None:
         if self.confirm:
-            raise channel_error(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10)
+            raise channel_error(
+                PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10
+            )
         if self.tx is None:
             self.tx = []
         self.send_method(spec.TxSelectOk())

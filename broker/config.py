@@ -154,7 +154,9 @@ class Config:
 
 def _port(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-        raise ConfigError(f"{key}: must be a port number 0-65535 (0 = any free port), got {value!r}")
+        raise ConfigError(
+            f"{key}: must be a port number 0-65535 (0 = any free port), got {value!r}"
+        )
     return value
 
 
@@ -285,9 +287,7 @@ def parse_config(data: dict[str, Any]) -> Config:
             "max_connections": lambda k, v: _int(k, v, 0),
         },
     )
-    routing = _section(
-        data, "routing", RoutingConfig, {"cache_keys": lambda k, v: _int(k, v, 0)}
-    )
+    routing = _section(data, "routing", RoutingConfig, {"cache_keys": lambda k, v: _int(k, v, 0)})
     storage = _section(
         data,
         "storage",
@@ -319,7 +319,7 @@ def parse_config(data: dict[str, Any]) -> Config:
 
     def log_format(key: str, value: Any) -> str:
         if value not in ("text", "json"):
-            raise ConfigError(f"{key}: must be \"text\" or \"json\", got {value!r}")
+            raise ConfigError(f'{key}: must be "text" or "json", got {value!r}')
         return value
 
     log = _section(data, "log", LogConfig, {"level": _log_level, "format": log_format})

@@ -136,8 +136,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state == OPEN:
-            log.info("client closed the connection without connection.close",
-                     extra={"conn": self.name})
+            log.info(
+                "client closed the connection without connection.close", extra={"conn": self.name}
+            )
         self.state = CLOSED
         self._cleanup()
 
@@ -221,8 +222,10 @@ class Connection(asyncio.Protocol):
             for ch in self._confirm_channels:
                 ch.flush_confirms()
             self._confirm_channels.clear()
-        if self.published and not self._reading_paused and (
-            self.broker.blocked or self._throttled_by
+        if (
+            self.published
+            and not self._reading_paused
+            and (self.broker.blocked or self._throttled_by)
         ):
             self._pause_reading()
         self.published = False
@@ -265,8 +268,10 @@ class Connection(asyncio.Protocol):
             )
         if method.CLASS_ID == 10:
             raise connection_error(
-                COMMAND_INVALID, f"{method.NAME} is only valid on channel 0",
-                method.CLASS_ID, method.METHOD_ID,
+                COMMAND_INVALID,
+                f"{method.NAME} is only valid on channel 0",
+                method.CLASS_ID,
+                method.METHOD_ID,
             )
         ch.handle(method)
 
@@ -421,8 +426,10 @@ class Connection(asyncio.Protocol):
             self._timer = self.broker.clock.call_later(self.heartbeat / 2, self._heartbeat_tick)
         if self.broker.blocked:
             self.notify_blocked(True)
-        log.info("connection opened",
-                 extra={"conn": self.name, "user": self.user.name, "vhost": vhost.name})
+        log.info(
+            "connection opened",
+            extra={"conn": self.name, "user": self.user.name, "vhost": vhost.name},
+        )
 
     def _closing_method(self, method: Any) -> None:
         """After we sent connection.close only close and close-ok matter (spec 2.2.4)."""
@@ -436,8 +443,10 @@ class Connection(asyncio.Protocol):
         """Connection exception: connection.close with the reply code, then wait for close-ok."""
         if self.state in (CLOSING, CLOSED):
             return
-        log.warning("closing connection on error",
-                    extra={"conn": self.name, "code": exc.reply_code, "text": exc.text})
+        log.warning(
+            "closing connection on error",
+            extra={"conn": self.name, "code": exc.reply_code, "text": exc.text},
+        )
         if self.state in (AWAIT_HEADER,):
             self._abort(exc.text)
             return
@@ -455,14 +464,14 @@ class Connection(asyncio.Protocol):
         self.flush()
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self.broker.clock.call_later(CLOSE_OK_TIMEOUT, self._abort, "close-ok timeout")
+        self._timer = self.broker.clock.call_later(
+            CLOSE_OK_TIMEOUT, self._abort, "close-ok timeout"
+        )
 
     def force_close(self, text: str = "broker shutdown") -> None:
         """Server-initiated close (shutdown, management API): 320 CONNECTION_FORCED."""
         if self.state == OPEN:
-            self.close_with_error(
-                HardError(CONNECTION_FORCED, text)
-            )
+            self.close_with_error(HardError(CONNECTION_FORCED, text))
         else:
             self._abort(text)
 
@@ -509,8 +518,11 @@ class Connection(asyncio.Protocol):
         else:
             self._missed += 1
             if self._missed >= 4:
-                log.warning("missed heartbeats from client, timeout: %ss", self.heartbeat,
-                            extra={"conn": self.name})
+                log.warning(
+                    "missed heartbeats from client, timeout: %ss",
+                    self.heartbeat,
+                    extra={"conn": self.name},
+                )
                 self._abort("missed heartbeats")
                 return
         if not self._sent:

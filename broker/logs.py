@@ -25,8 +25,10 @@ class TextFormatter(logging.Formatter):
         line = f"{ts}.{int(record.msecs):03d}Z {record.levelname.lower():8} {record.name}: {record.getMessage()}"
         extras = _extras(record)
         if extras:
-            line += " " + " ".join(f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}"
-                                   for k, v in extras.items())
+            line += " " + " ".join(
+                f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}"
+                for k, v in extras.items()
+            )
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
@@ -40,8 +42,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        doc.update({k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
-                    for k, v in _extras(record).items()})
+        doc.update(
+            {
+                k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+                for k, v in _extras(record).items()
+            }
+        )
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc)

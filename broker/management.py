@@ -44,13 +44,22 @@ def _json_safe(value: Any) -> Any:
 def export_definitions(broker: Broker) -> dict[str, Any]:
     """Durable and transient definitions in RabbitMQ's definitions.json format."""
     users = [
-        {"name": u.name, "password_hash": u.password_hash,
-         "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ",".join(u.tags)}
+        {
+            "name": u.name,
+            "password_hash": u.password_hash,
+            "hashing_algorithm": "rabbit_password_hashing_sha256",
+            "tags": ",".join(u.tags),
+        }
         for u in broker.auth.users.values()
     ]
     permissions = [
-        {"user": u.name, "vhost": vhost, "configure": p.configure.pattern,
-         "write": p.write.pattern, "read": p.read.pattern}
+        {
+            "user": u.name,
+            "vhost": vhost,
+            "configure": p.configure.pattern,
+            "write": p.write.pattern,
+            "read": p.read.pattern,
+        }
         for u in broker.auth.users.values()
         for vhost, p in u.permissions.items()
     ]
@@ -59,25 +68,41 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
         for x in vhost.exchanges.values():
             if x.builtin:
                 continue
-            exchanges.append({
-                "name": x.name, "vhost": vhost.name, "type": x.type, "durable": x.durable,
-                "auto_delete": x.auto_delete, "internal": x.internal,
-                "arguments": _json_safe(x.arguments),
-            })
+            exchanges.append(
+                {
+                    "name": x.name,
+                    "vhost": vhost.name,
+                    "type": x.type,
+                    "durable": x.durable,
+                    "auto_delete": x.auto_delete,
+                    "internal": x.internal,
+                    "arguments": _json_safe(x.arguments),
+                }
+            )
         for q in vhost.queues.values():
-            queues.append({
-                "name": q.name, "vhost": vhost.name, "durable": q.durable,
-                "auto_delete": q.auto_delete, "arguments": _json_safe(q.arguments),
-            })
+            queues.append(
+                {
+                    "name": q.name,
+                    "vhost": vhost.name,
+                    "durable": q.durable,
+                    "auto_delete": q.auto_delete,
+                    "arguments": _json_safe(q.arguments),
+                }
+            )
         for x in vhost.exchanges.values():
             if not x.name:
                 continue
             for key, dest, args in x.index.bindings():
-                bindings.append({
-                    "source": x.name, "vhost": vhost.name, "destination": dest.name,
-                    "destination_type": "exchange" if isinstance(dest, Exchange) else "queue",
-                    "routing_key": key, "arguments": _json_safe(args or {}),
-                })
+                bindings.append(
+                    {
+                        "source": x.name,
+                        "vhost": vhost.name,
+                        "destination": dest.name,
+                        "destination_type": "exchange" if isinstance(dest, Exchange) else "queue",
+                        "routing_key": key,
+                        "arguments": _json_safe(args or {}),
+                    }
+                )
     return {
         "rabbit_version": "3.13.0",
         "rabbitmq_version": "3.13.0",
@@ -101,36 +126,61 @@ def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
         password_hash = u.get("password_hash") or hash_password(u["password"])
         broker.put_user(u["name"], password_hash, tags)
     for p in doc.get("permissions", []):
-        broker.set_permission(p["user"], p["vhost"], p.get("configure", ".*"),
-                              p.get("write", ".*"), p.get("read", ".*"))
+        broker.set_permission(
+            p["user"],
+            p["vhost"],
+            p.get("configure", ".*"),
+            p.get("write", ".*"),
+            p.get("read", ".*"),
+        )
     for x in doc.get("exchanges", []):
         vhost = broker.vhosts[x.get("vhost", "/")]
-        vhost.declare_exchange(x["name"], x.get("type", "direct"), durable=x.get("durable", True),
-                               auto_delete=x.get("auto_delete", False),
-                               internal=x.get("internal", False), arguments=x.get("arguments"))
+        vhost.declare_exchange(
+            x["name"],
+            x.get("type", "direct"),
+            durable=x.get("durable", True),
+            auto_delete=x.get("auto_delete", False),
+            internal=x.get("internal", False),
+            arguments=x.get("arguments"),
+        )
     for q in doc.get("queues", []):
         vhost = broker.vhosts[q.get("vhost", "/")]
-        vhost.declare_queue(q["name"], None, durable=q.get("durable", True),
-                            auto_delete=q.get("auto_delete", False), arguments=q.get("arguments"))
+        vhost.declare_queue(
+            q["name"],
+            None,
+            durable=q.get("durable", True),
+            auto_delete=q.get("auto_delete", False),
+            arguments=q.get("arguments"),
+        )
     for b in doc.get("bindings", []):
         vhost = broker.vhosts[b.get("vhost", "/")]
         source = vhost.get_exchange(b["source"])
         if b.get("destination_type", "queue") == "queue":
-            vhost.bind_queue(vhost.get_queue(b["destination"]), source, b.get("routing_key", ""),
-                             b.get("arguments") or None)
+            vhost.bind_queue(
+                vhost.get_queue(b["destination"]),
+                source,
+                b.get("routing_key", ""),
+                b.get("arguments") or None,
+            )
         else:
-            vhost.bind_exchange(vhost.get_exchange(b["destination"]), source,
-                                b.get("routing_key", ""), b.get("arguments") or None)
+            vhost.bind_exchange(
+                vhost.get_exchange(b["destination"]),
+                source,
+                b.get("routing_key", ""),
+                b.get("arguments") or None,
+            )
 
 
 def _bad_request(reason: str) -> web.HTTPBadRequest:
-    return web.HTTPBadRequest(text=json.dumps({"error": "bad_request", "reason": reason}),
-                              content_type="application/json")
+    return web.HTTPBadRequest(
+        text=json.dumps({"error": "bad_request", "reason": reason}), content_type="application/json"
+    )
 
 
 def _not_found() -> web.HTTPNotFound:
-    return web.HTTPNotFound(text='{"error":"Object Not Found","reason":"Not Found"}',
-                            content_type="application/json")
+    return web.HTTPNotFound(
+        text='{"error":"Object Not Found","reason":"Not Found"}', content_type="application/json"
+    )
 
 
 class _BrokerCollector:
@@ -141,26 +191,42 @@ class _BrokerCollector:
 
     def collect(self) -> Iterator[Any]:
         b = self.broker
-        yield GaugeMetricFamily("roarmq_connections", "Open AMQP connections", value=len(b.connections))
-        yield GaugeMetricFamily("roarmq_queued_bytes", "Bytes of ready message bodies",
-                                value=b.queued_bytes)
-        yield GaugeMetricFamily("roarmq_memory_alarm", "1 while publishers are blocked",
-                                value=1 if b.blocked else 0)
-        ready = GaugeMetricFamily("roarmq_queue_messages_ready", "Ready messages",
-                                  labels=["vhost", "queue"])
-        unacked = GaugeMetricFamily("roarmq_queue_messages_unacked", "Unacknowledged messages",
-                                    labels=["vhost", "queue"])
-        consumers = GaugeMetricFamily("roarmq_queue_consumers", "Consumers", labels=["vhost", "queue"])
-        published = CounterMetricFamily("roarmq_queue_messages_published", "Messages enqueued",
-                                        labels=["vhost", "queue"])
-        delivered = CounterMetricFamily("roarmq_queue_messages_delivered",
-                                        "Messages delivered to consumers or basic.get",
-                                        labels=["vhost", "queue"])
-        x_in = CounterMetricFamily("roarmq_exchange_messages_published_in",
-                                   "Messages published to the exchange", labels=["vhost", "exchange"])
-        x_unroutable = CounterMetricFamily("roarmq_exchange_messages_unroutable",
-                                           "Messages the exchange routed nowhere",
-                                           labels=["vhost", "exchange"])
+        yield GaugeMetricFamily(
+            "roarmq_connections", "Open AMQP connections", value=len(b.connections)
+        )
+        yield GaugeMetricFamily(
+            "roarmq_queued_bytes", "Bytes of ready message bodies", value=b.queued_bytes
+        )
+        yield GaugeMetricFamily(
+            "roarmq_memory_alarm", "1 while publishers are blocked", value=1 if b.blocked else 0
+        )
+        ready = GaugeMetricFamily(
+            "roarmq_queue_messages_ready", "Ready messages", labels=["vhost", "queue"]
+        )
+        unacked = GaugeMetricFamily(
+            "roarmq_queue_messages_unacked", "Unacknowledged messages", labels=["vhost", "queue"]
+        )
+        consumers = GaugeMetricFamily(
+            "roarmq_queue_consumers", "Consumers", labels=["vhost", "queue"]
+        )
+        published = CounterMetricFamily(
+            "roarmq_queue_messages_published", "Messages enqueued", labels=["vhost", "queue"]
+        )
+        delivered = CounterMetricFamily(
+            "roarmq_queue_messages_delivered",
+            "Messages delivered to consumers or basic.get",
+            labels=["vhost", "queue"],
+        )
+        x_in = CounterMetricFamily(
+            "roarmq_exchange_messages_published_in",
+            "Messages published to the exchange",
+            labels=["vhost", "exchange"],
+        )
+        x_unroutable = CounterMetricFamily(
+            "roarmq_exchange_messages_unroutable",
+            "Messages the exchange routed nowhere",
+            labels=["vhost", "exchange"],
+        )
         for vhost in b.vhosts.values():
             for q in vhost.queues.values():
                 labels = [vhost.name, q.name]
@@ -242,35 +308,40 @@ class ManagementServer:
             return list(self.broker.vhosts.values())
         vhost = self.broker.vhosts.get(name)
         if vhost is None:
-            raise web.HTTPNotFound(text='{"error":"Object Not Found","reason":"Not Found"}',
-                                   content_type="application/json")
+            raise web.HTTPNotFound(
+                text='{"error":"Object Not Found","reason":"Not Found"}',
+                content_type="application/json",
+            )
         return [vhost]
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry),
-                            content_type="text/plain", charset="utf-8")
+        return web.Response(
+            body=generate_latest(self.registry), content_type="text/plain", charset="utf-8"
+        )
 
     async def overview(self, request: web.Request) -> web.Response:
         b = self.broker
         queues = [q for v in b.vhosts.values() for q in v.queues.values()]
-        return web.json_response({
-            "product_name": "RoarMQ",
-            "product_version": __version__,
-            "management_version": __version__,
-            "cluster_name": b.cluster_name,
-            "queue_totals": {
-                "messages_ready": sum(q.message_count() for q in queues),
-                "messages_unacknowledged": sum(q.unacked for q in queues),
-            },
-            "object_totals": {
-                "connections": len(b.connections),
-                "queues": len(queues),
-                "exchanges": sum(len(v.exchanges) for v in b.vhosts.values()),
-                "consumers": sum(q.consumer_count for q in queues),
-            },
-            "listeners": [{"protocol": "amqp", "port": p} for p in b.ports],
-            "memory_alarm": b.blocked,
-        })
+        return web.json_response(
+            {
+                "product_name": "RoarMQ",
+                "product_version": __version__,
+                "management_version": __version__,
+                "cluster_name": b.cluster_name,
+                "queue_totals": {
+                    "messages_ready": sum(q.message_count() for q in queues),
+                    "messages_unacknowledged": sum(q.unacked for q in queues),
+                },
+                "object_totals": {
+                    "connections": len(b.connections),
+                    "queues": len(queues),
+                    "exchanges": sum(len(v.exchanges) for v in b.vhosts.values()),
+                    "consumers": sum(q.consumer_count for q in queues),
+                },
+                "listeners": [{"protocol": "amqp", "port": p} for p in b.ports],
+                "memory_alarm": b.blocked,
+            }
+        )
 
     async def vhosts(self, request: web.Request) -> web.Response:
         return web.json_response([{"name": n} for n in self.broker.vhosts])
@@ -279,24 +350,42 @@ class ManagementServer:
         out = []
         for vhost in self._vhosts(request):
             for x in vhost.exchanges.values():
-                out.append({
-                    "name": x.name, "vhost": vhost.name, "type": x.type, "durable": x.durable,
-                    "auto_delete": x.auto_delete, "internal": x.internal,
-                    "arguments": _json_safe(x.arguments),
-                    "message_stats": {"publish_in": x.stats_in, "unroutable": x.stats_unroutable},
-                })
+                out.append(
+                    {
+                        "name": x.name,
+                        "vhost": vhost.name,
+                        "type": x.type,
+                        "durable": x.durable,
+                        "auto_delete": x.auto_delete,
+                        "internal": x.internal,
+                        "arguments": _json_safe(x.arguments),
+                        "message_stats": {
+                            "publish_in": x.stats_in,
+                            "unroutable": x.stats_unroutable,
+                        },
+                    }
+                )
         return web.json_response(out)
 
     def _queue_info(self, q: Any) -> dict[str, Any]:
         return {
-            "name": q.name, "vhost": q.vhost.name, "durable": q.durable,
-            "auto_delete": q.auto_delete, "exclusive": q.exclusive_owner is not None,
-            "arguments": _json_safe(q.arguments), "type": q.queue_type,
-            "messages_ready": q.message_count(), "messages_unacknowledged": q.unacked,
-            "messages": q.message_count() + q.unacked, "message_bytes_ready": q.ready_bytes,
+            "name": q.name,
+            "vhost": q.vhost.name,
+            "durable": q.durable,
+            "auto_delete": q.auto_delete,
+            "exclusive": q.exclusive_owner is not None,
+            "arguments": _json_safe(q.arguments),
+            "type": q.queue_type,
+            "messages_ready": q.message_count(),
+            "messages_unacknowledged": q.unacked,
+            "messages": q.message_count() + q.unacked,
+            "message_bytes_ready": q.ready_bytes,
             "consumers": q.consumer_count,
-            "message_stats": {"publish": q.stats_published, "deliver_get": q.stats_delivered,
-                              "ack": q.stats_acked},
+            "message_stats": {
+                "publish": q.stats_published,
+                "deliver_get": q.stats_delivered,
+                "ack": q.stats_acked,
+            },
         }
 
     async def queues(self, request: web.Request) -> web.Response:
@@ -308,20 +397,28 @@ class ManagementServer:
         vhost = self._vhosts(request)[0]
         q = vhost.queues.get(request.match_info["name"])
         if q is None:
-            raise web.HTTPNotFound(text='{"error":"Object Not Found","reason":"Not Found"}',
-                                   content_type="application/json")
+            raise web.HTTPNotFound(
+                text='{"error":"Object Not Found","reason":"Not Found"}',
+                content_type="application/json",
+            )
         return web.json_response(self._queue_info(q))
 
     async def connections(self, request: web.Request) -> web.Response:
-        return web.json_response([
-            {
-                "name": c.name, "user": getattr(c.user, "name", None),
-                "vhost": getattr(c.vhost, "name", None), "state": c.state,
-                "channels": len(c.channels), "frame_max": c.frame_max, "timeout": c.heartbeat,
-                "client_properties": _json_safe(c.client_properties),
-            }
-            for c in self.broker.connections
-        ])
+        return web.json_response(
+            [
+                {
+                    "name": c.name,
+                    "user": getattr(c.user, "name", None),
+                    "vhost": getattr(c.vhost, "name", None),
+                    "state": c.state,
+                    "channels": len(c.channels),
+                    "frame_max": c.frame_max,
+                    "timeout": c.heartbeat,
+                    "client_properties": _json_safe(c.client_properties),
+                }
+                for c in self.broker.connections
+            ]
+        )
 
     async def definitions(self, request: web.Request) -> web.Response:
         return web.json_response(export_definitions(self.broker))
@@ -345,11 +442,17 @@ class ManagementServer:
         return web.Response(status=204)
 
     async def users(self, request: web.Request) -> web.Response:
-        return web.json_response([
-            {"name": u.name, "tags": ",".join(u.tags), "password_hash": u.password_hash,
-             "hashing_algorithm": "rabbit_password_hashing_sha256"}
-            for u in self.broker.auth.users.values()
-        ])
+        return web.json_response(
+            [
+                {
+                    "name": u.name,
+                    "tags": ",".join(u.tags),
+                    "password_hash": u.password_hash,
+                    "hashing_algorithm": "rabbit_password_hashing_sha256",
+                }
+                for u in self.broker.auth.users.values()
+            ]
+        )
 
     async def put_user(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -375,11 +478,19 @@ class ManagementServer:
         return web.Response(status=204)
 
     async def permissions(self, request: web.Request) -> web.Response:
-        return web.json_response([
-            {"user": u.name, "vhost": vhost, "configure": p.configure.pattern,
-             "write": p.write.pattern, "read": p.read.pattern}
-            for u in self.broker.auth.users.values() for vhost, p in u.permissions.items()
-        ])
+        return web.json_response(
+            [
+                {
+                    "user": u.name,
+                    "vhost": vhost,
+                    "configure": p.configure.pattern,
+                    "write": p.write.pattern,
+                    "read": p.read.pattern,
+                }
+                for u in self.broker.auth.users.values()
+                for vhost, p in u.permissions.items()
+            ]
+        )
 
     async def put_permission(self, request: web.Request) -> web.Response:
         body = await self._json(request)

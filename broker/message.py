@@ -19,7 +19,12 @@ FLAG_REPLY_TO = 0x0200
 FLAG_EXPIRATION = 0x0100
 FLAG_USER_ID = 0x0010
 _INTERESTING = (
-    FLAG_HEADERS | FLAG_DELIVERY_MODE | FLAG_PRIORITY | FLAG_REPLY_TO | FLAG_EXPIRATION | FLAG_USER_ID
+    FLAG_HEADERS
+    | FLAG_DELIVERY_MODE
+    | FLAG_PRIORITY
+    | FLAG_REPLY_TO
+    | FLAG_EXPIRATION
+    | FLAG_USER_ID
 )
 
 
@@ -65,7 +70,9 @@ class Message:
                 self.expiration_ms = parse_expiration(props.expiration)
 
     @classmethod
-    def recovered(cls, exchange: str, routing_key: str, header: ContentHeader, size: int) -> Message:
+    def recovered(
+        cls, exchange: str, routing_key: str, header: ContentHeader, size: int
+    ) -> Message:
         """A message read back from the message store: persistent, its body left on disk.
 
         Skips the property decoding of __init__ unless a priority or expiration is set:
@@ -105,8 +112,9 @@ class Message:
             return None
         return self.header.properties.headers
 
-    def with_properties(self, props: BasicProperties, routing_key: str | None = None,
-                        exchange: str | None = None) -> Message:
+    def with_properties(
+        self, props: BasicProperties, routing_key: str | None = None, exchange: str | None = None
+    ) -> Message:
         """A copy with new properties (dead-lettering, BCC stripping, reply-to rewriting)."""
         return Message(
             self.exchange if exchange is None else exchange,

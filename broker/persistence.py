@@ -55,8 +55,9 @@ class Persistence:
                 and old.loopback_only == u.loopback_only
             )
             if not same:
-                store.put_user(UserDef(u.name, hash_password(u.password), tuple(u.tags),
-                                       u.loopback_only))
+                store.put_user(
+                    UserDef(u.name, hash_password(u.password), tuple(u.tags), u.loopback_only)
+                )
         for p in cfg.permissions:
             store.put_permission(PermissionDef(p.user, p.vhost, p.configure, p.write, p.read))
 
@@ -78,17 +79,30 @@ class Persistence:
                 if vhost is None or x.name in vhost.exchanges:
                     continue
                 try:
-                    vhost.declare_exchange(x.name, x.type, durable=True, auto_delete=x.auto_delete,
-                                           internal=x.internal, arguments=x.arguments)
+                    vhost.declare_exchange(
+                        x.name,
+                        x.type,
+                        durable=True,
+                        auto_delete=x.auto_delete,
+                        internal=x.internal,
+                        arguments=x.arguments,
+                    )
                 except Exception as exc:  # a definition we can no longer accept
-                    log.error("cannot restore exchange", extra={"exchange": x.name, "error": str(exc)})
+                    log.error(
+                        "cannot restore exchange", extra={"exchange": x.name, "error": str(exc)}
+                    )
             for q in self.definitions.queues():
                 vhost = vhosts.get(q.vhost)
                 if vhost is None or q.name in vhost.queues:
                     continue
                 try:
-                    queue = Queue(vhost, q.name, durable=True, auto_delete=q.auto_delete,
-                                  arguments=q.arguments)
+                    queue = Queue(
+                        vhost,
+                        q.name,
+                        durable=True,
+                        auto_delete=q.auto_delete,
+                        arguments=q.arguments,
+                    )
                 except Exception as exc:
                     log.error("cannot restore queue", extra={"queue": q.name, "error": str(exc)})
                     continue
@@ -107,7 +121,9 @@ class Persistence:
                 try:
                     source.bind(b.routing_key, dest, b.arguments or None)
                 except ValueError as exc:
-                    log.error("cannot restore binding", extra={"source": b.source, "error": str(exc)})
+                    log.error(
+                        "cannot restore binding", extra={"source": b.source, "error": str(exc)}
+                    )
         finally:
             self.restoring = False
 
@@ -125,14 +141,18 @@ class Persistence:
 
     def queue_created(self, q: Queue) -> None:
         if q.durable and q.exclusive_owner is None and not self.restoring:
-            q.store_id = self.definitions.put_queue(q.vhost.name, q.name, q.auto_delete, q.arguments)
+            q.store_id = self.definitions.put_queue(
+                q.vhost.name, q.name, q.auto_delete, q.arguments
+            )
             q.store = self.broker.store
 
     def queue_deleted(self, q: Queue) -> None:
         if q.store_id is not None:
             self.definitions.delete_queue(q.vhost.name, q.name)
 
-    def _binding(self, source: Exchange, dest: Any, key: str, args: dict | None) -> BindingDef | None:
+    def _binding(
+        self, source: Exchange, dest: Any, key: str, args: dict | None
+    ) -> BindingDef | None:
         if self.restoring or not source.durable or source.builtin and source.name == "":
             return None
         if not isinstance(dest, Exchange):

@@ -40,8 +40,16 @@ QUEUE_TYPES = ("classic", "quorum", "stream")
 class Entry:
     """One message's place in one queue: the per-queue state of a shared Message."""
 
-    __slots__ = ("msg", "seq", "redelivered", "expires_at", "queue", "consumer", "delivery_count",
-                 "marked")
+    __slots__ = (
+        "msg",
+        "seq",
+        "redelivered",
+        "expires_at",
+        "queue",
+        "consumer",
+        "delivery_count",
+        "marked",
+    )
 
     def __init__(self, msg: Message, seq: int, queue: Queue) -> None:
         self.msg = msg
@@ -213,8 +221,9 @@ class Queue:
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
-        args = QueueArguments.parse(self.arguments, name, vhost.name, durable, exclusive_owner,
-                                    auto_delete)
+        args = QueueArguments.parse(
+            self.arguments, name, vhost.name, durable, exclusive_owner, auto_delete
+        )
         self.queue_type = args.queue_type
         self.message_ttl = args.message_ttl
         self.expires = args.expires
@@ -649,8 +658,9 @@ class QueueArguments:
     )
 
     @classmethod
-    def parse(cls, args: dict, name: str, vhost: str, durable: bool, exclusive: Any,
-              auto_delete: bool) -> QueueArguments:
+    def parse(
+        cls, args: dict, name: str, vhost: str, durable: bool, exclusive: Any, auto_delete: bool
+    ) -> QueueArguments:
         self = cls()
         qtype = args.get("x-queue-type", "classic")
         if isinstance(qtype, bytes):
@@ -659,7 +669,7 @@ class QueueArguments:
             raise channel_error(
                 PRECONDITION_FAILED,
                 f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': "
-                f"\"{qtype}\" is not a valid queue type (classic, quorum, stream)",
+                f'"{qtype}" is not a valid queue type (classic, quorum, stream)',
             )
         if qtype == "stream":
             raise channel_error(
@@ -668,8 +678,11 @@ class QueueArguments:
                 "stream queues are not supported yet by RoarMQ; use classic or quorum",
             )
         if qtype == "quorum":
-            for prop, bad in (("non-durable", not durable), ("exclusive", bool(exclusive)),
-                              ("auto-delete", auto_delete)):
+            for prop, bad in (
+                ("non-durable", not durable),
+                ("exclusive", bool(exclusive)),
+                ("auto-delete", auto_delete),
+            ):
                 if bad:
                     raise channel_error(
                         PRECONDITION_FAILED,
@@ -715,7 +728,7 @@ class QueueArguments:
             raise channel_error(
                 PRECONDITION_FAILED,
                 f"invalid arg 'x-overflow' for queue '{name}' in vhost '{vhost}': "
-                f"{{unacceptable_value,<<\"{overflow}\">>}}",
+                f'{{unacceptable_value,<<"{overflow}">>}}',
             )
         self.overflow = overflow
         dlx = args.get("x-dead-letter-exchange")

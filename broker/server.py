@@ -126,13 +126,23 @@ class Broker:
         if report.corrupt_regions:
             for region in report.corrupt_regions:
                 log.error(
-                    "message log damage %s", "truncated" if region.truncated else "skipped",
-                    extra={"segment": region.segment, "offset": region.offset,
-                           "bytes": region.length, "reason": region.reason},
+                    "message log damage %s",
+                    "truncated" if region.truncated else "skipped",
+                    extra={
+                        "segment": region.segment,
+                        "offset": region.offset,
+                        "bytes": region.length,
+                        "reason": region.reason,
+                    },
                 )
-        log.info("message store recovered", extra={
-            **counts, "clean": self.store.clean_start,
-            "ms": round((time.monotonic() - started) * 1000, 1)})
+        log.info(
+            "message store recovered",
+            extra={
+                **counts,
+                "clean": self.store.clean_start,
+                "ms": round((time.monotonic() - started) * 1000, 1),
+            },
+        )
         self.recovery = counts
         self._compaction_timer = self.clock.call_later(COMPACT_EVERY, self._compact)
 
@@ -193,8 +203,9 @@ class Broker:
         self.auth = self.persistence.load_auth()
         return True
 
-    def put_user(self, name: str, password_hash: str, tags: tuple[str, ...],
-                 loopback_only: bool = False) -> None:
+    def put_user(
+        self, name: str, password_hash: str, tags: tuple[str, ...], loopback_only: bool = False
+    ) -> None:
         from .store.definitions import UserDef
 
         self.persistence.definitions.put_user(UserDef(name, password_hash, tags, loopback_only))
@@ -213,7 +224,9 @@ class Broker:
     def set_permission(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
         from .store.definitions import PermissionDef
 
-        self.persistence.definitions.put_permission(PermissionDef(user, vhost, configure, write, read))
+        self.persistence.definitions.put_permission(
+            PermissionDef(user, vhost, configure, write, read)
+        )
         self.auth = self.persistence.load_auth()
 
     def clear_permission(self, user: str, vhost: str) -> None:
@@ -258,7 +271,8 @@ class Broker:
     def _set_blocked(self, blocked: bool) -> None:
         self.blocked = blocked
         log.warning(
-            "memory alarm %s", "set" if blocked else "cleared",
+            "memory alarm %s",
+            "set" if blocked else "cleared",
             extra={"queued_bytes": self.queued_bytes, "high_watermark": self._high},
         )
         for conn in list(self.connections):
@@ -267,4 +281,3 @@ class Broker:
             paused, self.paused_readers = self.paused_readers, set()
             for conn in paused:
                 conn.resume_reading()
-

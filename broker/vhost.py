@@ -80,7 +80,9 @@ def _type_name(value: Any) -> str:
     return _FIELD_TYPE_NAMES.get(type(value), type(value).__name__)
 
 
-def _inequivalent(kind: str, name: str, vhost: str, key: str, received: Any, current: Any) -> Exception:
+def _inequivalent(
+    kind: str, name: str, vhost: str, key: str, received: Any, current: Any
+) -> Exception:
     return channel_error(
         PRECONDITION_FAILED,
         f"inequivalent arg '{key}' for {kind} '{name}' in vhost '{vhost}': "
@@ -88,9 +90,19 @@ def _inequivalent(kind: str, name: str, vhost: str, key: str, received: Any, cur
     )
 
 
-def _inequivalent_arg(kind: str, name: str, vhost: str, key: str, received: Any, current: Any) -> Exception:
-    got = "none" if received is None else f"the value '{_show(received)}' of type '{_type_name(received)}'"
-    cur = "none" if current is None else f"the value '{_show(current)}' of type '{_type_name(current)}'"
+def _inequivalent_arg(
+    kind: str, name: str, vhost: str, key: str, received: Any, current: Any
+) -> Exception:
+    got = (
+        "none"
+        if received is None
+        else f"the value '{_show(received)}' of type '{_type_name(received)}'"
+    )
+    cur = (
+        "none"
+        if current is None
+        else f"the value '{_show(current)}' of type '{_type_name(current)}'"
+    )
     return channel_error(
         PRECONDITION_FAILED,
         f"inequivalent arg '{key}' for {kind} '{name}' in vhost '{vhost}': "
@@ -151,7 +163,9 @@ class VirtualHost:
             )
         if existing is not None:
             if name == "":
-                raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+                raise channel_error(
+                    ACCESS_REFUSED, "operation not permitted on the default exchange"
+                )
             for key, got, cur in (
                 ("type", type_, existing.type),
                 ("durable", durable, existing.durable),
@@ -184,7 +198,9 @@ class VirtualHost:
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
         if name == "" or name.startswith("amq."):
             raise channel_error(
-                ACCESS_REFUSED, "operation not permitted on the default exchange" if name == ""
+                ACCESS_REFUSED,
+                "operation not permitted on the default exchange"
+                if name == ""
                 else f"deletion of system exchange '{name}' in vhost '{self.name}' is not allowed",
             )
         exchange = self.exchanges.get(name)
@@ -192,7 +208,9 @@ class VirtualHost:
             # RabbitMQ answers delete-ok for an exchange that does not exist.
             return
         if if_unused and exchange.index.has_bindings():
-            raise channel_error(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
+            raise channel_error(
+                PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use"
+            )
         self._remove_exchange(exchange)
 
     def _remove_exchange(self, exchange: Exchange) -> None:
@@ -286,13 +304,20 @@ class VirtualHost:
         return queue, True
 
     def delete_queue(
-        self, queue: Queue, *, if_unused: bool = False, if_empty: bool = False, reason: str = "deleted"
+        self,
+        queue: Queue,
+        *,
+        if_unused: bool = False,
+        if_empty: bool = False,
+        reason: str = "deleted",
     ) -> int:
         """Delete a queue; consumers get basic.cancel first. Returns the messages dropped."""
         if queue.deleted:
             return 0
         if if_unused and queue.consumer_count:
-            raise channel_error(PRECONDITION_FAILED, f"queue '{queue.name}' in vhost '{self.name}' in use")
+            raise channel_error(
+                PRECONDITION_FAILED, f"queue '{queue.name}' in vhost '{self.name}' in use"
+            )
         if if_empty and queue.message_count():
             raise channel_error(
                 PRECONDITION_FAILED, f"queue '{queue.name}' in vhost '{self.name}' is not empty"
@@ -315,11 +340,11 @@ class VirtualHost:
 
     # -- bindings -------------------------------------------------------------------
 
-    def bind_queue(self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None) -> None:
+    def bind_queue(
+        self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
+    ) -> None:
         if exchange.name == "":
-            raise channel_error(
-                ACCESS_REFUSED, "operation not permitted on the default exchange"
-            )
+            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
         try:
             added = exchange.bind(key, queue, arguments)
         except ValueError as exc:
@@ -327,16 +352,18 @@ class VirtualHost:
         if added:
             self.broker.persistence.binding_added(exchange, queue, key, arguments)
 
-    def unbind_queue(self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None) -> None:
+    def unbind_queue(
+        self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
+    ) -> None:
         if exchange.name == "":
-            raise channel_error(
-                ACCESS_REFUSED, "operation not permitted on the default exchange"
-            )
+            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
         if exchange.unbind(key, queue, arguments):
             self.broker.persistence.binding_removed(exchange, queue, key, arguments)
             self._maybe_auto_delete(exchange)
 
-    def bind_exchange(self, destination: Exchange, source: Exchange, key: str, arguments: dict | None) -> None:
+    def bind_exchange(
+        self, destination: Exchange, source: Exchange, key: str, arguments: dict | None
+    ) -> None:
         if source.name == "" or destination.name == "":
             raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
         try:
@@ -346,7 +373,9 @@ class VirtualHost:
         if added:
             self.broker.persistence.binding_added(source, destination, key, arguments)
 
-    def unbind_exchange(self, destination: Exchange, source: Exchange, key: str, arguments: dict | None) -> None:
+    def unbind_exchange(
+        self, destination: Exchange, source: Exchange, key: str, arguments: dict | None
+    ) -> None:
         if source.name == "" or destination.name == "":
             raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
         if source.unbind(key, destination, arguments):
@@ -392,8 +421,7 @@ class VirtualHost:
         if exchange is None or queue.dlx is None:
             return
         if msg.body is None:
-            msg = Message(msg.exchange, msg.routing_key, msg.header,
-                          self.broker.store.body(msg))  # type: ignore[union-attr]
+            msg = Message(msg.exchange, msg.routing_key, msg.header, self.broker.store.body(msg))  # type: ignore[union-attr]
         old = msg.properties
         props = copy_properties(old)
         headers = dict(props.headers or {})
@@ -444,7 +472,10 @@ class VirtualHost:
         rejected_in_path = any(d.get("reason") == "rejected" for d in deaths)
         # A message that would loop through the same queue with no client rejection
         # in the cycle is dropped, as RabbitMQ does.
-        targets = [t for t in targets if rejected_in_path
-                   or not any(d.get("queue") == t.name for d in deaths)]
+        targets = [
+            t
+            for t in targets
+            if rejected_in_path or not any(d.get("queue") == t.name for d in deaths)
+        ]
         if targets:
             self.enqueue(dead, targets)

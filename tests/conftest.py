@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.clock import VirtualClock
-from broker.testing import BrokerThread, running_broker, ephemeral_config
+from broker.testing import BrokerThread, ephemeral_config, running_broker
 
 pytest_plugins = ["pytester"]
 

@@ -54,8 +54,9 @@ def sender_selected_keys(routing_key: str, headers: Mapping | None) -> list[str]
     return keys
 
 
-def route_message(exchange: Any, routing_key: str, headers: Mapping | None,
-                  lookup: Lookup) -> Collection:
+def route_message(
+    exchange: Any, routing_key: str, headers: Mapping | None, lookup: Lookup
+) -> Collection:
     """All queues a publish reaches, counting sender-selected distribution (CC and BCC)."""
     keys = sender_selected_keys(routing_key, headers)
     if keys is None:

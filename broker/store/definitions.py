@@ -128,7 +128,10 @@ class DefinitionStore:
         self._run(
             "INSERT OR REPLACE INTO users (name, password_hash, tags, loopback_only) "
             "VALUES (?, ?, ?, ?)",
-            user.name, user.password_hash, ",".join(user.tags), int(user.loopback_only),
+            user.name,
+            user.password_hash,
+            ",".join(user.tags),
+            int(user.loopback_only),
         )
 
     def delete_user(self, name: str) -> None:
@@ -148,7 +151,11 @@ class DefinitionStore:
         self._run(
             "INSERT OR REPLACE INTO permissions (user, vhost, configure, write, read) "
             "VALUES (?, ?, ?, ?, ?)",
-            perm.user, perm.vhost, perm.configure, perm.write, perm.read,
+            perm.user,
+            perm.vhost,
+            perm.configure,
+            perm.write,
+            perm.read,
         )
 
     def delete_permission(self, user: str, vhost: str) -> None:
@@ -168,7 +175,12 @@ class DefinitionStore:
         self._run(
             "INSERT OR REPLACE INTO exchanges (vhost, name, type, auto_delete, internal, arguments) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            x.vhost, x.name, x.type, int(x.auto_delete), int(x.internal), _table(x.arguments),
+            x.vhost,
+            x.name,
+            x.type,
+            int(x.auto_delete),
+            int(x.internal),
+            _table(x.arguments),
         )
 
     def delete_exchange(self, vhost: str, name: str) -> None:
@@ -177,7 +189,9 @@ class DefinitionStore:
             self._run(
                 "DELETE FROM bindings WHERE vhost = ? AND (source = ? OR "
                 "(destination = ? AND destination_type = 'exchange'))",
-                vhost, name, name,
+                vhost,
+                name,
+                name,
             )
 
     def exchanges(self) -> list[ExchangeDef]:
@@ -191,12 +205,17 @@ class DefinitionStore:
 
     def put_queue(self, vhost: str, name: str, auto_delete: bool, arguments: dict[str, Any]) -> int:
         """Store a durable queue; returns its small integer id (used in the message log)."""
-        row = self._run("SELECT id FROM queues WHERE vhost = ? AND name = ?", vhost, name).fetchone()
+        row = self._run(
+            "SELECT id FROM queues WHERE vhost = ? AND name = ?", vhost, name
+        ).fetchone()
         if row is not None:
             return row[0]
         cur = self._run(
             "INSERT INTO queues (vhost, name, auto_delete, arguments) VALUES (?, ?, ?, ?)",
-            vhost, name, int(auto_delete), _table(arguments),
+            vhost,
+            name,
+            int(auto_delete),
+            _table(arguments),
         )
         return int(cur.lastrowid)
 
@@ -206,7 +225,8 @@ class DefinitionStore:
             self._run(
                 "DELETE FROM bindings WHERE vhost = ? AND destination = ? AND "
                 "destination_type = 'queue'",
-                vhost, name,
+                vhost,
+                name,
             )
 
     def queues(self) -> list[QueueDef]:
@@ -221,7 +241,11 @@ class DefinitionStore:
         self._run(
             "INSERT OR IGNORE INTO bindings (vhost, source, destination, destination_type, "
             "routing_key, arguments) VALUES (?, ?, ?, ?, ?, ?)",
-            b.vhost, b.source, b.destination, b.destination_type, b.routing_key,
+            b.vhost,
+            b.source,
+            b.destination,
+            b.destination_type,
+            b.routing_key,
             _table(b.arguments),
         )
 
@@ -229,7 +253,11 @@ class DefinitionStore:
         self._run(
             "DELETE FROM bindings WHERE vhost = ? AND source = ? AND destination = ? AND "
             "destination_type = ? AND routing_key = ? AND arguments = ?",
-            b.vhost, b.source, b.destination, b.destination_type, b.routing_key,
+            b.vhost,
+            b.source,
+            b.destination,
+            b.destination_type,
+            b.routing_key,
             _table(b.arguments),
         )
 

@@ -48,13 +48,19 @@ def encode_publish(msg_id: int, queue_ids: list[int], msg: Message, body: bytes)
     ex = msg.exchange.encode("utf-8", "surrogateescape")
     rk = msg.routing_key.encode("utf-8", "surrogateescape")
     raw = msg.header.raw
-    return b"".join((
-        _P_HEAD.pack(b"P", msg_id, len(queue_ids)),
-        b"".join(_QID.pack(q) for q in queue_ids),
-        bytes((len(ex),)), ex, bytes((len(rk),)), rk,
-        _U32.pack(len(raw)), raw,
-        body,
-    ))
+    return b"".join(
+        (
+            _P_HEAD.pack(b"P", msg_id, len(queue_ids)),
+            b"".join(_QID.pack(q) for q in queue_ids),
+            bytes((len(ex),)),
+            ex,
+            bytes((len(rk),)),
+            rk,
+            _U32.pack(len(raw)),
+            raw,
+            body,
+        )
+    )
 
 
 def decode_publish(payload: bytes) -> tuple[int, list[int], str, str, bytes, bytes]:
@@ -63,19 +69,20 @@ def decode_publish(payload: bytes) -> tuple[int, list[int], str, str, bytes, byt
     qids = [_QID.unpack_from(payload, pos + 4 * i)[0] for i in range(n)]
     pos += 4 * n
     ln = payload[pos]
-    exchange = payload[pos + 1:pos + 1 + ln].decode("utf-8", "surrogateescape")
+    exchange = payload[pos + 1 : pos + 1 + ln].decode("utf-8", "surrogateescape")
     pos += 1 + ln
     ln = payload[pos]
-    routing_key = payload[pos + 1:pos + 1 + ln].decode("utf-8", "surrogateescape")
+    routing_key = payload[pos + 1 : pos + 1 + ln].decode("utf-8", "surrogateescape")
     pos += 1 + ln
     hlen = _U32.unpack_from(payload, pos)[0]
-    header = payload[pos + 4:pos + 4 + hlen]
-    return msg_id, qids, exchange, routing_key, header, payload[pos + 4 + hlen:]
+    header = payload[pos + 4 : pos + 4 + hlen]
+    return msg_id, qids, exchange, routing_key, header, payload[pos + 4 + hlen :]
 
 
 class MessageStore:
-    def __init__(self, directory: str | Path, *, segment_size: int, sync_interval_ms: int,
-                 loop: Any) -> None:
+    def __init__(
+        self, directory: str | Path, *, segment_size: int, sync_interval_ms: int, loop: Any
+    ) -> None:
         self.dir = Path(directory)
         self.loop = loop
         self.clean_start = (self.dir / CLEAN_SHUTDOWN).exists()
@@ -105,8 +112,9 @@ class MessageStore:
         """Append the publish record; returns the token whose fsync confirms it."""
         msg_id = self.next_id
         self.next_id += 1
-        loc, token = self.log.append(encode_publish(msg_id, [q.store_id for q in queues], msg,
-                                                    msg.body))
+        loc, token = self.log.append(
+            encode_publish(msg_id, [q.store_id for q in queues], msg, msg.body)
+        )
         msg.store_id = msg_id
         msg.store_loc = loc
         msg.store_refs = len(queues)
@@ -242,7 +250,11 @@ class MessageStore:
         duplicates = 0
         in_order = True
         last_id = 0
-        unpack_head, unpack_qid, unpack_u32 = _P_HEAD.unpack_from, _QID.unpack_from, _U32.unpack_from
+        unpack_head, unpack_qid, unpack_u32 = (
+            _P_HEAD.unpack_from,
+            _QID.unpack_from,
+            _U32.unpack_from,
+        )
         for loc, payload in self.log.replay(copy=False):  # memoryviews: keep only bytes()
             kind = payload[0]
             if kind == 0x50:  # P
@@ -253,13 +265,13 @@ class MessageStore:
                     qids = [unpack_qid(payload, 11 + 4 * i)[0] for i in range(n)]
                 pos = 11 + 4 * n
                 ln = payload[pos]
-                ex = bytes(payload[pos + 1:pos + 1 + ln])
+                ex = bytes(payload[pos + 1 : pos + 1 + ln])
                 pos += 1 + ln
                 ln = payload[pos]
-                rk = bytes(payload[pos + 1:pos + 1 + ln])
+                rk = bytes(payload[pos + 1 : pos + 1 + ln])
                 pos += 1 + ln
                 hlen = unpack_u32(payload, pos)[0]
-                raw = bytes(payload[pos + 4:pos + 4 + hlen])
+                raw = bytes(payload[pos + 4 : pos + 4 + hlen])
                 header = headers.get(raw)
                 if header is None:
                     header = headers[raw] = ContentHeader(60, 0, raw)
@@ -323,9 +335,13 @@ class MessageStore:
         for qid, items in per_queue.items():
             queues_by_id[qid].restore(items)
         report = self.log.recovery
-        return {"messages": restored, "dead": dropped, "duplicates": duplicates,
-                "records_dropped": report.records_dropped,
-                "bytes_truncated": report.bytes_truncated}
+        return {
+            "messages": restored,
+            "dead": dropped,
+            "duplicates": duplicates,
+            "records_dropped": report.records_dropped,
+            "bytes_truncated": report.bytes_truncated,
+        }
 
     def close(self) -> None:
         try:

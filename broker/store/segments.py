@@ -312,8 +312,9 @@ class SegmentLog:
             _fsync_dir(os.path.dirname(os.path.abspath(self.directory)))
         # One log per directory: a second process appending to the same files would
         # interleave records and defeat recovery. The lock dies with the process.
-        self._lock_fd = os.open(os.path.join(self.directory, "LOCK"),
-                                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._lock_fd = os.open(
+            os.path.join(self.directory, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644
+        )
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -361,8 +362,9 @@ class SegmentLog:
         self._wfd: int | None = None  # writer's fd (writer thread only)
         self._wseg = -1
 
-        self._thread = threading.Thread(target=self._writer_main, name="roarmq-store-writer",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._writer_main, name="roarmq-store-writer", daemon=True
+        )
         self._thread.start()
 
     @classmethod
@@ -393,7 +395,7 @@ class SegmentLog:
             pos = off - self._buf_base
             buf = self._buf
             _pack_into(buf, pos, MAGIC, n, crc)
-            buf[pos + 12:pos + 12 + n] = payload
+            buf[pos + 12 : pos + 12 + n] = payload
             self._size = end
             self._live[off] = n
             seg_id = self._seg_id
@@ -463,7 +465,8 @@ class SegmentLog:
             self._cond.notify()
         with self._done:
             ok = self._done.wait_for(
-                lambda: self._completed >= target or self.error is not None, timeout)
+                lambda: self._completed >= target or self.error is not None, timeout
+            )
         if self.error is not None:
             self._refuse()
         if not ok:
@@ -507,15 +510,27 @@ class SegmentLog:
     def buffered_bytes(self) -> int:
         """Bytes appended but not yet durable (for the owner's flow control)."""
         with self._lock:
-            return (self._size - self._buf_base + sum(c[3] for c in self._sealed)
-                    + sum(c[3] for c in self._inflight))
+            return (
+                self._size
+                - self._buf_base
+                + sum(c[3] for c in self._sealed)
+                + sum(c[3] for c in self._inflight)
+            )
 
     def segments(self) -> list[SegmentInfo]:
         """Per-segment sizes and liveness, oldest first (only segments the log manages)."""
         with self._lock:
-            return [SegmentInfo(s.id, self._size if s is self._seg else s.size, len(s.live),
-                                s.live_bytes(), s.state, s.damaged)
-                    for _, s in sorted(self._segments.items())]
+            return [
+                SegmentInfo(
+                    s.id,
+                    self._size if s is self._seg else s.size,
+                    len(s.live),
+                    s.live_bytes(),
+                    s.state,
+                    s.damaged,
+                )
+                for _, s in sorted(self._segments.items())
+            ]
 
     # ------------------------------------------------------------------ recovery
 
@@ -543,22 +558,34 @@ class SegmentLog:
                 self._want = True
                 self._cond.notify()
         level = logging.WARNING if report.corrupt_regions else logging.INFO
-        log.log(level, "segment log recovered: %d segments, %d records, %d damaged regions, "
-                "%d bytes truncated", report.segments, report.records_ok, report.records_dropped,
-                report.bytes_truncated,
-                extra={"directory": self.directory, "records": report.records_ok,
-                       "dropped": report.records_dropped, "truncated": report.bytes_truncated})
+        log.log(
+            level,
+            "segment log recovered: %d segments, %d records, %d damaged regions, "
+            "%d bytes truncated",
+            report.segments,
+            report.records_ok,
+            report.records_dropped,
+            report.bytes_truncated,
+            extra={
+                "directory": self.directory,
+                "records": report.records_ok,
+                "dropped": report.records_dropped,
+                "truncated": report.bytes_truncated,
+            },
+        )
 
-    def _replay_segment(self, seg_id: int, report: RecoveryReport,
-                        copy: bool = True) -> Iterator[tuple[Location, bytes]]:
+    def _replay_segment(
+        self, seg_id: int, report: RecoveryReport, copy: bool = True
+    ) -> Iterator[tuple[Location, bytes]]:
         path = os.path.join(self.directory, segment_name(seg_id))
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError as exc:
             # Left alone (not managed, never deleted) so nothing is lost that a person could save.
-            log.error("segment unreadable, skipped: %s", exc,
-                      extra={"segment": seg_id, "path": path})
+            log.error(
+                "segment unreadable, skipped: %s", exc, extra={"segment": seg_id, "path": path}
+            )
             report.corrupt_regions.append(CorruptRegion(seg_id, 0, 0, f"unreadable: {exc}", False))
             report.records_dropped += 1
             return
@@ -585,8 +612,10 @@ class SegmentLog:
                         with lock:
                             live[pos] = n
                         ok += 1
-                        yield (_new_location(Location, (seg_id, pos, n)),
-                               data[start:stop] if copy else view[start:stop])
+                        yield (
+                            _new_location(Location, (seg_id, pos, n)),
+                            data[start:stop] if copy else view[start:stop],
+                        )
                         pos = stop
                         continue
                 n, why = _check(data, view, pos, end)
@@ -594,17 +623,27 @@ class SegmentLog:
                 report.records_dropped += 1
                 if nxt < 0:
                     dropped = end - pos
-                    log.warning("segment tail damaged (%s): truncating %d bytes at offset %d",
-                                why, dropped, pos,
-                                extra={"segment": seg_id, "offset": pos, "nbytes": dropped})
+                    log.warning(
+                        "segment tail damaged (%s): truncating %d bytes at offset %d",
+                        why,
+                        dropped,
+                        pos,
+                        extra={"segment": seg_id, "offset": pos, "nbytes": dropped},
+                    )
                     report.corrupt_regions.append(CorruptRegion(seg_id, pos, dropped, why, True))
                     report.bytes_truncated += dropped
                     self._truncate(path, pos)
                     seg.size = pos
                     break
-                log.warning("segment damaged (%s): skipping %d bytes at offset %d, "
-                            "next intact record at %d", why, nxt - pos, pos, nxt,
-                            extra={"segment": seg_id, "offset": pos, "nbytes": nxt - pos})
+                log.warning(
+                    "segment damaged (%s): skipping %d bytes at offset %d, "
+                    "next intact record at %d",
+                    why,
+                    nxt - pos,
+                    pos,
+                    nxt,
+                    extra={"segment": seg_id, "offset": pos, "nbytes": nxt - pos},
+                )
                 report.corrupt_regions.append(CorruptRegion(seg_id, pos, nxt - pos, why, False))
                 report.bytes_skipped += nxt - pos
                 seg.damaged = True
@@ -652,8 +691,13 @@ class SegmentLog:
                 self._refuse()
             candidates = []
             for s in self._segments.values():
-                if (s.state == _SEALED and s.id < self._durable_below and s.live
-                        and not s.skip_compaction and s.size > 0):
+                if (
+                    s.state == _SEALED
+                    and s.id < self._durable_below
+                    and s.live
+                    and not s.skip_compaction
+                    and s.size > 0
+                ):
                     ratio = s.live_bytes() / s.size
                     if s.damaged or ratio < limit:
                         candidates.append((ratio, s.id, s))
@@ -666,13 +710,21 @@ class SegmentLog:
             self._compact_segment(seg, relocate, report)
         if report.segments:
             self.schedule_sync()
-            log.info("compacted %d segments, moved %d records (%d bytes)", len(report.segments),
-                     report.records_moved, report.bytes_moved,
-                     extra={"segments": len(report.segments), "records": report.records_moved})
+            log.info(
+                "compacted %d segments, moved %d records (%d bytes)",
+                len(report.segments),
+                report.records_moved,
+                report.bytes_moved,
+                extra={"segments": len(report.segments), "records": report.records_moved},
+            )
         return report
 
-    def _compact_segment(self, seg: _Segment, relocate: Callable[[Location, Location, bytes], object],
-                         report: CompactionReport) -> None:
+    def _compact_segment(
+        self,
+        seg: _Segment,
+        relocate: Callable[[Location, Location, bytes], object],
+        report: CompactionReport,
+    ) -> None:
         with self._lock:
             fd = self._rfds.get(seg.id)
             if fd is None:
@@ -684,8 +736,10 @@ class SegmentLog:
             for off, n in live:
                 if _check(data, view, off, len(data))[0] != n:
                     seg.skip_compaction = True
-                    log.error("live record unreadable, segment not compacted",
-                              extra={"segment": seg.id, "offset": off, "nbytes": n})
+                    log.error(
+                        "live record unreadable, segment not compacted",
+                        extra={"segment": seg.id, "offset": off, "nbytes": n},
+                    )
                     return
         finally:
             view.release()
@@ -695,7 +749,7 @@ class SegmentLog:
                     continue
                 del seg.live[off]
             old = _new_location(Location, (seg.id, off, n))
-            payload = data[off + HEADER_SIZE:off + HEADER_SIZE + n]
+            payload = data[off + HEADER_SIZE : off + HEADER_SIZE + n]
             try:
                 new, _ = self.append(payload)
             except BaseException:
@@ -755,8 +809,9 @@ class SegmentLog:
             self._sealed.append((self._seg.id, self._buf_base, self._buf, used))
             self._buf = self._pool.pop() if self._pool else bytearray(self._bufsize)
             self._buf_base = self._size
-        self._limit = -1 if self._refusing else min(self._segment_size,
-                                                     self._buf_base + len(self._buf))
+        self._limit = (
+            -1 if self._refusing else min(self._segment_size, self._buf_base + len(self._buf))
+        )
 
     def _make_room_locked(self, need: int) -> int:
         """Rotate and/or start a new buffer so that `need` bytes fit; return the offset."""
@@ -773,8 +828,9 @@ class SegmentLog:
             self._want = True  # a full buffer starts a batch (or ends a gathering wait)
             self._cond.notify()
         # An oversized record may pass the segment limit; it is alone in its segment.
-        self._limit = max(min(self._segment_size, self._buf_base + len(self._buf)),
-                          self._size + need)
+        self._limit = max(
+            min(self._segment_size, self._buf_base + len(self._buf)), self._size + need
+        )
         return self._size
 
     def _doom_locked(self, seg: _Segment) -> None:
@@ -786,18 +842,19 @@ class SegmentLog:
         start = off + HEADER_SIZE
         if seg_id == self._seg.id and off >= self._buf_base:
             i = start - self._buf_base
-            return bytes(self._buf[i:i + n])
+            return bytes(self._buf[i : i + n])
         for chunks in (self._sealed, self._inflight):
             for cseg, base, data, used in chunks:
                 if cseg == seg_id and base <= off < base + used:
                     i = start - base
-                    return bytes(data[i:i + n])
+                    return bytes(data[i : i + n])
         return None
 
     def _open_read_locked(self, seg_id: int) -> int:
         try:
-            fd = os.open(os.path.join(self.directory, segment_name(seg_id)),
-                         os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(
+                os.path.join(self.directory, segment_name(seg_id)), os.O_RDONLY | os.O_CLOEXEC
+            )
         except FileNotFoundError:
             raise KeyError(f"segment {seg_id} does not exist") from None
         if len(self._rfds) >= self._max_open:
@@ -851,8 +908,9 @@ class SegmentLog:
                     pass
                 self._wfd = None
 
-    def _write_batch(self, chunks: list[tuple[int, int, bytearray, int]], deletions: list[int],
-                     token: int) -> None:
+    def _write_batch(
+        self, chunks: list[tuple[int, int, bytearray, int]], deletions: list[int], token: int
+    ) -> None:
         new_files = False
         for seg_id, base, data, used in chunks:
             if seg_id != self._wseg:
@@ -861,8 +919,11 @@ class SegmentLog:
                         _fdatasync(self._wfd)
                     os.close(self._wfd)
                     self._wfd = None
-                self._wfd = os.open(os.path.join(self.directory, segment_name(seg_id)),
-                                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                self._wfd = os.open(
+                    os.path.join(self.directory, segment_name(seg_id)),
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                    0o644,
+                )
                 self._wseg = seg_id
                 new_files = True
             _pwrite_all(self._wfd, data, base, used)
@@ -924,8 +985,12 @@ class SegmentLog:
             self.error = exc
             self._refusing = True
             self._limit = -1  # append takes the slow path, which refuses
-        log.error("segment log writer failed; no further records will be confirmed: %s", exc,
-                  exc_info=exc, extra={"directory": self.directory})
+        log.error(
+            "segment log writer failed; no further records will be confirmed: %s",
+            exc,
+            exc_info=exc,
+            extra={"directory": self.directory},
+        )
         with self._done:
             self._done.notify_all()
         if self._on_error is not None:

@@ -70,8 +70,9 @@ class RunningBroker:
 
 
 @contextlib.asynccontextmanager
-async def running_broker(config: Config | None = None, *, clock: Clock | None = None,
-                         management: bool = False) -> AsyncIterator[RunningBroker]:
+async def running_broker(
+    config: Config | None = None, *, clock: Clock | None = None, management: bool = False
+) -> AsyncIterator[RunningBroker]:
     """An in-process broker on the running loop, on an ephemeral port."""
     broker = Broker(config or ephemeral_config(), clock=clock)
     await broker.start(management=management)

@@ -31,33 +31,67 @@ class RawClient:
         self.frame_max = 131072
 
     @classmethod
-    async def connect(cls, port: int, *, handshake: bool = True, heartbeat: int = 0,
-                      capabilities: dict | None = None, user: str = "guest",
-                      password: str = "guest", vhost: str = "/") -> RawClient:
+    async def connect(
+        cls,
+        port: int,
+        *,
+        handshake: bool = True,
+        heartbeat: int = 0,
+        capabilities: dict | None = None,
+        user: str = "guest",
+        password: str = "guest",
+        vhost: str = "/",
+    ) -> RawClient:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         client = cls(reader, writer)
         if handshake:
-            await client.handshake(heartbeat=heartbeat, capabilities=capabilities, user=user,
-                                   password=password, vhost=vhost)
+            await client.handshake(
+                heartbeat=heartbeat,
+                capabilities=capabilities,
+                user=user,
+                password=password,
+                vhost=vhost,
+            )
         return client
 
-    async def handshake(self, *, heartbeat: int = 0, capabilities: dict | None = None,
-                        user: str = "guest", password: str = "guest", vhost: str = "/") -> Any:
+    async def handshake(
+        self,
+        *,
+        heartbeat: int = 0,
+        capabilities: dict | None = None,
+        user: str = "guest",
+        password: str = "guest",
+        vhost: str = "/",
+    ) -> Any:
         self.write(PROTOCOL_HEADER)
         await self.expect(spec.ConnectionStart)
-        caps = {"authentication_failure_close": True, "consumer_cancel_notify": True,
-                "connection.blocked": True, "basic.nack": True, "publisher_confirms": True}
+        caps = {
+            "authentication_failure_close": True,
+            "consumer_cancel_notify": True,
+            "connection.blocked": True,
+            "basic.nack": True,
+            "publisher_confirms": True,
+        }
         caps.update(capabilities or {})
-        self.send(0, spec.ConnectionStartOk(
-            client_properties={"product": "rawclient", "capabilities": caps},
-            mechanism="PLAIN", response=b"\x00" + user.encode() + b"\x00" + password.encode(),
-            locale="en_US"))
+        self.send(
+            0,
+            spec.ConnectionStartOk(
+                client_properties={"product": "rawclient", "capabilities": caps},
+                mechanism="PLAIN",
+                response=b"\x00" + user.encode() + b"\x00" + password.encode(),
+                locale="en_US",
+            ),
+        )
         got = await self.next_method()
         if not isinstance(got, spec.ConnectionTune):
             return got
         self.frame_max = got.frame_max
-        self.send(0, spec.ConnectionTuneOk(channel_max=got.channel_max, frame_max=got.frame_max,
-                                           heartbeat=heartbeat))
+        self.send(
+            0,
+            spec.ConnectionTuneOk(
+                channel_max=got.channel_max, frame_max=got.frame_max, heartbeat=heartbeat
+            ),
+        )
         self.send(0, spec.ConnectionOpen(virtual_host=vhost))
         return await self.next_method()
 
@@ -67,11 +101,19 @@ class RawClient:
     def send(self, channel: int, method: Any) -> None:
         self.writer.write(encode_method(channel, method))
 
-    def publish(self, channel: int, exchange: str, routing_key: str, body: bytes,
-                properties: BasicProperties | None = None, mandatory: bool = False) -> None:
+    def publish(
+        self,
+        channel: int,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: BasicProperties | None = None,
+        mandatory: bool = False,
+    ) -> None:
         method = spec.BasicPublish(exchange=exchange, routing_key=routing_key, mandatory=mandatory)
-        self.writer.write(encode_content(channel, method, properties or BasicProperties(), body,
-                                         self.frame_max))
+        self.writer.write(
+            encode_content(channel, method, properties or BasicProperties(), body, self.frame_max)
+        )
 
     async def next_event(self, timeout: float = 5.0) -> Any:
         while not self.events:

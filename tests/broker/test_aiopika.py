@@ -13,8 +13,9 @@ from aio_pika.exceptions import ChannelClosed
 pytestmark = pytest.mark.timeout(30)
 
 
-async def drain(queue: aio_pika.abc.AbstractQueue, count: int, timeout: float = 5.0,
-                ack: bool = True) -> list[aio_pika.abc.AbstractIncomingMessage]:
+async def drain(
+    queue: aio_pika.abc.AbstractQueue, count: int, timeout: float = 5.0, ack: bool = True
+) -> list[aio_pika.abc.AbstractIncomingMessage]:
     got: list = []
     done = asyncio.Event()
 
@@ -50,9 +51,17 @@ async def test_server_properties_and_capabilities(conn):
     props = conn.transport.connection.server_properties
     assert props["product"] == "RoarMQ"
     caps = props["capabilities"]
-    for cap in ("publisher_confirms", "exchange_exchange_bindings", "basic.nack",
-                "consumer_cancel_notify", "connection.blocked", "authentication_failure_close",
-                "per_consumer_qos", "consumer_priorities", "direct_reply_to"):
+    for cap in (
+        "publisher_confirms",
+        "exchange_exchange_bindings",
+        "basic.nack",
+        "consumer_cancel_notify",
+        "connection.blocked",
+        "authentication_failure_close",
+        "per_consumer_qos",
+        "consumer_priorities",
+        "direct_reply_to",
+    ):
         assert caps[cap] is True
 
 
@@ -215,7 +224,8 @@ async def test_message_ttl_dead_letters_expired(conn):
     dead = await ch.declare_queue("ttl-dead", exclusive=True)
     await dead.bind(dlx)
     await ch.declare_queue(
-        "ttl-q", exclusive=True,
+        "ttl-q",
+        exclusive=True,
         arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "ttl-dlx"},
     )
     await ch.default_exchange.publish(Message(b"old"), routing_key="ttl-q")
@@ -237,8 +247,9 @@ async def test_max_length_drop_head_and_reject_publish(conn):
     assert [m.body for m in got] == [b"2", b"3"]
     for m in got:
         await m.ack()
-    await ch.declare_queue("rejpub", exclusive=True,
-                           arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    await ch.declare_queue(
+        "rejpub", exclusive=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+    )
     await ch.default_exchange.publish(Message(b"a"), routing_key="rejpub")
     with pytest.raises(aio_pika.exceptions.DeliveryError):
         await ch.default_exchange.publish(Message(b"b"), routing_key="rejpub")
@@ -331,8 +342,9 @@ async def test_exchange_to_exchange_and_alternate(conn):
     src = await ch.declare_exchange("e2e-src", ExchangeType.TOPIC)
     dst = await ch.declare_exchange("e2e-dst", ExchangeType.FANOUT)
     alt = await ch.declare_exchange("alt-x", ExchangeType.FANOUT)
-    with_alt = await ch.declare_exchange("with-alt", ExchangeType.DIRECT,
-                                         arguments={"alternate-exchange": "alt-x"})
+    with_alt = await ch.declare_exchange(
+        "with-alt", ExchangeType.DIRECT, arguments={"alternate-exchange": "alt-x"}
+    )
     q = await ch.declare_queue("e2e-q", exclusive=True)
     qa = await ch.declare_queue("alt-q", exclusive=True)
     await dst.bind(src, "a.#")
@@ -357,6 +369,7 @@ async def test_consumer_priorities(conn):
         async def on_message(message):
             seen[name] += 1
             await message.ack()
+
         return on_message
 
     await q.consume(make("low"), arguments={"x-priority": 1})
@@ -370,14 +383,14 @@ async def test_consumer_priorities(conn):
 
 async def test_single_active_consumer(conn):
     ch = await conn.channel()
-    q = await ch.declare_queue("sac", exclusive=True,
-                               arguments={"x-single-active-consumer": True})
+    q = await ch.declare_queue("sac", exclusive=True, arguments={"x-single-active-consumer": True})
     seen: list[str] = []
 
     def make(name):
         async def on_message(message):
             seen.append(name)
             await message.ack()
+
         return on_message
 
     await q.consume(make("first"))
@@ -401,8 +414,15 @@ async def test_quorum_delivery_limit_dead_letters(conn):
     dlx = await ch.declare_exchange("qq-dlx", ExchangeType.FANOUT)
     dead = await ch.declare_queue("qq-dead", exclusive=True)
     await dead.bind(dlx)
-    q = await ch.declare_queue("qq-limit", durable=True, arguments={
-        "x-queue-type": "quorum", "x-delivery-limit": 1, "x-dead-letter-exchange": "qq-dlx"})
+    q = await ch.declare_queue(
+        "qq-limit",
+        durable=True,
+        arguments={
+            "x-queue-type": "quorum",
+            "x-delivery-limit": 1,
+            "x-dead-letter-exchange": "qq-dlx",
+        },
+    )
     await ch.default_exchange.publish(Message(b"poison"), routing_key="qq-limit")
     for _ in range(2):
         m = await q.get(timeout=5)
@@ -456,8 +476,9 @@ async def test_user_id_mismatch_refused(conn):
 async def test_mandatory_unroutable_is_returned(conn):
     ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
     with pytest.raises(aio_pika.exceptions.DeliveryError) as info:
-        await ch.default_exchange.publish(Message(b"lost"), routing_key="no-such-queue",
-                                          mandatory=True)
+        await ch.default_exchange.publish(
+            Message(b"lost"), routing_key="no-such-queue", mandatory=True
+        )
     assert info.value.message.body == b"lost"
 
 

@@ -40,18 +40,24 @@ def test_declare_publish_get_consume(thread_broker):
 def test_publish_through_topic_exchange(thread_broker):
     url = thread_broker.url
     run("amqp-declare-queue", "--url", url, "-q", "tools-topic")
-    subprocess.run(["amqp-publish", "--url", url, "-e", "amq.topic", "-r", "a.b", "-b", "x"],
-                   check=True, timeout=20)
+    subprocess.run(
+        ["amqp-publish", "--url", url, "-e", "amq.topic", "-r", "a.b", "-b", "x"],
+        check=True,
+        timeout=20,
+    )
     # Bind with amqp-consume's -e/-r options and check delivery of a later publish.
-    proc = subprocess.Popen(["amqp-consume", "--url", url, "-e", "amq.topic", "-r", "logs.#",
-                             "-c", "1", "cat"], stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["amqp-consume", "--url", url, "-e", "amq.topic", "-r", "logs.#", "-c", "1", "cat"],
+        stdout=subprocess.PIPE,
+    )
     try:
         import time
 
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             bound = thread_broker.call(
-                lambda: len(thread_broker.broker.vhosts["/"].exchanges["amq.topic"].index))
+                lambda: len(thread_broker.broker.vhosts["/"].exchanges["amq.topic"].index)
+            )
             if bound:
                 break
             time.sleep(0.05)

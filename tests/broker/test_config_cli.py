@@ -24,7 +24,11 @@ def test_shipped_config_is_valid_and_matches_defaults():
     assert cfg.amqp.bind == ("127.0.0.1", "::1") and cfg.amqp.port == 5672
     assert cfg.management.bind == "127.0.0.1" and cfg.management.port == 15672
     assert cfg.limits.max_message_size == 128 * 1024 * 1024
-    assert (cfg.limits.frame_max, cfg.limits.channel_max, cfg.limits.heartbeat) == (131072, 2047, 60)
+    assert (cfg.limits.frame_max, cfg.limits.channel_max, cfg.limits.heartbeat) == (
+        131072,
+        2047,
+        60,
+    )
     assert cfg.storage.data_dir == "./data"
     assert [u.name for u in cfg.users] == ["guest"] and cfg.users[0].loopback_only
 
@@ -51,26 +55,42 @@ def test_bad_config_names_the_key(doc, key):
 
 
 def test_check_config_cli(tmp_path):
-    good = subprocess.run([sys.executable, "-m", "broker", "--check-config", str(ROOT / "config.toml")],
-                          capture_output=True, text=True, timeout=60)
+    good = subprocess.run(
+        [sys.executable, "-m", "broker", "--check-config", str(ROOT / "config.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert good.returncode == 0, good.stderr
     bad_file = tmp_path / "bad.toml"
     bad_file.write_text("[limits]\nheartbeat = -1\n")
-    bad = subprocess.run([sys.executable, "-m", "broker", "--check-config", str(bad_file)],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "broker", "--check-config", str(bad_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1
     assert "[limits] heartbeat" in bad.stderr
     broken = tmp_path / "broken.toml"
     broken.write_text("[amqp\n")
-    out = subprocess.run([sys.executable, "-m", "broker", "--check-config", str(broken)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "broker", "--check-config", str(broken)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and "not valid TOML" in out.stderr
 
 
 def test_overrides_win_over_file():
     cfg = Config().with_overrides(port=1234, mgmt_port=0, data_dir="/tmp/x", log_level="INFO")
     assert (cfg.amqp.port, cfg.management.port, cfg.storage.data_dir, cfg.log.level) == (
-        1234, 0, "/tmp/x", "info")
+        1234,
+        0,
+        "/tmp/x",
+        "info",
+    )
 
 
 def _free_port() -> int:
@@ -90,9 +110,21 @@ def test_daemon_starts_serves_and_stops(tmp_path, argv0):
     data = tmp_path / "data"
     started = time.monotonic()
     proc = subprocess.Popen(
-        [*argv0, "--config", str(ROOT / "config.toml"), "--port", str(port),
-         "--mgmt-port", str(mgmt), "--data-dir", str(data), "--log-level", "info"],
-        stderr=subprocess.PIPE, text=True,
+        [
+            *argv0,
+            "--config",
+            str(ROOT / "config.toml"),
+            "--port",
+            str(port),
+            "--mgmt-port",
+            str(mgmt),
+            "--data-dir",
+            str(data),
+            "--log-level",
+            "info",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = ""
@@ -131,9 +163,21 @@ def test_dockerfile_install_and_check_config_steps(tmp_path):
     assert 'CMD ["python", "-m", "broker", "--config", "/etc/roarmq/config.toml"]' in dockerfile
     # RUN pip install .  (dependencies are already in this venv; install the package itself)
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--target", str(target), str(ROOT)],
-                   check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(ROOT),
+        ],
+        check=True,
+        timeout=300,
+    )
     # RUN sed ... /etc/roarmq/config.toml && python -m broker --check-config ...
     etc = tmp_path / "etc-roarmq"
     etc.mkdir()
@@ -144,11 +188,23 @@ def test_dockerfile_install_and_check_config_steps(tmp_path):
     subprocess.run(sed, shell=True, check=True, timeout=30)
     assert 'bind = ["0.0.0.0"]' in conf.read_text()
     env = dict(os.environ, PYTHONPATH=str(target))
-    check = subprocess.run([sys.executable, "-m", "broker", "--check-config", str(conf)],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [sys.executable, "-m", "broker", "--check-config", str(conf)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0, check.stderr
-    where = subprocess.run([sys.executable, "-c", "import broker, protocol; print(broker.__file__)"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    where = subprocess.run(
+        [sys.executable, "-c", "import broker, protocol; print(broker.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert where.stdout.startswith(str(target))
 
 

@@ -63,8 +63,9 @@ async def test_wrong_password_is_403_access_refused(broker):
     got = await c.handshake(password="wrong")
     assert isinstance(got, spec.ConnectionClose)
     assert got.reply_code == 403
-    assert got.reply_text.startswith("ACCESS_REFUSED - Login was refused using authentication "
-                                     "mechanism PLAIN")
+    assert got.reply_text.startswith(
+        "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN"
+    )
     await c.close()
 
 
@@ -100,8 +101,10 @@ async def test_inequivalent_redeclare_is_406(client):
     client.send(1, spec.QueueDeclare(queue="ineq", durable=True))
     close = await channel_close(client)
     assert close.reply_code == 406
-    assert close.reply_text == ("PRECONDITION_FAILED - inequivalent arg 'durable' for queue "
-                                "'ineq' in vhost '/': received 'true' but current is 'false'")
+    assert close.reply_text == (
+        "PRECONDITION_FAILED - inequivalent arg 'durable' for queue "
+        "'ineq' in vhost '/': received 'true' but current is 'false'"
+    )
 
 
 async def test_inequivalent_exchange_type_is_406(client):
@@ -162,7 +165,10 @@ async def test_reserved_names_are_403(client):
     client.send(1, spec.QueueDeclare(queue="amq.mine"))
     close = await channel_close(client)
     assert close.reply_code == 403
-    assert close.reply_text == "ACCESS_REFUSED - queue name 'amq.mine' contains reserved prefix 'amq.*'"
+    assert (
+        close.reply_text
+        == "ACCESS_REFUSED - queue name 'amq.mine' contains reserved prefix 'amq.*'"
+    )
     await client.open_channel(2)
     client.send(2, spec.ExchangeDeclare(exchange="amq.custom", type="direct"))
     close = await channel_close(client, 2)
@@ -183,15 +189,20 @@ async def test_publish_to_internal_exchange_is_403(client):
     client.publish(1, "internal-x", "", b"x")
     close = await channel_close(client)
     assert close.reply_code == 403
-    assert close.reply_text == ("ACCESS_REFUSED - cannot publish to internal exchange "
-                                "'internal-x' in vhost '/'")
+    assert close.reply_text == (
+        "ACCESS_REFUSED - cannot publish to internal exchange 'internal-x' in vhost '/'"
+    )
 
 
 async def test_immediate_is_540_not_implemented(client):
     client.writer.write(
         __import__("protocol.frames", fromlist=["encode_content"]).encode_content(
-            1, spec.BasicPublish(exchange="", routing_key="q", immediate=True),
-            BasicProperties(), b"x", 131072)
+            1,
+            spec.BasicPublish(exchange="", routing_key="q", immediate=True),
+            BasicProperties(),
+            b"x",
+            131072,
+        )
     )
     close = await connection_close(client)
     assert close.reply_code == 540
@@ -275,8 +286,9 @@ async def test_message_over_max_size_is_406(tmp_path):
         c.publish(1, "", "q", b"x" * 5000)
         close = await channel_close(c)
         assert close.reply_code == 406
-        assert close.reply_text == ("PRECONDITION_FAILED - message size 5000 is larger than "
-                                    "configured max size 1000")
+        assert close.reply_text == (
+            "PRECONDITION_FAILED - message size 5000 is larger than configured max size 1000"
+        )
         await c.open_channel(2)
         c.send(2, spec.QueueDeclare(queue="", exclusive=True))
         await c.expect(spec.QueueDeclareOk)
@@ -358,8 +370,7 @@ async def test_recover_requeue_false_is_540(client):
 
 
 async def test_stream_queue_is_refused_with_406(client):
-    client.send(1, spec.QueueDeclare(queue="s", durable=True,
-                                     arguments={"x-queue-type": "stream"}))
+    client.send(1, spec.QueueDeclare(queue="s", durable=True, arguments={"x-queue-type": "stream"}))
     close = await channel_close(client)
     assert close.reply_code == 406 and "not supported yet" in close.reply_text
 
@@ -375,8 +386,9 @@ async def test_guest_only_from_loopback():
 
     from broker.auth import Authenticator, AuthError, hash_password
 
-    guest = SimpleNamespace(name="guest", password_hash=hash_password("guest"), tags=(),
-                            loopback_only=True)
+    guest = SimpleNamespace(
+        name="guest", password_hash=hash_password("guest"), tags=(), loopback_only=True
+    )
     auth = Authenticator([guest], [])
     assert auth.authenticate("PLAIN", b"\x00guest\x00guest", "127.0.0.1").name == "guest"
     assert auth.authenticate("PLAIN", b"\x00guest\x00guest", "::1").name == "guest"
@@ -391,8 +403,12 @@ async def test_amqplain_login(broker):
     c.write(PROTOCOL_HEADER)
     await c.expect(spec.ConnectionStart)
     response = encode_table({"LOGIN": "guest", "PASSWORD": "guest"})[4:]
-    c.send(0, spec.ConnectionStartOk(client_properties={}, mechanism="AMQPLAIN",
-                                     response=response, locale="en_US"))
+    c.send(
+        0,
+        spec.ConnectionStartOk(
+            client_properties={}, mechanism="AMQPLAIN", response=response, locale="en_US"
+        ),
+    )
     tune = await c.expect(spec.ConnectionTune)
     assert tune.frame_max == 131072 and tune.channel_max == 2047 and tune.heartbeat == 60
     await c.close()
@@ -426,9 +442,16 @@ async def test_frames_after_an_oversized_message_are_still_handled(tmp_path):
         c = await RawClient.connect(b.port)
         await c.open_channel(1)
         await c.open_channel(2)
-        c.write(encode_content(1, spec.BasicPublish(exchange="", routing_key="q"),
-                               BasicProperties(), b"x" * 5000, 131072)
-                + encode_method(2, spec.QueueDeclare(queue="", exclusive=True)))
+        c.write(
+            encode_content(
+                1,
+                spec.BasicPublish(exchange="", routing_key="q"),
+                BasicProperties(),
+                b"x" * 5000,
+                131072,
+            )
+            + encode_method(2, spec.QueueDeclare(queue="", exclusive=True))
+        )
         got = [await c.next_method(), await c.next_method()]
         kinds = sorted(type(m).__name__ for m in got)
         assert kinds == ["ChannelClose", "QueueDeclareOk"]

@@ -53,8 +53,11 @@ async def test_slow_consumer_does_not_slow_others_or_grow_buffers(broker):
     vhost = broker.broker.vhosts["/"]
     slow_q = vhost.queues["slow-q"]
     assert slow_q.message_count() > 0, "the stuck consumer must not have been handed everything"
-    conn = next(c for c in broker.broker.connections if "stuck" in next(
-        iter(ch.consumers for ch in c.channels.values()), {}))
+    conn = next(
+        c
+        for c in broker.broker.connections
+        if "stuck" in next(iter(ch.consumers for ch in c.channels.values()), {})
+    )
     assert not conn.writable
     buffered = conn.transport.get_write_buffer_size()
     assert buffered <= WRITE_HIGH + FLUSH_THRESHOLD + len(body) + 1024

@@ -16,8 +16,9 @@ def test_producer_consumer_topic(thread_broker):
         with conn.channel() as channel:
             producer = Producer(channel, exchange=exchange)
             for i in range(10):
-                producer.publish({"n": i}, routing_key=f"tasks.add.{i}", declare=[queue],
-                                 serializer="json")
+                producer.publish(
+                    {"n": i}, routing_key=f"tasks.add.{i}", declare=[queue], serializer="json"
+                )
             producer.publish({"n": -1}, routing_key="other.thing", serializer="json")
 
             def on_message(body, message):

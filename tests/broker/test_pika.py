@@ -23,8 +23,12 @@ def test_publish_and_consume(thread_broker):
     ch = conn.channel()
     ch.queue_declare("pika-q")
     for i in range(20):
-        ch.basic_publish("", "pika-q", f"m{i}".encode(),
-                         pika.BasicProperties(content_type="text/plain", headers={"n": i}))
+        ch.basic_publish(
+            "",
+            "pika-q",
+            f"m{i}".encode(),
+            pika.BasicProperties(content_type="text/plain", headers={"n": i}),
+        )
     bodies = []
     for method, props, body in ch.consume("pika-q", inactivity_timeout=2):
         if method is None:
@@ -88,6 +92,8 @@ def test_heartbeats_keep_idle_connection_alive(thread_broker):
         conn.process_data_events(time_limit=0.5)
     assert conn.is_open
     ch.queue_declare("", exclusive=True)
-    server_conns = thread_broker.call(lambda: [c.heartbeat for c in thread_broker.broker.connections])
+    server_conns = thread_broker.call(
+        lambda: [c.heartbeat for c in thread_broker.broker.connections]
+    )
     assert server_conns == [1]
     conn.close()

@@ -3,8 +3,6 @@ overflow modes, auto-delete exchanges, exchange unbind, MQTT-syntax topic exchan
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from rawclient import RawClient
 
@@ -26,7 +24,7 @@ async def deliveries(c: RawClient, timeout: float = 0.3) -> list[ContentMessage]
     while True:
         try:
             frame = await c.next_frame(timeout=timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return got
         if isinstance(frame, ContentMessage):
             got.append(frame)
@@ -103,8 +101,14 @@ async def test_reject_publish_dlx_dead_letters_the_refused_message(c):
     dead = await declare(c)
     c.send(1, spec.QueueBind(queue=dead, exchange="ovf-dlx"))
     await c.expect(spec.QueueBindOk)
-    q = await declare(c, arguments={"x-max-length": 1, "x-overflow": "reject-publish-dlx",
-                                    "x-dead-letter-exchange": "ovf-dlx"})
+    q = await declare(
+        c,
+        arguments={
+            "x-max-length": 1,
+            "x-overflow": "reject-publish-dlx",
+            "x-dead-letter-exchange": "ovf-dlx",
+        },
+    )
     c.send(1, spec.ConfirmSelect())
     await c.expect(spec.ConfirmSelectOk)
     c.publish(1, "", q, b"kept")
@@ -159,8 +163,10 @@ async def test_exchange_unbind_stops_routing(c):
 
 
 async def test_mqtt_syntax_topic_exchange(c):
-    c.send(1, spec.ExchangeDeclare(exchange="mqtt-x", type="topic",
-                                   arguments={"x-topic-syntax": "mqtt"}))
+    c.send(
+        1,
+        spec.ExchangeDeclare(exchange="mqtt-x", type="topic", arguments={"x-topic-syntax": "mqtt"}),
+    )
     await c.expect(spec.ExchangeDeclareOk)
     q = await declare(c)
     c.send(1, spec.QueueBind(queue=q, exchange="mqtt-x", routing_key="sensors/+/temp"))

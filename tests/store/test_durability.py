@@ -40,13 +40,28 @@ class BrokerProcess:
 
     def start(self) -> BrokerProcess:
         config = self.data_dir.parent / "config.toml"
-        config.write_text('[amqp]\nbind = ["127.0.0.1"]\n[management]\nenabled = false\n'
-                          "[storage]\nsegment_size = 1048576\n")
+        config.write_text(
+            '[amqp]\nbind = ["127.0.0.1"]\n[management]\nenabled = false\n'
+            "[storage]\nsegment_size = 1048576\n"
+        )
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "broker", "--config", str(config), "--port", str(self.port),
-                 "--data-dir", str(self.data_dir), "--log-level", "info"],
-                stdout=out, stderr=out, cwd=ROOT,
+                [
+                    sys.executable,
+                    "-m",
+                    "broker",
+                    "--config",
+                    str(config),
+                    "--port",
+                    str(self.port),
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--log-level",
+                    "info",
+                ],
+                stdout=out,
+                stderr=out,
+                cwd=ROOT,
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -73,8 +88,11 @@ class BrokerProcess:
 
 
 def connect(port: int) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(
-        "127.0.0.1", port, socket_timeout=10, blocked_connection_timeout=30))
+    return pika.BlockingConnection(
+        pika.ConnectionParameters(
+            "127.0.0.1", port, socket_timeout=10, blocked_connection_timeout=30
+        )
+    )
 
 
 def drain(port: int, queue: str) -> list[tuple[bytes, bool]]:
@@ -141,8 +159,9 @@ def test_kill9_rounds_lose_nothing_confirmed(tmp_path):
                 while time.monotonic() < deadline:
                     seq += 1
                     q = "k1" if seq % 3 else "k2"
-                    ch.basic_publish("", q, struct.pack(">Q", seq) + os.urandom(rng.randint(0, 2048)),
-                                     PERSISTENT)
+                    ch.basic_publish(
+                        "", q, struct.pack(">Q", seq) + os.urandom(rng.randint(0, 2048)), PERSISTENT
+                    )
                     confirmed[q].append(seq)  # basic_publish returned: the broker confirmed it
                     n += 1
                     if n % 37 == 0:  # consume and ack a few along the way
@@ -211,8 +230,9 @@ def test_torn_and_corrupt_tail_recovers_and_reports(tmp_path):
 
 def test_long_queue_pages_bodies_to_the_log(tmp_path):
     """Over queue_memory_limit a durable queue keeps only its index; bodies come back from disk."""
-    cfg = ephemeral_config(data_dir=str(tmp_path / "data"),
-                           storage={"queue_memory_limit": 64 * 1024})
+    cfg = ephemeral_config(
+        data_dir=str(tmp_path / "data"), storage={"queue_memory_limit": 64 * 1024}
+    )
     body = os.urandom(1024)
     with BrokerThread(cfg) as b:
         conn = pika.BlockingConnection(pika.URLParameters(b.url))

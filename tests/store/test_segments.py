@@ -32,8 +32,11 @@ from broker.store.segments import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-HYP = settings(max_examples=40, deadline=None,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+HYP = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 payload_lists = st.lists(st.binary(max_size=300), max_size=40)
 
@@ -198,8 +201,9 @@ def test_sync_interval_gathers_a_batch(tmp_path):
         synced.append(token)
         done.set()
 
-    with SegmentLog.open(tmp_path, sync_interval_ms=60_000, buffer_size=64 << 10,
-                         on_synced=on_synced) as log:
+    with SegmentLog.open(
+        tmp_path, sync_interval_ms=60_000, buffer_size=64 << 10, on_synced=on_synced
+    ) as log:
         log.append(b"zero")
         log.schedule_sync()
         assert done.wait(10)  # an idle log syncs at once: no added latency
@@ -217,8 +221,7 @@ def test_sync_interval_gathers_a_batch(tmp_path):
 
 def test_full_buffer_starts_a_batch_without_being_asked(tmp_path):
     done = threading.Event()
-    with SegmentLog.open(tmp_path, buffer_size=64 << 10,
-                         on_synced=lambda tok: done.set()) as log:
+    with SegmentLog.open(tmp_path, buffer_size=64 << 10, on_synced=lambda tok: done.set()) as log:
         for _ in range(100):
             log.append(b"x" * 1000)  # > 64 KiB in all
         assert done.wait(10)
@@ -264,7 +267,8 @@ def test_torn_tail_every_cut_point(tmp_path, last):
         assert rep.bytes_truncated == cut - start
         assert rep.records_dropped == 1
         assert [(r.segment, r.offset, r.length, r.truncated) for r in rep.corrupt_regions] == [
-            (0, start, cut - start, True)]
+            (0, start, cut - start, True)
+        ]
         # the repaired file replays clean
         log, again = replay(d)
         log.close()
@@ -304,12 +308,14 @@ def test_corruption_in_the_middle_resyncs(payloads, data):
         Path(path).write_bytes(raw)
         log, records = replay(d)
         try:
-            assert records == [(loc, p) for i, (loc, p) in enumerate(zip(locs, payloads, strict=True))
-                               if i != k]
+            assert records == [
+                (loc, p) for i, (loc, p) in enumerate(zip(locs, payloads, strict=True)) if i != k
+            ]
             rep = log.recovery
             assert rep.records_ok == len(payloads) - 1 and rep.records_dropped == 1
             assert [(r.offset, r.length, r.truncated) for r in rep.corrupt_regions] == [
-                (start, end - start, False)]
+                (start, end - start, False)
+            ]
             assert rep.bytes_truncated == 0
             assert os.path.getsize(path) == len(raw)  # damage in the middle is left in place
             assert [s.damaged for s in log.segments() if s.segment == 0] == [True]
@@ -335,17 +341,22 @@ def test_zeroed_hole_and_several_regions(tmp_path, caplog):
     log.close()
     assert [p for _, p in records] == [p for i, p in enumerate(payloads) if i not in (2, 3, 7)]
     regions = [(r.offset, r.length, r.truncated) for r in log.recovery.corrupt_regions]
-    assert regions == [(bounds[2][0], bounds[3][1] - bounds[2][0], False),
-                       (bounds[7][0], bounds[7][1] - bounds[7][0], False),
-                       (bounds[-1][1], 4096, True)]
+    assert regions == [
+        (bounds[2][0], bounds[3][1] - bounds[2][0], False),
+        (bounds[7][0], bounds[7][1] - bounds[7][0], False),
+        (bounds[-1][1], 4096, True),
+    ]
     assert log.recovery.bytes_truncated == 4096
     assert path.stat().st_size == bounds[-1][1]
     assert "segment damaged" in caplog.text and "truncating 4096 bytes" in caplog.text
 
 
 @HYP
-@given(payloads=st.lists(st.binary(max_size=100), max_size=8),
-       garbage=st.binary(min_size=1, max_size=300), with_magic=st.booleans())
+@given(
+    payloads=st.lists(st.binary(max_size=100), max_size=8),
+    garbage=st.binary(min_size=1, max_size=300),
+    with_magic=st.booleans(),
+)
 def test_garbage_at_the_end_is_dropped(payloads, garbage, with_magic):
     if with_magic:  # a plausible header whose record does not verify
         garbage = MAGIC + garbage
@@ -394,8 +405,14 @@ def test_kill_9_mid_stream(tmp_path):
     """)
     d = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", script, str(d)], capture_output=True, text=True,
-                         timeout=60, env=env, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(d)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    ).stdout
     confirmed = max(int(line) for line in out.split())
     assert confirmed >= 4001
     log, records = replay(d)
@@ -404,7 +421,7 @@ def test_kill_9_mid_stream(tmp_path):
     expected = [i.to_bytes(4, "little") * rng.randrange(1, 200) for i in range(6000)]
     got = [p for _, p in records]
     assert len(got) >= confirmed
-    assert got == expected[:len(got)]  # an exact prefix, nothing invented
+    assert got == expected[: len(got)]  # an exact prefix, nothing invented
     assert log.recovery.records_dropped == 0
 
 
@@ -722,6 +739,9 @@ class SegmentLogMachine(RuleBasedStateMachine):
 
 
 SegmentLogMachine.TestCase.settings = settings(
-    max_examples=30, stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
+    max_examples=30,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 test_segment_log_model = SegmentLogMachine.TestCase
