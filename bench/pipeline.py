@@ -11,10 +11,11 @@ A benchmark, not a test. Two parts:
    in the broker's own file layout and schema. Routing keys come from a pool of ``--keys``
    distinct keys (default 100,000; 5% match nothing), so keys repeat as they do in real traffic
    ("cached routing keys"); 10% of the rows carry a per-message ``trace`` header. The timed job
-   is the routing pass of ``report`` (``pipeline.jobs.route_archive``: scan, group identical
-   envelopes, route each group with the broker's index in ``mapInArrow``, sum the counters),
-   run twice per master in a fresh process each: cold (Python workers start, indexes are built)
-   and warm. Rows routed per second = archive rows / wall time; per core = / executor cores.
+   is the routing pass (``pipeline.jobs.analyse``: one ``mapInArrow`` task per core reads its
+   row groups, groups identical envelopes with Arrow, routes each with the broker's index, and
+   Spark sums the counters), run twice per master in a fresh process each: cold (Python
+   workers start, indexes are built) and warm; then once more with the traffic table that
+   ``report`` adds. Rows routed per second = archive rows / wall time; per core = / cores.
    Also timed in this process: building the routers for the definitions, and routing every
    distinct envelope of the pool through them once (the Python index alone, uncached).
 2. Broker cost. A RoarMQ broker with the archive off, then on (alternating, ``--repeat`` times
@@ -152,7 +153,7 @@ def make_archive(root: Path, rows: int, bindings: int, keys: int, hours: int = 2
         directory = root / "vhost=%2F" / f"hour={hour_name(START_HOUR + h)}"
         directory.mkdir(parents=True, exist_ok=True)
         seq += 1
-        pq.write_table(table, directory / f"part-{SESSION}-{seq:08d}-{seq:08d}.parquet",
+        pq.write_table(table, directory / f"part-{SESSION}-{seq:08d}.parquet",
                        compression="zstd", row_group_size=256 * 1024)
         written += n
     return time.monotonic() - started
@@ -164,7 +165,7 @@ def make_archive(root: Path, rows: int, bindings: int, keys: int, hours: int = 2
 def route_worker(args: argparse.Namespace) -> int:
     """In its own process: route the archive twice under one master; print one JSON line."""
     from pipeline.definitions import load_definitions
-    from pipeline.jobs import ALL, read_archive, route_archive
+    from pipeline.jobs import ALL, analyse
     from pipeline.reader import scan_archive
     from pipeline.session import get_spark
 
@@ -176,13 +177,18 @@ def route_worker(args: argparse.Namespace) -> int:
     runs = []
     for label in ("cold", "warm"):
         t0 = time.monotonic()
-        counters = route_archive(spark, read_archive(spark, scan.files), [defs])
+        result = analyse(spark, scan, [defs])
         seconds = time.monotonic() - t0
-        rows = counters.total(ALL, "rows")
-        runs.append({"run": label, "seconds": seconds, "rows": rows,
-                     "agree": counters.total(0, "agree"), "routed": counters.total(0, "routed")})
+        runs.append({"run": label, "seconds": seconds, "rows": result.total(ALL, "rows"),
+                     "agree": result.total(0, "agree"), "routed": result.total(0, "routed")})
+    t0 = time.monotonic()
+    report = analyse(spark, scan, [defs], with_traffic=True)
+    traffic_rows = report.traffic.count()  # what report then writes
+    report_s = time.monotonic() - t0
+    report.release()
     spark.stop()
-    print(json.dumps({"master": args.master, "startup_s": startup, "runs": runs}), flush=True)
+    print(json.dumps({"master": args.master, "startup_s": startup, "runs": runs,
+                      "with_traffic_s": report_s, "traffic_rows": traffic_rows}), flush=True)
     return 0
 
 
@@ -404,6 +410,11 @@ def table(result: dict[str, Any]) -> str:
                            f" | {target} |")
                 if run["run"] == "warm":
                     warm[m["master"]] = run["rows_per_s"]
+            if "with_traffic_s" in m:
+                rate = routing["rows"] / m["with_traffic_s"]
+                out.append(f"| routing + traffic table (report's pass) {m['master']} | "
+                           f"{rate:,.0f} rows/s ({m['with_traffic_s']:.1f} s, "
+                           f"{m['traffic_rows']:,} traffic rows) | |")
         if len(warm) == 2:
             out.append(f"| scaling local[1] -> local[2] (warm) | "
                        f"{warm['local[2]'] / warm['local[1]']:.2f}x | |")

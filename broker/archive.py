@@ -37,7 +37,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from struct import Struct
@@ -70,6 +70,26 @@ FLUSH_SECONDS = 1.0
 FILE_ROWS = 4 * 1024 * 1024
 #: Rows per row group of the Parquet files.
 ROW_GROUP_ROWS = 64 * 1024
+
+#: Dictionary pages only for columns that repeat, statistics only for the time (what readers
+#: prune on): half the encoding cost of pyarrow's defaults (measured 257 -> 126 ns a row) and
+#: a smaller file.
+PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "use_dictionary": [
+        "vhost",
+        "exchange",
+        "routing_key",
+        "content_type",
+        "content_encoding",
+        "type",
+        "app_id",
+        "user_id",
+        "reply_to",
+        "queues",
+    ],
+    "write_statistics": ["ts"],
+}
 
 SCHEMA = pa.schema(
     [
@@ -295,6 +315,12 @@ JOURNAL_SCHEMA = pa.schema(
 )
 
 
+def _column(values: list[Any], type_: pa.DataType) -> pa.Array:
+    if _same(values):  # one content header, one body size: no per-row conversion
+        return _repeat(pa.array(values[:1], type_), len(values))
+    return pa.array(values, type_)
+
+
 def _dictionary_column(values: list[Any]) -> pa.Array:
     if _same(values):  # one vhost, one exchange: the usual batch
         indices = pa.array(np.zeros(len(values), np.int32))
@@ -320,8 +346,8 @@ def rows_to_journal(rows: list[Any], with_body: bool = False) -> pa.Table:
             _dictionary_column(vhosts),
             _dictionary_column(exchanges),
             _strings(keys),
-            pa.array(raws, pa.binary()),
-            pa.array(np.array(sizes, dtype=np.int64)),
+            _column(raws, pa.binary()),
+            _column(sizes, pa.int64()),
             body,
             _queue_column(rows[stride - 1 :: stride]),
         ],
@@ -403,7 +429,7 @@ def write_parquet(path: Path, batches: Iterator[pa.RecordBatch]) -> int:
     tmp = path.with_name(f".{path.name}.tmp")
     rows = 0
     try:
-        with pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer:
+        with pq.ParquetWriter(tmp, SCHEMA, **PARQUET_OPTIONS) as writer:
             buffered: list[pa.RecordBatch] = []
             pending = 0
             for batch in batches:
@@ -463,7 +489,7 @@ class _Partition:
         self.name = name  # part-<session>-<seq>
         self.journal_file = pa.OSFile(str(self.journal_path), "wb")
         self.journal = pa.ipc.new_stream(self.journal_file, JOURNAL_SCHEMA)
-        self.writer = pq.ParquetWriter(self.tmp_path, SCHEMA, compression="zstd")
+        self.writer = pq.ParquetWriter(self.tmp_path, SCHEMA, **PARQUET_OPTIONS)
         self.buffered: list[pa.Table] = []  # batches for the next row group
         self.buffered_rows = 0
         self.rows = 0
@@ -559,8 +585,7 @@ class Archive:
         self.recovered_rows = 0
         self.failed_rows = 0
         self._last_drop_log = 0.0
-        if self._max_body:
-            self.record = self._record_with_body  # type: ignore[method-assign]
+        self.record = self._recorder()  # type: ignore[method-assign]
         try:
             self._recover()
         except Exception:
@@ -573,36 +598,57 @@ class Archive:
     def record(self, vhost: str, msg: Message, queues: Collection[Queue]) -> None:
         """Remember one routed publish (``queues`` empty: unroutable). Called on the loop.
 
-        The batch is one flat list that each publish extends by seven items, not a list of
-        row tuples: a tuple a row would be a tracked container that the garbage collector scans
-        again and again while it waits to be written (measured: 600 ns a publish with tuples,
-        230 ns flat). ``queues`` is kept as given: the index hands out cached sets, so the
-        writer names each distinct set once.
+        The instance attribute ``record`` replaces this method with a closure from
+        ``_recorder`` (same behaviour, fewer lookups); this is its documentation.
         """
-        rows = self._rows
-        rows.extend(
-            (self._wall(), vhost, msg.exchange, msg.routing_key, msg.header.raw, msg.size, queues)
-        )
-        if len(rows) >= self._batch_len:
-            self._handoff()
+        self._recorder()(vhost, msg, queues)
 
-    def _record_with_body(self, vhost: str, msg: Message, queues: Collection[Queue]) -> None:
-        body = msg.body
-        rows = self._rows
-        rows.extend(
-            (
-                self._wall(),
-                vhost,
-                msg.exchange,
-                msg.routing_key,
-                msg.header.raw,
-                msg.size,
-                None if body is None else body[: self._max_body],
-                queues,
+    def _recorder(self) -> Callable[[str, Message, Collection[Queue]], None]:
+        """The loop's side of the archive, as a closure over everything it needs.
+
+        A publish extends one flat list by seven items (eight with bodies), not a list of row
+        tuples: a tuple a row would be a tracked container that the garbage collector scans
+        again and again while the batch waits (measured: 600 ns a publish with tuples, 230 flat).
+        ``queues`` is kept as given: the index hands out cached sets, so the writer names each
+        distinct set once. Locals instead of attribute lookups: ~90 ns less a publish.
+        """
+        wall = self._wall
+        limit = self._batch_len
+        handoff = self._handoff
+        archive = self
+        max_body = self._max_body
+
+        if not max_body:
+
+            def record(vhost: str, msg: Message, queues: Collection[Queue]) -> None:
+                rows = archive._rows
+                rows.extend(
+                    (wall(), vhost, msg.exchange, msg.routing_key, msg.header.raw, msg.size, queues)
+                )
+                if len(rows) >= limit:
+                    handoff()
+
+            return record
+
+        def record_with_body(vhost: str, msg: Message, queues: Collection[Queue]) -> None:
+            body = msg.body
+            rows = archive._rows
+            rows.extend(
+                (
+                    wall(),
+                    vhost,
+                    msg.exchange,
+                    msg.routing_key,
+                    msg.header.raw,
+                    msg.size,
+                    None if body is None else body[:max_body],
+                    queues,
+                )
             )
-        )
-        if len(rows) >= self._batch_len:
-            self._handoff()
+            if len(rows) >= limit:
+                handoff()
+
+        return record_with_body
 
     def _handoff(self) -> None:
         """Pass the batch being filled to the writer, dropping the oldest one if it is behind."""
@@ -701,7 +747,7 @@ class Archive:
             list(split_partitions(journal))
             with pa.ipc.new_stream(pa.BufferOutputStream(), JOURNAL_SCHEMA) as stream:
                 stream.write_table(journal)
-            pq.write_table(journal_to_table(journal), pa.BufferOutputStream(), compression="zstd")
+            pq.write_table(journal_to_table(journal), pa.BufferOutputStream(), **PARQUET_OPTIONS)
         except Exception:
             log.exception("archive warm-up failed")
 

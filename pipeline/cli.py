@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sp.add_argument("--since", help="first hour to read, UTC (e.g. 2024-05-01T13)")
         sp.add_argument("--until", help="last hour to read, inclusive, UTC")
+        sp.add_argument(
+            "--conf",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a Spark setting, e.g. spark.driver.memory=4g (repeatable)",
+        )
 
     common(sub.add_parser("report", help="traffic, top keys, fan-out, unroutable, binding hits"))
     w = sub.add_parser("whatif", help="per-queue effect of candidate definitions")
@@ -87,10 +94,18 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     for path, why in scan.skipped:
         _warn(f"skipping {path}: {why}")
     if scan.journals:
-        _warn(f"{len(scan.journals)} archive journals have not been rolled into data files "
-              f"(a broker stopped without closing its archive; starting it replays them): "
-              f"{scan.journals[0]}")
-    return {"current": current, "candidate": candidate, "scan": scan, "out": out}
+        _warn(
+            f"{len(scan.journals)} archive journals have not been rolled into data files "
+            f"(a broker stopped without closing its archive; starting it replays them): "
+            f"{scan.journals[0]}"
+        )
+    conf = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise PipelineError(f"--conf {item!r}: expected KEY=VALUE")
+        conf[key.strip()] = value
+    return {"current": current, "candidate": candidate, "scan": scan, "out": out, "conf": conf}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     job = prepare(args)
     from .session import get_spark
 
-    spark, created = get_spark(args.master)
+    spark, created = get_spark(args.master, conf=job["conf"])
     try:
         if args.command == "report":
             from .report import run_report

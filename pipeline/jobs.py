@@ -112,7 +112,13 @@ class Analysis:
     counters: dict[tuple[int, str], dict[tuple[str, str, int], int]] = field(
         default_factory=lambda: defaultdict(dict)
     )
-    traffic: pa.Table | None = None
+    traffic: Any = None  # a Spark DataFrame (see ``analyse``)
+    persisted: Any = None
+
+    def release(self) -> None:
+        if self.persisted is not None:
+            self.persisted.unpersist()
+            self.persisted = None
 
     def get(self, which: int, metric: str) -> dict[tuple[str, str, int], int]:
         return self.counters.get((which, metric), {})
@@ -259,12 +265,12 @@ def _counters(
 
 
 def analyse_units(
-    units: Iterator[pa.RecordBatch],
+    units: Iterator[list[tuple[str, list[int]]]],
     defs_list: list[Definitions],
     sensitive: list[str],
     with_traffic: bool,
 ) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: read, group, route and count the row groups of each unit.
+    """Read, group, route and count the row groups of each unit (``[(path, [row group])]``).
 
     Counters (``which`` = index into ``defs_list``; ``ALL`` for facts of the archive itself):
     ``ALL``: ``rows`` per vhost, ``fanout`` (id = queues reached), ``actual`` per queue,
@@ -279,38 +285,37 @@ def analyse_units(
     counts: dict[tuple, int] = defaultdict(int)
     traffic = _Partials(_TRAFFIC, ["bytes", "unroutable", "deliveries"])
     columns = _COLUMNS if with_traffic else _COLUMNS[1:5] + ["queues"]
-    for batch in units:
-        for spec in batch.column(0).to_pylist():
-            envelopes: dict[str, _Partials] = {}  # by the separator joining queue names
-            for path, groups in spec:
-                try:
-                    table = pq.ParquetFile(path).read_row_groups(
-                        groups, columns=list(dict.fromkeys(columns)), use_threads=False
+    for spec in units:
+        envelopes: dict[str, _Partials] = {}  # by the separator joining queue names
+        for path, groups in spec:
+            try:
+                table = pq.ParquetFile(path).read_row_groups(
+                    groups, columns=list(dict.fromkeys(columns)), use_threads=False
+                )
+            except (OSError, pa.ArrowException) as exc:
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                counts[(ALL, "unreadable", "", f"{path}: {why}", 0)] += 1
+                continue
+            keyed, sep = _keyed(table, sensitive_names)
+            if sep not in envelopes:
+                envelopes[sep] = _Partials(_KEYS, [])
+            envelopes[sep].add_rows(keyed)
+            if with_traffic:
+                traffic.add_rows(
+                    pa.table(
+                        {
+                            "vhost": table["vhost"],
+                            "exchange": table["exchange"],
+                            "routing_key": table["routing_key"],
+                            "hour": pc.divide(table["ts"].cast(pa.int64()), _US_PER_HOUR),
+                            "bytes": table["body_size"],
+                            "unroutable": table["unroutable"].cast(pa.int64()),
+                            "deliveries": table["queue_count"].cast(pa.int64()),
+                        }
                     )
-                except (OSError, pa.ArrowException) as exc:
-                    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    counts[(ALL, "unreadable", "", f"{path}: {why}", 0)] += 1
-                    continue
-                keyed, sep = _keyed(table, sensitive_names)
-                if sep not in envelopes:
-                    envelopes[sep] = _Partials(_KEYS, [])
-                envelopes[sep].add_rows(keyed)
-                if with_traffic:
-                    traffic.add_rows(
-                        pa.table(
-                            {
-                                "vhost": table["vhost"],
-                                "exchange": table["exchange"],
-                                "routing_key": table["routing_key"],
-                                "hour": pc.divide(table["ts"].cast(pa.int64()), _US_PER_HOUR),
-                                "bytes": table["body_size"],
-                                "unroutable": table["unroutable"].cast(pa.int64()),
-                                "deliveries": table["queue_count"].cast(pa.int64()),
-                            }
-                        )
-                    )
-            for sep, partials in envelopes.items():
-                _counters(partials.result(), sep, routers, fingerprints, counts)
+                )
+        for sep, partials in envelopes.items():
+            _counters(partials.result(), sep, routers, fingerprints, counts)
     if counts:
         rows = list(counts.items())
         n = len(rows)
@@ -359,7 +364,13 @@ def analyse_units(
 def analyse(
     spark: Any, scan: ArchiveScan, defs_list: list[Definitions], with_traffic: bool = False
 ) -> Analysis:
-    """One pass over the archive: counters for each of ``defs_list``, and traffic if asked."""
+    """One pass over the archive: counters for each of ``defs_list``, and traffic if asked.
+
+    The counters are collected (they are small); the traffic stays a Spark DataFrame (it has a
+    row per vhost, exchange, routing key and hour: millions over days), persisted so the
+    report's queries on it do not read the archive again. Call ``Analysis.release`` after.
+    """
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     sensitive = sorted({x for d in defs_list for _, x in router_for(d).headers_sensitive()})
@@ -368,13 +379,8 @@ def analyse(
     shared = spark.sparkContext.broadcast(defs_list)
 
     def body(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        def specs() -> Iterator[pa.RecordBatch]:
-            for b in batches:
-                yield pa.RecordBatch.from_pydict(
-                    {"unit": [json.loads(s) for s in b.column(0).to_pylist()]}
-                )
-
-        return analyse_units(specs(), shared.value, sensitive, with_traffic)
+        specs = (json.loads(s) for b in batches for s in b.column(0).to_pylist())
+        return analyse_units(specs, shared.value, sensitive, with_traffic)
 
     source = spark.createDataFrame(spark.sparkContext.parallelize(rows, len(rows)), "unit STRING")
     dims = ["kind", "vhost", "exchange", "routing_key", "hour", "which", "metric", "name", "id"]
@@ -383,32 +389,34 @@ def analyse(
         .groupBy(*dims)
         .agg(*(F.sum(c).alias(c) for c in ("n", "bytes", "unroutable", "deliveries")))
     )
-    table = summed.toArrow()
+    if with_traffic:
+        summed = summed.persist(StorageLevel.MEMORY_AND_DISK)
+    counters = (
+        summed.filter(F.col("kind") == "counter")
+        .select("which", "metric", "vhost", "name", "id", "n")
+        .toArrow()
+    )
     shared.unpersist()
     analysis = Analysis()
-    counters = table.filter(pc.equal(table["kind"], "counter"))
     for which, metric, vhost, name, id_, n in zip(
         *(counters[c].to_pylist() for c in ("which", "metric", "vhost", "name", "id", "n")),
         strict=True,
     ):
         analysis.counters[(which, metric)][(vhost, name, id_)] = n
     if with_traffic:
-        t = table.filter(pc.equal(table["kind"], "traffic"))
-        hours = pc.strftime(
-            pc.multiply(t["hour"], 3600).cast(pa.timestamp("s", tz="UTC")), format="%Y-%m-%dT%H"
+        analysis.traffic = summed.filter(F.col("kind") == "traffic").select(
+            "vhost",
+            "exchange",
+            "routing_key",
+            F.date_format(F.timestamp_seconds(F.col("hour") * 3600), "yyyy-MM-dd'T'HH").alias(
+                "hour"
+            ),
+            F.col("n").alias("messages"),
+            "bytes",
+            "unroutable",
+            "deliveries",
         )
-        analysis.traffic = pa.table(
-            {
-                "vhost": t["vhost"],
-                "exchange": t["exchange"],
-                "routing_key": t["routing_key"],
-                "hour": hours,
-                "messages": t["n"],
-                "bytes": t["bytes"],
-                "unroutable": t["unroutable"],
-                "deliveries": t["deliveries"],
-            }
-        )
+        analysis.persisted = summed
     return analysis
 
 

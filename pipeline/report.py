@@ -3,6 +3,7 @@
 Tables (Parquet, in the output directory):
 
 * ``traffic.parquet``  vhost, exchange, routing_key, hour, messages, bytes, unroutable, deliveries
+  (a directory of part files: Spark's executors write it, it can have millions of rows)
 * ``hourly.parquet``   vhost, hour, messages, bytes, unroutable
 * ``top_keys.parquet`` vhost, rank, exchange, routing_key, messages, bytes (top N per vhost)
 * ``exchanges.parquet`` vhost, exchange, messages, unroutable, unroutable_rate
@@ -65,51 +66,48 @@ def _sorted(table: pa.Table, keys: list[tuple[str, str]]) -> pa.Table:
     return table.sort_by(keys) if table.num_rows else table
 
 
-def derive(traffic_table: pa.Table, top: int = TOP_KEYS) -> dict[str, pa.Table]:
-    """hourly, top_keys and exchanges from the traffic table."""
-    t = traffic_table
-    hourly = _sorted(
-        t.group_by(["vhost", "hour"])
-        .aggregate([("messages", "sum"), ("bytes", "sum"), ("unroutable", "sum")])
-        .rename_columns(["vhost", "hour", "messages", "bytes", "unroutable"]),
-        [("vhost", "ascending"), ("hour", "ascending")],
+def derive(traffic: Any, top: int = TOP_KEYS) -> dict[str, pa.Table]:
+    """hourly, top_keys and exchanges, aggregated by Spark from the traffic DataFrame."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    def total(c: str) -> Any:
+        return F.sum(c).cast("long").alias(c)
+
+    hourly = (
+        traffic.groupBy("vhost", "hour")
+        .agg(total("messages"), total("bytes"), total("unroutable"))
+        .orderBy("vhost", "hour")
     )
-    keys = (
-        t.group_by(["vhost", "exchange", "routing_key"])
-        .aggregate([("messages", "sum"), ("bytes", "sum")])
-        .rename_columns(["vhost", "exchange", "routing_key", "messages", "bytes"])
+    keys = traffic.groupBy("vhost", "exchange", "routing_key").agg(
+        total("messages"), total("bytes")
     )
-    keys = _sorted(
-        keys,
-        [
-            ("vhost", "ascending"),
-            ("messages", "descending"),
-            ("exchange", "ascending"),
-            ("routing_key", "ascending"),
-        ],
+    rank = Window.partitionBy("vhost").orderBy(F.desc("messages"), "exchange", "routing_key")
+    top_keys = (
+        keys.withColumn("rank", F.row_number().over(rank))
+        .filter(F.col("rank") <= top)
+        .select("vhost", "rank", "exchange", "routing_key", "messages", "bytes")
+        .orderBy("vhost", "rank")
     )
-    ranks, previous, rank = [], None, 0
-    for vhost in keys["vhost"].to_pylist():
-        rank = rank + 1 if vhost == previous else 1
-        previous = vhost
-        ranks.append(rank)
-    keys = keys.add_column(1, "rank", pa.array(ranks, pa.int32()))
-    top_keys = keys.filter(pc.less_equal(keys["rank"], top))
     exchanges = (
-        t.group_by(["vhost", "exchange"])
-        .aggregate([("messages", "sum"), ("unroutable", "sum")])
-        .rename_columns(["vhost", "exchange", "messages", "unroutable"])
+        traffic.groupBy("vhost", "exchange")
+        .agg(total("messages"), total("unroutable"))
+        .withColumn("unroutable_rate", F.col("unroutable") / F.col("messages"))
+        .orderBy("vhost", F.desc("messages"), "exchange")
     )
-    exchanges = exchanges.append_column(
-        "unroutable_rate",
-        pc.divide(
-            exchanges["unroutable"].cast(pa.float64()), exchanges["messages"].cast(pa.float64())
-        ),
-    )
-    exchanges = _sorted(
-        exchanges, [("vhost", "ascending"), ("messages", "descending"), ("exchange", "ascending")]
-    )
-    return {"hourly": hourly, "top_keys": top_keys, "exchanges": exchanges}
+    return {
+        name: _plain(df.toArrow())
+        for name, df in (("hourly", hourly), ("top_keys", top_keys), ("exchanges", exchanges))
+    }
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """Spark's Arrow strings are ``large_string``; the tables use plain ``string``."""
+    fields = [
+        pa.field(f.name, pa.string() if pa.types.is_large_string(f.type) else f.type)
+        for f in table.schema
+    ]
+    return table.cast(pa.schema(fields))
 
 
 def counter_tables(counters: Analysis) -> dict[str, pa.Table]:
@@ -149,29 +147,25 @@ def run_report(
 
     out.mkdir(parents=True, exist_ok=True)
     counters = analyse(spark, scan, [defs], with_traffic=True)
-    traffic_table = _sorted(
-        counters.traffic,
-        [
-            ("vhost", "ascending"),
-            ("exchange", "ascending"),
-            ("routing_key", "ascending"),
-            ("hour", "ascending"),
-        ],
-    )
-    tables = {
-        "traffic": traffic_table,
-        **derive(traffic_table, top),
-        **counter_tables(counters),
-        "bindings": bindings_table(defs, counters, 0),
-    }
-    paths = []
+    try:
+        # Written by the executors: a row per vhost, exchange, key and hour can be millions.
+        traffic_path = out / "traffic.parquet"
+        counters.traffic.write.mode("overwrite").parquet(f"file://{traffic_path.resolve()}")
+        tables = {
+            **derive(counters.traffic, top),
+            **counter_tables(counters),
+            "bindings": bindings_table(defs, counters, 0),
+        }
+    finally:
+        counters.release()
+    paths = [traffic_path]
     for name, table in tables.items():
         path = out / f"{name}.parquet"
         pq.write_table(table, path)
         paths.append(path)
 
     rows = counters.total(ALL, "rows")
-    unroutable = int(pc.sum(traffic_table["unroutable"]).as_py() or 0)
+    unroutable = int(pc.sum(tables["exchanges"]["unroutable"]).as_py() or 0)
     bindings = tables["bindings"]
     summary = {
         "command": "report",

@@ -97,8 +97,6 @@ def get_spark(
     settings = {
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "true",
-        "spark.sql.files.ignoreMissingFiles": "true",
-        "spark.sql.files.ignoreCorruptFiles": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
     if not under_spark_submit():
