@@ -26,14 +26,17 @@ install: $(DEV_STAMP)
 run: $(RUN_STAMP)
 	$(PY) -m broker --config config.toml
 
-# amqp-tools (librabbitmq's CLI) is a system package: installed through apt when we can;
-# otherwise its test module reports that it did not run and why.
+# System packages the tests use: amqp-tools (librabbitmq's CLI) and a Java runtime for
+# Spark. Installed through apt when we can; otherwise the tests that need them say why
+# they did not run.
+APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless)
+
 system-deps:
-	@command -v amqp-publish >/dev/null 2>&1 || { \
+	@if [ -n "$(strip $(APT_PACKAGES))" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq amqp-tools) >/dev/null 2>&1 \
-	      || echo "note: could not install amqp-tools with apt-get"; \
-	  else echo "note: amqp-tools not installed (needs root and apt-get)"; fi; }
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES)) >/dev/null 2>&1 \
+	      || echo "note: could not install $(APT_PACKAGES) with apt-get"; \
+	  else echo "note: $(APT_PACKAGES) not installed (needs root and apt-get)"; fi; fi
 
 test: $(DEV_STAMP) system-deps
 	$(PY) -m pytest

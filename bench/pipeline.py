@@ -18,11 +18,13 @@ A benchmark, not a test. Two parts:
    ``report`` adds. Rows routed per second = archive rows / wall time; per core = / cores.
    Also timed in this process: building the routers for the definitions, and routing every
    distinct envelope of the pool through them once (the Python index alone, uncached).
-2. Broker cost. A RoarMQ broker with the archive off, then on (alternating, ``--repeat`` times
-   each, fresh broker each run), pinned to core 0 with ``taskset`` like bench/throughput.py; a
-   consumer and a publisher from bench/_amqp_load.py pinned to core 1: direct exchange, one
-   queue, 16-byte bodies, no-ack. Reported: median msg/s and broker CPU per message; cost =
-   1 - on/off. After each archive-on run the archive's rows are counted from the footers.
+2. Broker cost. A RoarMQ broker with the archive off, then on (alternating, ``--repeat``
+   times each, default 5, a fresh broker each run, load started 2 s after it listens so
+   start-up work is not counted), pinned to core 0 with ``taskset`` like bench/throughput.py;
+   a consumer and a publisher from bench/_amqp_load.py pinned to core 1: direct exchange, one
+   queue, 16-byte bodies, no-ack. Reported: median msg/s and broker CPU per message (all its
+   threads); cost = 1 - on/off. After each archive-on run (the broker stopped, so the archive
+   closed) the archived rows are counted from the data files' footers.
 
 ``--quick``: 1 million rows, 1 run per broker setting with fewer messages; under two minutes.
 """
@@ -73,9 +75,16 @@ def make_definitions(bindings: int) -> dict[str, Any]:
             source, key = "bench.topic", f"s{i}.*.x" if i % 2 == 0 else f"s{i}.#"
         else:
             source, key = "bench.direct", f"d{i}"
-        out["bindings"].append({"source": source, "vhost": "/", "destination": f"q{i % QUEUES}",
-                                "destination_type": "queue", "routing_key": key,
-                                "arguments": {}})
+        out["bindings"].append(
+            {
+                "source": source,
+                "vhost": "/",
+                "destination": f"q{i % QUEUES}",
+                "destination_type": "queue",
+                "routing_key": key,
+                "arguments": {},
+            }
+        )
     return out
 
 
@@ -149,12 +158,17 @@ def make_archive(root: Path, rows: int, bindings: int, keys: int, hours: int = 2
             "unroutable": pa.compute.equal(counts, 0),
         }
         table = pa.Table.from_arrays(
-            [columns.get(f.name, pa.nulls(n, f.type)) for f in SCHEMA], schema=SCHEMA)
+            [columns.get(f.name, pa.nulls(n, f.type)) for f in SCHEMA], schema=SCHEMA
+        )
         directory = root / "vhost=%2F" / f"hour={hour_name(START_HOUR + h)}"
         directory.mkdir(parents=True, exist_ok=True)
         seq += 1
-        pq.write_table(table, directory / f"part-{SESSION}-{seq:08d}.parquet",
-                       compression="zstd", row_group_size=256 * 1024)
+        pq.write_table(
+            table,
+            directory / f"part-{SESSION}-{seq:08d}.parquet",
+            compression="zstd",
+            row_group_size=256 * 1024,
+        )
         written += n
     return time.monotonic() - started
 
@@ -179,16 +193,33 @@ def route_worker(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         result = analyse(spark, scan, [defs])
         seconds = time.monotonic() - t0
-        runs.append({"run": label, "seconds": seconds, "rows": result.total(ALL, "rows"),
-                     "agree": result.total(0, "agree"), "routed": result.total(0, "routed")})
+        runs.append(
+            {
+                "run": label,
+                "seconds": seconds,
+                "rows": result.total(ALL, "rows"),
+                "agree": result.total(0, "agree"),
+                "routed": result.total(0, "routed"),
+            }
+        )
     t0 = time.monotonic()
     report = analyse(spark, scan, [defs], with_traffic=True)
     traffic_rows = report.traffic.count()  # what report then writes
     report_s = time.monotonic() - t0
     report.release()
     spark.stop()
-    print(json.dumps({"master": args.master, "startup_s": startup, "runs": runs,
-                      "with_traffic_s": report_s, "traffic_rows": traffic_rows}), flush=True)
+    print(
+        json.dumps(
+            {
+                "master": args.master,
+                "startup_s": startup,
+                "runs": runs,
+                "with_traffic_s": report_s,
+                "traffic_rows": traffic_rows,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
@@ -200,8 +231,11 @@ def bench_routing(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     defs_path = tmp / "definitions.json"
     defs_path.write_text(json.dumps(make_definitions(args.bindings)))
     archive = tmp / "archive"
-    print(f"generating {args.rows:,} archive rows, {args.keys:,} distinct keys, "
-          f"{args.bindings:,} bindings ...", flush=True)
+    print(
+        f"generating {args.rows:,} archive rows, {args.keys:,} distinct keys, "
+        f"{args.bindings:,} bindings ...",
+        flush=True,
+    )
     gen_s = make_archive(archive, args.rows, args.bindings, args.keys)
     size = sum(p.stat().st_size for p in archive.rglob("*.parquet"))
     print(f"  {gen_s:.1f} s, {size / 1e6:.0f} MB of Parquet", flush=True)
@@ -215,15 +249,28 @@ def bench_routing(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     for i, (x, k) in enumerate(zip(exchanges, keys, strict=True)):
         router.route("/", x, k, trace if i % 10 == 0 else None)
     distinct_s = time.monotonic() - t0
-    print(f"  routers built in {build_s:.2f} s; {len(keys):,} distinct envelopes routed in "
-          f"{distinct_s:.2f} s ({len(keys) / distinct_s:,.0f}/s, one core)", flush=True)
+    print(
+        f"  routers built in {build_s:.2f} s; {len(keys):,} distinct envelopes routed in "
+        f"{distinct_s:.2f} s ({len(keys) / distinct_s:,.0f}/s, one core)",
+        flush=True,
+    )
 
     results = []
     for master in ("local[1]", "local[2]"):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--route-worker", "--master", master,
-               "--archive", str(archive), "--defs", str(defs_path)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                              timeout=args.spark_timeout)
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--route-worker",
+            "--master",
+            master,
+            "--archive",
+            str(archive),
+            "--defs",
+            str(defs_path),
+        ]
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, cwd=REPO, timeout=args.spark_timeout
+        )
         line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
         if proc.returncode != 0 or line is None:
             tail = "\n".join(proc.stderr.splitlines()[-5:])
@@ -237,14 +284,24 @@ def bench_routing(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             run["rows_per_s_per_core"] = run["rows_per_s"] / cores
             if run["rows"] != args.rows or run["agree"] != args.rows:
                 run["error"] = f"counted {run['rows']:,} rows, {run['agree']:,} agreeing"
-            print(f"  {master} {run['run']}: {run['rows']:,} rows in {run['seconds']:.1f} s = "
-                  f"{run['rows_per_s']:,.0f} rows/s ({run['rows_per_s_per_core']:,.0f} per core)"
-                  + (f"  {run['error']}" if "error" in run else ""), flush=True)
+            print(
+                f"  {master} {run['run']}: {run['rows']:,} rows in {run['seconds']:.1f} s = "
+                f"{run['rows_per_s']:,.0f} rows/s ({run['rows_per_s_per_core']:,.0f} per core)"
+                + (f"  {run['error']}" if "error" in run else ""),
+                flush=True,
+            )
         result["cores"] = cores
         results.append(result)
-    return {"rows": args.rows, "bindings": args.bindings, "distinct_keys": args.keys,
-            "archive_mb": size / 1e6, "generate_s": gen_s, "router_build_s": build_s,
-            "distinct_envelopes_per_s": len(keys) / distinct_s, "masters": results}
+    return {
+        "rows": args.rows,
+        "bindings": args.bindings,
+        "distinct_keys": args.keys,
+        "archive_mb": size / 1e6,
+        "generate_s": gen_s,
+        "router_build_s": build_s,
+        "distinct_envelopes_per_s": len(keys) / distinct_s,
+        "masters": results,
+    }
 
 
 # -- broker cost ---------------------------------------------------------------------------
@@ -274,8 +331,10 @@ def one_broker_run(tmp: Path, archive_on: bool, messages: int, cpus: tuple, tag:
     base = tmp / tag
     base.mkdir()
     cfg = base / "roarmq.toml"
-    text = ('[amqp]\nbind = ["127.0.0.1"]\nport = 0\n\n[management]\nenabled = false\n\n'
-            f'[storage]\ndata_dir = "{base / "data"}"\n\n[log]\nlevel = "warning"\n')
+    text = (
+        '[amqp]\nbind = ["127.0.0.1"]\nport = 0\n\n[management]\nenabled = false\n\n'
+        f'[storage]\ndata_dir = "{base / "data"}"\n\n[log]\nlevel = "warning"\n'
+    )
     if archive_on:
         text += f'\n[archive]\nenabled = true\ndir = "{base / "archive"}"\n'
     cfg.write_text(text)
@@ -283,7 +342,11 @@ def one_broker_run(tmp: Path, archive_on: bool, messages: int, cpus: tuple, tag:
     with open(log, "wb") as out:
         broker = subprocess.Popen(
             pinned(cpus[0], [sys.executable, "-m", "broker", "--config", str(cfg)]),
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
     procs = [broker]
     try:
         port = 0
@@ -298,15 +361,30 @@ def one_broker_run(tmp: Path, archive_on: bool, messages: int, cpus: tuple, tag:
         if not port:
             raise RuntimeError("broker did not start")
         time.sleep(2.0)  # start-up work (the archive's one-off pyarrow warm-up) is not traffic
-        scenario = json.dumps({
-            "exchange": f"bench.pipeline.{tag}", "queue": f"bench.pipeline.q.{tag}",
-            "exchange_type": "direct", "messages": messages, "manual_ack": False, "prefetch": 0,
-            "confirms": False, "window": 1000, "batch": 200, "bindings": 1, "topic_keys": 1,
-            "timeout": 60.0})
+        scenario = json.dumps(
+            {
+                "exchange": f"bench.pipeline.{tag}",
+                "queue": f"bench.pipeline.q.{tag}",
+                "exchange_type": "direct",
+                "messages": messages,
+                "manual_ack": False,
+                "prefetch": 0,
+                "confirms": False,
+                "window": 1000,
+                "batch": 200,
+                "bindings": 1,
+                "topic_keys": 1,
+                "timeout": 60.0,
+            }
+        )
         load = [sys.executable, str(LOAD)]
         consumer = subprocess.Popen(
             pinned(cpus[1], [*load, "consumer", "--port", str(port), "--scenario", scenario]),
-            stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            start_new_session=True,
+        )
         procs.append(consumer)
         ready = json.loads(consumer.stdout.readline() or "{}")
         if not ready.get("ready"):
@@ -314,7 +392,11 @@ def one_broker_run(tmp: Path, archive_on: bool, messages: int, cpus: tuple, tag:
         cpu0 = cpu_seconds(broker.pid)
         publisher = subprocess.Popen(
             pinned(cpus[1], [*load, "publisher", "--port", str(port), "--scenario", scenario]),
-            stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            start_new_session=True,
+        )
         procs.append(publisher)
         consumed = json.loads(consumer.stdout.readline() or "{}")
         broker_cpu = cpu_seconds(broker.pid) - cpu0
@@ -322,10 +404,14 @@ def one_broker_run(tmp: Path, archive_on: bool, messages: int, cpus: tuple, tag:
     finally:
         for proc in reversed(procs):
             stop(proc)  # the broker stops gracefully: the archive is flushed
-    result = {"archive": archive_on, "msgs_per_s": consumed.get("msgs_per_s"),
-              "received": consumed.get("received"),
-              "broker_cpu_us_per_msg": broker_cpu / consumed["received"] * 1e6
-              if consumed.get("received") else None}
+    result = {
+        "archive": archive_on,
+        "msgs_per_s": consumed.get("msgs_per_s"),
+        "received": consumed.get("received"),
+        "broker_cpu_us_per_msg": broker_cpu / consumed["received"] * 1e6
+        if consumed.get("received")
+        else None,
+    }
     if archive_on:
         import pyarrow.parquet as pq
 
@@ -346,8 +432,11 @@ def bench_broker(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             r = one_broker_run(tmp, archive_on, args.messages, cpus, f"r{i}{int(archive_on)}")
             runs[archive_on].append(r)
             extra = f", {r['archived_rows']:,} rows archived" if archive_on else ""
-            print(f"  archive {'on ' if archive_on else 'off'}: {r['msgs_per_s'] or 0:,.0f} msg/s, "
-                  f"broker {r['broker_cpu_us_per_msg'] or 0:.2f} us/msg CPU{extra}", flush=True)
+            print(
+                f"  archive {'on ' if archive_on else 'off'}: {r['msgs_per_s'] or 0:,.0f} msg/s, "
+                f"broker {r['broker_cpu_us_per_msg'] or 0:.2f} us/msg CPU{extra}",
+                flush=True,
+            )
 
     def median(on: bool, key: str) -> float | None:
         values = [r[key] for r in runs[on] if r.get(key)]
@@ -356,10 +445,14 @@ def bench_broker(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     off, on = median(False, "msgs_per_s"), median(True, "msgs_per_s")
     cpu_off, cpu_on = median(False, "broker_cpu_us_per_msg"), median(True, "broker_cpu_us_per_msg")
     return {
-        "messages": args.messages, "repeat": args.repeat, "pinned": cpus[0] is not None,
-        "msgs_per_s_off": off, "msgs_per_s_on": on,
+        "messages": args.messages,
+        "repeat": args.repeat,
+        "pinned": cpus[0] is not None,
+        "msgs_per_s_off": off,
+        "msgs_per_s_on": on,
         "cost": 1 - on / off if on and off else None,
-        "cpu_us_per_msg_off": cpu_off, "cpu_us_per_msg_on": cpu_on,
+        "cpu_us_per_msg_off": cpu_off,
+        "cpu_us_per_msg_on": cpu_on,
         "cpu_cost": cpu_on / cpu_off - 1 if cpu_on and cpu_off else None,
         "runs": runs[False] + runs[True],
     }
@@ -387,17 +480,25 @@ def machine() -> dict[str, Any]:
         spark = None
     import pyarrow
 
-    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
-            "java": java, "spark": spark, "pyarrow": pyarrow.__version__,
-            "loadavg": Path("/proc/loadavg").read_text().strip()}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "java": java,
+        "spark": spark,
+        "pyarrow": pyarrow.__version__,
+        "loadavg": Path("/proc/loadavg").read_text().strip(),
+    }
 
 
 def table(result: dict[str, Any]) -> str:
     out = ["| measure | result | target |", "|---|---:|---|"]
     routing = result.get("routing")
     if routing:
-        out.append(f"| archive rows / bindings / distinct keys | {routing['rows']:,} / "
-                   f"{routing['bindings']:,} / {routing['distinct_keys']:,} | |")
+        out.append(
+            f"| archive rows / bindings / distinct keys | {routing['rows']:,} / "
+            f"{routing['bindings']:,} / {routing['distinct_keys']:,} | |"
+        )
         warm: dict[str, float] = {}
         for m in routing["masters"]:
             if "error" in m:
@@ -405,35 +506,54 @@ def table(result: dict[str, Any]) -> str:
                 continue
             for run in m["runs"]:
                 target = "≥ 1,000,000 rows/s per core" if run["run"] == "warm" else ""
-                out.append(f"| routing {m['master']}, {run['run']} | {run['rows_per_s']:,.0f} rows/s"
-                           f" = {run['rows_per_s_per_core']:,.0f} per core ({run['seconds']:.1f} s)"
-                           f" | {target} |")
+                out.append(
+                    f"| routing {m['master']}, {run['run']} | {run['rows_per_s']:,.0f} rows/s"
+                    f" = {run['rows_per_s_per_core']:,.0f} per core ({run['seconds']:.1f} s)"
+                    f" | {target} |"
+                )
                 if run["run"] == "warm":
                     warm[m["master"]] = run["rows_per_s"]
             if "with_traffic_s" in m:
                 rate = routing["rows"] / m["with_traffic_s"]
-                out.append(f"| routing + traffic table (report's pass) {m['master']} | "
-                           f"{rate:,.0f} rows/s ({m['with_traffic_s']:.1f} s, "
-                           f"{m['traffic_rows']:,} traffic rows) | |")
+                out.append(
+                    f"| routing + traffic table (report's pass) {m['master']} | "
+                    f"{rate:,.0f} rows/s ({m['with_traffic_s']:.1f} s, "
+                    f"{m['traffic_rows']:,} traffic rows) | |"
+                )
         if len(warm) == 2:
-            out.append(f"| scaling local[1] -> local[2] (warm) | "
-                       f"{warm['local[2]'] / warm['local[1]']:.2f}x | |")
-        out.append(f"| routers built (driver, {routing['bindings']:,} bindings) | "
-                   f"{routing['router_build_s']:.2f} s | |")
-        out.append(f"| distinct envelopes through the index, uncached, one core | "
-                   f"{routing['distinct_envelopes_per_s']:,.0f} /s | |")
+            out.append(
+                f"| scaling local[1] -> local[2] (warm) | "
+                f"{warm['local[2]'] / warm['local[1]']:.2f}x | |"
+            )
+        out.append(
+            f"| routers built (driver, {routing['bindings']:,} bindings) | "
+            f"{routing['router_build_s']:.2f} s | |"
+        )
+        out.append(
+            f"| distinct envelopes through the index, uncached, one core | "
+            f"{routing['distinct_envelopes_per_s']:,.0f} /s | |"
+        )
     broker = result.get("broker")
     if broker:
-        out.append(f"| broker direct msg/s, archive off (median of {broker['repeat']}) | "
-                   f"{broker['msgs_per_s_off'] or 0:,.0f} | |")
-        out.append(f"| broker direct msg/s, archive on (median of {broker['repeat']}) | "
-                   f"{broker['msgs_per_s_on'] or 0:,.0f} | |")
+        out.append(
+            f"| broker direct msg/s, archive off (median of {broker['repeat']}) | "
+            f"{broker['msgs_per_s_off'] or 0:,.0f} | |"
+        )
+        out.append(
+            f"| broker direct msg/s, archive on (median of {broker['repeat']}) | "
+            f"{broker['msgs_per_s_on'] or 0:,.0f} | |"
+        )
         cost = broker["cost"]
-        out.append(f"| archive cost on throughput | {cost:.1%} | ≤ 15% |" if cost is not None
-                   else "| archive cost on throughput | - | ≤ 15% |")
+        out.append(
+            f"| archive cost on throughput | {cost:.1%} | ≤ 15% |"
+            if cost is not None
+            else "| archive cost on throughput | - | ≤ 15% |"
+        )
         if broker["cpu_cost"] is not None:
-            out.append(f"| broker CPU per message, off -> on | {broker['cpu_us_per_msg_off']:.2f} -> "
-                       f"{broker['cpu_us_per_msg_on']:.2f} us (+{broker['cpu_cost']:.1%}) | |")
+            out.append(
+                f"| broker CPU per message, off -> on | {broker['cpu_us_per_msg_off']:.2f} -> "
+                f"{broker['cpu_us_per_msg_on']:.2f} us (+{broker['cpu_cost']:.1%}) | |"
+            )
     return "\n".join(out)
 
 
@@ -444,9 +564,13 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=0, help="archive rows (default 10M, quick 1M)")
     p.add_argument("--bindings", type=int, default=100_000)
     p.add_argument("--keys", type=int, default=100_000, help="distinct routing keys")
-    p.add_argument("--messages", type=int, default=0,
-                   help="messages per broker run (default 300,000, quick 60,000)")
-    p.add_argument("--repeat", type=int, default=0, help="broker runs per setting (3, quick 1)")
+    p.add_argument(
+        "--messages",
+        type=int,
+        default=0,
+        help="messages per broker run (default 300,000, quick 60,000)",
+    )
+    p.add_argument("--repeat", type=int, default=0, help="broker runs per setting (5, quick 1)")
     p.add_argument("--skip-spark", action="store_true")
     p.add_argument("--skip-broker", action="store_true")
     p.add_argument("--spark-timeout", type=float, default=1800.0)
@@ -459,19 +583,26 @@ def main() -> int:
         return route_worker(args)
     args.rows = args.rows or (1_000_000 if args.quick else 10_000_000)
     args.messages = args.messages or (60_000 if args.quick else 300_000)
-    args.repeat = args.repeat or (1 if args.quick else 3)
+    args.repeat = args.repeat or (1 if args.quick else 5)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     started = time.monotonic()
-    result: dict[str, Any] = {"command": "bench/pipeline.py" + (" --quick" if args.quick else ""),
-                              "machine": machine()}
-    print(f"pipeline bench: {'quick' if args.quick else 'full'} run; "
-          f"load average {result['machine']['loadavg']}", flush=True)
+    result: dict[str, Any] = {
+        "command": "bench/pipeline.py" + (" --quick" if args.quick else ""),
+        "machine": machine(),
+    }
+    print(
+        f"pipeline bench: {'quick' if args.quick else 'full'} run; "
+        f"load average {result['machine']['loadavg']}",
+        flush=True,
+    )
     tmp = Path(tempfile.mkdtemp(prefix="roarbench-pipeline-"))
     try:
         if not args.skip_spark:
             result["routing"] = bench_routing(args, tmp)
         if not args.skip_broker:
-            print(f"broker cost: {args.messages:,} messages x {args.repeat} per setting", flush=True)
+            print(
+                f"broker cost: {args.messages:,} messages x {args.repeat} per setting", flush=True
+            )
             result["broker"] = bench_broker(args, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

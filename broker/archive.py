@@ -7,20 +7,19 @@ vhost and hour, under ``[archive] dir``::
 
     dir/vhost=<escaped name>/hour=YYYY-MM-DDTHH/part-<session>-<seq>.parquet
 
-Each open partition has two files beside it, both hidden (a leading ``.``) from readers:
-
-* a journal, ``.part-<session>-<seq>.journal``: an Arrow IPC stream to which every batch is
-  appended as soon as it is full or has waited ``FLUSH_SECONDS``. Appending is cheap (~80 ns a
-  row) and a crash leaves a stream whose complete batches all read back, so a crash loses at
-  most the batch still being filled;
-* the Parquet file being written, ``.part-<session>-<seq>.parquet.tmp``: batches are added to it
-  as they come (row groups of ``ROW_GROUP_ROWS``), so rolling never rereads anything.
+An open partition is a journal, ``.part-<session>-<seq>.journal`` (hidden from readers by its
+leading dot): an Arrow IPC stream to which each batch is appended as soon as it is full or has
+waited ``FLUSH_SECONDS``. Appending is cheap (tens of ns a row), and a crash leaves a stream
+whose complete batches all read back, so a crash loses at most the batch still being filled.
 
 A partition rolls when its hour ends, ``roll_minutes`` after it opened, at ``FILE_ROWS`` rows,
-and at close: the Parquet file gets its footer, is fsynced and renamed into place, then the
-journal is deleted. On start-up, a journal whose Parquet file is missing (a crash) is replayed
-into one, so nothing the journal holds is lost and nothing is written twice. Readers therefore
-see a partition once it rolls; until then it is only in the journal.
+and at close. Rolling closes the journal and queues its conversion: the writer thread, whenever
+no batch is waiting, decodes properties and encodes Parquet one row group at a time into a
+hidden ``.tmp`` file, fsyncs and renames it into place, then deletes the journal. So the costly
+encoding never competes with the journal for the writer, and runs mostly outside the GIL. On
+start-up, a journal without its data file (a crash) is converted before the broker serves, so
+nothing a journal holds is lost and nothing is written twice. Readers see a partition once it
+has rolled and been converted.
 
 Memory is bounded: at most ``max_pending_batches`` full batches wait for the writer; when it falls
 behind, the oldest waiting batch is dropped and counted (``dropped_batches``/``dropped_rows``)
@@ -68,7 +67,7 @@ log = logging.getLogger("roarmq.archive")
 FLUSH_SECONDS = 1.0
 #: A partition rolls into its Parquet file at this many rows at the latest.
 FILE_ROWS = 4 * 1024 * 1024
-#: Rows per row group of the Parquet files.
+#: Rows per row group of the data files (also one conversion step).
 ROW_GROUP_ROWS = 64 * 1024
 
 #: Dictionary pages only for columns that repeat, statistics only for the time (what readers
@@ -424,31 +423,59 @@ def read_journal(path: Path) -> Iterator[pa.RecordBatch]:
         return  # torn mid-batch (or before the schema): what was whole has been yielded
 
 
-def write_parquet(path: Path, batches: Iterator[pa.RecordBatch]) -> int:
-    """Journal batches as an archive file, atomically (temporary, fsync, rename); rows."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    rows = 0
-    try:
-        with pq.ParquetWriter(tmp, SCHEMA, **PARQUET_OPTIONS) as writer:
-            buffered: list[pa.RecordBatch] = []
-            pending = 0
-            for batch in batches:
-                buffered.append(batch)
-                pending += batch.num_rows
-                if pending >= ROW_GROUP_ROWS:
-                    writer.write_table(journal_to_table(pa.Table.from_batches(buffered)))
-                    rows += pending
-                    buffered, pending = [], 0
-            if buffered:
-                writer.write_table(journal_to_table(pa.Table.from_batches(buffered)))
-                rows += pending
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return rows
+class _Conversion:
+    """A rolled journal becoming its data file, one row group a step.
+
+    The writer thread takes a step only when no batch is waiting, so converting never holds
+    up the journal; the work is mostly Arrow and Parquet code that runs without the GIL.
+    """
+
+    def __init__(self, journal: Path, target: Path) -> None:
+        self.journal = journal
+        self.target = target
+        self.tmp = target.with_name(f".{target.name}.tmp")
+        self.batches = read_journal(journal)
+        self.writer: Any = None
+        self.rows = 0
+
+    def step(self) -> bool:
+        """Convert up to a row group; True once the data file is in place."""
+        buffered: list[pa.RecordBatch] = []
+        pending = 0
+        for batch in self.batches:
+            buffered.append(batch)
+            pending += batch.num_rows
+            if pending >= ROW_GROUP_ROWS:
+                break
+        if buffered:
+            if self.writer is None:
+                self.writer = pq.ParquetWriter(self.tmp, SCHEMA, **PARQUET_OPTIONS)
+            self.writer.write_table(journal_to_table(pa.Table.from_batches(buffered)))
+            self.rows += pending
+            if pending >= ROW_GROUP_ROWS:
+                return False
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+            with open(self.tmp, "rb+") as f:  # the journal goes next: this must be on disk
+                os.fsync(f.fileno())
+            os.replace(self.tmp, self.target)
+        self.journal.unlink(missing_ok=True)
+        return True
+
+    def run(self) -> int:
+        while not self.step():
+            pass
+        return self.rows
+
+    def abandon(self) -> None:
+        """After an error: the journal stays, to be converted at the next start."""
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:  # noqa: BLE001 - already failing
+                pass
+        self.tmp.unlink(missing_ok=True)
 
 
 def _use_jemalloc() -> None:
@@ -465,21 +492,9 @@ def _use_jemalloc() -> None:
 
 
 class _Partition:
-    """An open partition: its journal, and its Parquet file being written beside it."""
+    """An open partition: the journal its batches are appended to."""
 
-    __slots__ = (
-        "directory",
-        "vhost",
-        "hour",
-        "opened",
-        "name",
-        "journal_file",
-        "journal",
-        "writer",
-        "buffered",
-        "buffered_rows",
-        "rows",
-    )
+    __slots__ = ("directory", "vhost", "hour", "opened", "name", "journal_file", "journal", "rows")
 
     def __init__(self, directory: Path, vhost: str, hour: int, opened: float, name: str) -> None:
         self.directory = directory
@@ -489,9 +504,6 @@ class _Partition:
         self.name = name  # part-<session>-<seq>
         self.journal_file = pa.OSFile(str(self.journal_path), "wb")
         self.journal = pa.ipc.new_stream(self.journal_file, JOURNAL_SCHEMA)
-        self.writer = pq.ParquetWriter(self.tmp_path, SCHEMA, **PARQUET_OPTIONS)
-        self.buffered: list[pa.Table] = []  # batches for the next row group
-        self.buffered_rows = 0
         self.rows = 0
 
     @property
@@ -499,47 +511,19 @@ class _Partition:
         return self.directory / f".{self.name}.journal"
 
     @property
-    def tmp_path(self) -> Path:
-        return self.directory / f".{self.name}.parquet.tmp"
-
-    @property
     def path(self) -> Path:
         return self.directory / f"{self.name}.parquet"
 
     def append(self, table: pa.Table) -> None:
         self.journal.write_table(table)  # unbuffered file: in the OS once this returns
-        self.buffered.append(table)
-        self.buffered_rows += table.num_rows
         self.rows += table.num_rows
-        if self.buffered_rows >= ROW_GROUP_ROWS:
-            self.spill()
 
-    def spill(self) -> None:
-        """The buffered journal rows, properties decoded, as one row group."""
-        if self.buffered:
-            table = journal_to_table(pa.concat_tables(self.buffered))
-            self.writer.write_table(table, row_group_size=table.num_rows)
-            self.buffered, self.buffered_rows = [], 0
-
-    def roll(self) -> None:
-        """Footer, fsync, rename; then the journal goes."""
-        self.spill()
-        self.writer.close()
-        with open(self.tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(self.tmp_path, self.path)
-        self.journal.close()
-        self.journal_file.close()
-        self.journal_path.unlink(missing_ok=True)
-
-    def abandon(self) -> None:
-        """After a write error: keep the journal (replayed at the next start), drop the rest."""
-        for closer in (self.writer.close, self.journal.close, self.journal_file.close):
+    def close(self) -> None:
+        for closer in (self.journal.close, self.journal_file.close):
             try:
                 closer()
-            except Exception:  # noqa: BLE001 - already failing; the journal is what matters
+            except Exception:  # noqa: BLE001 - a torn tail is what a crash leaves anyway
                 pass
-        self.tmp_path.unlink(missing_ok=True)
 
 
 class Archive:
@@ -576,6 +560,7 @@ class Archive:
         )
         self._seq = 0
         self._open: dict[tuple[str, int], _Partition] = {}
+        self._conversions: deque[_Conversion] = deque()
         # counters: the loop thread writes the dropped_* ones, the writer thread the rest
         self.recorded_rows = 0
         self.dropped_batches = 0
@@ -717,8 +702,9 @@ class Archive:
 
     def _run(self) -> None:
         self._warm_up()
+        last_flush = time.monotonic()
         while True:
-            woke = self._wake.wait(FLUSH_SECONDS)
+            self._wake.wait(0 if self._conversions else FLUSH_SECONDS)
             self._wake.clear()
             closing = self._closing
             while True:
@@ -727,12 +713,35 @@ class Archive:
                 if batch is None:
                     break
                 self._write_batch(batch)
+                last_flush = time.monotonic()
             if closing:
                 break
-            if not woke:
+            if time.monotonic() - last_flush >= FLUSH_SECONDS:
                 self._request_flush()
+                last_flush = time.monotonic()
             self._maintain(self._wall(), final=False)
+            if self._conversions:
+                self._convert_step()
         self._maintain(self._wall(), final=True)
+        while self._conversions:
+            self._convert_step()
+
+    def _convert_step(self) -> None:
+        conversion = self._conversions[0]
+        try:
+            done = conversion.step()
+        except Exception:
+            log.exception(
+                "archive conversion failed; the journal is kept for the next start",
+                extra={"journal": str(conversion.journal)},
+            )
+            conversion.abandon()
+            done = True
+        else:
+            if done:
+                self.written_files += 1
+        if done:
+            self._conversions.popleft()
 
     def _warm_up(self) -> None:
         """Convert and encode a tiny batch once: pyarrow's first use costs ~0.3 s of CPU, paid
@@ -778,7 +787,7 @@ class Archive:
             part.append(table)
         except Exception:
             self._open.pop(key, None)
-            part.abandon()
+            part.close()
             raise
         if part.rows >= FILE_ROWS:
             self._roll(part)
@@ -791,22 +800,16 @@ class Archive:
                 self._roll(part)
 
     def _roll(self, part: _Partition) -> None:
+        """Close the partition's journal and queue its conversion into the data file."""
         self._open.pop((part.vhost, part.hour), None)
-        try:
-            part.roll()
-            self.written_files += 1
-        except Exception:
-            log.exception(
-                "archive roll failed; the journal is kept for the next start",
-                extra={"dir": str(part.directory)},
-            )
-            part.abandon()
+        part.close()
+        self._conversions.append(_Conversion(part.journal_path, part.path))
 
     def _recover(self) -> None:
-        """Replay journals left by a crash into their Parquet files; drop temporaries.
+        """Convert journals left by a crash into their data files; drop temporaries.
 
         Runs in the constructor, before the broker serves anything: a journal holds at most
-        ``FILE_ROWS`` rows, about a second of work each.
+        ``FILE_ROWS`` rows, a few seconds of work at most.
         """
         for _, _, directory in partitions(self.root):
             for entry in sorted(directory.iterdir()):
@@ -817,13 +820,12 @@ class Archive:
                 if m is None:
                     continue
                 target = directory / f"{m.group('part')}.parquet"
-                if not target.exists():  # else it rolled, and the crash came before the unlink
-                    rows = write_parquet(target, read_journal(entry))
-                    if rows:
-                        self.recovered_rows += rows
-                        log.warning(
-                            "archive journal replayed", extra={"file": str(target), "rows": rows}
-                        )
-                    else:
-                        target.unlink(missing_ok=True)
-                entry.unlink(missing_ok=True)
+                if target.exists():  # converted; the crash came before the journal was deleted
+                    entry.unlink(missing_ok=True)
+                    continue
+                rows = _Conversion(entry, target).run()
+                if rows:
+                    self.recovered_rows += rows
+                    log.warning(
+                        "archive journal replayed", extra={"file": str(target), "rows": rows}
+                    )

@@ -180,6 +180,7 @@ class _Partials:
         self.keys, self.sums = keys, sums
         self.tables: list[pa.Table] = []
         self.rows = 0
+        self.merged = 0  # rows of the last merge: merging again waits until as many more came
 
     def _group(self, table: pa.Table, count: tuple) -> pa.Table:
         grouped = table.group_by(self.keys, use_threads=False).aggregate(
@@ -191,9 +192,9 @@ class _Partials:
     def add_rows(self, table: pa.Table) -> None:
         self.tables.append(self._group(table, ([], "count_all")))
         self.rows += self.tables[-1].num_rows
-        if self.rows >= _MERGE_ROWS and len(self.tables) > 1:
+        if self.rows >= max(_MERGE_ROWS, 2 * self.merged) and len(self.tables) > 1:
             self.tables = [self.result()]
-            self.rows = self.tables[0].num_rows
+            self.rows = self.merged = self.tables[0].num_rows
 
     def result(self) -> pa.Table:
         if len(self.tables) == 1:

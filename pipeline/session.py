@@ -121,4 +121,8 @@ def get_spark(
     spark = builder.getOrCreate()
     if under_spark_submit():
         spark.sparkContext.setLogLevel("WARN")
+        if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+            # The shuffles here carry counters, not rows: Spark's 200 would be 200 tiny tasks.
+            parallelism = spark.sparkContext.defaultParallelism
+            spark.conf.set("spark.sql.shuffle.partitions", str(max(2, 2 * parallelism)))
     return spark, True

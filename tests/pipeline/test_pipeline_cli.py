@@ -223,3 +223,17 @@ def test_a_real_process_exits_2_with_one_line(tmp_path, archive):
         f"python -m pipeline: error: {defs}:1:15: invalid JSON: Expecting value"
     ]
     assert proc.stdout == ""
+
+
+def test_bad_conf_option(tmp_path, archive, capsys):
+    defs = write(tmp_path, "defs.json", DEFS)
+    code, err = run(capsys, *report_args(archive, defs, tmp_path, "--conf", "spark.x"))
+    assert_one_line(code, err, "--conf 'spark.x': expected KEY=VALUE")
+
+
+def test_unconverted_journals_are_listed(tmp_path, archive):
+    directory = next(archive.glob("vhost=*/hour=*"))
+    journal = directory / ".part-20990101T000000-abcdef-00000001.journal"
+    journal.write_bytes(b"")  # what a broker that died mid-partition leaves
+    scan = scan_archive(archive)
+    assert scan.journals == [journal] and scan.rows == 3
