@@ -417,9 +417,11 @@ class VirtualHost:
 
     def dead_letter(self, queue: Queue, msg: Message, reason: str) -> None:
         """Republish to the queue's DLX with an x-death record, as RabbitMQ writes it."""
-        exchange = self.exchanges.get(queue.dlx or "")
-        if exchange is None or queue.dlx is None:
+        if queue.dlx is None:
             return
+        exchange = self.exchanges.get(queue.dlx)
+        if exchange is None:
+            return  # RabbitMQ drops the message when the DLX does not exist
         if msg.body is None:
             msg = Message(msg.exchange, msg.routing_key, msg.header, self.broker.store.body(msg))  # type: ignore[union-attr]
         old = msg.properties
