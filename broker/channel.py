@@ -587,7 +587,8 @@ class Channel:
         if exchange is None or exchange.deleted:
             exchange = self._publish_exchange(method.exchange)
         try:
-            msg = Message(method.exchange, method.routing_key, header, body)
+            # exchange.name, not the frame's copy: every message shares the one string
+            msg = Message(exchange.name, method.routing_key, header, body)
         except ValueError as exc:  # a malformed per-message TTL
             raise channel_error(PRECONDITION_FAILED, str(exc), 60, 40) from None
         if msg.flags & (FLAG_USER_ID | FLAG_REPLY_TO):

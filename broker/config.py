@@ -66,7 +66,7 @@ class MemoryConfig:
 class ArchiveConfig:
     enabled: bool = False
     dir: str = "./data/archive"
-    roll_minutes: int = 60
+    roll_minutes: float = 60
     max_body_bytes: int = 0
     batch_rows: int = 8192
     max_pending_batches: int = 16
@@ -172,6 +172,15 @@ def _int(key: str, value: Any, minimum: int = 0, maximum: int | None = None) -> 
     if value < minimum or (maximum is not None and value > maximum):
         bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
         raise ConfigError(f"{key}: must be {bound}, got {value}")
+    return value
+
+
+def _number(key: str, value: Any, minimum: float, maximum: float) -> float:
+    """A number (TOML integer or float) in (minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise ConfigError(f"{key}: must be a number, got {value!r}")
+    if not minimum < value <= maximum:
+        raise ConfigError(f"{key}: must be more than {minimum} and at most {maximum}, got {value}")
     return value
 
 
@@ -310,7 +319,7 @@ def parse_config(data: dict[str, Any]) -> Config:
         {
             "enabled": _bool,
             "dir": _str,
-            "roll_minutes": lambda k, v: _int(k, v, 1, 24 * 60),
+            "roll_minutes": lambda k, v: _number(k, v, 0, 24 * 60),
             "max_body_bytes": lambda k, v: _int(k, v, 0, 128 * 1024 * 1024),
             "batch_rows": lambda k, v: _int(k, v, 1),
             "max_pending_batches": lambda k, v: _int(k, v, 1),

@@ -154,6 +154,9 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        archive = self.broker.archive
+        if archive is not None:
+            archive.stamp()  # the arrival time of every publish in this read
         while True:
             try:
                 events = self.parser.feed(data)

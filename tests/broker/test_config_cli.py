@@ -46,12 +46,20 @@ def test_shipped_config_is_valid_and_matches_defaults():
         ({"users": [{"name": "u"}]}, "password"),
         ({"permissions": [{"user": "ghost", "vhost": "/"}]}, "user"),
         ({"permissions": [{"user": "guest", "vhost": "/", "read": "("}]}, "read"),
+        ({"archive": {"roll_minutes": 0}}, "[archive] roll_minutes"),
+        ({"archive": {"roll_minutes": "5"}}, "[archive] roll_minutes"),
+        ({"archive": {"roll_minutes": 1441}}, "[archive] roll_minutes"),
     ],
 )
 def test_bad_config_names_the_key(doc, key):
     with pytest.raises(ConfigError) as info:
         parse_config(doc)
     assert key in str(info.value)
+
+
+def test_roll_minutes_takes_fractions():
+    assert parse_config({"archive": {"roll_minutes": 0.5}}).archive.roll_minutes == 0.5
+    assert parse_config({"archive": {"roll_minutes": 1440}}).archive.roll_minutes == 1440
 
 
 def test_check_config_cli(tmp_path):

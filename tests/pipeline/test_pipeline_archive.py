@@ -132,6 +132,7 @@ def test_partitions_by_vhost_and_hour(tmp_path):
         for i in range(35):
             archive.record("/" if i % 2 else "v/2", message(key=f"k{i}"), q)
         clock.advance(3600)
+        archive.stamp()  # what the connection does as each read arrives
     archive.close()
     root = tmp_path / "archive"
     found = [(vhost, hour, d.relative_to(root).as_posix()) for vhost, hour, d in partitions(root)]
