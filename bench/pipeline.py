@@ -20,13 +20,16 @@ A benchmark, not a test. Two parts:
    distinct envelope of the pool through them once (the Python index alone, uncached).
 2. Broker cost. A RoarMQ broker with the archive off, then on (alternating, ``--repeat``
    times each, default 5, a fresh broker each run, load started 2 s after it listens so
-   start-up work is not counted), pinned to core 0 with ``taskset`` like bench/throughput.py;
-   a consumer and a publisher from bench/_amqp_load.py pinned to core 1: direct exchange, one
-   queue, 16-byte bodies, no-ack. Reported: median msg/s and broker CPU per message (all its
-   threads); cost = 1 - on/off. After each archive-on run (the broker stopped, so the archive
-   closed) the archived rows are counted from the data files' footers.
+   start-up work is not counted), pinned to core 0 with ``taskset`` like bench/throughput.py,
+   so the archive's writer thread shares the loop's core; a consumer and a publisher from
+   bench/_amqp_load.py pinned to core 1: direct exchange, one queue, 16-byte bodies, no-ack,
+   ``--messages`` per run (default 1M, ~10 s). The archive rolls every ``--roll-minutes``
+   (default 0.05 = 3 s), so Parquet conversions run inside the measured window. Reported:
+   median msg/s; broker CPU per message (all its threads) during the run and up to its exit
+   (SIGTERM: the last partition converted; from wait4's rusage); cost = 1 - on/off. After
+   each archive-on run the archived rows are counted from the data files' footers.
 
-``--quick``: 1 million rows, 1 run per broker setting with fewer messages; under two minutes.
+``--quick``: 1 million rows, 1 run per broker setting with 100,000 messages; under two minutes.
 """
 
 from __future__ import annotations

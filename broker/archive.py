@@ -100,7 +100,8 @@ PARQUET_OPTIONS: dict[str, Any] = {
 
 SCHEMA = pa.schema(
     [
-        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),  # broker wall clock
+        # broker wall clock when the socket read carrying the publish arrived
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("vhost", pa.string(), nullable=False),
         pa.field("exchange", pa.string(), nullable=False),
         pa.field("routing_key", pa.string(), nullable=False),
