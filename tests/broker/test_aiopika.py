@@ -36,8 +36,13 @@ async def drain(
 
 async def message_count(ch: aio_pika.abc.AbstractChannel, name: str) -> int:
     """Passive queue.declare straight through aiormq (robust channels cache declarations)."""
-    ok = await ch.channel.queue_declare(name, passive=True)
+    underlay = await ch.get_underlay_channel()
+    ok = await underlay.queue_declare(name, passive=True)
     return ok.message_count
+
+
+async def _ignore(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+    """A consumer callback that leaves the message unacked."""
 
 
 @pytest.fixture
@@ -297,7 +302,7 @@ async def test_exclusive_queue_deleted_with_its_connection(broker):
 async def test_auto_delete_queue_goes_with_last_consumer(conn):
     ch = await conn.channel()
     q = await ch.declare_queue("autodel", auto_delete=True)
-    tag = await q.consume(lambda m: None)
+    tag = await q.consume(_ignore)
     await q.cancel(tag)
     await asyncio.sleep(0.05)
     with pytest.raises(ChannelClosed) as info:
@@ -320,7 +325,11 @@ async def test_direct_reply_to_rpc(conn):
     client_ch = await conn.channel()
     replies: asyncio.Queue = asyncio.Queue()
     reply_q = await client_ch.get_queue("amq.rabbitmq.reply-to", ensure=False)
-    await reply_q.consume(lambda m: replies.put_nowait(m), no_ack=True)
+
+    async def on_reply(m: aio_pika.abc.AbstractIncomingMessage) -> None:
+        replies.put_nowait(m)
+
+    await reply_q.consume(on_reply, no_ack=True)
     await client_ch.default_exchange.publish(
         Message(b"ping", reply_to="amq.rabbitmq.reply-to", correlation_id="c1"), routing_key="rpc"
     )
@@ -486,7 +495,7 @@ async def test_queue_delete_with_consumers_answers(conn):
     """queue.delete always answers, even with a consumer attached; the consumer's channel lives."""
     ch = await conn.channel()
     q = await ch.declare_queue("del-with-consumer")
-    await q.consume(lambda m: None)
+    await q.consume(_ignore)
     ch2 = await conn.channel()
     result = await ch2.queue_delete("del-with-consumer")
     assert result.message_count == 0
