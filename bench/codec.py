@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _machine import machine_info  # noqa: E402
 from pamqp import body as pamqp_body  # noqa: E402
 from pamqp import commands as pamqp_commands  # noqa: E402
 from pamqp import frame as pamqp_frame  # noqa: E402
@@ -146,21 +146,7 @@ def cases(body: bytes) -> list[tuple[str, Callable[[], object], Callable[[], obj
 
 
 def machine() -> dict[str, object]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": model,
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-    }
+    return machine_info(implementation=platform.python_implementation())
 
 
 def main(argv: list[str] | None = None) -> int:

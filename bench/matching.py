@@ -23,7 +23,6 @@ import gc
 import hashlib
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -39,6 +38,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 from _comparators import InvertedBitmap, Naive, OptimizedInvertedBitmap, Trie  # noqa: E402
+from _machine import machine_info  # noqa: E402
 from pyroaring import BitMap  # noqa: E402
 
 from broker.routing import TopicIndex  # noqa: E402
@@ -319,25 +319,9 @@ def run_worker(alg: str, n: int, quick: bool) -> dict:
 
 
 def machine_facts() -> dict:
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     import pyroaring
 
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": model,
-        "python": platform.python_version(),
-        "pyroaring": pyroaring.__version__,
-        "platform": platform.platform(),
-        "loadavg_start": os.getloadavg(),
-    }
+    return machine_info(pyroaring=pyroaring.__version__, loadavg_start=os.getloadavg())
 
 
 def spawn(alg: str, n: int, quick: bool, timeout: float) -> dict:

@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -52,6 +51,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from _machine import machine_info  # noqa: E402
 
 LOAD = REPO / "bench" / "_amqp_load.py"
 SESSION = "20240501T000000-000000"  # the writer session named in generated file names
@@ -502,12 +503,6 @@ def bench_broker(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     java = "?"
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
@@ -520,15 +515,7 @@ def machine() -> dict[str, Any]:
         spark = None
     import pyarrow
 
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "java": java,
-        "spark": spark,
-        "pyarrow": pyarrow.__version__,
-        "loadavg": Path("/proc/loadavg").read_text().strip(),
-    }
+    return machine_info(java=java, spark=spark, pyarrow=pyarrow.__version__)
 
 
 def table(result: dict[str, Any]) -> str:

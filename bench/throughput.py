@@ -46,7 +46,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import queue
 import shlex
 import shutil
@@ -65,6 +64,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from _machine import machine_info  # noqa: E402
 
 from protocol import spec  # noqa: E402
 from protocol.frames import PROTOCOL_HEADER, FrameParser, MethodFrame  # noqa: E402
@@ -593,30 +594,13 @@ def table(rows: list[dict[str, Any]], repeat: int) -> str:
 
 
 def machine(versions: dict[str, str]) -> dict[str, Any]:
-    cpu = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    load = ""
-    with contextlib.suppress(OSError):
-        load = Path("/proc/loadavg").read_text().strip()
     try:
         import uvloop
 
         uv = uvloop.__version__
     except ImportError:
         uv = None
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "uvloop": uv,
-        "platform": platform.platform(),
-        "loadavg": load,
-        **{f"{k}_version": v for k, v in versions.items()},
-    }
+    return machine_info(uvloop=uv, **{f"{k}_version": v for k, v in versions.items()})
 
 
 def summarize(scenario: str, kind: str, results: list[dict[str, Any]]) -> dict[str, Any]:
