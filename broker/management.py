@@ -41,9 +41,9 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-def export_definitions(broker: Broker) -> dict[str, Any]:
-    """Durable and transient definitions in RabbitMQ's definitions.json format."""
-    users = [
+def user_rows(broker: Broker) -> list[dict[str, Any]]:
+    """The users as RabbitMQ lists them (GET /api/users and definitions.json alike)."""
+    return [
         {
             "name": u.name,
             "password_hash": u.password_hash,
@@ -52,7 +52,11 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
         }
         for u in broker.auth.users.values()
     ]
-    permissions = [
+
+
+def permission_rows(broker: Broker) -> list[dict[str, Any]]:
+    """Every user's permissions per vhost (GET /api/permissions and definitions.json alike)."""
+    return [
         {
             "user": u.name,
             "vhost": vhost,
@@ -63,6 +67,12 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
         for u in broker.auth.users.values()
         for vhost, p in u.permissions.items()
     ]
+
+
+def export_definitions(broker: Broker) -> dict[str, Any]:
+    """Durable and transient definitions in RabbitMQ's definitions.json format."""
+    users = user_rows(broker)
+    permissions = permission_rows(broker)
     exchanges, queues, bindings = [], [], []
     for vhost in broker.vhosts.values():
         for x in vhost.exchanges.values():
@@ -442,17 +452,7 @@ class ManagementServer:
         return web.Response(status=204)
 
     async def users(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            [
-                {
-                    "name": u.name,
-                    "tags": ",".join(u.tags),
-                    "password_hash": u.password_hash,
-                    "hashing_algorithm": "rabbit_password_hashing_sha256",
-                }
-                for u in self.broker.auth.users.values()
-            ]
-        )
+        return web.json_response(user_rows(self.broker))
 
     async def put_user(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -478,19 +478,7 @@ class ManagementServer:
         return web.Response(status=204)
 
     async def permissions(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            [
-                {
-                    "user": u.name,
-                    "vhost": vhost,
-                    "configure": p.configure.pattern,
-                    "write": p.write.pattern,
-                    "read": p.read.pattern,
-                }
-                for u in self.broker.auth.users.values()
-                for vhost, p in u.permissions.items()
-            ]
-        )
+        return web.json_response(permission_rows(self.broker))
 
     async def put_permission(self, request: web.Request) -> web.Response:
         body = await self._json(request)
