@@ -55,11 +55,13 @@ class StorageConfig:
     sync_interval_ms: int = 5
     segment_size: int = 64 * 1024 * 1024
     queue_memory_limit: int = 64 * 1024 * 1024
+    disk_free_limit: int = 50_000_000  # RabbitMQ's default: 50 MB
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryConfig:
-    high_watermark: int = 2 * 1024 * 1024 * 1024
+    # A fraction of RAM (0 < x <= 1; RabbitMQ's default 0.4) or bytes.
+    high_watermark: int | float = 0.4
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,40 @@ def _number(key: str, value: Any, minimum: float, maximum: float) -> float:
     return value
 
 
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def _size(key: str, value: Any, minimum: int = 0) -> int:
+    """Bytes: an integer, or a string with a unit as RabbitMQ writes them ("50MB", "1GiB")."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise ConfigError(
+                f'{key}: must be bytes or a size such as "50MB" or "1GiB", got {value!r}'
+            )
+        value = int(float(m.group(1)) * _UNITS[unit])
+    return _int(key, value, minimum)
+
+
+def _watermark(key: str, value: Any) -> int | float:
+    """A fraction of RAM (a float, 0 < x <= 1) or bytes (an integer or a size string)."""
+    if isinstance(value, float):
+        return _number(key, value, 0.0, 1.0)
+    return _size(key, value, 1024 * 1024)
+
+
 def _bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{key}: must be true or false, got {value!r}")
@@ -306,11 +342,10 @@ def parse_config(data: dict[str, Any]) -> Config:
             "sync_interval_ms": lambda k, v: _int(k, v, 0, 10000),
             "segment_size": lambda k, v: _int(k, v, 1024 * 1024),
             "queue_memory_limit": lambda k, v: _int(k, v, 0),
+            "disk_free_limit": _size,
         },
     )
-    memory = _section(
-        data, "memory", MemoryConfig, {"high_watermark": lambda k, v: _int(k, v, 1024 * 1024)}
-    )
+    memory = _section(data, "memory", MemoryConfig, {"high_watermark": _watermark})
 
     archive = _section(
         data,

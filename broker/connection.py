@@ -41,6 +41,7 @@ from . import __version__
 from .auth import MECHANISMS, AuthError
 from .channel import Channel
 from .errors import connection_error
+from .flow import ALARM, BACKLOG, READ_BUDGET, WRITES, FlowControl
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -63,9 +64,6 @@ CLOSE_OK_TIMEOUT = 3.0
 #: Write directly once this many bytes are pending, so one dispatch loop cannot
 #: build an unbounded buffer before the transport gets a chance to push back.
 FLUSH_THRESHOLD = 256 * 1024
-#: Transport buffer limits: above HIGH we stop delivering to this connection.
-WRITE_HIGH = 1024 * 1024
-WRITE_LOW = 256 * 1024
 
 SERVER_CAPABILITIES = {
     "publisher_confirms": True,
@@ -104,7 +102,8 @@ class Connection(asyncio.Protocol):
         self.permission: Any = None
         self.exclusive_queues: list[Any] = []
         self.last_queue: str | None = None
-        self.writable = True
+        self.flow = FlowControl(self._continue)
+        self._backlog: tuple[list[Any], int] | None = None  # frames read, not yet handled
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._dirty = False
@@ -113,8 +112,6 @@ class Connection(asyncio.Protocol):
         self._sent = False
         self._missed = 0
         self._timer: Any = None
-        self._reading_paused = False
-        self._throttled_by: set[Any] = set()  # queues in flow state we published to
         self.blocked_notified = False
         self.published = False
 
@@ -127,10 +124,7 @@ class Connection(asyncio.Protocol):
             self.peer = (peer[0], peer[1])
             host = f"[{peer[0]}]" if ":" in peer[0] else peer[0]
             self.name = f"{host}:{peer[1]}"
-        try:
-            self.transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
-        except (AttributeError, NotImplementedError):
-            pass
+        self.flow.attach(self.transport)
         self.broker.connection_opened(self)
         self._timer = self.broker.clock.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
@@ -142,53 +136,106 @@ class Connection(asyncio.Protocol):
         self.state = CLOSED
         self._cleanup()
 
+    @property
+    def writable(self) -> bool:
+        return self.flow.writable
+
     def pause_writing(self) -> None:
-        self.writable = False
+        """Our output is backed up: no deliveries, and no reading until it drains."""
+        self.flow.writable = False
         for ch in self.channels.values():
             ch.can_deliver = False
+        self.flow.hold(WRITES)
 
     def resume_writing(self) -> None:
-        self.writable = True
+        self.flow.writable = True
         for ch in list(self.channels.values()):
             ch.update_writable(True)
+        self.flow.release(WRITES)
 
     def data_received(self, data: bytes) -> None:
         self._received = True
         archive = self.broker.archive
         if archive is not None:
             archive.stamp()  # the arrival time of every publish in this read
+        try:
+            events = self.parser.feed(data)
+        except ProtocolHeaderMismatch:
+            self._write_now(PROTOCOL_HEADER)
+            self._abort("bad protocol header")
+            return
+        except (SoftError, HardError) as exc:
+            events = self._parse_failure(exc)
+        if self._backlog is not None:  # only if a transport delivers data while paused
+            pending, i = self._backlog
+            events = pending[i:] + list(events)
+            self._backlog = None
+        self._handle_slice(events, 0)
+
+    def _parse_failure(self, exc: SoftError | HardError) -> list[Any]:
+        """Frames before a parse error, then the error itself, in order.
+
+        A channel error (a message over the size limit) closes just that channel and
+        parsing goes on with whatever the parser still holds; a connection error ends it.
+        """
+        events: list[Any] = []
         while True:
+            events.extend(exc.events)
+            events.append(_Failure(exc))
+            if isinstance(exc, HardError):
+                return events
             try:
-                events = self.parser.feed(data)
-            except ProtocolHeaderMismatch:
-                self._write_now(PROTOCOL_HEADER)
-                self._abort("bad protocol header")
-                return
-            except SoftError as exc:
-                # A channel error found while parsing (a message over the size limit):
-                # handle what came before it, close that channel, then go on parsing
-                # whatever the parser still holds.
-                self._process(exc.events)
-                self._channel_exception(exc.channel, exc)
-                data = b""
-                continue
-            except HardError as exc:
-                self._process(exc.events)
-                self.close_with_error(exc)
-                return
-            break
-        self._process(events)
-        self._after_batch()
+                events.extend(self.parser.feed(b""))
+                return events
+            except (SoftError, HardError) as again:
+                exc = again
 
     # -- event processing -------------------------------------------------------------
 
-    def _process(self, events: Any) -> None:
-        i, n = 0, len(events)
+    def _handle_slice(self, events: Any, start: int) -> None:
+        """Handle at most READ_BUDGET events, then yield the loop to other connections.
+
+        Stops early when a flow-control reason holds (an alarm, a queue in flow state,
+        our output backed up); what is left waits in `_backlog` and the socket is not
+        read until it is done, so one client can neither monopolise the loop nor make
+        the broker buffer replies it does not read.
+        """
+        end = self._process(events, start)
+        self._after_batch()
+        if end < len(events) and self.state != CLOSED:
+            self._backlog = (events, end)
+            flow = self.flow
+            if not flow.reasons:  # out of budget: continue on the next loop turn
+                flow.hold(BACKLOG)
+                self.broker.clock.loop.call_soon(self._continue)
+            return  # otherwise the last release calls _continue
+        self._backlog = None
+        self.flow.resume_reading()
+
+    def _continue(self) -> None:
+        """Flow released (or our turn came back): handle the backlog, then read again."""
+        flow = self.flow
+        flow.reasons.discard(BACKLOG)
+        if flow.reasons or self.state == CLOSED:
+            return  # still held: the last release calls us again
+        backlog = self._backlog
+        if backlog is None:
+            flow.resume_reading()
+            return
+        self._handle_slice(*backlog)
+
+    def _process(self, events: Any, start: int) -> int:
+        """Handle events from `start`; returns the index of the first one not handled."""
+        i = start
+        n = len(events)
+        end = min(n, i + READ_BUDGET)
         channels = self.channels
-        while i < n and self.state != CLOSED:
+        reasons = self.flow.reasons
+        alarms = self.broker.alarms
+        while i < end and self.state != CLOSED:
             ev = None
             try:
-                while i < n:
+                while i < end:
                     ev = events[i]
                     i += 1
                     if type(ev) is ContentMessage:
@@ -196,6 +243,8 @@ class Connection(asyncio.Protocol):
                         if ch is None:
                             raise self._no_channel(ev.channel)
                         ch.on_content(ev.method, ev.header, ev.body)
+                        if alarms:
+                            self.flow.hold(ALARM)  # RabbitMQ blocks a connection that publishes
                     elif type(ev) is MethodFrame:
                         if self.state == CLOSING:
                             self._closing_method(ev.method)
@@ -205,48 +254,39 @@ class Connection(asyncio.Protocol):
                             self._channel_method(ev.channel, ev.method)
                     elif type(ev) is ProtocolHeaderReceived:
                         self._send_start()
+                    elif type(ev) is _Failure:
+                        raise ev.exc
                     # Heartbeat: data_received already noted that the peer is alive.
+                    if reasons:
+                        return i
             except SoftError as exc:
                 _blame(exc, ev)
-                self._channel_exception(getattr(ev, "channel", 0), exc)
+                self._channel_exception(getattr(ev, "channel", 0) or exc.channel, exc)
             except HardError as exc:
                 _blame(exc, ev)
                 self.close_with_error(exc)
-                return
+                return n
             except Exception:
                 log.exception("internal error while handling a frame", extra={"conn": self.name})
                 self.close_with_error(
                     connection_error(INTERNAL_ERROR, "internal error; see the broker log")
                 )
-                return
+                return n
+            if reasons:
+                return i
+        return i if self.state != CLOSED else n
 
     def _after_batch(self) -> None:
         if self._confirm_channels:
             for ch in self._confirm_channels:
                 ch.flush_confirms()
             self._confirm_channels.clear()
-        if (
-            self.published
-            and not self._reading_paused
-            and (self.broker.blocked or self._throttled_by)
-        ):
-            self._pause_reading()
-        self.published = False
 
     def throttle(self, queue: Any) -> None:
-        """A queue we publish to is in flow state: stop reading us once this batch is done."""
+        """A queue we publish to is in flow state: stop reading us until it releases us."""
         if self not in queue.throttled:
             queue.throttled.add(self)
-            self._throttled_by.add(queue)
-
-    def unthrottle(self, queue: Any) -> None:
-        self._throttled_by.discard(queue)
-        if self._throttled_by or not self._reading_paused:
-            return
-        if self.broker.blocked:
-            self.broker.paused_readers.add(self)  # the memory alarm resumes us when it clears
-        else:
-            self.resume_reading()
+            self.flow.hold(queue)
 
     def want_flush(self, channel: Channel) -> None:
         """A channel has confirms to send once the current batch of frames is handled."""
@@ -427,7 +467,7 @@ class Connection(asyncio.Protocol):
             self._timer = None
         if self.heartbeat:
             self._timer = self.broker.clock.call_later(self.heartbeat / 2, self._heartbeat_tick)
-        if self.broker.blocked:
+        if self.broker.alarms:
             self.notify_blocked(True)
         log.info(
             "connection opened",
@@ -487,20 +527,6 @@ class Connection(asyncio.Protocol):
         elif not blocked and self.blocked_notified:
             self.blocked_notified = False
             self.send_method(0, spec.ConnectionUnblocked())
-
-    def _pause_reading(self) -> None:
-        if self.transport is not None and not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()
-            if self.broker.blocked:
-                self.broker.paused_readers.add(self)
-
-    def resume_reading(self) -> None:
-        if self._throttled_by:
-            return  # still held back by a queue in flow state
-        if self.transport is not None and self._reading_paused:
-            self._reading_paused = False
-            self.transport.resume_reading()
 
     # -- timers -----------------------------------------------------------------------
 
@@ -589,10 +615,12 @@ class Connection(asyncio.Protocol):
         self.channels.clear()
 
     def _cleanup(self) -> None:
-        for queue in self._throttled_by:
-            if queue.throttled is not None:
-                queue.throttled.discard(self)
-        self._throttled_by.clear()
+        for reason in self.flow.reasons:
+            throttled = getattr(reason, "throttled", None)  # a queue in flow state
+            if throttled is not None:
+                throttled.discard(self)
+        self.flow.clear()
+        self._backlog = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -601,6 +629,16 @@ class Connection(asyncio.Protocol):
             queue.vhost.delete_queue(queue, reason="exclusive owner gone")
         self.exclusive_queues.clear()
         self.broker.connection_closed(self)
+
+
+class _Failure:
+    """A parse error, queued after the frames read before it so they are handled first."""
+
+    __slots__ = ("exc", "channel")
+
+    def __init__(self, exc: SoftError | HardError) -> None:
+        self.exc = exc
+        self.channel = getattr(exc, "channel", 0)
 
 
 def _blame(exc: Any, event: Any) -> None:

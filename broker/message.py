@@ -94,6 +94,41 @@ class Message:
                     pass  # it was accepted once; an unreadable TTL now means none
         return msg
 
+    @classmethod
+    def unpacked(
+        cls,
+        exchange: str,
+        routing_key: str,
+        header: ContentHeader,
+        body: bytes,
+        priority: int,
+        persistent: bool,
+    ) -> Message:
+        """A transient message rebuilt from a queue's packed tail (broker/ready.py).
+
+        Priority and persistence come from the record, so nothing is decoded again; only a
+        per-message TTL (rare) is read back from the header.
+        """
+        msg = cls.__new__(cls)
+        msg.exchange = exchange
+        msg.routing_key = routing_key
+        msg.header = header
+        msg.body = body
+        msg.size = len(body)
+        raw = header.raw
+        msg.flags = flags = (raw[0] << 8 | raw[1]) if len(raw) >= 2 else 0
+        msg.persistent = persistent
+        msg.priority = priority
+        msg.expiration_ms = None
+        msg.store_id = None
+        msg.store_loc = None
+        msg.store_refs = 0
+        if flags & FLAG_EXPIRATION:
+            expiration = header.properties.expiration
+            if expiration is not None:
+                msg.expiration_ms = parse_expiration(expiration)
+        return msg
+
     @property
     def properties(self) -> BasicProperties:
         return self.header.properties

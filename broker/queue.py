@@ -8,14 +8,13 @@ and dead-lettering happen here because only the queue knows its order.
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from protocol.errors import PRECONDITION_FAILED
 
 from .errors import channel_error
+from .ready import Cleared, FifoReady, PriorityReady
 
 if TYPE_CHECKING:
     from .channel import Consumer
@@ -26,10 +25,12 @@ if TYPE_CHECKING:
 #: queue with a deep backlog cannot starve the others.
 DISPATCH_BATCH = 2000
 
-#: A consumed queue whose consumers' sockets are full and whose backlog passes
-#: FLOW_HIGH ready messages stops reading its publishers until it is back under
-#: FLOW_LOW: RabbitMQ's "flow" state, which keeps latency bounded and leaves the
-#: consumers CPU to catch up, where plain buffering would only grow the backlog.
+#: A queue with consumers that still has more than FLOW_HIGH ready messages after
+#: dispatching -- every consumer is at its prefetch limit or has a full socket --
+#: stops reading the connections that publish to it until it is back under
+#: FLOW_LOW: RabbitMQ's credit flow / "flow" state. It keeps latency bounded and
+#: leaves the consumers CPU to catch up, where plain buffering would only grow the
+#: backlog. The test is O(1) per publish (a length), never a walk over consumers.
 FLOW_HIGH = 4000
 FLOW_LOW = 1000
 
@@ -60,93 +61,6 @@ class Entry:
         self.consumer: Consumer | None = None
         self.delivery_count = 0
         self.marked = False  # a delivered marker is in the message store
-
-
-class FifoReady(deque):
-    """Ready messages in publish order; requeued messages regain their old place.
-
-    A deque subclass so that len() and truth tests stay in C on the hot path
-    (a Python-level __len__ cost ~1 us per publish in profiles).
-    """
-
-    __slots__ = ()
-
-    push = deque.append
-    pop = deque.popleft  # type: ignore[assignment]
-
-    def peek(self) -> Entry | None:
-        return self[0] if self else None
-
-    def requeue(self, entries: list[Entry]) -> None:
-        entries.sort(key=_seq)
-        if not self or entries[-1].seq < self[0].seq:
-            self.extendleft(reversed(entries))
-        else:
-            merged = sorted(itertools.chain(self, entries), key=_seq)
-            deque.clear(self)
-            self.extend(merged)
-
-    def clear(self) -> list[Entry]:  # type: ignore[override]
-        out = list(self)
-        deque.clear(self)
-        return out
-
-
-class PriorityReady:
-    """x-max-priority: one FIFO per priority, highest served first."""
-
-    __slots__ = ("_levels", "_max", "_len")
-
-    def __init__(self, max_priority: int) -> None:
-        self._max = max_priority
-        self._levels = [FifoReady() for _ in range(max_priority + 1)]
-        self._len = 0
-
-    def _level(self, entry: Entry) -> FifoReady:
-        return self._levels[min(entry.msg.priority, self._max)]
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> Iterator[Entry]:
-        for level in reversed(self._levels):
-            yield from level
-
-    def push(self, entry: Entry) -> None:
-        self._level(entry).push(entry)
-        self._len += 1
-
-    def pop(self) -> Entry:
-        for level in reversed(self._levels):
-            if len(level):
-                self._len -= 1
-                return level.pop()
-        raise IndexError("pop from an empty queue")
-
-    def peek(self) -> Entry | None:
-        for level in reversed(self._levels):
-            if len(level):
-                return level.peek()
-        return None
-
-    def requeue(self, entries: list[Entry]) -> None:
-        by_level: dict[int, list[Entry]] = {}
-        for e in entries:
-            by_level.setdefault(min(e.msg.priority, self._max), []).append(e)
-        for prio, group in by_level.items():
-            self._levels[prio].requeue(group)
-        self._len += len(entries)
-
-    def clear(self) -> list[Entry]:
-        out: list[Entry] = []
-        for level in reversed(self._levels):
-            out.extend(level.clear())
-        self._len = 0
-        return out
-
-
-def _seq(entry: Entry) -> int:
-    return entry.seq
 
 
 class _ConsumerGroup:
@@ -236,7 +150,7 @@ class Queue:
         self.single_active = args.single_active
         self.delivery_limit = args.delivery_limit
         self.ready: FifoReady | PriorityReady = (
-            PriorityReady(self.max_priority) if self.max_priority else FifoReady()
+            PriorityReady(self.max_priority, self) if self.max_priority else FifoReady(self)
         )
         self.ready_bytes = 0
         self.unacked = 0
@@ -264,7 +178,7 @@ class Queue:
         self.touch()
 
     def __repr__(self) -> str:
-        return f"<Queue {self.name!r} vhost={self.vhost.name!r} ready={len(self.ready)}>"
+        return f"<Queue {self.name!r} vhost={self.vhost.name!r} ready={self.ready.n}>"
 
     @property
     def description(self) -> str:
@@ -287,7 +201,7 @@ class Queue:
         if msg.expiration_ms is not None and (ttl is None or msg.expiration_ms < ttl):
             ttl = msg.expiration_ms
         # Fast path: nothing waiting and a consumer with credit takes it at once.
-        if self.consumer_count and not self.ready:
+        if self.consumer_count and not self.ready.n:
             consumer = self._next_consumer()
             if consumer is not None:
                 consumer.channel.deliver(consumer, entry)
@@ -309,30 +223,26 @@ class Queue:
                 self._schedule_expiry()
         if self._limited:
             self._enforce_max_length()
-        if self.consumer_count and self.ready:
+        if self.consumer_count and self.ready.n:
             self.dispatch()
-            if len(self.ready) > FLOW_HIGH and self.throttled is None and self._consumers_stalled():
+            if self.throttled is None and self.ready.n > FLOW_HIGH:
                 self.throttled = set()  # the publishing channel adds its connection
         return True
-
-    def _consumers_stalled(self) -> bool:
-        """Some consumer could take more but its connection's socket is full."""
-        return any(not c.channel.conn.writable for g in self._groups for c in g.members)
 
     def release_publishers(self) -> None:
         """Leave the flow state: resume reading the publishers we paused."""
         paused, self.throttled = self.throttled, None
         for conn in paused or ():
-            conn.unthrottle(self)
+            conn.flow.release(self)
 
     def _would_overflow(self, size: int) -> bool:
-        if self.max_length is not None and len(self.ready) >= self.max_length:
+        if self.max_length is not None and self.ready.n >= self.max_length:
             return True
         return self.max_length_bytes is not None and self.ready_bytes + size > self.max_length_bytes
 
     def _enforce_max_length(self) -> None:
-        while len(self.ready) and (
-            (self.max_length is not None and len(self.ready) > self.max_length)
+        while self.ready.n and (
+            (self.max_length is not None and self.ready.n > self.max_length)
             or (self.max_length_bytes is not None and self.ready_bytes > self.max_length_bytes)
         ):
             entry = self._take()
@@ -411,11 +321,11 @@ class Queue:
     def dispatch(self) -> None:
         """Hand ready messages to consumers with credit, in order, up to one batch."""
         ready = self.ready
-        if not len(ready) or not self.consumer_count or self.deleted:
+        if not ready.n or not self.consumer_count or self.deleted:
             return
         now = self.vhost.clock.monotonic() if self._timed else None
         delivered = 0
-        while len(ready):
+        while ready.n:
             consumer = self._next_consumer()
             if consumer is None:
                 break
@@ -429,7 +339,7 @@ class Queue:
                 self._schedule_dispatch()
                 break
         self.stats_delivered += delivered
-        if self.throttled is not None and len(ready) < FLOW_LOW:
+        if self.throttled is not None and ready.n < FLOW_LOW:
             self.release_publishers()
 
     def _schedule_dispatch(self) -> None:
@@ -459,7 +369,7 @@ class Queue:
         """basic.get: the next live message, or None."""
         self.touch()
         now = self.vhost.clock.monotonic()
-        while len(self.ready):
+        while self.ready.n:
             entry = self._take()
             if entry.expires_at is not None and entry.expires_at <= now:
                 self._expire_entry(entry)
@@ -536,13 +446,19 @@ class Queue:
     def purge(self) -> int:
         if self.throttled is not None:
             self.release_publishers()
-        entries = self.ready.clear()
+        cleared = self.ready.clear()
         self._timed = 0
         self.ready_bytes = 0
-        self._account(-sum(e.msg.size for e in entries if e.msg.body is not None))
-        for entry in entries:
+        self._forget(cleared)
+        for entry in cleared.entries:
             self.settle(entry)
-        return len(entries)
+        return len(cleared)
+
+    def _forget(self, cleared: Cleared) -> None:
+        """Account for a cleared ready list: packed messages are settled by counting."""
+        in_memory = sum(e.msg.size for e in cleared.entries if e.msg.body is not None)
+        self._account(-(in_memory + cleared.packed_bytes))
+        self.stats_acked += cleared.packed
 
     # -- expiry and dead-lettering ------------------------------------------------
 
@@ -625,16 +541,16 @@ class Queue:
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None
-        entries = self.ready.clear()
+        cleared = self.ready.clear()
         self._timed = 0
-        self._account(-sum(e.msg.size for e in entries if e.msg.body is not None))
+        self._forget(cleared)
         self.ready_bytes = 0
         self._groups.clear()
         self.consumer_count = 0
-        return entries
+        return cleared.entries
 
     def message_count(self) -> int:
-        return len(self.ready)
+        return self.ready.n
 
     def iter_ready(self) -> Iterable[Entry]:
         return iter(self.ready)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .alarms import ResourceMonitor
 from .auth import Authenticator
 from .clock import Clock
 from .config import Config
@@ -47,10 +48,9 @@ class Broker:
         self.connections: set[Connection] = set()
         self.reply_to: dict[str, Consumer] = {}
         self.queued_bytes = 0
-        self.blocked = False
-        self.paused_readers: set[Connection] = set()
-        self._high = self.config.memory.high_watermark
-        self._low = int(self._high * 0.8)
+        self.memory_check_at = 0  # queued_bytes at which the memory estimate is checked again
+        self.alarms: set[str] = set()  # resource alarms set now ("memory", "disk")
+        self.resources = ResourceMonitor(self)
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
         self._servers: list[asyncio.base_events.Server] = []
@@ -72,6 +72,7 @@ class Broker:
         self.clock.loop  # bind the clock to this loop  # noqa: B018
         self.started_at = self.clock.wall()
         self._open_message_store(loop)
+        self.resources.start()
         if self.config.archive.enabled:
             from .archive import Archive
 
@@ -160,6 +161,7 @@ class Broker:
         return self.ports[0] if self.ports else self.config.amqp.port
 
     async def stop(self) -> None:
+        self.resources.stop()
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
@@ -243,7 +245,6 @@ class Broker:
 
     def connection_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
-        self.paused_readers.discard(conn)
 
     def mark_dirty(self, conn: Connection) -> None:
         """Queue a connection's output for the once-per-iteration flush."""
@@ -258,26 +259,34 @@ class Broker:
         for conn in dirty:
             conn.flush()
 
-    # -- memory alarm -----------------------------------------------------------------
+    # -- resource alarms ----------------------------------------------------------------
+
+    @property
+    def blocked(self) -> bool:
+        """Publishers are blocked: a memory or disk alarm is set."""
+        return bool(self.alarms)
 
     def account_bytes(self, delta: int) -> None:
-        self.queued_bytes += delta
-        if delta > 0:
-            if not self.blocked and self.queued_bytes > self._high:
-                self._set_blocked(True)
-        elif self.blocked and self.queued_bytes < self._low:
-            self._set_blocked(False)
+        """Bodies entered (or left) the queues' memory; a large burst may set the alarm early."""
+        queued = self.queued_bytes = self.queued_bytes + delta
+        if queued > self.memory_check_at:
+            self.resources.queued_grew()
 
-    def _set_blocked(self, blocked: bool) -> None:
-        self.blocked = blocked
+    def set_alarm(self, alarm: str, on: bool, *, used: int, limit: int) -> None:
+        """Set or clear one resource alarm; publishers are blocked while any is set."""
+        was_blocked = bool(self.alarms)
+        if on:
+            self.alarms.add(alarm)
+        else:
+            self.alarms.discard(alarm)
         log.warning(
-            "memory alarm %s",
-            "set" if blocked else "cleared",
-            extra={"queued_bytes": self.queued_bytes, "high_watermark": self._high},
+            "%s alarm %s", alarm, "set" if on else "cleared", extra={"used": used, "limit": limit}
         )
+        if was_blocked == bool(self.alarms):
+            return
+        from .flow import ALARM
+
         for conn in list(self.connections):
-            conn.notify_blocked(blocked)
-        if not blocked:
-            paused, self.paused_readers = self.paused_readers, set()
-            for conn in paused:
-                conn.resume_reading()
+            conn.notify_blocked(on)
+            if not on:
+                conn.flow.release(ALARM)
