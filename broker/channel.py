@@ -503,11 +503,14 @@ class Channel:
         elif tag not in unacked:
             raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
         elif multiple:
-            entries = []
-            for t in list(unacked):
+            # Tags are ascending in the dict: walk only the ones settled, never copy it all.
+            tags = []
+            for t in unacked:
                 if t > tag:
                     break
-                entries.append(unacked.pop(t))
+                tags.append(t)
+            pop = unacked.pop
+            entries = [pop(t) for t in tags]
         else:
             entries = [unacked.pop(tag)]
         for entry in entries:
@@ -527,8 +530,18 @@ class Channel:
                 raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
             self.tx.append(lambda: action(self._take_unacked(tag, multiple)))
             return
-        action(self._take_unacked(tag, multiple))
-        self._redispatch()
+        entries = self._take_unacked(tag, multiple)
+        action(entries)
+        if self.prefetch_global or self.prefetch_size or len(entries) > 64:
+            self._redispatch()  # credit is shared by the channel's consumers
+            return
+        # Only the queues whose consumers got credit back, not every consumer of the channel.
+        seen = None
+        for entry in entries:
+            queue = entry.queue
+            if queue is not None and queue is not seen:
+                seen = queue
+                queue.dispatch()
 
     def _basic_ack(self, m: spec.BasicAck) -> None:
         def ack(entries: list[Entry]) -> None:

@@ -117,6 +117,7 @@ class Queue:
         "_reject_overflow",
         "_limited",
         "throttled",
+        "_saturated",
     )
 
     def __init__(
@@ -175,6 +176,10 @@ class Queue:
         self._reject_overflow = self.overflow != "drop-head"
         self._limited = self.max_length is not None or self.max_length_bytes is not None
         self.throttled: set | None = None  # publisher connections paused for this queue
+        # No consumer had credit at the last dispatch: a publish need not look again
+        # (O(1), not O(consumers)); any explicit dispatch() -- an ack, a new consumer,
+        # a socket drained, qos -- looks again.
+        self._saturated = False
         self.touch()
 
     def __repr__(self) -> str:
@@ -224,7 +229,8 @@ class Queue:
         if self._limited:
             self._enforce_max_length()
         if self.consumer_count and self.ready.n:
-            self.dispatch()
+            if not self._saturated:
+                self.dispatch()
             if self.throttled is None and self.ready.n > FLOW_HIGH:
                 self.throttled = set()  # the publishing channel adds its connection
         return True
@@ -325,9 +331,11 @@ class Queue:
             return
         now = self.vhost.clock.monotonic() if self._timed else None
         delivered = 0
+        self._saturated = False
         while ready.n:
             consumer = self._next_consumer()
             if consumer is None:
+                self._saturated = True
                 break
             entry = self._take()
             if now is not None and entry.expires_at is not None and entry.expires_at <= now:

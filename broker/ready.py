@@ -9,7 +9,7 @@ Why three parts (see docs/architecture.md, "Compact queues"):
   raw content header and body. A queued 16-byte message costs ~60 bytes here
   instead of ~700 as objects (Entry + Message + ContentHeader + bytes + str).
   Messages that cannot be packed (bodies over `INLINE_MAX`, persistent
-  messages the store tracks by identity) keep their Message object in `refs`
+  messages the store tracks by identity) stay whole entries in `refs`
   and a record marks their place. When the head runs dry, the next
   `REFILL` records are unpacked into it;
 * **back** -- requeued entries that do not fit in front of the head, in a heap
@@ -96,7 +96,7 @@ class FifoReady:
         self._chunks: deque[bytearray] = deque()
         self._rpos = 0  # read offset in the first chunk
         self._packed = 0  # records in the tail
-        self._refs: deque[Message] = deque()
+        self._refs: deque[Entry] = deque()  # entries kept whole (see _pack)
         self._xnames: list[str] = []  # exchange names by index, shared by records
         self._xidx: dict[str, int] = {}
 
@@ -161,10 +161,10 @@ class FifoReady:
                 pos = self._rpos if chunk is self._chunks[0] else 0
                 end = len(chunk)
                 while pos < end:
-                    seq, _, bits, _, _, _, klen, hlen, blen = _unpack_from(chunk, pos)
+                    _, _, bits, _, _, _, klen, hlen, blen = _unpack_from(chunk, pos)
                     pos += _RECORD_SIZE + klen + hlen + blen
                     if bits & _REF:
-                        out.append(self._ref_entry(next(refs), seq, bits))
+                        out.append(next(refs))
                     else:
                         packed += 1
                         packed_bytes += blen
@@ -174,14 +174,6 @@ class FifoReady:
         self._refs.clear()
         self._rpos = self._packed = self.n = 0
         return Cleared(out, packed, packed_bytes)
-
-    def _ref_entry(self, msg: Message, seq: int, bits: int) -> Entry:
-        from .queue import Entry
-
-        entry = Entry(msg, seq, self._queue)  # type: ignore[arg-type]
-        entry.redelivered = bool(bits & _REDELIVERED)
-        entry.marked = bool(bits & _MARKED)
-        return entry
 
     def __iter__(self) -> Iterator[Entry]:
         """Entries in delivery order, without removing them (packed ones are decoded copies)."""
@@ -216,7 +208,7 @@ class FifoReady:
             xi = self._exchange_index(msg.exchange)
         if msg.store_loc is not None or msg.body is None or msg.size > INLINE_MAX or xi < 0:
             bits |= _REF
-            self._refs.append(msg)
+            self._refs.append(entry)
             key = header = body = b""
         else:
             key = msg.routing_key.encode()
@@ -275,17 +267,18 @@ class FifoReady:
                     seq, expires, bits, prio, count, xi, klen, hlen, blen = _unpack_from(chunk, pos)
                     pos += _RECORD_SIZE
                     if bits & _REF:
-                        msg = refs.popleft()
-                    else:
-                        key = str(chunk[pos : pos + klen], "utf-8")
-                        pos += klen
-                        raw = mv[pos : pos + hlen].tobytes()
-                        pos += hlen
-                        body = mv[pos : pos + blen].tobytes()
-                        pos += blen
-                        header = ContentHeader(60, blen, raw)
-                        persistent = bool(bits & _PERSISTENT)
-                        msg = Message.unpacked(xnames[xi], key, header, body, prio, persistent)
+                        out.append(refs.popleft())
+                        self._packed -= 1
+                        continue
+                    key = str(chunk[pos : pos + klen], "utf-8")
+                    pos += klen
+                    raw = mv[pos : pos + hlen].tobytes()
+                    pos += hlen
+                    body = mv[pos : pos + blen].tobytes()
+                    pos += blen
+                    header = ContentHeader(60, blen, raw)
+                    persistent = bool(bits & _PERSISTENT)
+                    msg = Message.unpacked(xnames[xi], key, header, body, prio, persistent)
                     entry = new_entry(Entry)
                     entry.msg = msg
                     entry.seq = seq

@@ -33,6 +33,16 @@ from pyroaring import BitMap
 
 from .bindings import EMPTY, BindingTable, ids_add, ids_iter, ids_remove
 
+#: Most cached keys one bind or unbind patches; past it the cache is flushed instead and
+#: refills as keys are routed again, so a bind costs O(budget), never O(cache x key length).
+PATCH_BUDGET = 2048
+#: Most candidate keys checked word by word for a pattern with two or more ``#``.
+VERIFY_BUDGET = 256
+
+
+class _TooMany(Exception):
+    """Patching the cache would cost more than the budget: flush it."""
+
 
 class _Wildcard:
     __slots__ = ("name",)
@@ -285,10 +295,17 @@ class TopicIndex(BindingTable):
         entries = self._entries
         if was_end:
             if node.kids is not None:
+                if len(node.kids) > PATCH_BUDGET:
+                    self.flush_cache()
+                    return True
                 for kid in node.kids:
                     self._entry_add(entries[kid], b, destination)  # type: ignore[arg-type]
         elif self._cache:
-            kids = self._cached_matches(tokens)
+            try:
+                kids = self._cached_matches(tokens)
+            except _TooMany:
+                self.flush_cache()
+                return True
             if kids:
                 node.kids = kids
                 for kid in kids:
@@ -357,6 +374,9 @@ class TopicIndex(BindingTable):
                 node = node.children[t]  # type: ignore[index]
         node.ids = ids_remove(node.ids, b)
         kids = node.kids
+        if kids is not None and len(kids) > PATCH_BUDGET:
+            self.flush_cache()
+            kids = None
         if kids is not None:
             entries = self._entries
             if node.ids is None:  # no longer a pattern end: drop the reverse index
@@ -639,6 +659,8 @@ class TopicIndex(BindingTable):
                 result = BitMap.intersection(*constraints)
         if self._mqtt and tokens and not isinstance(tokens[0], str):
             result -= self._kdollar
+        if len(result) > PATCH_BUDGET or (verify and len(result) > VERIFY_BUDGET):
+            raise _TooMany
         if verify and result:
             entries = self._entries
             result = BitMap(
@@ -647,6 +669,25 @@ class TopicIndex(BindingTable):
                 if match_tokens(tokens, entries[kid].words)  # type: ignore[union-attr]
             )
         return result or None
+
+    def flush_cache(self) -> None:
+        """Forget every cached key at once (the cache refills as keys are routed).
+
+        O(cached keys' matched nodes): the key-side index is dropped whole, not key by key.
+        """
+        for entry in self._entries:
+            if entry is not None:
+                for node in entry.nodes:
+                    node.kids = None
+        self._cache = {}
+        self._entries = []
+        self._free_kids = []
+        self._hand = 0
+        self._kpos = []
+        self._kneg = []
+        self._klen = {}
+        self._kall = BitMap()
+        self._kdollar = BitMap()
 
     # -- introspection ------------------------------------------------------------------------
 

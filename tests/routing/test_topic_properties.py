@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from broker.routing import TopicIndex
+from broker.routing import TopicIndex, topic
 
 from .reference import amqp_match, mqtt_match, mqtt_valid
 
@@ -148,3 +148,43 @@ TopicMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_topic_state_machine = TopicMachine.TestCase
+
+
+class FlushingTopicMachine(TopicMachine):
+    """The same operations with patch budgets so small that most binds flush the cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._saved = (topic.PATCH_BUDGET, topic.VERIFY_BUDGET)
+        topic.PATCH_BUDGET, topic.VERIFY_BUDGET = 1, 0
+
+    def teardown(self) -> None:
+        topic.PATCH_BUDGET, topic.VERIFY_BUDGET = self._saved
+
+
+FlushingTopicMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_topic_state_machine_with_cache_flushes = FlushingTopicMachine.TestCase
+
+
+def test_bind_against_a_full_cache_of_long_keys_is_bounded():
+    """10,000 cached 121-word keys, then `#.zzN.#` binds: each flushes, routing stays exact."""
+    idx = TopicIndex(cache_keys=10_000)
+    idx.bind("k0.#", "q-all")
+    keys = [
+        ".".join([f"k{i % 7}", f"n{i}"] + [f"w{(i + j) % 50}" for j in range(119)])
+        for i in range(10_000)
+    ]
+    for key in keys:
+        idx.route(key)
+    assert idx.cached_keys() == 10_000
+    for n in range(20):
+        idx.bind(f"#.zz{n}.#", f"q{n}")
+        assert idx.cached_keys() == 0  # too many candidates to verify: flushed, not scanned
+    assert idx.route(keys[0]) == {"q-all"}
+    assert idx.route("a.zz3.b") == {"q3"}
+    idx.check_invariants()
