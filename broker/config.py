@@ -75,6 +75,11 @@ class ArchiveConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DiagnosticsConfig:
+    loop_lag_probe_ms: int = 0  # 0: off; else a timer this often measures event-loop stalls
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     level: str = "warning"
     format: str = "text"
@@ -124,6 +129,7 @@ class Config:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     users: tuple[UserConfig, ...] = field(default_factory=_default_users)
     vhosts: tuple[VhostConfig, ...] = field(default_factory=_default_vhosts)
     permissions: tuple[PermissionConfig, ...] = field(default_factory=_default_permissions)
@@ -293,6 +299,7 @@ def parse_config(data: dict[str, Any]) -> Config:
         "memory",
         "archive",
         "log",
+        "diagnostics",
         "users",
         "vhosts",
         "permissions",
@@ -367,6 +374,12 @@ def parse_config(data: dict[str, Any]) -> Config:
         return value
 
     log = _section(data, "log", LogConfig, {"level": _log_level, "format": log_format})
+    diagnostics = _section(
+        data,
+        "diagnostics",
+        DiagnosticsConfig,
+        {"loop_lag_probe_ms": lambda k, v: _int(k, v, 0, 60_000)},
+    )
 
     users = _users(_array_of_tables(data, "users"))
     vhosts = _vhosts(_array_of_tables(data, "vhosts"))
@@ -380,6 +393,7 @@ def parse_config(data: dict[str, Any]) -> Config:
         memory=memory,
         archive=archive,
         log=log,
+        diagnostics=diagnostics,
         users=users,
         vhosts=vhosts,
         permissions=permissions,

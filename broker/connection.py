@@ -282,6 +282,19 @@ class Connection(asyncio.Protocol):
                 ch.flush_confirms()
             self._confirm_channels.clear()
 
+    def flow_state(self) -> str:
+        """As RabbitMQ names it: running, flow (held by a queue), blocked (by an alarm)."""
+        if self.state != OPEN:
+            return self.state
+        reasons = self.flow.reasons
+        if ALARM in reasons:
+            return "blocked"
+        if self.broker.alarms:
+            return "blocking"  # not published since the alarm went off
+        if any(hasattr(r, "throttled") for r in reasons):
+            return "flow"
+        return "running"
+
     def throttle(self, queue: Any) -> None:
         """A queue we publish to is in flow state: stop reading us until it releases us."""
         if self not in queue.throttled:

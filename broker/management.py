@@ -208,8 +208,40 @@ class _BrokerCollector:
             "roarmq_queued_bytes", "Bytes of ready message bodies", value=b.queued_bytes
         )
         yield GaugeMetricFamily(
-            "roarmq_memory_alarm", "1 while publishers are blocked", value=1 if b.blocked else 0
+            "roarmq_memory_alarm",
+            "1 while the memory alarm blocks publishers",
+            value=1 if "memory" in b.alarms else 0,
         )
+        yield GaugeMetricFamily(
+            "roarmq_disk_alarm",
+            "1 while the disk-free alarm blocks publishers",
+            value=1 if "disk" in b.alarms else 0,
+        )
+        res = b.resources
+        yield GaugeMetricFamily(
+            "roarmq_resident_memory_bytes", "Resident memory at the last sample", value=res.rss
+        )
+        yield GaugeMetricFamily(
+            "roarmq_memory_high_watermark_bytes", "The memory alarm's mark", value=res.high
+        )
+        if res.disk_free is not None:
+            yield GaugeMetricFamily(
+                "roarmq_disk_free_bytes", "Free space on the data directory", value=res.disk_free
+            )
+        yield GaugeMetricFamily(
+            "roarmq_disk_free_limit_bytes", "The disk alarm's mark", value=res.disk_limit
+        )
+        yield GaugeMetricFamily(
+            "roarmq_connections_flow_held",
+            "Connections not read because a queue they publish to is in flow state",
+            value=sum(1 for c in b.connections if c.flow_state() == "flow"),
+        )
+        if b.loop_lag is not None:
+            yield GaugeMetricFamily(
+                "roarmq_event_loop_lag_max_seconds",
+                "Longest event-loop stall since the last scrape ([diagnostics] loop_lag_probe_ms)",
+                value=b.loop_lag.take_max(),
+            )
         ready = GaugeMetricFamily(
             "roarmq_queue_messages_ready", "Ready messages", labels=["vhost", "queue"]
         )
@@ -349,7 +381,12 @@ class ManagementServer:
                     "consumers": sum(q.consumer_count for q in queues),
                 },
                 "listeners": [{"protocol": "amqp", "port": p} for p in b.ports],
-                "memory_alarm": b.blocked,
+                "memory_alarm": "memory" in b.alarms,
+                "disk_free_alarm": "disk" in b.alarms,
+                "mem_used": b.resources.rss,
+                "mem_limit": b.resources.high,
+                "disk_free": b.resources.disk_free,
+                "disk_free_limit": b.resources.disk_limit,
             }
         )
 
@@ -420,7 +457,7 @@ class ManagementServer:
                     "name": c.name,
                     "user": getattr(c.user, "name", None),
                     "vhost": getattr(c.vhost, "name", None),
-                    "state": c.state,
+                    "state": c.flow_state(),
                     "channels": len(c.channels),
                     "frame_max": c.frame_max,
                     "timeout": c.heartbeat,

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .alarms import ResourceMonitor
+from .alarms import LoopLag, ResourceMonitor
 from .auth import Authenticator
 from .clock import Clock
 from .config import Config
@@ -51,6 +51,7 @@ class Broker:
         self.memory_check_at = 0  # queued_bytes at which the memory estimate is checked again
         self.alarms: set[str] = set()  # resource alarms set now ("memory", "disk")
         self.resources = ResourceMonitor(self)
+        self.loop_lag: LoopLag | None = None  # [diagnostics] loop_lag_probe_ms
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
         self._servers: list[asyncio.base_events.Server] = []
@@ -73,6 +74,10 @@ class Broker:
         self.started_at = self.clock.wall()
         self._open_message_store(loop)
         self.resources.start()
+        probe_ms = self.config.diagnostics.loop_lag_probe_ms
+        if probe_ms:
+            self.loop_lag = LoopLag(loop, probe_ms / 1000)
+            self.loop_lag.start()
         if self.config.archive.enabled:
             from .archive import Archive
 
@@ -162,6 +167,8 @@ class Broker:
 
     async def stop(self) -> None:
         self.resources.stop()
+        if self.loop_lag is not None:
+            self.loop_lag.stop()
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
