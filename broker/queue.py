@@ -502,6 +502,10 @@ class Queue:
             head = self.ready.peek()
             if head is None or head.expires_at is None or head.expires_at > now:
                 break
+            if expired >= DISPATCH_BATCH:  # a million due at once: in slices, not one stall
+                self._expiry_at = now
+                self._expiry_timer = self.vhost.clock.call_at(now, self._on_expiry_timer)
+                return expired
             self._take()
             self._expire_entry(head)
             expired += 1

@@ -83,6 +83,7 @@ class FifoReady:
         "_chunks",
         "_rpos",
         "_packed",
+        "_packed_bytes",
         "_refs",
         "_xnames",
         "_xidx",
@@ -96,6 +97,7 @@ class FifoReady:
         self._chunks: deque[bytearray] = deque()
         self._rpos = 0  # read offset in the first chunk
         self._packed = 0  # records in the tail
+        self._packed_bytes = 0  # inline bodies in the tail
         self._refs: deque[Entry] = deque()  # entries kept whole (see _pack)
         self._xnames: list[str] = []  # exchange names by index, shared by records
         self._xidx: dict[str, int] = {}
@@ -146,7 +148,7 @@ class FifoReady:
         return head[0] if head else None
 
     def clear(self) -> Cleared:
-        """Remove everything in O(n) without rebuilding packed messages as objects.
+        """Remove everything without rebuilding or even reading packed messages.
 
         Returns the entries the caller must settle one by one (objects: head, heap and
         refs) and the count and body bytes of the packed transient ones, which need no
@@ -154,25 +156,14 @@ class FifoReady:
         """
         out = [e for _, e in sorted(self._back, key=_first)]
         out.extend(self._head)
-        packed = packed_bytes = 0
-        if self._packed:
-            refs = iter(self._refs)
-            for chunk in self._chunks:
-                pos = self._rpos if chunk is self._chunks[0] else 0
-                end = len(chunk)
-                while pos < end:
-                    _, _, bits, _, _, _, klen, hlen, blen = _unpack_from(chunk, pos)
-                    pos += _RECORD_SIZE + klen + hlen + blen
-                    if bits & _REF:
-                        out.append(next(refs))
-                    else:
-                        packed += 1
-                        packed_bytes += blen
+        out.extend(self._refs)
+        packed = self._packed - len(self._refs)
+        packed_bytes = self._packed_bytes
         self._head.clear()
         self._back.clear()
         self._chunks.clear()
         self._refs.clear()
-        self._rpos = self._packed = self.n = 0
+        self._rpos = self._packed = self._packed_bytes = self.n = 0
         return Cleared(out, packed, packed_bytes)
 
     def __iter__(self) -> Iterator[Entry]:
@@ -237,6 +228,7 @@ class FifoReady:
         chunk += header
         chunk += body
         self._packed += 1
+        self._packed_bytes += len(body)
 
     def _exchange_index(self, name: str) -> int:
         if len(self._xnames) >= 65535:
@@ -276,6 +268,7 @@ class FifoReady:
                     pos += hlen
                     body = mv[pos : pos + blen].tobytes()
                     pos += blen
+                    self._packed_bytes -= blen
                     header = ContentHeader(60, blen, raw)
                     persistent = bool(bits & _PERSISTENT)
                     msg = Message.unpacked(xnames[xi], key, header, body, prio, persistent)
@@ -299,12 +292,18 @@ class FifoReady:
 
     def _decode_all(self) -> Iterator[Entry]:
         """Decode every packed record without consuming it (management listings, tests)."""
-        saved = (deque(self._chunks), self._rpos, self._packed, deque(self._refs))
+        saved = (
+            deque(self._chunks),
+            self._rpos,
+            self._packed,
+            self._packed_bytes,
+            deque(self._refs),
+        )
         try:
             while self._packed:
                 yield from self._unpack(REFILL)
         finally:
-            self._chunks, self._rpos, self._packed, self._refs = saved
+            self._chunks, self._rpos, self._packed, self._packed_bytes, self._refs = saved
 
     def packed(self) -> int:
         """How many entries are packed (for tests and the management API)."""

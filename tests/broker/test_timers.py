@@ -136,3 +136,22 @@ async def test_handshake_timeout_closes_idle_socket(vbroker):
     await settle()
     assert await asyncio.wait_for(reader.read(100), 2) == b""
     writer.close()
+
+
+async def test_many_messages_expiring_at_once_are_dropped_in_slices(vbroker):
+    """5,000 messages due at the same instant: expired a batch per loop turn, all of them."""
+    from broker.queue import DISPATCH_BATCH
+
+    c = await RawClient.connect(vbroker.port)
+    await c.open_channel(1)
+    c.send(1, spec.QueueDeclare(queue="ttl-many", arguments={"x-message-ttl": 1000}))
+    await c.expect(spec.QueueDeclareOk)
+    for _ in range(5000):
+        c.publish(1, "", "ttl-many", b"t")
+    c.send(1, spec.QueueDeclare(queue="ttl-many", passive=True))
+    assert (await c.expect(spec.QueueDeclareOk, timeout=20)).message_count == 5000
+    queue = vbroker.broker.vhosts["/"].queues["ttl-many"]
+    ran = vbroker.clock.advance(1.5)
+    assert ran >= -(-5000 // DISPATCH_BATCH)  # one timer turn per slice, not one long one
+    assert queue.message_count() == 0
+    await c.close()
