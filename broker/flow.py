@@ -26,15 +26,19 @@ import asyncio
 from typing import Any
 
 #: Frames handled per connection per loop turn. A flooding publisher's 256 KiB
-#: read holds ~3,300 small publishes (~30 ms of parsing and routing); handling 256
-#: at a time lets every other connection's acks and deliveries in between.
+#: read holds ~3,300 small publishes (~30 ms of parsing and routing); handling 128
+#: at a time lets every other connection's acks and deliveries in between: with
+#: 4 publishers and 4 consumers flat out the longest loop stall fell from 50 ms
+#: (256 frames, 4 ms turns) to ~15-20 ms (bench/overload.py 4p4c).
 READ_BUDGET = 128
-#: ...and at most this long a turn, checked every STEP frames, for frames that are
-#: expensive one by one (routing-cache misses on 121-word keys cost ~150 us each).
+#: ...and at most this long a turn, for frames that are expensive one by one
+#: (routing-cache misses on 121-word keys cost ~150 us each). The clock is read
+#: every STEP frames: a read is 45 ns, but valgrind emulates it as a syscall, and
+#: every 16 frames showed as +1,300 instructions a message in callgrind.
 TURN_SECONDS = 0.002
-STEP = 16
-#: Bytes of a read parsed at a time (~425 small publishes, ~1.7 ms).
-PARSE_CHUNK = 32 * 1024
+STEP = 32
+#: Bytes of a read parsed at a time (~850 small publishes, ~3.4 ms).
+PARSE_CHUNK = 64 * 1024
 
 #: Transport write-buffer limits: over HIGH, deliveries stop and the client is
 #: not read until the buffer is under LOW.
