@@ -49,6 +49,8 @@ bench: $(DEV_STAMP)
 	$(PY) bench/throughput.py --quick
 	$(PY) bench/persistence.py --quick
 	$(PY) bench/pipeline.py --quick
+	$(PY) bench/overload.py --quick
+	$(PY) bench/memory.py --messages 200000
 
 lint: $(DEV_STAMP)
 	$(PY) -m ruff check .

@@ -274,9 +274,12 @@ class Broker:
     rss: RssSampler
 
 
-def start_roarmq(procs: Procs, tmp: Path, cpu: int | None, src: Path) -> tuple[Running, int]:
+def start_roarmq(
+    procs: Procs, tmp: Path, cpu: int | None, src: Path, extra_config: str = ""
+) -> tuple[Running, int]:
     """RoarMQ from source tree ``src``: ports picked by the kernel, management enabled, and
-    the event-loop lag probe (a 1 ms timer) on where that version has one."""
+    the event-loop lag probe (a 1 ms timer) on where that version has one; ``extra_config``
+    is appended to its TOML (bench/memory.py sets the memory watermark)."""
     data = tmp / "data"
     cfg = tmp / "roarmq.toml"
     text = (
@@ -286,7 +289,7 @@ def start_roarmq(procs: Procs, tmp: Path, cpu: int | None, src: Path) -> tuple[R
     )
     if "loop_lag_probe_ms" in (src / "broker" / "config.py").read_text():
         text += "\n[diagnostics]\nloop_lag_probe_ms = 1\n"
-    cfg.write_text(text)
+    cfg.write_text(text + extra_config)
     log = tmp / "roarmq.log"
     instance = uuid.uuid4().hex
     # env -C: `python -m broker` imports broker/ and protocol/ from src, not this work tree
@@ -319,12 +322,14 @@ def start_roarmq(procs: Procs, tmp: Path, cpu: int | None, src: Path) -> tuple[R
 
 
 @contextlib.contextmanager
-def broker_instance(kind: str, procs: Procs, cpu: int | None, roarmq_src: Path) -> Iterator[Broker]:
+def broker_instance(
+    kind: str, procs: Procs, cpu: int | None, roarmq_src: Path, extra_config: str = ""
+) -> Iterator[Broker]:
     tmp = Path(tempfile.mkdtemp(prefix=f"roarbench-overload-{kind}-"))
     running = sampler = None
     try:
         if kind == "roarmq":
-            running, mgmt = start_roarmq(procs, tmp, cpu, roarmq_src)
+            running, mgmt = start_roarmq(procs, tmp, cpu, roarmq_src, extra_config)
         else:
             running, mgmt = start_rabbitmq(procs, tmp, cpu), None
         sampler = RssSampler(running.proc.pid)

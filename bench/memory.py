@@ -1,0 +1,291 @@
+"""Memory under load: bytes per queued message, and the memory alarm's bound, against RabbitMQ.
+
+    .venv/bin/python bench/memory.py [--messages N] [--skip-rabbitmq] [--json PATH]
+
+A benchmark, not a test (issue 10). Two measurements, each on a fresh broker
+pinned to CPU 0 (the publisher on CPU 1), started with bench/overload.py's and
+bench/throughput.py's helpers:
+
+  queued-transient   N (default 1,000,000) 16-byte transient messages published to
+                     one queue with no consumer; the broker's resident memory (VmRSS
+                     over its process group) once the queue holds all N and the RSS has
+                     settled (moved < 1% for 3 s, at most 30 s), minus before, per message.
+  queued-persistent  the same, delivery-mode 2 into a durable queue.
+  alarm-64k          RoarMQ only, `[memory] high_watermark` = 256 MiB: a publisher
+                     floods 64 KiB messages into an unconsumed queue for 10 s; the
+                     broker's peak resident memory against the watermark, and whether
+                     connection.blocked arrived (the bound: at most 10% over).
+
+The publisher is a plain asyncio client on our codec writing pre-encoded frames
+(the broker, not the client, is the limit here). Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
+
+from _machine import machine_info  # noqa: E402
+from overload import RssSampler, broker_instance  # noqa: E402
+from throughput import Procs, rabbit_server  # noqa: E402
+
+from protocol import spec  # noqa: E402
+from protocol.frames import PROTOCOL_HEADER, FrameParser, encode_content, encode_method  # noqa: E402
+from protocol.properties import BasicProperties  # noqa: E402
+
+MiB = 1024 * 1024
+WATERMARK = 256 * MiB
+
+
+class Client:
+    """Just enough AMQP to declare a queue, publish pre-encoded frames and notice blocks."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.parser = FrameParser(expect_protocol_header=False)
+        self.methods: list[Any] = []
+        self.blocked = False
+        self.frame_max = 131072
+
+    @classmethod
+    async def connect(cls, port: int) -> Client:
+        c = cls(*await asyncio.open_connection("127.0.0.1", port))
+        c.writer.write(PROTOCOL_HEADER)
+        await c.expect(spec.ConnectionStart)
+        caps = {"connection.blocked": True}
+        c.send(
+            0,
+            spec.ConnectionStartOk(
+                client_properties={"product": "bench/memory.py", "capabilities": caps},
+                mechanism="PLAIN",
+                response=b"\0guest\0guest",
+                locale="en_US",
+            ),
+        )
+        tune = await c.expect(spec.ConnectionTune)
+        c.frame_max = tune.frame_max
+        c.send(
+            0,
+            spec.ConnectionTuneOk(
+                channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0
+            ),
+        )
+        c.send(0, spec.ConnectionOpen(virtual_host="/"))
+        await c.expect(spec.ConnectionOpenOk)
+        c.send(1, spec.ChannelOpen())
+        await c.expect(spec.ChannelOpenOk)
+        return c
+
+    def send(self, channel: int, method: Any) -> None:
+        self.writer.write(encode_method(channel, method))
+
+    async def expect(self, kind: type, timeout: float = 60.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, m in enumerate(self.methods):
+                if isinstance(m, kind):
+                    del self.methods[: i + 1]
+                    return m
+            data = await asyncio.wait_for(self.reader.read(65536), deadline - time.monotonic())
+            if not data:
+                raise ConnectionError("broker closed the connection")
+            self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        for ev in self.parser.feed(data):
+            method = getattr(ev, "method", None)
+            if isinstance(method, spec.ConnectionBlocked):
+                self.blocked = True
+            elif method is not None:
+                self.methods.append(method)
+
+    def poll(self) -> None:
+        """Read whatever arrived, without waiting (connection.blocked among it)."""
+        buf = self.reader._buffer  # noqa: SLF001 - a peek, as the tests do
+        if buf:
+            data = bytes(buf)
+            buf.clear()
+            self._take(data)
+
+    async def count(self, queue: str, durable: bool) -> int:
+        self.send(1, spec.QueueDeclare(queue=queue, durable=durable, passive=True))
+        return (await self.expect(spec.QueueDeclareOk)).message_count
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.writer.wait_closed()
+
+
+def publishes(queue: str, body: bytes, count: int, persistent: bool, frame_max: int) -> bytes:
+    props = BasicProperties(delivery_mode=2) if persistent else BasicProperties()
+    method = spec.BasicPublish(exchange="", routing_key=queue)
+    return encode_content(1, method, props, body, frame_max) * count
+
+
+async def fill(port: int, n: int, persistent: bool) -> float:
+    c = await Client.connect(port)
+    queue = "mem-p" if persistent else "mem-t"
+    c.send(1, spec.QueueDeclare(queue=queue, durable=persistent))
+    await c.expect(spec.QueueDeclareOk)
+    started = time.monotonic()
+    step = 10_000
+    chunk = publishes(queue, bytes(16), step, persistent, c.frame_max)
+    for _ in range(n // step):
+        c.writer.write(chunk)
+        await c.writer.drain()
+    while await c.count(queue, persistent) < n:
+        await asyncio.sleep(0.2)
+    elapsed = time.monotonic() - started
+    await c.close()
+    return elapsed
+
+
+def settled_rss(sampler: RssSampler, quiet: float = 3.0, limit: float = 30.0) -> int:
+    """Resident memory once it has moved less than 1% for `quiet` seconds (a broker may
+    still be paging or collecting when the queue reports its count), at most `limit` s."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = time.monotonic()
+        recent = [rss for when, rss in list(sampler.samples) if when >= now - quiet]
+        if recent and max(recent) - min(recent) <= 0.01 * max(recent):
+            break
+    return sampler.samples[-1][1]
+
+
+def queued(kind: str, procs: Procs, n: int, persistent: bool) -> dict[str, Any]:
+    with broker_instance(kind, procs, 0, REPO) as b:
+        time.sleep(1.0)
+        before = b.rss.samples[-1][1]
+        elapsed = asyncio.run(fill(b.running.port, n, persistent))
+        after = settled_rss(b.rss)
+        return {
+            "scenario": "queued-persistent" if persistent else "queued-transient",
+            "broker": kind,
+            "messages": n,
+            "rss_before_mb": round(before / MiB, 1),
+            "rss_after_mb": round(after / MiB, 1),
+            "bytes_per_message": round((after - before) / n, 1),
+            "fill_s": round(elapsed, 1),
+        }
+
+
+async def flood(port: int, seconds: float, sampler: RssSampler) -> dict[str, Any]:
+    c = await Client.connect(port)
+    c.send(1, spec.QueueDeclare(queue="mem-alarm"))
+    await c.expect(spec.QueueDeclareOk)
+    one = publishes("mem-alarm", bytes(64 * 1024), 1, False, c.frame_max)
+    deadline = time.monotonic() + seconds
+    sent = 0
+    blocked_at = None
+    while time.monotonic() < deadline:
+        c.writer.write(one * 16)
+        sent += 16
+        try:
+            await asyncio.wait_for(c.writer.drain(), max(0.01, deadline - time.monotonic()))
+        except TimeoutError:
+            pass
+        c.poll()
+        if c.blocked and blocked_at is None:
+            blocked_at = sent
+    c.poll()
+    writer_buffered = c.writer.transport.get_write_buffer_size()
+    c.writer.transport.abort()
+    return {
+        "sent": sent,
+        "blocked": c.blocked,
+        "blocked_after": blocked_at,
+        "unsent": writer_buffered,
+    }
+
+
+def alarm(procs: Procs, seconds: float) -> dict[str, Any]:
+    extra = f"\n[memory]\nhigh_watermark = {WATERMARK}\n"
+    with broker_instance_with(procs, extra) as b:
+        t0 = time.monotonic()
+        out = asyncio.run(flood(b.running.port, seconds, b.rss))
+        t1 = time.monotonic()
+        peak = b.rss.peak(t0, t1) or 0
+        return {
+            "scenario": "alarm-64k",
+            "broker": "roarmq",
+            "watermark_mb": WATERMARK // MiB,
+            "rss_peak_mb": round(peak / MiB, 1),
+            "over_watermark_pct": round((peak / WATERMARK - 1) * 100, 1),
+            "messages_sent": out["sent"],
+            "blocked": out["blocked"],
+            "blocked_after_messages": out["blocked_after"],
+        }
+
+
+def broker_instance_with(procs: Procs, extra: str) -> Any:
+    return broker_instance("roarmq", procs, 0, REPO, extra_config=extra)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| scenario | broker | messages | RSS before MB | RSS after / peak MB | B per message "
+        "| notes |",
+        "|---|---|--:|--:|--:|--:|---|",
+    ]
+    for r in rows:
+        if r["scenario"].startswith("queued"):
+            out.append(
+                f"| {r['scenario']} | {r['broker']} | {r['messages']:,} | {r['rss_before_mb']} "
+                f"| {r['rss_after_mb']} | {r['bytes_per_message']:,} | filled in {r['fill_s']} s |"
+            )
+        else:
+            out.append(
+                f"| {r['scenario']} | {r['broker']} | {r['messages_sent']:,} sent | - "
+                f"| {r['rss_peak_mb']} | - | watermark {r['watermark_mb']} MB, peak "
+                f"{r['over_watermark_pct']:+}%; connection.blocked: {r['blocked']} |"
+            )
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--messages", type=int, default=1_000_000)
+    p.add_argument("--skip-rabbitmq", action="store_true")
+    p.add_argument("--alarm-seconds", type=float, default=10.0)
+    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "memory.json")
+    args = p.parse_args()
+    os.sched_setaffinity(0, {1})  # the publisher (this process) on the load core
+    kinds = ["roarmq"] + ([] if args.skip_rabbitmq or not rabbit_server() else ["rabbitmq"])
+    procs = Procs()
+    rows: list[dict[str, Any]] = []
+    try:
+        for persistent in (False, True):
+            for kind in kinds:
+                rows.append(queued(kind, procs, args.messages, persistent))
+                print(json.dumps(rows[-1]), flush=True)
+        rows.append(alarm(procs, args.alarm_seconds))
+        print(json.dumps(rows[-1]), flush=True)
+    finally:
+        procs.stop_all()
+    print(table(rows))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    command = "python bench/memory.py " + " ".join(sys.argv[1:])
+    args.json.write_text(
+        json.dumps(
+            {"command": command.strip(), "machine": machine_info(), "results": rows}, indent=1
+        )
+    )
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
