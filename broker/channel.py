@@ -8,6 +8,7 @@ data_received, so the hot path has no task or future per message.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import os
@@ -188,15 +189,21 @@ class Channel:
             self.reply_key = None
 
     def _requeue_all(self) -> None:
-        by_queue: dict[Queue, list[Entry]] = {}
-        for entry in self.unacked.values():
-            if entry.queue is not None:
-                by_queue.setdefault(entry.queue, []).append(entry)
+        """Every unacked message back to its queue (channel closing, basic.recover).
+
+        A client can hold any number unacked (prefetch 0), so past REQUEUE_SLICE they go
+        back a slice per loop turn; the queues' heaps keep them in publish order whatever
+        arrives in between.
+        """
+        entries = list(self.unacked.values())
         self.unacked.clear()
         self.unacked_bytes = 0
-        for queue, entries in by_queue.items():
-            queue.unacked -= len(entries)
-            queue.requeue(entries)
+        for entry in entries:
+            consumer = entry.consumer
+            if consumer is not None:
+                consumer.unacked -= 1  # its credit comes back now, not slice by slice
+                entry.consumer = None
+        _requeue_slices(entries, 0)
 
     # -- delivering -------------------------------------------------------------------
 
@@ -779,6 +786,23 @@ class Channel:
             raise channel_error(PRECONDITION_FAILED, "channel is not transactional", 90, 30)
         self.tx = []
         self.send_method(spec.TxRollbackOk())
+
+
+#: Unacked messages requeued per loop turn when a channel lets go of them all.
+REQUEUE_SLICE = 10_000
+
+
+def _requeue_slices(entries: list[Entry], start: int) -> None:
+    by_queue: dict[Queue, list[Entry]] = {}
+    for entry in entries[start : start + REQUEUE_SLICE]:
+        if entry.queue is not None:
+            by_queue.setdefault(entry.queue, []).append(entry)
+    for queue, group in by_queue.items():
+        queue.unacked -= len(group)
+        queue.requeue(group)
+    start += REQUEUE_SLICE
+    if start < len(entries):
+        asyncio.get_running_loop().call_soon(_requeue_slices, entries, start)
 
 
 def _strip_bcc(msg: Message) -> Message:

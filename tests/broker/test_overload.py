@@ -255,3 +255,63 @@ def _rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+async def test_recover_gives_the_consumer_its_credit_back(broker):
+    """basic.recover(requeue) at prefetch 1: the message comes back, redelivered."""
+    c = await RawClient.connect(broker.port)
+    await c.open_channel(1)
+    c.send(1, spec.QueueDeclare(queue="rq", exclusive=True))
+    await c.expect(spec.QueueDeclareOk)
+    c.send(1, spec.BasicQos(prefetch_count=1))
+    await c.expect(spec.BasicQosOk)
+    c.publish(1, "", "rq", b"one")
+    c.send(1, spec.BasicConsume(queue="rq", consumer_tag="c"))
+    await c.expect(spec.BasicConsumeOk)
+    first = await c.next_frame()
+    assert isinstance(first, ContentMessage) and not first.method.redelivered
+    c.send(1, spec.BasicRecover(requeue=True))
+    got = []
+    while len(got) < 2:
+        ev = await c.next_frame()
+        got.append(ev if isinstance(ev, ContentMessage) else ev.method)
+    again = next(e for e in got if isinstance(e, ContentMessage))
+    assert again.method.redelivered and again.body == b"one"
+    assert any(isinstance(e, spec.BasicRecoverOk) for e in got)
+    await c.close()
+
+
+async def test_closing_a_channel_with_many_unacked_requeues_them_in_slices(broker):
+    """100,000 unacked messages go back to the queue a slice per loop turn, all of them."""
+    from broker.channel import REQUEUE_SLICE
+
+    n = 100_000
+    c = await RawClient.connect(broker.port)
+    await c.open_channel(1)
+    c.send(1, spec.QueueDeclare(queue="uq"))
+    await c.expect(spec.QueueDeclareOk)
+    c.write(_publishes("uq", b"u", n, c.frame_max))
+    c.send(1, spec.BasicConsume(queue="uq", consumer_tag="greedy"))  # prefetch 0: unlimited
+    await c.expect(spec.BasicConsumeOk, timeout=30)
+    received = 0
+    while received < n:
+        if isinstance(await c.next_frame(timeout=30), ContentMessage):
+            received += 1
+    queue = broker.broker.vhosts["/"].queues["uq"]
+    assert queue.message_count() == 0 and queue.unacked == n
+    c.send(1, spec.ChannelClose(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    await c.expect(spec.ChannelCloseOk)
+    assert queue.message_count() < n  # the first slices only: the loop was let go
+    assert REQUEUE_SLICE < n
+    for _ in range(200):
+        if queue.message_count() == n:
+            break
+        await asyncio.sleep(0.01)
+    assert queue.message_count() == n and queue.unacked == 0
+    probe = await RawClient.connect(broker.port)
+    await probe.open_channel(1)
+    probe.send(1, spec.BasicGet(queue="uq", no_ack=True))
+    first = await probe.next_frame()
+    assert first.method.redelivered and first.method.message_count == n - 1
+    await probe.close()
+    await c.close()
