@@ -290,8 +290,8 @@ class Connection(asyncio.Protocol):
                         if ch is None:
                             raise self._no_channel(ev.channel)
                         ch.on_content(ev.method, ev.header, ev.body)
-                        if alarms:
-                            self.flow.hold(ALARM)  # RabbitMQ blocks a connection that publishes
+                        if alarms and ALARM not in reasons:
+                            self._block()
                     elif type(ev) is MethodFrame:
                         if self.state == CLOSING:
                             self._closing_method(ev.method)
@@ -527,8 +527,6 @@ class Connection(asyncio.Protocol):
             self._timer = None
         if self.heartbeat:
             self._timer = self.broker.clock.call_later(self.heartbeat / 2, self._heartbeat_tick)
-        if self.broker.alarms:
-            self.notify_blocked(True)
         log.info(
             "connection opened",
             extra={"conn": self.name, "user": self.user.name, "vhost": vhost.name},
@@ -578,15 +576,25 @@ class Connection(asyncio.Protocol):
         else:
             self._abort(text)
 
-    def notify_blocked(self, blocked: bool) -> None:
-        if self.state != OPEN or not self.capabilities.get("connection.blocked"):
-            return
-        if blocked and not self.blocked_notified:
+    def _block(self) -> None:
+        """We published while a resource alarm is set: stop reading us, and say why.
+
+        As RabbitMQ: only publishing connections are blocked and told (connection.blocked
+        goes to a connection when it publishes during an alarm); consumers keep draining.
+        """
+        self.flow.hold(ALARM)
+        if self.state == OPEN and self.capabilities.get("connection.blocked"):
             self.blocked_notified = True
-            self.send_method(0, spec.ConnectionBlocked(reason="low on memory"))
-        elif not blocked and self.blocked_notified:
+            reason = "low on memory" if "memory" in self.broker.alarms else "low on disk"
+            self.send_method(0, spec.ConnectionBlocked(reason=reason))
+
+    def unblock(self) -> None:
+        """Every alarm cleared: read us again, and tell the client if we told it of the block."""
+        if self.blocked_notified:
             self.blocked_notified = False
-            self.send_method(0, spec.ConnectionUnblocked())
+            if self.state == OPEN:
+                self.send_method(0, spec.ConnectionUnblocked())
+        self.flow.release(ALARM)
 
     # -- timers -----------------------------------------------------------------------
 

@@ -289,11 +289,7 @@ class Broker:
         log.warning(
             "%s alarm %s", alarm, "set" if on else "cleared", extra={"used": used, "limit": limit}
         )
-        if was_blocked == bool(self.alarms):
-            return
-        from .flow import ALARM
-
-        for conn in list(self.connections):
-            conn.notify_blocked(on)
-            if not on:
-                conn.flow.release(ALARM)
+        if was_blocked and not self.alarms:
+            for conn in list(self.connections):
+                conn.unblock()
+        # While set, each connection is blocked when it next publishes (Connection._block).

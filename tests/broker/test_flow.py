@@ -117,21 +117,31 @@ async def test_memory_alarm_fires_on_resident_memory_and_clears_when_drained(tmp
 
 
 async def test_disk_alarm_blocks_publishers_until_space_returns(tmp_path):
-    """[storage] disk_free_limit above the free space: publishers are blocked at once."""
+    """[storage] disk_free_limit above the free space: a connection is blocked when it publishes.
+
+    As RabbitMQ: connection.blocked goes to publishing connections only; one that just
+    consumes or declares is neither told nor stopped.
+    """
     cfg = ephemeral_config(data_dir=str(tmp_path), storage={"disk_free_limit": 2**62})
     async with running_broker(cfg) as b:
         assert "disk" in b.broker.alarms
         pub = await RawClient.connect(b.port)
-        ev = await pub.next_method()
-        assert isinstance(ev, spec.ConnectionBlocked)
-        await pub.open_channel(1)
+        await pub.open_channel(1)  # not blocked yet: it has not published
         pub.send(1, spec.QueueDeclare(queue="d"))
         await pub.expect(spec.QueueDeclareOk)
-        pub.publish(1, "", "d", b"first")  # read before the block takes hold
+        pub.publish(1, "", "d", b"first")  # handled, then the connection is blocked
         pub.publish(1, "", "d", b"second")
         pub.send(1, spec.QueueDeclare(queue="d", passive=True))
+        blocked = await pub.expect(spec.ConnectionBlocked)
+        assert blocked.reason == "low on disk"
         with pytest.raises(TimeoutError):
             await pub.next_method(timeout=0.5)  # not read while blocked
+
+        other = await RawClient.connect(b.port)
+        await other.open_channel(1)
+        other.send(1, spec.QueueDeclare(queue="d", passive=True))
+        assert (await other.expect(spec.QueueDeclareOk)).message_count == 1
+
         monitor = b.broker.resources
         monitor.disk_limit = 1
         monitor._check_disk()  # noqa: SLF001 - as the next sample would
@@ -139,6 +149,7 @@ async def test_disk_alarm_blocks_publishers_until_space_returns(tmp_path):
         ok = await pub.expect(spec.QueueDeclareOk)
         assert ok.message_count == 2
         await pub.close()
+        await other.close()
 
 
 async def test_many_channels_many_consumers_frames_never_interleave(broker):
