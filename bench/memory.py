@@ -1,6 +1,7 @@
 """Memory under load: bytes per queued message, and the memory alarm's bound, against RabbitMQ.
 
-    .venv/bin/python bench/memory.py [--messages N] [--skip-rabbitmq] [--json PATH]
+    .venv/bin/python bench/memory.py [--messages N] [--skip-rabbitmq] [--scenarios a,b]
+                                     [--alarm-seconds S] [--json PATH]
 
 A benchmark, not a test (issue 10). Two measurements, each on a fresh broker
 pinned to CPU 0 (the publisher on CPU 1), started with bench/overload.py's and
@@ -260,6 +261,11 @@ def main() -> int:
     p.add_argument("--messages", type=int, default=1_000_000)
     p.add_argument("--skip-rabbitmq", action="store_true")
     p.add_argument("--alarm-seconds", type=float, default=10.0)
+    p.add_argument(
+        "--scenarios",
+        default="queued-transient,queued-persistent,alarm-64k",
+        help="comma-separated subset of: queued-transient, queued-persistent, alarm-64k",
+    )
     p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "memory.json")
     args = p.parse_args()
     os.sched_setaffinity(0, {1})  # the publisher (this process) on the load core
@@ -267,12 +273,16 @@ def main() -> int:
     procs = Procs()
     rows: list[dict[str, Any]] = []
     try:
+        chosen = args.scenarios.split(",")
         for persistent in (False, True):
+            if ("queued-persistent" if persistent else "queued-transient") not in chosen:
+                continue
             for kind in kinds:
                 rows.append(queued(kind, procs, args.messages, persistent))
                 print(json.dumps(rows[-1]), flush=True)
-        rows.append(alarm(procs, args.alarm_seconds))
-        print(json.dumps(rows[-1]), flush=True)
+        if "alarm-64k" in chosen:
+            rows.append(alarm(procs, args.alarm_seconds))
+            print(json.dumps(rows[-1]), flush=True)
     finally:
         procs.stop_all()
     print(table(rows))
