@@ -34,12 +34,12 @@ QUEUED_STEP = 4 * 1024 * 1024
 #: The memory alarm clears under this fraction of the high watermark.
 LOW_FRACTION = 0.9
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def total_memory() -> int:
     """Bytes of RAM on this machine (or the cgroup limit, when that is lower)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = _PAGE * os.sysconf("SC_PHYS_PAGES")
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             with open(path) as f:
@@ -129,8 +129,11 @@ class ResourceMonitor:
     def queued_grew(self) -> None:
         """Bodies were queued: set the alarm now if they push the estimate over the mark."""
         self.broker.memory_check_at = self.broker.queued_bytes + QUEUED_STEP
-        if MEMORY not in self.broker.alarms and self.estimate() > self.high:
-            self.broker.set_alarm(MEMORY, True, used=self.estimate(), limit=self.high)
+        if MEMORY in self.broker.alarms:
+            return
+        estimate = self.estimate()
+        if estimate > self.high:
+            self.broker.set_alarm(MEMORY, True, used=estimate, limit=self.high)
 
     # -- disk -----------------------------------------------------------------------------
 
@@ -163,7 +166,6 @@ class LoopLag:
         self.loop = loop
         self.interval = interval
         self.max_lag = 0.0  # since the last `take_max`
-        self.max_lag_ever = 0.0
         self._due = 0.0
         self._timer: Any = None
 
@@ -176,8 +178,6 @@ class LoopLag:
         lag = now - self._due
         if lag > self.max_lag:
             self.max_lag = lag
-            if lag > self.max_lag_ever:
-                self.max_lag_ever = lag
         self._due = now + self.interval
         self._timer = self.loop.call_at(self._due, self._tick)
 

@@ -598,7 +598,6 @@ class Channel:
                 method.CLASS_ID,
                 method.METHOD_ID,
             )
-        self.conn.published = True
         if self.confirm:
             self.publish_seq += 1
         if method.immediate:

@@ -124,7 +124,6 @@ class Connection(asyncio.Protocol):
         self._missed = 0
         self._timer: Any = None
         self.blocked_notified = False
-        self.published = False
 
     # -- asyncio.Protocol -------------------------------------------------------------
 
@@ -308,7 +307,7 @@ class Connection(asyncio.Protocol):
                         return i
             except SoftError as exc:
                 _blame(exc, ev)
-                self._channel_exception(getattr(ev, "channel", 0) or exc.channel, exc)
+                self._channel_exception(getattr(ev, "channel", 0), exc)
             except HardError as exc:
                 _blame(exc, ev)
                 self.close_with_error(exc)

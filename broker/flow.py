@@ -111,10 +111,6 @@ class FlowControl:
             if transport is not None and not transport.is_closing():
                 transport.resume_reading()
 
-    def held_by(self, kind: type) -> list[Any]:
-        """The reasons of one kind (queues in flow state, for cleanup and the management API)."""
-        return [r for r in self.reasons if isinstance(r, kind)]
-
     def clear(self) -> None:
         """The connection is gone: forget every reason without touching the transport."""
         self.reasons.clear()

@@ -62,6 +62,34 @@ class Message:
                 self.expiration_ms = parse_expiration(props.expiration)
 
     @classmethod
+    def _rebuilt(
+        cls,
+        exchange: str,
+        routing_key: str,
+        header: ContentHeader,
+        body: bytes | None,
+        size: int,
+        persistent: bool,
+        priority: int,
+    ) -> Message:
+        """A message put back together without __init__'s property decoding."""
+        msg = cls.__new__(cls)
+        msg.exchange = exchange
+        msg.routing_key = routing_key
+        msg.header = header
+        msg.body = body
+        msg.size = size
+        raw = header.raw
+        msg.flags = (raw[0] << 8 | raw[1]) if len(raw) >= 2 else 0
+        msg.persistent = persistent
+        msg.priority = priority
+        msg.expiration_ms = None
+        msg.store_id = None
+        msg.store_loc = None
+        msg.store_refs = 0
+        return msg
+
+    @classmethod
     def recovered(
         cls, exchange: str, routing_key: str, header: ContentHeader, size: int
     ) -> Message:
@@ -70,21 +98,8 @@ class Message:
         Skips the property decoding of __init__ unless a priority or expiration is set:
         at a million recovered messages that is seconds of start-up.
         """
-        msg = cls.__new__(cls)
-        msg.exchange = exchange
-        msg.routing_key = routing_key
-        msg.header = header
-        msg.body = None
-        msg.size = size
-        raw = header.raw
-        msg.flags = flags = (raw[0] << 8 | raw[1]) if len(raw) >= 2 else 0
-        msg.persistent = True
-        msg.priority = 0
-        msg.expiration_ms = None
-        msg.store_id = None
-        msg.store_loc = None
-        msg.store_refs = 0
-        if flags & (FLAG_PRIORITY | FLAG_EXPIRATION):
+        msg = cls._rebuilt(exchange, routing_key, header, None, size, True, 0)
+        if msg.flags & (FLAG_PRIORITY | FLAG_EXPIRATION):
             props = header.properties
             msg.priority = props.priority or 0
             if props.expiration is not None:
@@ -109,21 +124,8 @@ class Message:
         Priority and persistence come from the record, so nothing is decoded again; only a
         per-message TTL (rare) is read back from the header.
         """
-        msg = cls.__new__(cls)
-        msg.exchange = exchange
-        msg.routing_key = routing_key
-        msg.header = header
-        msg.body = body
-        msg.size = len(body)
-        raw = header.raw
-        msg.flags = flags = (raw[0] << 8 | raw[1]) if len(raw) >= 2 else 0
-        msg.persistent = persistent
-        msg.priority = priority
-        msg.expiration_ms = None
-        msg.store_id = None
-        msg.store_loc = None
-        msg.store_refs = 0
-        if flags & FLAG_EXPIRATION:
+        msg = cls._rebuilt(exchange, routing_key, header, body, len(body), persistent, priority)
+        if msg.flags & FLAG_EXPIRATION:
             expiration = header.properties.expiration
             if expiration is not None:
                 msg.expiration_ms = parse_expiration(expiration)

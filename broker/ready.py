@@ -168,16 +168,8 @@ class FifoReady:
 
     def __iter__(self) -> Iterator[Entry]:
         """Entries in delivery order, without removing them (packed ones are decoded copies)."""
-        back = sorted(self._back, key=_first)
-        head = list(self._head)
-        i = j = 0
-        while i < len(back) or j < len(head):
-            if j >= len(head) or (i < len(back) and back[i][0] < head[j].seq):
-                yield back[i][1]
-                i += 1
-            else:
-                yield head[j]
-                j += 1
+        requeued = [e for _, e in sorted(self._back, key=_first)]
+        yield from heapq.merge(requeued, list(self._head), key=_seq)
         yield from self._decode_all()
 
     # -- packing ----------------------------------------------------------------------

@@ -184,18 +184,9 @@ class TopicIndex(BindingTable):
         self._sep = "/" if self._mqtt else "."
         self._exact: dict[str, int | BitMap] = {}
         self._root = _Node()
-        self._cache: dict[str, _Entry] = {}
-        self._entries: list[_Entry | None] = []
-        self._free_kids: list[int] = []
         self._capacity = cache_keys
-        self._hand = 0
-        # Key-side positional index over the cached keys: word at position i (from the start,
-        # and from the end), number of words, all, and (MQTT) first level starting with "$".
-        self._kpos: list[dict[str, int | BitMap]] = []
-        self._kneg: list[dict[str, int | BitMap]] = []
-        self._klen: dict[int, int | BitMap] = {}
-        self._kall = BitMap()
-        self._kdollar = BitMap()
+        self._entries: list[_Entry | None] = []
+        self.flush_cache()  # the cache and its key-side index, empty
 
     # -- parsing ------------------------------------------------------------------------------
 
@@ -679,13 +670,15 @@ class TopicIndex(BindingTable):
             if entry is not None:
                 for node in entry.nodes:
                     node.kids = None
-        self._cache = {}
+        self._cache: dict[str, _Entry] = {}
         self._entries = []
-        self._free_kids = []
+        self._free_kids: list[int] = []
         self._hand = 0
-        self._kpos = []
-        self._kneg = []
-        self._klen = {}
+        # Key-side positional index over the cached keys: word at position i (from the start,
+        # and from the end), number of words, all, and (MQTT) first level starting with "$".
+        self._kpos: list[dict[str, int | BitMap]] = []
+        self._kneg: list[dict[str, int | BitMap]] = []
+        self._klen: dict[int, int | BitMap] = {}
         self._kall = BitMap()
         self._kdollar = BitMap()
 

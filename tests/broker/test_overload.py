@@ -36,6 +36,15 @@ def _publishes(queue: str, body: bytes, count: int, frame_max: int) -> bytes:
     return one * count
 
 
+async def _with_queue(port: int, queue: str, **declare: bool) -> RawClient:
+    """A client with channel 1 open and `queue` declared."""
+    client = await RawClient.connect(port)
+    await client.open_channel(1)
+    client.send(1, spec.QueueDeclare(queue=queue, **declare))
+    await client.expect(spec.QueueDeclareOk)
+    return client
+
+
 def _server_side(broker, client: RawClient):
     """The broker's Connection for one of our clients."""
     port = client.writer.get_extra_info("sockname")[1]
@@ -45,10 +54,7 @@ def _server_side(broker, client: RawClient):
 async def test_manual_ack_consumer_is_served_while_a_publisher_floods(broker):
     """One basic.ack per message at prefetch 100 keeps up; the publisher is held back instead."""
     total = 40_000
-    consumer = await RawClient.connect(broker.port)
-    await consumer.open_channel(1)
-    consumer.send(1, spec.QueueDeclare(queue="wq"))
-    await consumer.expect(spec.QueueDeclareOk)
+    consumer = await _with_queue(broker.port, "wq")
     consumer.send(1, spec.BasicQos(prefetch_count=100))
     await consumer.expect(spec.BasicQosOk)
     consumer.send(1, spec.BasicConsume(queue="wq", consumer_tag="worker"))
@@ -89,10 +95,7 @@ async def test_manual_ack_consumer_is_served_while_a_publisher_floods(broker):
 async def test_pipelined_get_and_recover_of_a_big_message_stop_reading_the_client(broker):
     """A client that asks for 1 MiB replies and never reads them is not read either."""
     big = b"B" * (1024 * 1024)
-    setup = await RawClient.connect(broker.port)
-    await setup.open_channel(1)
-    setup.send(1, spec.QueueDeclare(queue="big"))
-    await setup.expect(spec.QueueDeclareOk)
+    setup = await _with_queue(broker.port, "big")
     setup.publish(1, "", "big", big)
     setup.send(1, spec.QueueDeclare(queue="big", passive=True))
     assert (await setup.expect(spec.QueueDeclareOk)).message_count == 1
@@ -123,10 +126,7 @@ async def test_pipelined_get_and_recover_of_a_big_message_stop_reading_the_clien
 async def test_ascending_nacks_of_20000_messages_interleave_with_other_clients(broker):
     """Requeue one by one in ascending tag order: linear work, handed out in slices."""
     n = 20_000
-    c = await RawClient.connect(broker.port)
-    await c.open_channel(1)
-    c.send(1, spec.QueueDeclare(queue="nq"))
-    await c.expect(spec.QueueDeclareOk)
+    c = await _with_queue(broker.port, "nq")
     c.write(_publishes("nq", b"n", n, c.frame_max))
     c.send(1, spec.QueueDeclare(queue="nq", passive=True))
     assert (await c.expect(spec.QueueDeclareOk, timeout=30)).message_count == n
@@ -222,10 +222,7 @@ def test_a_queue_of_a_million_small_messages_stays_small(tmp_path):
 
 
 async def _publish_million(port: int, n: int) -> None:
-    c = await RawClient.connect(port)
-    await c.open_channel(1)
-    c.send(1, spec.QueueDeclare(queue="million"))
-    await c.expect(spec.QueueDeclareOk)
+    c = await _with_queue(port, "million")
     chunk = _publishes("million", bytes(16), 10_000, c.frame_max)
     for _ in range(n // 10_000):
         c.write(chunk)
@@ -259,10 +256,7 @@ def _rss(pid: int) -> int:
 
 async def test_recover_gives_the_consumer_its_credit_back(broker):
     """basic.recover(requeue) at prefetch 1: the message comes back, redelivered."""
-    c = await RawClient.connect(broker.port)
-    await c.open_channel(1)
-    c.send(1, spec.QueueDeclare(queue="rq", exclusive=True))
-    await c.expect(spec.QueueDeclareOk)
+    c = await _with_queue(broker.port, "rq", exclusive=True)
     c.send(1, spec.BasicQos(prefetch_count=1))
     await c.expect(spec.BasicQosOk)
     c.publish(1, "", "rq", b"one")
@@ -286,10 +280,7 @@ async def test_closing_a_channel_with_many_unacked_requeues_them_in_slices(broke
     from broker.channel import REQUEUE_SLICE
 
     n = 100_000
-    c = await RawClient.connect(broker.port)
-    await c.open_channel(1)
-    c.send(1, spec.QueueDeclare(queue="uq"))
-    await c.expect(spec.QueueDeclareOk)
+    c = await _with_queue(broker.port, "uq")
     c.write(_publishes("uq", b"u", n, c.frame_max))
     c.send(1, spec.BasicConsume(queue="uq", consumer_tag="greedy"))  # prefetch 0: unlimited
     await c.expect(spec.BasicConsumeOk, timeout=30)
