@@ -12,6 +12,10 @@ bench/throughput.py's helpers:
                      over its process group) once the queue holds all N and the RSS has
                      settled (moved < 1% for 3 s, at most 30 s), minus before, per message.
   queued-persistent  the same, delivery-mode 2 into a durable queue.
+  recovery-persistent  RoarMQ only: fill N persistent messages as above, stop the broker
+                     (SIGTERM, a clean shutdown), start it again on the same data dir;
+                     the time until it accepts connections, and its settled resident
+                     memory over a fresh broker's, per recovered message.
   alarm-64k          RoarMQ only, `[memory] high_watermark` = 256 MiB: a publisher
                      floods 64 KiB messages into an unconsumed queue for 10 s; the
                      broker's peak resident memory against the watermark, and whether
@@ -28,7 +32,9 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -183,6 +189,40 @@ def queued(kind: str, procs: Procs, n: int, persistent: bool) -> dict[str, Any]:
         }
 
 
+def recovery(procs: Procs, n: int) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="roarbench-recovery-"))
+    try:
+        with broker_instance("roarmq", procs, 0, REPO, keep=tmp) as b:
+            time.sleep(1.0)
+            before = b.rss.samples[-1][1]
+            fill_s = asyncio.run(fill(b.running.port, n, True))
+        t0 = time.monotonic()  # SIGTERM above: a clean stop
+        with broker_instance("roarmq", procs, 0, REPO, keep=tmp, ready_timeout=900) as b:
+            start_s = time.monotonic() - t0
+            after = settled_rss(b.rss)
+            count = asyncio.run(count_of(b.running.port, "mem-p"))
+        return {
+            "scenario": "recovery-persistent",
+            "broker": "roarmq",
+            "messages": count,
+            "rss_before_mb": round(before / MiB, 1),
+            "rss_after_mb": round(after / MiB, 1),
+            "bytes_per_message": round((after - before) / max(count, 1), 1),
+            "fill_s": round(fill_s, 1),
+            "start_s": round(start_s, 2),
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def count_of(port: int, queue: str) -> int:
+    c = await Client.connect(port)
+    try:
+        return await c.count(queue, True)
+    finally:
+        await c.close()
+
+
 async def flood(port: int, seconds: float, sampler: RssSampler) -> dict[str, Any]:
     c = await Client.connect(port)
     c.send(1, spec.QueueDeclare(queue="mem-alarm"))
@@ -242,7 +282,13 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---|--:|--:|--:|--:|---|",
     ]
     for r in rows:
-        if r["scenario"].startswith("queued"):
+        if r["scenario"] == "recovery-persistent":
+            out.append(
+                f"| {r['scenario']} | {r['broker']} | {r['messages']:,} | {r['rss_before_mb']} "
+                f"| {r['rss_after_mb']} | {r['bytes_per_message']:,} | filled in {r['fill_s']} s, "
+                f"restarted and ready in {r['start_s']} s |"
+            )
+        elif r["scenario"].startswith("queued"):
             out.append(
                 f"| {r['scenario']} | {r['broker']} | {r['messages']:,} | {r['rss_before_mb']} "
                 f"| {r['rss_after_mb']} | {r['bytes_per_message']:,} | filled in {r['fill_s']} s |"
@@ -263,8 +309,9 @@ def main() -> int:
     p.add_argument("--alarm-seconds", type=float, default=10.0)
     p.add_argument(
         "--scenarios",
-        default="queued-transient,queued-persistent,alarm-64k",
-        help="comma-separated subset of: queued-transient, queued-persistent, alarm-64k",
+        default="queued-transient,queued-persistent,recovery-persistent,alarm-64k",
+        help="comma-separated subset of: queued-transient, queued-persistent, "
+        "recovery-persistent, alarm-64k",
     )
     p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "memory.json")
     args = p.parse_args()
@@ -280,6 +327,9 @@ def main() -> int:
             for kind in kinds:
                 rows.append(queued(kind, procs, args.messages, persistent))
                 print(json.dumps(rows[-1]), flush=True)
+        if "recovery-persistent" in chosen:
+            rows.append(recovery(procs, args.messages))
+            print(json.dumps(rows[-1]), flush=True)
         if "alarm-64k" in chosen:
             rows.append(alarm(procs, args.alarm_seconds))
             print(json.dumps(rows[-1]), flush=True)

@@ -275,7 +275,12 @@ class Broker:
 
 
 def start_roarmq(
-    procs: Procs, tmp: Path, cpu: int | None, src: Path, extra_config: str = ""
+    procs: Procs,
+    tmp: Path,
+    cpu: int | None,
+    src: Path,
+    extra_config: str = "",
+    ready_timeout: float = 30,
 ) -> tuple[Running, int]:
     """RoarMQ from source tree ``src``: ports picked by the kernel, management enabled, and
     the event-loop lag probe (a 1 ms timer) on where that version has one; ``extra_config``
@@ -312,7 +317,7 @@ def start_roarmq(
         return ports["amqp"]
 
     try:
-        port, props = _wait_ready(proc, port_of, log, 30)
+        port, props = _wait_ready(proc, port_of, log, ready_timeout)
     except BaseException:
         procs.stop(proc)
         sweep(instance)
@@ -323,13 +328,21 @@ def start_roarmq(
 
 @contextlib.contextmanager
 def broker_instance(
-    kind: str, procs: Procs, cpu: int | None, roarmq_src: Path, extra_config: str = ""
+    kind: str,
+    procs: Procs,
+    cpu: int | None,
+    roarmq_src: Path,
+    extra_config: str = "",
+    *,
+    keep: Path | None = None,
+    ready_timeout: float = 30,
 ) -> Iterator[Broker]:
-    tmp = Path(tempfile.mkdtemp(prefix=f"roarbench-overload-{kind}-"))
+    """A broker in a fresh temp dir (removed after), or in `keep` (left for a restart)."""
+    tmp = keep or Path(tempfile.mkdtemp(prefix=f"roarbench-overload-{kind}-"))
     running = sampler = None
     try:
         if kind == "roarmq":
-            running, mgmt = start_roarmq(procs, tmp, cpu, roarmq_src, extra_config)
+            running, mgmt = start_roarmq(procs, tmp, cpu, roarmq_src, extra_config, ready_timeout)
         else:
             running, mgmt = start_rabbitmq(procs, tmp, cpu), None
         sampler = RssSampler(running.proc.pid)
@@ -340,7 +353,8 @@ def broker_instance(
             sampler.stop()
         if running is not None:
             stop_broker(procs, running)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def group_pids(pgid: int) -> list[int]:

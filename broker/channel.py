@@ -216,7 +216,7 @@ class Channel:
         tag = self.delivery_tag
         msg = entry.msg
         body = msg.body
-        if msg.store_loc is not None:
+        if msg.store_id is not None:
             body = self._persisted(entry, body)
         if no_ack:
             if entry.queue is not None:
@@ -255,7 +255,7 @@ class Channel:
         store = self.conn.broker.store
         if not entry.marked and queue is not None and queue.store is not None:
             entry.marked = True
-            store.delivered(queue, entry.msg)
+            store.delivered(queue, entry.msg.store_id)
         return body if body is not None else store.body(entry.msg)
 
     def cancel_by_server(self, consumer: Consumer) -> None:

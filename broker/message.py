@@ -34,8 +34,6 @@ class Message:
         "priority",
         "expiration_ms",
         "store_id",
-        "store_loc",
-        "store_refs",
     )
 
     def __init__(self, exchange: str, routing_key: str, header: ContentHeader, body: bytes) -> None:
@@ -51,8 +49,6 @@ class Message:
         self.priority = 0
         self.expiration_ms: int | None = None
         self.store_id: int | None = None  # msg_id in the message store, once persisted
-        self.store_loc = None  # where its publish record is (body may be paged out to it)
-        self.store_refs = 0  # durable queues still holding it
         if flags & (FLAG_DELIVERY_MODE | FLAG_PRIORITY | FLAG_EXPIRATION):
             props = header.properties
             self.persistent = props.delivery_mode == 2
@@ -85,8 +81,6 @@ class Message:
         msg.priority = priority
         msg.expiration_ms = None
         msg.store_id = None
-        msg.store_loc = None
-        msg.store_refs = 0
         return msg
 
     @classmethod
@@ -95,8 +89,7 @@ class Message:
     ) -> Message:
         """A message read back from the message store: persistent, its body left on disk.
 
-        Skips the property decoding of __init__ unless a priority or expiration is set:
-        at a million recovered messages that is seconds of start-up.
+        Skips the property decoding of __init__ unless a priority or expiration is set.
         """
         msg = cls._rebuilt(exchange, routing_key, header, None, size, True, 0)
         if msg.flags & (FLAG_PRIORITY | FLAG_EXPIRATION):

@@ -389,31 +389,28 @@ class Queue:
     def settle(self, entry: Entry) -> None:
         """The message is done with (acked, delivered with no-ack, dropped or dead-lettered)."""
         self.stats_acked += 1
-        if self.store is not None and entry.msg.store_loc is not None:
-            self.store.settled(self, entry.msg)
+        store_id = entry.msg.store_id
+        if store_id is not None and self.store is not None:
+            self.store.settled(self, store_id)
 
-    def restore(self, items: list[tuple[Message, bool]]) -> None:
-        """Recovered messages (publish order), put back in the ready list at start-up."""
-        now = self.vhost.clock.monotonic()
-        queue_ttl = self.message_ttl
-        push = self.ready.push
-        seq = self._seq
-        total = 0
-        for msg, redelivered in items:
-            seq += 1
-            entry = Entry(msg, seq, self)
-            if redelivered:
-                entry.redelivered = entry.marked = True
-            ttl = queue_ttl
-            if msg.expiration_ms is not None and (ttl is None or msg.expiration_ms < ttl):
-                ttl = msg.expiration_ms
-            if ttl is not None:
-                entry.expires_at = now + ttl / 1000.0
-                self._timed += 1
-            push(entry)
-            total += msg.size
-        self._seq = seq
-        self.ready_bytes += total  # bodies are on disk: nothing to account as memory
+    def restore_stored(
+        self, msg_id: int, size: int, priority: int, expiration_ms: int | None, redelivered: bool
+    ) -> None:
+        """A recovered message (in publish order), queued as its bare id: nothing is read."""
+        self._seq += 1
+        ttl = self.message_ttl
+        if expiration_ms is not None and (ttl is None or expiration_ms < ttl):
+            ttl = expiration_ms
+        expires_at = None
+        if ttl is not None:
+            expires_at = self.vhost.clock.monotonic() + ttl / 1000.0
+            self._timed += 1
+        self.ready.push_stored(self._seq, msg_id, priority, expires_at, redelivered)
+        self.ready_bytes += size  # bodies are on disk: nothing to account as memory
+
+    def restored(self) -> None:
+        """Recovery is over: load the first messages and start the expiry timer."""
+        self.ready.fill()
         if self._timed:
             self._schedule_expiry()
 
@@ -466,7 +463,11 @@ class Queue:
         """Account for a cleared ready list: packed messages are settled by counting."""
         in_memory = sum(e.msg.size for e in cleared.entries if e.msg.body is not None)
         self._account(-(in_memory + cleared.packed_bytes))
-        self.stats_acked += cleared.packed
+        self.stats_acked += cleared.packed + len(cleared.stored)
+        if cleared.stored and self.store is not None:
+            settled = self.store.settled
+            for msg_id in cleared.stored:
+                settled(self, msg_id)
 
     # -- expiry and dead-lettering ------------------------------------------------
 
@@ -516,8 +517,9 @@ class Queue:
         self._dead_letter_entry(entry, "expired")
 
     def _dead_letter_entry(self, entry: Entry, reason: str) -> None:
-        self.settle(entry)
+        # Republish first: settling may release a paged-out body the copy still needs.
         self._dead_letter_message(entry.msg, reason)
+        self.settle(entry)
 
     def _dead_letter_message(self, msg: Message, reason: str) -> None:
         if self.dlx is None:

@@ -8,10 +8,13 @@ Why three parts (see docs/architecture.md, "Compact queues"):
   chunks: one fixed 30-byte record per message followed by its routing key,
   raw content header and body. A queued 16-byte message costs ~60 bytes here
   instead of ~700 as objects (Entry + Message + ContentHeader + bytes + str).
-  Messages that cannot be packed (bodies over `INLINE_MAX`, persistent
-  messages the store tracks by identity) stay whole entries in `refs`
-  and a record marks their place. When the head runs dry, the next
-  `REFILL` records are unpacked into it;
+  A persistent message of a durable queue is packed as its bare store id
+  (the record plus 8 bytes): key, header and body are read back from the
+  segment log when it is unpacked, which is also how recovery queues
+  messages without reading them. Messages that cannot be packed (bodies
+  over `INLINE_MAX`) stay whole entries in `refs` and a record marks their
+  place. When the head runs dry, the next `REFILL` records are unpacked
+  into it;
 * **back** -- requeued entries that do not fit in front of the head, in a heap
   by publish sequence. A requeue of N messages is O(N log N) whatever their
   order (a nack in ascending tag order used to re-sort the queue each time).
@@ -24,6 +27,7 @@ entries are ever delivered and requeued), so `pop` compares just two heads.
 from __future__ import annotations
 
 import heapq
+import logging
 import struct
 from collections import deque
 from collections.abc import Iterator
@@ -56,20 +60,28 @@ _MARKED = 2
 _EXPIRES = 4
 _PERSISTENT = 8
 _REF = 16  # the Message is in `refs`, not inline
+_STORED = 32  # the record holds a msg_id of the queue's message store, nothing else
+_MSG_ID = struct.Struct("<Q")
+
+log = logging.getLogger("roarmq.queue")
 
 
 class Cleared:
-    """What `clear` removed: entries to settle, and packed transient messages counted."""
+    """What `clear` removed: entries to settle, packed transient messages counted, and the
+    store ids of packed persistent ones (settled by id, never rebuilt)."""
 
-    __slots__ = ("entries", "packed", "packed_bytes")
+    __slots__ = ("entries", "packed", "packed_bytes", "stored")
 
-    def __init__(self, entries: list[Entry], packed: int, packed_bytes: int) -> None:
+    def __init__(
+        self, entries: list[Entry], packed: int, packed_bytes: int, stored: list[int]
+    ) -> None:
         self.entries = entries
         self.packed = packed
         self.packed_bytes = packed_bytes
+        self.stored = stored
 
     def __len__(self) -> int:
-        return len(self.entries) + self.packed
+        return len(self.entries) + self.packed + len(self.stored)
 
 
 class FifoReady:
@@ -84,6 +96,7 @@ class FifoReady:
         "_rpos",
         "_packed",
         "_packed_bytes",
+        "_stored",
         "_refs",
         "_xnames",
         "_xidx",
@@ -98,6 +111,7 @@ class FifoReady:
         self._rpos = 0  # read offset in the first chunk
         self._packed = 0  # records in the tail
         self._packed_bytes = 0  # inline bodies in the tail
+        self._stored = 0  # records that are bare store ids
         self._refs: deque[Entry] = deque()  # entries kept whole (see _pack)
         self._xnames: list[str] = []  # exchange names by index, shared by records
         self._xidx: dict[str, int] = {}
@@ -116,6 +130,23 @@ class FifoReady:
             self._pack(entry)
         else:
             self._head.append(entry)
+
+    def push_stored(
+        self, seq: int, msg_id: int, priority: int, expires_at: float | None, redelivered: bool
+    ) -> None:
+        """Queue a recovered message by its store id alone (call `fill` when done)."""
+        self.n += 1
+        bits = _STORED | _PERSISTENT
+        if redelivered:
+            bits |= _REDELIVERED | _MARKED
+        if expires_at is not None:
+            bits |= _EXPIRES
+        self._append_record(seq, expires_at or 0.0, bits, priority, 0, 0, _MSG_ID.pack(msg_id))
+
+    def fill(self) -> None:
+        """Unpack the first records into an empty head (after `push_stored`)."""
+        if not self._head and self._packed:
+            self._refill()
 
     def requeue(self, entries: list[Entry]) -> None:
         """Put entries back by publish sequence (they are older than the whole tail)."""
@@ -157,14 +188,30 @@ class FifoReady:
         out = [e for _, e in sorted(self._back, key=_first)]
         out.extend(self._head)
         out.extend(self._refs)
-        packed = self._packed - len(self._refs)
+        stored = self._stored_ids() if self._stored else []
+        packed = self._packed - len(self._refs) - len(stored)
         packed_bytes = self._packed_bytes
         self._head.clear()
         self._back.clear()
         self._chunks.clear()
         self._refs.clear()
-        self._rpos = self._packed = self._packed_bytes = self.n = 0
-        return Cleared(out, packed, packed_bytes)
+        self._rpos = self._packed = self._packed_bytes = self._stored = self.n = 0
+        return Cleared(out, packed, packed_bytes, stored)
+
+    def _stored_ids(self) -> list[int]:
+        """The store ids in the tail, read off the records without unpacking anything."""
+        ids: list[int] = []
+        pos = self._rpos
+        for chunk in self._chunks:
+            end = len(chunk)
+            while pos < end:
+                _, _, bits, _, _, _, klen, hlen, blen = _unpack_from(chunk, pos)
+                pos += _RECORD_SIZE
+                if bits & _STORED:
+                    ids.append(_MSG_ID.unpack_from(chunk, pos)[0])
+                pos += klen + hlen + blen
+            pos = 0
+        return ids
 
     def __iter__(self) -> Iterator[Entry]:
         """Entries in delivery order, without removing them (packed ones are decoded copies)."""
@@ -186,17 +233,46 @@ class FifoReady:
             expires = 0.0
         if msg.persistent:
             bits |= _PERSISTENT
+        count = min(entry.delivery_count, 65535)
+        if msg.store_id is not None and self._queue is not None and self._queue.store is not None:
+            # The durable queue holds a reference in the store: the id is enough.
+            bits |= _STORED
+            self._append_record(
+                entry.seq, expires, bits, msg.priority, count, 0, _MSG_ID.pack(msg.store_id)
+            )
+            return
         xi = self._xidx.get(msg.exchange)
         if xi is None:
             xi = self._exchange_index(msg.exchange)
-        if msg.store_loc is not None or msg.body is None or msg.size > INLINE_MAX or xi < 0:
+        if msg.body is None or msg.size > INLINE_MAX or xi < 0:
             bits |= _REF
             self._refs.append(entry)
-            key = header = body = b""
-        else:
-            key = msg.routing_key.encode()
-            header = msg.header.raw
-            body = msg.body
+            self._append_record(entry.seq, expires, bits, msg.priority, count, 0, b"")
+            return
+        self._append_record(
+            entry.seq,
+            expires,
+            bits,
+            msg.priority,
+            count,
+            xi,
+            msg.routing_key.encode(),
+            msg.header.raw,
+            msg.body,
+        )
+
+    def _append_record(
+        self,
+        seq: int,
+        expires: float,
+        bits: int,
+        priority: int,
+        count: int,
+        xi: int,
+        key: bytes,
+        header: bytes = b"",
+        body: bytes = b"",
+    ) -> None:
         chunks = self._chunks
         if not chunks or len(chunks[-1]) >= CHUNK_BYTES:
             chunks.append(bytearray())
@@ -206,12 +282,12 @@ class FifoReady:
         _pack_into(
             chunk,
             at,
-            entry.seq,
+            seq,
             expires,
             bits,
-            min(msg.priority, 255),
-            min(entry.delivery_count, 65535),
-            xi if xi >= 0 else 0,
+            min(priority, 255),
+            count,
+            xi,
             len(key),
             len(header),
             len(body),
@@ -220,6 +296,8 @@ class FifoReady:
         chunk += header
         chunk += body
         self._packed += 1
+        if bits & _STORED:
+            self._stored += 1
         self._packed_bytes += len(body)
 
     def _exchange_index(self, name: str) -> int:
@@ -254,16 +332,27 @@ class FifoReady:
                         out.append(refs.popleft())
                         self._packed -= 1
                         continue
-                    key = str(chunk[pos : pos + klen], "utf-8")
-                    pos += klen
-                    raw = mv[pos : pos + hlen].tobytes()
-                    pos += hlen
-                    body = mv[pos : pos + blen].tobytes()
-                    pos += blen
-                    self._packed_bytes -= blen
-                    header = ContentHeader(60, blen, raw)
-                    persistent = bool(bits & _PERSISTENT)
-                    msg = Message.unpacked(xnames[xi], key, header, body, prio, persistent)
+                    self._packed -= 1
+                    if bits & _STORED:
+                        msg_id = _MSG_ID.unpack_from(chunk, pos)[0]
+                        pos += klen
+                        self._stored -= 1
+                        msg = self._load(msg_id)
+                        if msg is None:
+                            self.n -= 1
+                            continue
+                        msg.priority = prio
+                    else:
+                        key = str(chunk[pos : pos + klen], "utf-8")
+                        pos += klen
+                        raw = mv[pos : pos + hlen].tobytes()
+                        pos += hlen
+                        body = mv[pos : pos + blen].tobytes()
+                        pos += blen
+                        self._packed_bytes -= blen
+                        header = ContentHeader(60, blen, raw)
+                        persistent = bool(bits & _PERSISTENT)
+                        msg = Message.unpacked(xnames[xi], key, header, body, prio, persistent)
                     entry = new_entry(Entry)
                     entry.msg = msg
                     entry.seq = seq
@@ -274,13 +363,26 @@ class FifoReady:
                     entry.delivery_count = count
                     entry.marked = bool(bits & _MARKED)
                     out.append(entry)
-                    self._packed -= 1
             if pos >= end:
                 chunks.popleft()
                 self._rpos = 0
             else:
                 self._rpos = pos
         return out
+
+    def _load(self, msg_id: int) -> Message | None:
+        """A stored message read back from the log; None (logged) if it cannot be."""
+        store = self._queue.store  # type: ignore[union-attr]
+        try:
+            return store.load(msg_id, INLINE_MAX)
+        except Exception as exc:  # a damaged record must not stop the queue
+            log.error(
+                "stored message %d unreadable, skipped: %s",
+                msg_id,
+                exc,
+                extra={"queue": self._queue.name},  # type: ignore[union-attr]
+            )
+            return None
 
     def _decode_all(self) -> Iterator[Entry]:
         """Decode every packed record without consuming it (management listings, tests)."""
@@ -289,13 +391,23 @@ class FifoReady:
             self._rpos,
             self._packed,
             self._packed_bytes,
+            self._stored,
             deque(self._refs),
+            self.n,
         )
         try:
             while self._packed:
                 yield from self._unpack(REFILL)
         finally:
-            self._chunks, self._rpos, self._packed, self._packed_bytes, self._refs = saved
+            (
+                self._chunks,
+                self._rpos,
+                self._packed,
+                self._packed_bytes,
+                self._stored,
+                self._refs,
+                self.n,
+            ) = saved
 
     def packed(self) -> int:
         """How many entries are packed (for tests and the management API)."""
@@ -332,8 +444,10 @@ class PriorityReady:
     def pop(self) -> Entry:
         for level in reversed(self._levels):
             if level.n:
-                self.n -= 1
-                return level.pop()
+                before = level.n
+                entry = level.pop()
+                self.n -= before - level.n  # more than one if an unreadable record was skipped
+                return entry
         raise IndexError("pop from an empty queue")
 
     def peek(self) -> Entry | None:
@@ -351,14 +465,27 @@ class PriorityReady:
         self.n += len(entries)
 
     def clear(self) -> Cleared:
-        out = Cleared([], 0, 0)
+        out = Cleared([], 0, 0, [])
         for level in reversed(self._levels):
             part = level.clear()
             out.entries.extend(part.entries)
             out.packed += part.packed
             out.packed_bytes += part.packed_bytes
+            out.stored.extend(part.stored)
         self.n = 0
         return out
+
+    def push_stored(
+        self, seq: int, msg_id: int, priority: int, expires_at: float | None, redelivered: bool
+    ) -> None:
+        self._levels[min(priority, self._max)].push_stored(
+            seq, msg_id, priority, expires_at, redelivered
+        )
+        self.n += 1
+
+    def fill(self) -> None:
+        for level in self._levels:
+            level.fill()
 
     def packed(self) -> int:
         return sum(level.packed() for level in self._levels)

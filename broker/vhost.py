@@ -403,14 +403,18 @@ class VirtualHost:
         if msg.persistent and store is not None:
             durable = [q for q in queues if q.store is not None]
             if durable:
-                page_out = any(q.ready_bytes > q.memory_limit for q in durable)
+                # The body may leave memory only if every holder can read it back: a
+                # transient queue beside the durable ones cannot once they let go.
+                page_out = len(durable) == len(queues) and any(
+                    q.ready_bytes > q.memory_limit for q in durable
+                )
                 token = store.persist(msg, durable, page_out)
         ok = True
         for queue in queues:
             if not queue.publish(msg):
                 ok = False
-                if queue.store is not None and msg.store_loc is not None:
-                    store.settled(queue, msg)  # type: ignore[union-attr]
+                if queue.store is not None and msg.store_id is not None:
+                    store.settled(queue, msg.store_id)  # type: ignore[union-attr]
         return ok, token
 
     # -- dead-lettering -------------------------------------------------------------

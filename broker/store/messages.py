@@ -22,7 +22,9 @@ import logging
 import os
 import struct
 import threading
+from array import array
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +81,149 @@ def decode_publish(payload: bytes) -> tuple[int, list[int], str, str, bytes, byt
     return msg_id, qids, exchange, routing_key, header, payload[pos + 4 + hlen :]
 
 
+#: Message ids per index block (a power of two).
+BLOCK_BITS = 12
+_BLOCK = 1 << BLOCK_BITS
+_MASK = _BLOCK - 1
+_ZEROS = bytes(4 * _BLOCK)
+
+
+class _Block:
+    __slots__ = ("seg", "off", "length", "refs", "used")
+
+    def __init__(self) -> None:
+        self.seg = array("I", _ZEROS)
+        self.off = array("I", _ZEROS)
+        self.length = array("I", _ZEROS)
+        self.refs = array("I", _ZEROS)  # 0: no such message
+        self.used = 0
+
+
+class MessageIndex:
+    """Where each stored message's publish record is, and how many durable queues hold it.
+
+    Why arrays: queues keep their stored messages as bare msg_ids (broker/ready.py), so
+    this index is the only per-message state of a persistent message at rest. Parallel
+    arrays in blocks of 4,096 ids cost 16 bytes a message, where a dict of Location
+    objects cost ~200. Ids are handed out in publish order and mostly settled in it, so
+    blocks fill once and are dropped when their last message goes.
+    """
+
+    __slots__ = ("_blocks", "count")
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, _Block] = {}
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, msg_id: int) -> bool:
+        block = self._blocks.get(msg_id >> BLOCK_BITS)
+        return block is not None and block.refs[msg_id & _MASK] > 0
+
+    def add(self, msg_id: int, loc: Location, refs: int) -> None:
+        block = self._blocks.get(msg_id >> BLOCK_BITS)
+        if block is None:
+            block = self._blocks[msg_id >> BLOCK_BITS] = _Block()
+        i = msg_id & _MASK
+        if not block.refs[i]:
+            block.used += 1
+            self.count += 1
+        block.seg[i], block.off[i], block.length[i] = loc
+        block.refs[i] = refs
+
+    def location(self, msg_id: int) -> Location:
+        """KeyError if the message is not stored (any more)."""
+        block = self._blocks.get(msg_id >> BLOCK_BITS)
+        i = msg_id & _MASK
+        if block is None or not block.refs[i]:
+            raise KeyError(msg_id)
+        return Location(block.seg[i], block.off[i], block.length[i])
+
+    def move(self, msg_id: int, loc: Location) -> None:
+        """Compaction copied the record: point at the copy (if the message is still here)."""
+        block = self._blocks.get(msg_id >> BLOCK_BITS)
+        i = msg_id & _MASK
+        if block is not None and block.refs[i]:
+            block.seg[i], block.off[i], block.length[i] = loc
+
+    def set_refs(self, msg_id: int, refs: int) -> None:
+        self._blocks[msg_id >> BLOCK_BITS].refs[msg_id & _MASK] = refs
+
+    def unref(self, msg_id: int) -> Location | None:
+        """One queue let go; returns the record's location when it was the last one."""
+        block = self._blocks.get(msg_id >> BLOCK_BITS)
+        i = msg_id & _MASK
+        if block is None or not block.refs[i]:
+            return None
+        block.refs[i] -= 1
+        if block.refs[i]:
+            return None
+        loc = Location(block.seg[i], block.off[i], block.length[i])
+        block.used -= 1
+        self.count -= 1
+        if not block.used:
+            del self._blocks[msg_id >> BLOCK_BITS]
+        return loc
+
+    def remove(self, msg_id: int) -> Location:
+        """Forget a message whatever its count (recovery found no queue for it)."""
+        self.set_refs(msg_id, 1)
+        loc = self.unref(msg_id)
+        assert loc is not None
+        return loc
+
+    def ids(self) -> Iterator[int]:
+        """Stored ids in ascending order (safe to remove the current one meanwhile)."""
+        for key in sorted(self._blocks):
+            refs = self._blocks[key].refs
+            base = key << BLOCK_BITS
+            for i in range(_BLOCK):
+                if refs[i]:
+                    yield base + i
+
+
+class _Replayed:
+    """What recovery needs per publish record beyond its location: queue, body size, priority.
+
+    Arrays in the index's blocking; records naming more than one queue keep the list aside.
+    """
+
+    __slots__ = ("_blocks", "multi", "expiration")
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, tuple[array, array, array]] = {}
+        self.multi: dict[int, list[int]] = {}
+        self.expiration: dict[int, int] = {}  # msg_id -> per-message TTL (ms), when set
+
+    def put(self, msg_id: int, qids: list[int], size: int, priority: int) -> None:
+        block = self._blocks.get(msg_id >> BLOCK_BITS)
+        if block is None:
+            block = self._blocks[msg_id >> BLOCK_BITS] = (
+                array("I", _ZEROS),
+                array("I", _ZEROS),
+                array("B", bytes(_BLOCK)),
+            )
+        i = msg_id & _MASK
+        if len(qids) == 1:
+            block[0][i] = qids[0]
+            self.multi.pop(msg_id, None)
+        else:
+            self.multi[msg_id] = qids
+        block[1][i] = size
+        block[2][i] = priority
+
+    def get(self, msg_id: int) -> tuple[list[int], int, int]:
+        qid, size, priority = self._blocks[msg_id >> BLOCK_BITS]
+        i = msg_id & _MASK
+        qids = self.multi.get(msg_id)
+        return (qids if qids is not None else [qid[i]]), size[i], priority[i]
+
+
 class MessageStore:
+    """Persistent messages: the segment log plus the index of who still needs which record."""
+
     def __init__(
         self, directory: str | Path, *, segment_size: int, sync_interval_ms: int, loop: Any
     ) -> None:
@@ -97,7 +241,7 @@ class MessageStore:
             on_deleted=self._deleted_from_writer,
         )
         self.next_id = 1
-        self.by_id: dict[int, Message] = {}
+        self.index = MessageIndex()
         self._tombs: dict[int, list[Location]] = {}  # msg_id -> ack/delivered records
         self._tomb_seg: dict[int, set[int]] = {}  # segment -> msg_ids with tombstones
         self._seg_of: dict[int, int] = {}  # msg_id -> segment of its publish (tombstoned only)
@@ -116,9 +260,7 @@ class MessageStore:
             encode_publish(msg_id, [q.store_id for q in queues], msg, msg.body)
         )
         msg.store_id = msg_id
-        msg.store_loc = loc
-        msg.store_refs = len(queues)
-        self.by_id[msg_id] = msg
+        self.index.add(msg_id, loc, len(queues))
         if page_out:
             msg.body = None
         self._want_sync()
@@ -133,35 +275,50 @@ class MessageStore:
         channel.confirm_later(seq)
         self._waiting.append((token, channel, seq))
 
-    def _tombstone(self, kind: bytes, queue: Queue, msg: Message) -> None:
-        loc, _ = self.log.append(_MARK.pack(kind, queue.store_id, msg.store_id))
-        msg_id = msg.store_id
+    def _tombstone(self, kind: bytes, queue: Queue, msg_id: int) -> None:
+        loc, _ = self.log.append(_MARK.pack(kind, queue.store_id, msg_id))
         tombs = self._tombs.get(msg_id)
         if tombs is None:
             tombs = self._tombs[msg_id] = []
-            seg = msg.store_loc.segment
+            seg = self.index.location(msg_id).segment
             self._seg_of[msg_id] = seg
             self._tomb_seg.setdefault(seg, set()).add(msg_id)
         tombs.append(loc)
 
-    def delivered(self, queue: Queue, msg: Message) -> None:
-        self._tombstone(b"D", queue, msg)
+    def delivered(self, queue: Queue, msg_id: int) -> None:
+        self._tombstone(b"D", queue, msg_id)
 
-    def settled(self, queue: Queue, msg: Message) -> None:
+    def settled(self, queue: Queue, msg_id: int) -> None:
         """The message left a durable queue (ack, expiry, drop, purge, delete)."""
-        self._tombstone(b"A", queue, msg)
-        msg.store_refs -= 1
-        if msg.store_refs <= 0:
-            self.by_id.pop(msg.store_id, None)
-            self.log.release(msg.store_loc)
+        self._tombstone(b"A", queue, msg_id)
+        loc = self.index.unref(msg_id)
+        if loc is not None:
+            self.log.release(loc)
         self._want_sync()
 
     def body(self, msg: Message) -> bytes:
         """The body of a paged-out message, read back from its publish record."""
         body = msg.body
         if body is None:
-            body = decode_publish(self.log.read(msg.store_loc))[5]
+            body = decode_publish(self.log.read(self.index.location(msg.store_id)))[5]
         return body
+
+    def load(self, msg_id: int, body_max: int) -> Message:
+        """A stored message rebuilt from its publish record (a queue unpacking its tail).
+
+        The body comes along when it is at most `body_max` bytes; a bigger one stays on
+        disk until it is delivered (see `body`). Raises KeyError or CorruptRecord.
+        """
+        from ..message import Message
+
+        payload = self.log.read(self.index.location(msg_id))
+        _, _, exchange, routing_key, raw, body = decode_publish(payload)
+        size = len(body)
+        msg = Message.recovered(exchange, routing_key, ContentHeader(60, size, raw), size)
+        msg.store_id = msg_id
+        if size <= body_max:
+            msg.body = body
+        return msg
 
     # -- writer-thread callbacks, marshalled to the loop ---------------------------------
 
@@ -208,9 +365,7 @@ class MessageStore:
         kind = payload[:1]
         if kind == b"P":
             msg_id = _P_HEAD.unpack_from(payload, 0)[1]
-            msg = self.by_id.get(msg_id)
-            if msg is not None:
-                msg.store_loc = new
+            self.index.move(msg_id, new)
             seg = self._seg_of.get(msg_id)
             if seg is not None:
                 self._tomb_seg[seg].discard(msg_id)
@@ -227,9 +382,10 @@ class MessageStore:
     def recover(self, queues_by_id: dict[int, Queue]) -> dict[str, int]:
         """Replay the log into the durable queues; returns counts for the start-up log.
 
-        Recovered bodies stay on disk and are read back when delivered, so start-up
-        time and memory do not grow with the size of the messages. The collector is
-        off meanwhile: millions of new objects, none of them cyclic.
+        Nothing of a message but its id reaches a queue: bodies, headers and keys stay
+        on disk until a queue unpacks the message to deliver it, so start-up time and
+        memory grow by a few dozen bytes a message (10M messages: see docs/benchmarks.md).
+        The collector is off meanwhile: many new objects, none of them cyclic.
         """
         gc_was_enabled = gc.isenabled()
         gc.disable()
@@ -240,22 +396,18 @@ class MessageStore:
                 gc.enable()
 
     def _recover(self, queues_by_id: dict[int, Queue]) -> dict[str, int]:
-        from ..message import Message
-
-        recovered = Message.recovered
-        publishes: dict[int, tuple] = {}  # msg_id -> (message, location, queue ids)
+        index = self.index
+        replayed = _Replayed()
         marks: dict[int, list[tuple[int, int, Location]]] = {}
-        headers: dict[bytes, ContentHeader] = {}  # shared: most publishers repeat theirs
-        names: dict[bytes, str] = {}
         duplicates = 0
-        in_order = True
         last_id = 0
         unpack_head, unpack_qid, unpack_u32 = (
             _P_HEAD.unpack_from,
             _QID.unpack_from,
             _U32.unpack_from,
         )
-        for loc, payload in self.log.replay(copy=False):  # memoryviews: keep only bytes()
+        # Pass 1: where every publish record is, whom it was for; tombstones by message.
+        for loc, payload in self.log.replay(copy=False):  # memoryviews: keep nothing of them
             kind = payload[0]
             if kind == 0x50:  # P
                 _, msg_id, n = unpack_head(payload, 0)
@@ -264,76 +416,64 @@ class MessageStore:
                 else:
                     qids = [unpack_qid(payload, 11 + 4 * i)[0] for i in range(n)]
                 pos = 11 + 4 * n
-                ln = payload[pos]
-                ex = bytes(payload[pos + 1 : pos + 1 + ln])
-                pos += 1 + ln
-                ln = payload[pos]
-                rk = bytes(payload[pos + 1 : pos + 1 + ln])
-                pos += 1 + ln
+                pos += 1 + payload[pos]  # exchange
+                pos += 1 + payload[pos]  # routing key
                 hlen = unpack_u32(payload, pos)[0]
-                raw = bytes(payload[pos + 4 : pos + 4 + hlen])
-                header = headers.get(raw)
-                if header is None:
-                    header = headers[raw] = ContentHeader(60, 0, raw)
-                exchange = names.get(ex)
-                if exchange is None:
-                    exchange = names[ex] = ex.decode("utf-8", "surrogateescape")
-                routing_key = names.get(rk)
-                if routing_key is None:
-                    routing_key = names[rk] = rk.decode("utf-8", "surrogateescape")
-                msg = recovered(exchange, routing_key, header, len(payload) - pos - 4 - hlen)
-                if msg_id in publishes:  # a compaction copy and its original
-                    self.log.release(publishes[msg_id][1])
+                priority = 0
+                if hlen >= 2 and payload[pos + 4] & 0x09:  # priority or expiration flag
+                    priority = self._replay_properties(msg_id, payload, pos + 4, hlen, replayed)
+                if msg_id in index:  # a compaction copy and its original: keep the later
+                    self.log.release(index.location(msg_id))
                     duplicates += 1
-                elif msg_id < last_id:
-                    in_order = False
-                last_id = msg_id
-                publishes[msg_id] = (msg, loc, qids)
+                index.add(msg_id, loc, max(n, 1))
+                replayed.put(msg_id, qids, len(payload) - pos - 4 - hlen, priority)
+                if msg_id > last_id:
+                    last_id = msg_id
             elif (kind == 0x41 or kind == 0x44) and len(payload) == _MARK.size:  # A, D
                 _, qid, msg_id = _MARK.unpack_from(payload)
                 marks.setdefault(msg_id, []).append((kind, qid, loc))
+                if msg_id > last_id:  # never reuse an id a tombstone on disk names
+                    last_id = msg_id
             else:
                 self.log.release(loc)
-        for msg_id in [m for m in marks if m not in publishes]:
+        for msg_id in [m for m in marks if m not in index]:
             for _, _, loc in marks.pop(msg_id):
                 self.log.release(loc)  # its publish is gone for good
-        per_queue: dict[int, list[tuple[Message, bool]]] = {}
-        restored = dropped = 0
+        # Pass 2: in publish order, each message to the queues that have not acked it.
         # After a crash we cannot know which deliveries reached a client, so every
         # recovered message is marked redelivered; after a clean stop, the markers say.
         unclean = not self.clean_start
-        by_id = self.by_id
-        ids = publishes if in_order else sorted(publishes)
-        for msg_id in ids:
-            msg, loc, qids = publishes[msg_id]
+        restored = dropped = 0
+        touched: dict[int, Queue] = {}
+        expiration = replayed.expiration
+        for msg_id in index.ids():
+            qids, size, priority = replayed.get(msg_id)
             tombs = marks.get(msg_id) if marks else None
             if tombs:
                 acked = {qid for kind, qid, _ in tombs if kind == 0x41}
                 delivered = {qid for kind, qid, _ in tombs if kind == 0x44}
+                seg = index.location(msg_id).segment
                 self._tombs[msg_id] = [t[2] for t in tombs]
-                self._seg_of[msg_id] = loc.segment
-                self._tomb_seg.setdefault(loc.segment, set()).add(msg_id)
+                self._seg_of[msg_id] = seg
+                self._tomb_seg.setdefault(seg, set()).add(msg_id)
                 live = [q for q in dict.fromkeys(qids) if q not in acked and q in queues_by_id]
             else:
                 delivered = ()
                 live = [q for q in qids if q in queues_by_id]
             if not live:
-                self.log.release(loc)
+                self.log.release(index.remove(msg_id))
                 dropped += 1
                 continue
-            msg.store_id = msg_id
-            msg.store_loc = loc
-            msg.store_refs = len(live)
-            by_id[msg_id] = msg
+            index.set_refs(msg_id, len(live))
+            ttl = expiration.get(msg_id) if expiration else None
             for qid in live:
-                items = per_queue.get(qid)
-                if items is None:
-                    items = per_queue[qid] = []
-                items.append((msg, unclean or qid in delivered))
+                queue = queues_by_id[qid]
+                queue.restore_stored(msg_id, size, priority, ttl, unclean or qid in delivered)
+                touched[qid] = queue
             restored += 1
-        self.next_id = max(publishes, default=0) + 1
-        for qid, items in per_queue.items():
-            queues_by_id[qid].restore(items)
+        self.next_id = last_id + 1
+        for queue in touched.values():
+            queue.restored()
         report = self.log.recovery
         return {
             "messages": restored,
@@ -342,6 +482,21 @@ class MessageStore:
             "records_dropped": report.records_dropped,
             "bytes_truncated": report.bytes_truncated,
         }
+
+    @staticmethod
+    def _replay_properties(
+        msg_id: int, payload: Any, at: int, hlen: int, replayed: _Replayed
+    ) -> int:
+        """Priority (returned) and per-message TTL (noted) of a record that has either."""
+        from ..message import parse_expiration
+
+        props = ContentHeader(60, 0, bytes(payload[at : at + hlen])).properties
+        if props.expiration is not None:
+            try:
+                replayed.expiration[msg_id] = parse_expiration(props.expiration)
+            except ValueError:
+                pass  # it was accepted once; an unreadable TTL now means none
+        return min(props.priority or 0, 255)
 
     def close(self) -> None:
         try:
