@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 RUN_STAMP  := $(VENV)/.installed-run
 DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test bench lint format install clean system-deps
+.PHONY: run test bench lint format install clean system-deps node-deps
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,15 @@ system-deps:
 	      || echo "note: could not install $(APT_PACKAGES) with apt-get"; \
 	  else echo "note: $(APT_PACKAGES) not installed (needs root and apt-get)"; fi; fi
 
-test: $(DEV_STAMP) system-deps
+# amqplib for the Node checks of tests/broker/test_dropin.py, when npm is present (the
+# test says why it did not run otherwise).
+node-deps:
+	@if command -v npm >/dev/null 2>&1; then \
+	  (cd tests/node && npm install --no-audit --no-fund --silent >/dev/null 2>&1) \
+	    || echo "note: npm install in tests/node failed; the amqplib checks will say so"; \
+	else echo "note: npm not installed; the amqplib checks will say so"; fi
+
+test: $(DEV_STAMP) system-deps node-deps
 	$(PY) -m pytest
 
 # Quick versions of every benchmark (each prints a table and writes JSON to bench/results/).
@@ -60,4 +68,4 @@ format: $(DEV_STAMP)
 	$(PY) -m ruff format .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis tests/node/node_modules

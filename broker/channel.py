@@ -37,7 +37,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("roarmq.channel")
 
-OPEN, CLOSING = 1, 2
+#: Longest time between two consumer-timeout sweeps of a channel, and most unacked
+#: deliveries one sweep looks at.
+SWEEP_MAX_SECONDS = 15.0
+SWEEP_SCAN = 10_000
+
+OPEN, CLOSING, CLOSED = 1, 2, 3  # CLOSED: close-ok sent or received; nothing more is sent
 
 
 def _tag(prefix: str) -> str:
@@ -115,6 +120,11 @@ class Channel:
         self.reply_key: str | None = None
         self.stats_published = 0
         self._publish_exchanges: dict[str, Any] = {}  # checked for existence and permission
+        # Consumer timeout: the shortest timeout of the queues we take deliveries from, and
+        # (time, delivery_tag) marks that bound when each unacked delivery went out.
+        self._shortest_timeout: float | None = None
+        self._marks: list[tuple[float, int]] = []
+        self._sweep: Any = None
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -125,6 +135,7 @@ class Channel:
         if self.state == CLOSING:
             # After we sent channel.close, everything but close/close-ok is dropped (spec 2.3.5).
             if isinstance(method, spec.ChannelCloseOk):
+                self.state = CLOSED
                 self.conn.channel_closed(self)
             elif isinstance(method, spec.ChannelClose):
                 self.send_method(spec.ChannelCloseOk())
@@ -179,6 +190,10 @@ class Channel:
     def release(self) -> None:
         """Requeue unacked messages (in order) and cancel consumers; the channel is going away."""
         self.can_deliver = False
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        self._marks.clear()
         for consumer in list(self.consumers.values()):
             self._remove_consumer(consumer)
         self.consumers.clear()
@@ -225,7 +240,63 @@ class Channel:
             self.unacked[tag] = entry
             self.unacked_bytes += msg.size
             entry.queue.unacked += 1
+            if self._sweep is None and self._shortest_timeout is not None:
+                self._start_sweep()
         return tag, body
+
+    # -- consumer timeout ---------------------------------------------------------------
+
+    def _note_timeout(self, queue: Queue) -> None:
+        """We take deliveries from `queue`: sweep at least as often as its timeout needs."""
+        timeout = queue.consumer_timeout
+        if timeout is not None and (
+            self._shortest_timeout is None or timeout < self._shortest_timeout
+        ):
+            self._shortest_timeout = timeout
+
+    def _start_sweep(self) -> None:
+        """Time unacked deliveries without a clock read per delivery: each sweep notes the
+        current delivery tag, so a delivery is at least as old as the first mark at or after
+        its tag (a sweep's precision: timeouts fire up to two sweep periods late)."""
+        clock = self.conn.broker.clock
+        self._marks.append((clock.monotonic(), self.delivery_tag))
+        period = min(max(self._shortest_timeout / 4, 0.01), SWEEP_MAX_SECONDS)  # type: ignore[operator]
+        self._sweep = clock.call_later(period, self._check_timeouts)
+
+    def _check_timeouts(self) -> None:
+        self._sweep = None
+        marks = self._marks
+        if self.state != OPEN or not self.unacked or self._shortest_timeout is None:
+            marks.clear()
+            return
+        now = self.conn.broker.clock.monotonic()
+        shortest = self._shortest_timeout
+        oldest = next(iter(self.unacked))
+        k = 0
+        while k < len(marks) and marks[k][1] < oldest:
+            k += 1
+        del marks[:k]
+        j = 0
+        for scanned, (tag, entry) in enumerate(self.unacked.items()):
+            while j < len(marks) and marks[j][1] < tag:
+                j += 1
+            if j == len(marks) or scanned >= SWEEP_SCAN:
+                break  # delivered since the last mark, or enough for one sweep
+            age = now - marks[j][0]
+            if age <= shortest:
+                break  # this one and every later delivery are within every timeout
+            timeout = entry.queue.consumer_timeout if entry.queue is not None else None
+            if timeout is not None and age > timeout:
+                self.close_by_server(
+                    channel_error(
+                        PRECONDITION_FAILED,
+                        f"delivery acknowledgement on channel {self.id} timed out. Timeout "
+                        f"value used: {round(timeout * 1000)} ms. This timeout value can be "
+                        "configured, see consumers doc guide to learn more",
+                    )
+                )
+                return
+        self._start_sweep()
 
     def deliver(self, consumer: Consumer, entry: Entry) -> None:
         """Write one basic.deliver (method + header + body) as a single buffer."""
@@ -280,8 +351,12 @@ class Channel:
         pass
 
     def _channel_close(self, m: spec.ChannelClose) -> None:
+        # Confirms owed go out before close-ok; those still waiting for the disk never do
+        # (a frame on a closed channel is an error to clients such as amqplib).
+        self.flush_confirms()
         self.release()
         self.send_method(spec.ChannelCloseOk())
+        self.state = CLOSED
         self.conn.channel_closed(self)
 
     def _channel_close_ok(self, m: spec.ChannelCloseOk) -> None:
@@ -393,10 +468,15 @@ class Channel:
         qname = self._queue_name(m.queue)
         self._check("write", "queue", qname)
         self._check("read", "exchange", m.exchange)
-        queue = self.vhost.get_queue(qname, self.conn)
+        # RabbitMQ answers unbind-ok whatever is missing: queue, exchange or binding.
+        if m.exchange == "":
+            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        queue = self.vhost.queues.get(qname)
         exchange = self.vhost.exchanges.get(m.exchange)
-        if exchange is not None:
-            self.vhost.unbind_queue(queue, exchange, m.routing_key, m.arguments)
+        if queue is not None:
+            self.vhost.check_exclusive(queue, self.conn)
+            if exchange is not None:
+                self.vhost.unbind_queue(queue, exchange, m.routing_key, m.arguments)
         self.send_method(spec.QueueUnbindOk())
 
     def _queue_purge(self, m: spec.QueuePurge) -> None:
@@ -411,12 +491,16 @@ class Channel:
         qname = self._queue_name(m.queue)
         self._check("configure", "queue", qname)
         queue = self.vhost.queues.get(qname)
-        count = 0
-        if queue is not None:
-            self.vhost.check_exclusive(queue, self.conn)
-            count = self.vhost.delete_queue(queue, if_unused=m.if_unused, if_empty=m.if_empty)
-        if not m.no_wait:
-            self.send_method(spec.QueueDeleteOk(message_count=count))
+        reply = None if m.no_wait else self._delete_ok
+        if queue is None:
+            if reply is not None:
+                reply(0)  # RabbitMQ: deleting what is not there is fine
+            return
+        self.vhost.check_exclusive(queue, self.conn)
+        self.vhost.delete_queue(queue, if_unused=m.if_unused, if_empty=m.if_empty, reply=reply)
+
+    def _delete_ok(self, count: int) -> None:
+        self.send_method(spec.QueueDeleteOk(message_count=count))
 
     # -- basic class: qos, consume, cancel, get ----------------------------------------
 
@@ -454,6 +538,8 @@ class Channel:
         consumer = Consumer(
             self, queue, tag, m.no_ack, m.exclusive, priority, self.prefetch_count, args
         )
+        if not m.no_ack:
+            self._note_timeout(queue)
         self.consumers[tag] = consumer
         if not m.no_wait:
             self.send_method(spec.BasicConsumeOk(consumer_tag=tag))
@@ -489,6 +575,8 @@ class Channel:
         if entry is None:
             self.send_method(spec.BasicGetEmpty())
             return
+        if not m.no_ack:
+            self._note_timeout(queue)
         tag, body = self._hand_out(entry, m.no_ack)
         msg = entry.msg
         method = spec.BasicGetOk(

@@ -42,6 +42,9 @@ class LimitsConfig:
     channel_max: int = 2047
     heartbeat: int = 60
     max_connections: int = 0
+    # A delivery unacknowledged this long closes its channel (406), as RabbitMQ's
+    # consumer_timeout (default 30 minutes); 0 disables. Queues override: x-consumer-timeout.
+    consumer_timeout_ms: int = 1_800_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +340,7 @@ def parse_config(data: dict[str, Any]) -> Config:
             "channel_max": lambda k, v: _int(k, v, 0, 65535),
             "heartbeat": lambda k, v: _int(k, v, 0, 65535),
             "max_connections": lambda k, v: _int(k, v, 0),
+            "consumer_timeout_ms": lambda k, v: _int(k, v, 0),
         },
     )
     routing = _section(data, "routing", RoutingConfig, {"cache_keys": lambda k, v: _int(k, v, 0)})

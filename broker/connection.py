@@ -40,6 +40,7 @@ from protocol.frames import (
 
 from . import __version__
 from .auth import MECHANISMS, AuthError
+from .channel import CLOSED as CLOSED_CHANNEL
 from .channel import Channel
 from .errors import connection_error
 from .flow import (
@@ -64,13 +65,15 @@ AWAIT_START_OK = "await-start-ok"
 AWAIT_TUNE_OK = "await-tune-ok"
 AWAIT_OPEN = "await-open"
 OPEN = "open"
-CLOSING = "closing"
+CLOSING = "closing"  # we sent connection.close: everything but close / close-ok is dropped
+DRAINING = "draining"  # we sent close-ok: input is discarded until the client hangs up
 CLOSED = "closed"
 
 #: Seconds a client has to finish the handshake, as RabbitMQ's handshake_timeout.
 HANDSHAKE_TIMEOUT = 10.0
-#: Seconds we wait for connection.close-ok before dropping the socket.
-CLOSE_OK_TIMEOUT = 3.0
+#: Seconds we wait, after sending connection.close, for close-ok, and after sending
+#: close-ok, for the client to close the socket (RabbitMQ's CLOSING_TIMEOUT).
+CLOSING_TIMEOUT = 30.0
 #: Write directly once this many bytes are pending, so one dispatch loop cannot
 #: build an unbounded buffer before the transport gets a chance to push back.
 FLUSH_THRESHOLD = 256 * 1024
@@ -123,6 +126,8 @@ class Connection(asyncio.Protocol):
         self._sent = False
         self._missed = 0
         self._timer: Any = None
+        self._cleaned = False
+        self.closed_channels: set[int] = set()  # closed by a close/close-ok exchange
         self.blocked_notified = False
 
     # -- asyncio.Protocol -------------------------------------------------------------
@@ -165,6 +170,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        if self.state == DRAINING:
+            return  # what a client sends after our close-ok is read and dropped
         archive = self.broker.archive
         if archive is not None:
             archive.stamp()  # the arrival time of every publish in this read
@@ -230,7 +237,7 @@ class Connection(asyncio.Protocol):
         flow = self.flow
         started = perf_counter()
         handled = 0
-        while self.state != CLOSED:
+        while self.state != CLOSED and self.state != DRAINING:
             if i >= len(events):
                 if not self._unparsed:
                     break
@@ -247,8 +254,9 @@ class Connection(asyncio.Protocol):
             if handled >= READ_BUDGET or perf_counter() - started > TURN_SECONDS:
                 break
         self._after_batch()
-        if self.state == CLOSED:
+        if self.state == CLOSED or self.state == DRAINING:
             self._backlog = None
+            self._unparsed = b""
             return
         if i < len(events) or self._unparsed:
             self._backlog = (events, i)
@@ -287,13 +295,17 @@ class Connection(asyncio.Protocol):
                     if type(ev) is ContentMessage:
                         ch = channels.get(ev.channel)
                         if ch is None:
-                            raise self._no_channel(ev.channel)
+                            if self.state == OPEN and ev.channel not in self.closed_channels:
+                                raise self._no_channel(ev.channel)
+                            continue  # closing, or in flight on a channel just closed
                         ch.on_content(ev.method, ev.header, ev.body)
                         if alarms and ALARM not in reasons:
                             self._block()
                     elif type(ev) is MethodFrame:
                         if self.state == CLOSING:
                             self._closing_method(ev.method)
+                        elif self.state == DRAINING:
+                            continue
                         elif ev.channel == 0:
                             self._connection_method(ev.method)
                         else:
@@ -361,8 +373,8 @@ class Connection(asyncio.Protocol):
             if type(method) is spec.ChannelOpen:
                 self._open_channel(channel_id)
                 return
-            if type(method) is spec.ChannelCloseOk:
-                return  # a close-ok racing a channel we already forgot
+            if type(method) is spec.ChannelCloseOk or channel_id in self.closed_channels:
+                return  # in flight when the channel closed: dropped until channel.open
             raise self._no_channel(channel_id)
         if type(method) is spec.ChannelOpen:
             raise connection_error(
@@ -380,21 +392,25 @@ class Connection(asyncio.Protocol):
     def _open_channel(self, channel_id: int) -> None:
         if self.state != OPEN:
             raise connection_error(COMMAND_INVALID, "channel.open before connection.open", 20, 10)
-        if channel_id > self.channel_max:
+        # As RabbitMQ: channel_max bounds how many channels are open, not their numbers.
+        if len(self.channels) >= self.channel_max:
             raise connection_error(
                 NOT_ALLOWED,
-                f"channel number {channel_id} exceeds the negotiated channel_max "
-                f"{self.channel_max}",
+                f"number of channels opened ({len(self.channels)}) has reached the "
+                f"negotiated channel_max ({self.channel_max})",
                 20,
                 10,
             )
+        self.closed_channels.discard(channel_id)
         ch = Channel(self, channel_id)
         self.channels[channel_id] = ch
         self.send_method(channel_id, spec.ChannelOpenOk())
 
     def channel_closed(self, channel: Channel) -> None:
+        """The close / close-ok exchange is over: frames still in flight are dropped."""
         if self.channels.get(channel.id) is channel:
             del self.channels[channel.id]
+            self.closed_channels.add(channel.id)
 
     def _channel_exception(self, channel_id: int, exc: SoftError) -> None:
         ch = self.channels.get(channel_id)
@@ -441,10 +457,7 @@ class Connection(asyncio.Protocol):
             self._open(method)
         elif kind is spec.ConnectionClose:
             log.debug("client closed the connection", extra={"conn": self.name})
-            self.state = CLOSING
-            self._release_channels()
-            self.send_method(0, spec.ConnectionCloseOk())
-            self._shutdown()
+            self._close_ok()
         elif kind is spec.ConnectionUpdateSecret and state == OPEN:
             self.send_method(0, spec.ConnectionUpdateSecretOk())
         else:
@@ -536,8 +549,23 @@ class Connection(asyncio.Protocol):
         if type(method) is spec.ConnectionCloseOk:
             self._abort(None)
         elif type(method) is spec.ConnectionClose:
-            self.send_method(0, spec.ConnectionCloseOk())
-            self._shutdown()
+            self._close_ok()
+
+    def _close_ok(self) -> None:
+        """The client closed: answer close-ok, let go of everything, and (as RabbitMQ) leave
+        the socket to the client, reading and dropping what it still sends, for at most
+        CLOSING_TIMEOUT. Closing it ourselves would make a client still writing its last
+        frames see EPIPE or a reset instead of our close-ok."""
+        self._release_channels()
+        self.send_method(0, spec.ConnectionCloseOk())
+        self.flush()
+        self.state = DRAINING
+        self._cleanup()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()  # flow control is over: read on to the EOF
+        self._timer = self.broker.clock.call_later(
+            CLOSING_TIMEOUT, self._abort, "socket left open after close-ok"
+        )
 
     def close_with_error(self, exc: HardError) -> None:
         """Connection exception: connection.close with the reply code, then wait for close-ok."""
@@ -564,9 +592,7 @@ class Connection(asyncio.Protocol):
         self.flush()
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self.broker.clock.call_later(
-            CLOSE_OK_TIMEOUT, self._abort, "close-ok timeout"
-        )
+        self._timer = self.broker.clock.call_later(CLOSING_TIMEOUT, self._abort, "close-ok timeout")
 
     def force_close(self, text: str = "broker shutdown") -> None:
         """Server-initiated close (shutdown, management API): 320 CONNECTION_FORCED."""
@@ -662,11 +688,6 @@ class Connection(asyncio.Protocol):
 
     # -- teardown ---------------------------------------------------------------------
 
-    def _shutdown(self) -> None:
-        """Flush what we owe the client, then close the socket."""
-        self.flush()
-        self._abort(None)
-
     def _abort(self, reason: str | None) -> None:
         if reason:
             log.info("closing connection", extra={"conn": self.name, "reason": reason})
@@ -679,9 +700,17 @@ class Connection(asyncio.Protocol):
     def _release_channels(self) -> None:
         for ch in list(self.channels.values()):
             ch.release()
+            ch.state = CLOSED_CHANNEL  # late confirms and the like are never sent
         self.channels.clear()
 
     def _cleanup(self) -> None:
+        """Let go of everything the connection holds (once, however it ended)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._cleaned:
+            return
+        self._cleaned = True
         for reason in self.flow.reasons:
             throttled = getattr(reason, "throttled", None)  # a queue in flow state
             if throttled is not None:
@@ -689,9 +718,6 @@ class Connection(asyncio.Protocol):
         self.flow.clear()
         self._backlog = None
         self._unparsed = b""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self._release_channels()
         for queue in list(self.exclusive_queues):
             queue.vhost.delete_queue(queue, reason="exclusive owner gone")

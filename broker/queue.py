@@ -93,6 +93,7 @@ class Queue:
         "max_priority",
         "single_active",
         "delivery_limit",
+        "consumer_timeout",
         "ready",
         "ready_bytes",
         "unacked",
@@ -150,6 +151,11 @@ class Queue:
         self.max_priority = args.max_priority
         self.single_active = args.single_active
         self.delivery_limit = args.delivery_limit
+        timeout = args.consumer_timeout
+        if timeout is None:
+            timeout = vhost.broker.config.limits.consumer_timeout_ms
+        # Seconds a delivery from this queue may stay unacknowledged (None: forever).
+        self.consumer_timeout: float | None = timeout / 1000.0 if timeout else None
         self.ready: FifoReady | PriorityReady = (
             PriorityReady(self.max_priority, self) if self.max_priority else FifoReady(self)
         )
@@ -585,6 +591,7 @@ class QueueArguments:
         "max_priority",
         "single_active",
         "delivery_limit",
+        "consumer_timeout",
     )
 
     @classmethod
@@ -643,6 +650,7 @@ class QueueArguments:
         self.max_length = nonneg_int("x-max-length")
         self.max_length_bytes = nonneg_int("x-max-length-bytes")
         self.delivery_limit = nonneg_int("x-delivery-limit")
+        self.consumer_timeout = nonneg_int("x-consumer-timeout")
         if qtype != "quorum":
             self.delivery_limit = None
         priority = nonneg_int("x-max-priority")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import datetime
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from protocol.errors import (
@@ -151,6 +151,8 @@ class VirtualHost:
         arguments: dict | None = None,
     ) -> tuple[Exchange, bool]:
         """Declare (or check) an exchange; returns it and whether it was created."""
+        if name == "":
+            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
@@ -162,10 +164,6 @@ class VirtualHost:
                 f"exchange name '{name}' contains reserved prefix 'amq.*'",
             )
         if existing is not None:
-            if name == "":
-                raise channel_error(
-                    ACCESS_REFUSED, "operation not permitted on the default exchange"
-                )
             for key, got, cur in (
                 ("type", type_, existing.type),
                 ("durable", durable, existing.durable),
@@ -237,12 +235,15 @@ class VirtualHost:
 
     def check_exclusive(self, queue: Queue, connection: Any) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
-            raise channel_error(
-                RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost "
-                f"'{self.name}'. It could be originally declared on another connection or the "
-                "exclusive property value does not match that of the original declaration.",
-            )
+            raise self._locked(queue)
+
+    def _locked(self, queue: Queue) -> Exception:
+        return channel_error(
+            RESOURCE_LOCKED,
+            f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost "
+            f"'{self.name}'. It could be originally declared on another connection or the "
+            "exclusive property value does not match that of the original declaration.",
+        )
 
     def declare_queue(
         self,
@@ -268,8 +269,8 @@ class VirtualHost:
             return existing, False
         if existing is not None:
             self.check_exclusive(existing, connection)
-            if exclusive and existing.exclusive_owner is None:
-                self.check_exclusive(existing, object())
+            if exclusive != (existing.exclusive_owner is not None):
+                raise self._locked(existing)  # RabbitMQ's strict check, even for the owner
             for key, got, cur in (
                 ("durable", durable, existing.durable),
                 ("auto_delete", auto_delete, existing.auto_delete),
@@ -310,9 +311,17 @@ class VirtualHost:
         if_unused: bool = False,
         if_empty: bool = False,
         reason: str = "deleted",
+        reply: Callable[[int], None] | None = None,
     ) -> int:
-        """Delete a queue; consumers get basic.cancel first. Returns the messages dropped."""
+        """Delete a queue. Returns the messages dropped.
+
+        `reply(count)` runs once the delete is sure to happen, before the consumers get
+        basic.cancel: RabbitMQ answers queue.delete-ok first (py-amqp waiting for the ok
+        would take an earlier cancel for its own consumer's and raise).
+        """
         if queue.deleted:
+            if reply is not None:
+                reply(0)
             return 0
         if if_unused and queue.consumer_count:
             raise channel_error(
@@ -322,9 +331,11 @@ class VirtualHost:
             raise channel_error(
                 PRECONDITION_FAILED, f"queue '{queue.name}' in vhost '{self.name}' is not empty"
             )
+        count = queue.message_count()
+        if reply is not None:
+            reply(count)
         for consumer in queue.consumers():
             consumer.channel.cancel_by_server(consumer)
-        count = queue.message_count()
         self.queues.pop(queue.name, None)
         entries = queue.on_deleted()
         for entry in entries:

@@ -86,6 +86,7 @@ class RawClient:
         if not isinstance(got, spec.ConnectionTune):
             return got
         self.frame_max = got.frame_max
+        self.tune = got
         self.send(
             0,
             spec.ConnectionTuneOk(

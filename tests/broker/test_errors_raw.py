@@ -326,16 +326,17 @@ async def test_delete_if_unused_and_if_empty_are_406(client):
     assert close.reply_code == 406 and "in use" in close.reply_text
 
 
-async def test_queue_delete_cancels_consumers_first(client):
+async def test_queue_delete_answers_before_cancelling_consumers(client):
+    """RabbitMQ's order: delete-ok to the deleting channel, then the consumers' basic.cancel."""
     client.send(1, spec.QueueDeclare(queue="", exclusive=True))
     q = (await client.expect(spec.QueueDeclareOk)).queue
     client.send(1, spec.BasicConsume(queue=q, consumer_tag="c1"))
     await client.expect(spec.BasicConsumeOk)
     client.send(1, spec.QueueDelete(queue=q))
-    cancel = await client.expect(spec.BasicCancel)
-    assert cancel.consumer_tag == "c1"
     ok = await client.expect(spec.QueueDeleteOk)
     assert ok.message_count == 0
+    cancel = await client.expect(spec.BasicCancel)
+    assert cancel.consumer_tag == "c1"
 
 
 async def test_exchange_delete_always_answers(client):
@@ -375,10 +376,23 @@ async def test_stream_queue_is_refused_with_406(client):
     assert close.reply_code == 406 and "not supported yet" in close.reply_text
 
 
-async def test_channel_beyond_channel_max_is_refused(client):
-    client.send(5000, spec.ChannelOpen())
+async def test_channel_max_counts_open_channels_not_numbers(client):
+    """As RabbitMQ: any number up to 65535 opens while fewer than channel_max are open; the
+    (channel_max + 1)-th open channel is refused with 530."""
+    channel_max = client.tune.channel_max
+    client.send(65535, spec.ChannelOpen())
+    await client.expect(spec.ChannelOpenOk)
+    for n in range(2, channel_max):  # channel 1 (the fixture's) and 65535 are open
+        client.send(n, spec.ChannelOpen())
+    for _ in range(2, channel_max):
+        await client.expect(spec.ChannelOpenOk)
+    client.send(channel_max, spec.ChannelOpen())
     close = await connection_close(client)
-    assert close.reply_code in (504, 530)
+    assert close.reply_code == 530
+    assert close.reply_text == (
+        f"NOT_ALLOWED - number of channels opened ({channel_max}) has reached the "
+        f"negotiated channel_max ({channel_max})"
+    )
 
 
 async def test_guest_only_from_loopback():
