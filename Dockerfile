@@ -1,28 +1,34 @@
-# RoarMQ broker image. tests/broker/test_packaging.py runs the same install and
-# --check-config steps, since Docker itself cannot run on the build machines.
+# RoarMQ broker image. tests/broker/test_config_cli.py (test_dockerfile_*) runs the same install,
+# config and health-check steps, since Docker itself cannot run on the build machines.
 FROM python:3.11-slim
 
 WORKDIR /opt/roarmq
 COPY pyproject.toml README.md ./
+COPY roarmq ./roarmq
 COPY broker ./broker
 COPY protocol ./protocol
 COPY pipeline ./pipeline
 RUN pip install --no-cache-dir . \
-    && mkdir -p /etc/roarmq /var/lib/roarmq
+    && useradd --system --user-group --home-dir /var/lib/roarmq roarmq \
+    && mkdir -p /etc/roarmq /var/lib/roarmq \
+    && chown roarmq:roarmq /var/lib/roarmq
 
 COPY config.toml /etc/roarmq/config.toml
-# In a container the broker must listen beyond loopback and keep data on a volume;
-# like the official RabbitMQ image, guest may log in from outside the container.
+# Listen beyond loopback; everything stateful (messages, definitions, archive) under the one
+# volume. guest stays loopback-only: set ROARMQ_DEFAULT_USER and ROARMQ_DEFAULT_PASS for a
+# user that may log in over the network (as RABBITMQ_DEFAULT_USER/_PASS in RabbitMQ's image).
 RUN sed -i -e 's|^bind = \["127.0.0.1", "::1"\]|bind = ["0.0.0.0"]|' \
-           -e 's|^loopback_only = true|loopback_only = false|' \
            -e 's|^bind = "127.0.0.1"|bind = "0.0.0.0"|' \
-           -e 's|^data_dir = "./data"|data_dir = "/var/lib/roarmq"|' /etc/roarmq/config.toml \
-    && python -m broker --check-config /etc/roarmq/config.toml
+           -e 's|^data_dir = "./data"|data_dir = "/var/lib/roarmq"|' \
+           -e 's|^dir = "./data/archive"|dir = "/var/lib/roarmq/archive"|' /etc/roarmq/config.toml \
+    && python -m roarmq --check-config /etc/roarmq/config.toml
 
+USER roarmq
 VOLUME ["/var/lib/roarmq"]
 EXPOSE 5672 15672
 
+# Healthy when the broker answers the AMQP handshake, not merely when the port accepts.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=5s --retries=3 \
-    CMD python -c "import socket; socket.create_connection(('127.0.0.1', 5672), 3).close()"
+    CMD ["roarmq", "ping", "--port", "5672"]
 
-CMD ["python", "-m", "broker", "--config", "/etc/roarmq/config.toml"]
+CMD ["python", "-m", "roarmq", "--config", "/etc/roarmq/config.toml"]

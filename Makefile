@@ -24,7 +24,7 @@ $(DEV_STAMP): pyproject.toml | $(VENV)/bin/python
 install: $(DEV_STAMP)
 
 run: $(RUN_STAMP)
-	$(PY) -m broker --config config.toml
+	$(PY) -m roarmq --config config.toml
 
 # System packages the tests use: amqp-tools (librabbitmq's CLI) and a Java runtime for
 # Spark. Installed through apt when we can; otherwise the tests that need them say why

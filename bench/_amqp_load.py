@@ -65,8 +65,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from protocol import spec  # noqa: E402
-from protocol.frames import (  # noqa: E402
+from roarmq.protocol import spec  # noqa: E402
+from roarmq.protocol.frames import (  # noqa: E402
     PROTOCOL_HEADER,
     ContentMessage,
     FrameParser,
@@ -75,7 +75,7 @@ from protocol.frames import (  # noqa: E402
     encode_content,
     encode_method,
 )
-from protocol.properties import BasicProperties  # noqa: E402
+from roarmq.protocol.properties import BasicProperties  # noqa: E402
 
 CHANNEL = 1
 BODY_SIZE = 16  # send time (u64 ns) + sequence (u64)

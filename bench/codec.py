@@ -33,8 +33,14 @@ from pamqp import commands as pamqp_commands  # noqa: E402
 from pamqp import frame as pamqp_frame  # noqa: E402
 from pamqp import header as pamqp_header  # noqa: E402
 
-from protocol import BasicProperties, ContentHeader, FrameParser, encode_content, encode_deliver  # noqa: E402
-from protocol.spec import BasicDeliver, BasicPublish  # noqa: E402
+from roarmq.protocol import (
+    BasicProperties,
+    ContentHeader,
+    FrameParser,
+    encode_content,
+    encode_deliver,
+)  # noqa: E402
+from roarmq.protocol.spec import BasicDeliver, BasicPublish  # noqa: E402
 
 FRAME_MAX = 131072
 EXCHANGE = "amq.topic"

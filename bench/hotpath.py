@@ -25,12 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.connection import Connection  # noqa: E402
-from broker.server import Broker  # noqa: E402
-from broker.testing import ephemeral_config  # noqa: E402
-from protocol import spec  # noqa: E402
-from protocol.frames import PROTOCOL_HEADER, encode_content, encode_method  # noqa: E402
-from protocol.properties import BasicProperties  # noqa: E402
+from roarmq.broker.connection import Connection  # noqa: E402
+from roarmq.broker.server import Broker  # noqa: E402
+from roarmq.broker.testing import ephemeral_config  # noqa: E402
+from roarmq.protocol import spec  # noqa: E402
+from roarmq.protocol.frames import PROTOCOL_HEADER, encode_content, encode_method  # noqa: E402
+from roarmq.protocol.properties import BasicProperties  # noqa: E402
 
 CHUNK = 2000  # publishes per data_received call, like a busy socket read
 

@@ -41,7 +41,7 @@ from _comparators import InvertedBitmap, Naive, OptimizedInvertedBitmap, Trie  #
 from _machine import machine_info  # noqa: E402
 from pyroaring import BitMap  # noqa: E402
 
-from broker.routing import TopicIndex  # noqa: E402
+from roarmq.broker.routing import TopicIndex  # noqa: E402
 
 ALGORITHMS = {
     "ours": "ours (trie + bitmap cache)",

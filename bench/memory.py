@@ -47,9 +47,9 @@ from _machine import machine_info  # noqa: E402
 from overload import RssSampler, broker_instance  # noqa: E402
 from throughput import Procs, rabbit_server  # noqa: E402
 
-from protocol import spec  # noqa: E402
-from protocol.frames import PROTOCOL_HEADER, FrameParser, encode_content, encode_method  # noqa: E402
-from protocol.properties import BasicProperties  # noqa: E402
+from roarmq.protocol import spec  # noqa: E402
+from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, encode_content, encode_method  # noqa: E402
+from roarmq.protocol.properties import BasicProperties  # noqa: E402
 
 MiB = 1024 * 1024
 WATERMARK = 256 * MiB

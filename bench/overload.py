@@ -297,8 +297,9 @@ def start_roarmq(
     cfg.write_text(text + extra_config)
     log = tmp / "roarmq.log"
     instance = uuid.uuid4().hex
-    # env -C: `python -m broker` imports broker/ and protocol/ from src, not this work tree
-    cmd = [sys.executable, "-m", "broker", "--config", str(cfg), "--data-dir", str(data)]
+    # env -C: `python -m roarmq` imports broker/ and protocol/ from src, not this work tree
+    module = "roarmq" if (src / "roarmq" / "__init__.py").exists() else "broker"  # older trees
+    cmd = [sys.executable, "-m", module, "--config", str(cfg), "--data-dir", str(data)]
     with open(log, "wb") as out:
         proc = procs.start(
             pinned(cpu, ["env", "-C", str(src), *cmd]),

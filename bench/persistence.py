@@ -153,7 +153,7 @@ class Broker:
                 [
                     *py,
                     "-m",
-                    "broker",
+                    "roarmq",
                     "--config",
                     str(cfg),
                     "--port",

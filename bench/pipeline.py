@@ -124,7 +124,7 @@ def make_archive(root: Path, rows: int, bindings: int, keys: int, hours: int = 2
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from broker.archive import SCHEMA, hour_name
+    from roarmq.broker.archive import SCHEMA, hour_name
 
     started = time.monotonic()
     exchanges, routing_keys, queues = key_pool(bindings, keys)
@@ -182,10 +182,10 @@ def make_archive(root: Path, rows: int, bindings: int, keys: int, hours: int = 2
 
 def route_worker(args: argparse.Namespace) -> int:
     """In its own process: route the archive twice under one master; print one JSON line."""
-    from pipeline.definitions import load_definitions
-    from pipeline.jobs import ALL, analyse
-    from pipeline.reader import scan_archive
-    from pipeline.session import get_spark
+    from roarmq.pipeline.definitions import load_definitions
+    from roarmq.pipeline.jobs import ALL, analyse
+    from roarmq.pipeline.reader import scan_archive
+    from roarmq.pipeline.session import get_spark
 
     defs = load_definitions(args.defs)
     scan = scan_archive(args.archive)
@@ -228,9 +228,9 @@ def route_worker(args: argparse.Namespace) -> int:
 
 
 def bench_routing(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from pipeline.definitions import load_definitions
-    from pipeline.router import Router
-    from protocol.tables import encode_table
+    from roarmq.pipeline.definitions import load_definitions
+    from roarmq.pipeline.router import Router
+    from roarmq.protocol.tables import encode_table
 
     defs_path = tmp / "definitions.json"
     defs_path.write_text(json.dumps(make_definitions(args.bindings)))
@@ -357,7 +357,7 @@ def one_broker_run(
     log = base / "broker.log"
     with open(log, "wb") as out:
         broker = subprocess.Popen(
-            pinned(cpus[0], [sys.executable, "-m", "broker", "--config", str(cfg)]),
+            pinned(cpus[0], [sys.executable, "-m", "roarmq", "--config", str(cfg)]),
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,

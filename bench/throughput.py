@@ -67,8 +67,8 @@ sys.path.insert(0, str(REPO))
 
 from _machine import machine_info  # noqa: E402
 
-from protocol import spec  # noqa: E402
-from protocol.frames import PROTOCOL_HEADER, FrameParser, MethodFrame  # noqa: E402
+from roarmq.protocol import spec  # noqa: E402
+from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, MethodFrame  # noqa: E402
 
 LOAD = REPO / "bench" / "_amqp_load.py"
 MARKER = "ROARBENCH_INSTANCE"  # env var tagging every process we start, for the final sweep
@@ -294,7 +294,7 @@ def start_roarmq(procs: Procs, tmp: Path, cpu: int | None) -> Running:
         [
             sys.executable,
             "-m",
-            "broker",
+            "roarmq",
             "--config",
             str(cfg),
             "--data-dir",

@@ -1,21 +1,30 @@
-"""Command line: `python -m broker [options]` and the `roarmq` console script.
+"""Command line: the `roarmq` console script and `python -m roarmq [options]`.
 
-`roarmq serve [options]` is the same as `python -m broker [options]`.
+`roarmq serve [options]` is the same as `python -m roarmq [options]`; `roarmq check-config
+FILE` validates a config file; `roarmq --version`. (`python -m broker` still works from a
+checkout.)
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
-import gc
-import signal
 import sys
-from pathlib import Path
 
-from . import __version__
-from .config import LOG_LEVELS, Config, ConfigError, load_config
-from .logs import setup_logging
+if __package__ == "broker":  # `python -m broker` in a checkout: run the one roarmq copy
+    from roarmq.broker.__main__ import main as _main
+
+    sys.exit(_main(prog="python -m broker"))
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import contextlib  # noqa: E402
+import gc  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from . import __version__  # noqa: E402
+from .config import LOG_LEVELS, Config, ConfigError, load_config  # noqa: E402
+from .logs import setup_logging  # noqa: E402
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -42,8 +51,43 @@ def check_config(path: str) -> int:
     return 0
 
 
+def ping(host: str, port: int, timeout: float) -> int:
+    """Health check: the broker answers the AMQP protocol header with connection.start.
+
+    Proves the listener accepts and the event loop runs (a bare TCP connect does not);
+    needs no credentials. Exit 0 if it answered, 1 otherwise.
+    """
+    import socket
+
+    from roarmq.protocol import spec
+    from roarmq.protocol.errors import ProtocolError
+    from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, MethodFrame
+
+    parser = FrameParser(expect_protocol_header=False)
+    try:
+        with socket.create_connection((host, port), timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(PROTOCOL_HEADER)
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionError("closed before connection.start")
+                for ev in parser.feed(data):
+                    if isinstance(ev, MethodFrame) and isinstance(ev.method, spec.ConnectionStart):
+                        product = ev.method.server_properties.get("product", "?")
+                        version = ev.method.server_properties.get("version", "?")
+                        print(f"{host}:{port}: {product} {version} answered")
+                        return 0
+    except (OSError, ProtocolError) as exc:
+        print(f"{host}:{port}: no AMQP answer: {exc}", file=sys.stderr)
+        return 1
+
+
 def _load(args: argparse.Namespace) -> Config:
     config = load_config(args.config) if args.config else Config()
+    user, password = os.environ.get("ROARMQ_DEFAULT_USER"), os.environ.get("ROARMQ_DEFAULT_PASS")
+    if user is not None or password is not None:
+        config = config.with_default_user(user or "", password or "")
     return config.with_overrides(
         port=args.port, mgmt_port=args.mgmt_port, data_dir=args.data_dir, log_level=args.log_level
     )
@@ -100,7 +144,7 @@ def run(coro_factory) -> None:  # type: ignore[no-untyped-def]
         uvloop.run(coro_factory())
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m broker") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m roarmq") -> int:
     args = _parser(prog).parse_args(argv)
     if args.check_config:
         return check_config(args.check_config)
@@ -120,18 +164,45 @@ def main(argv: list[str] | None = None, prog: str = "python -m broker") -> int:
     return 0
 
 
+SUBCOMMANDS = {
+    "serve": "run the broker (options: roarmq serve --help)",
+    "check-config": "validate a TOML config file: exit 0 if valid, 1 naming the bad key",
+    "ping": "health check: exit 0 if a broker answers the AMQP handshake",
+}
+
+
 def cli(argv: list[str] | None = None) -> int:
     """The `roarmq` console script: subcommands, `serve` being the broker itself."""
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: roarmq serve [options]   (run `roarmq serve --help` for the options)")
-        return 0 if argv else 2
+    top = argparse.ArgumentParser(
+        prog="roarmq",
+        description="RoarMQ, an AMQP 0-9-1 message broker.",
+        epilog="Run `roarmq COMMAND --help` for a command's options.",
+    )
+    top.add_argument("--version", action="version", version=f"RoarMQ {__version__}")
+    commands = top.add_subparsers(dest="command", metavar="COMMAND")
+    for name, text in SUBCOMMANDS.items():
+        # serve's options are parsed by main(); here it only needs to be listed
+        commands.add_parser(name, help=text, add_help=False)
+    if not argv or argv[0].startswith("-"):
+        top.parse_args(argv)  # --help / --version exit here
+        top.print_usage(sys.stderr)
+        return 2
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return main(rest, prog="roarmq serve")
-    if command == "check-config" and rest:
-        return check_config(rest[0])
-    print(f"roarmq: unknown command {command!r} (try: roarmq serve)", file=sys.stderr)
+    if command == "check-config":
+        p = argparse.ArgumentParser(prog="roarmq check-config", description=SUBCOMMANDS[command])
+        p.add_argument("file", metavar="FILE", help="the TOML config file")
+        return check_config(p.parse_args(rest).file)
+    if command == "ping":
+        p = argparse.ArgumentParser(prog="roarmq ping", description=SUBCOMMANDS[command])
+        p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
+        p.add_argument("--port", type=int, default=5672, help="default 5672")
+        p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="default 5 s")
+        a = p.parse_args(rest)
+        return ping(a.host, a.port, a.timeout)
+    top.parse_args(argv)  # an unknown command: argparse names the choices and exits 2
     return 2
 
 

@@ -50,9 +50,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the traffic archive needs pyarrow: pip install 'roarmq[pipeline]'") from exc
 
-from protocol.errors import AMQPSyntaxError
-from protocol.properties import BasicProperties
-from protocol.tables import timestamp_to_wire
+from roarmq.protocol.errors import AMQPSyntaxError
+from roarmq.protocol.properties import BasicProperties
+from roarmq.protocol.tables import timestamp_to_wire
 
 from .clock import Clock
 

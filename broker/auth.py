@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.tables import decode_table
+from roarmq.protocol.tables import decode_table
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")
 

@@ -15,8 +15,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from protocol import spec
-from protocol.errors import (
+from roarmq.protocol import spec
+from roarmq.protocol.errors import (
     ACCESS_REFUSED,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -25,7 +25,7 @@ from protocol.errors import (
     REPLY_SUCCESS,
     SoftError,
 )
-from protocol.frames import encode_content, encode_deliver
+from roarmq.protocol.frames import encode_content, encode_deliver
 
 from .errors import channel_error, connection_error
 from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties

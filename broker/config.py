@@ -159,6 +159,18 @@ class Config:
             cfg = replace(cfg, log=replace(cfg.log, level=_log_level("--log-level", log_level)))
         return cfg
 
+    def with_default_user(self, name: str, password: str) -> Config:
+        """Add an administrator allowed from anywhere, with every permission on every vhost
+        (RabbitMQ's image does this with RABBITMQ_DEFAULT_USER / RABBITMQ_DEFAULT_PASS; ours
+        reads ROARMQ_DEFAULT_USER / ROARMQ_DEFAULT_PASS). A user of that name is replaced."""
+        if not name or not password:
+            raise ConfigError("ROARMQ_DEFAULT_USER and ROARMQ_DEFAULT_PASS must both be non-empty")
+        users = tuple(u for u in self.users if u.name != name)
+        users += (UserConfig(name, password, ("administrator",), False),)
+        perms = tuple(p for p in self.permissions if p.user != name)
+        perms += tuple(PermissionConfig(name, v.name) for v in self.vhosts)
+        return replace(self, users=users, permissions=perms)
+
 
 # -- validation helpers -------------------------------------------------------
 

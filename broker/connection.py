@@ -15,8 +15,8 @@ import platform
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from protocol import spec
-from protocol.errors import (
+from roarmq.protocol import spec
+from roarmq.protocol.errors import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
     COMMAND_INVALID,
@@ -28,7 +28,7 @@ from protocol.errors import (
     ProtocolHeaderMismatch,
     SoftError,
 )
-from protocol.frames import (
+from roarmq.protocol.frames import (
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
     ContentMessage,

@@ -7,7 +7,7 @@ is sent, so the messages built here carry only what went wrong.
 
 from __future__ import annotations
 
-from protocol.errors import HardError, SoftError
+from roarmq.protocol.errors import HardError, SoftError
 
 
 def channel_error(code: int, message: str, class_id: int = 0, method_id: int = 0) -> SoftError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from protocol.errors import COMMAND_INVALID, PRECONDITION_FAILED
+from roarmq.protocol.errors import COMMAND_INVALID, PRECONDITION_FAILED
 
 from .errors import channel_error, connection_error
 from .routing import make_index

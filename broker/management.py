@@ -17,7 +17,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from protocol.errors import ProtocolError
+from roarmq.protocol.errors import ProtocolError
 
 from . import __version__
 from .auth import hash_password

@@ -8,8 +8,8 @@ common publish pays for none of it.
 
 from __future__ import annotations
 
-from protocol.frames import ContentHeader
-from protocol.properties import BasicProperties
+from roarmq.protocol.frames import ContentHeader
+from roarmq.protocol.properties import BasicProperties
 
 # Property-flag bits of the basic class (AMQP 0-9-1, section 4.2.6.1).
 FLAG_HEADERS = 0x2000

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from protocol.errors import PRECONDITION_FAILED
+from roarmq.protocol.errors import PRECONDITION_FAILED
 
 from .errors import channel_error
 from .ready import Cleared, FifoReady, PriorityReady

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from protocol.frames import ContentHeader
+from roarmq.protocol.frames import ContentHeader
 
 from .message import Message
 

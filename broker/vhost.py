@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from protocol.errors import (
+from roarmq.protocol.errors import (
     ACCESS_REFUSED,
     NOT_FOUND,
     PRECONDITION_FAILED,

@@ -6,7 +6,7 @@ with the project on the path through ``--py-files``.
 
 import sys
 
-from pipeline.cli import main
+from roarmq.pipeline.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

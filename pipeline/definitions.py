@@ -18,9 +18,9 @@ from json.decoder import scanstring
 from pathlib import Path
 from typing import Any
 
-from broker.exchange import EXCHANGE_TYPES
-from broker.routing.fields import arguments_key
-from broker.vhost import BUILTIN_EXCHANGES
+from roarmq.broker.exchange import EXCHANGE_TYPES
+from roarmq.broker.routing.fields import arguments_key
+from roarmq.broker.vhost import BUILTIN_EXCHANGES
 
 from .errors import PipelineError
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from broker.archive import SCHEMA, live_files, partitions, pending_journals
+from roarmq.broker.archive import SCHEMA, live_files, partitions, pending_journals
 
 from .errors import PipelineError
 

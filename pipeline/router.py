@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
-from broker.routing import HeadersIndex, InvalidBinding, make_index
-from broker.routing.graph import route_message
-from protocol.errors import AMQPSyntaxError
-from protocol.tables import decode_table
+from roarmq.broker.routing import HeadersIndex, InvalidBinding, make_index
+from roarmq.broker.routing.graph import route_message
+from roarmq.protocol.errors import AMQPSyntaxError
+from roarmq.protocol.tables import decode_table
 
 from .definitions import Definitions
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.clock import VirtualClock
-from broker.testing import BrokerThread, ephemeral_config, running_broker
+from roarmq.broker.clock import VirtualClock
+from roarmq.broker.testing import BrokerThread, ephemeral_config, running_broker
 
 pytest_plugins = ["pytester"]
 

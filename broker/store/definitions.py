@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.tables import decode_table, encode_table
+from roarmq.protocol.tables import decode_table, encode_table
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS vhosts (name TEXT PRIMARY KEY);

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from protocol.frames import ContentHeader
+from roarmq.protocol.frames import ContentHeader
 
 from .segments import Location, SegmentLog
 

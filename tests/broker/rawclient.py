@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from protocol import spec
-from protocol.frames import (
+from roarmq.protocol import spec
+from roarmq.protocol.frames import (
     PROTOCOL_HEADER,
     ContentMessage,
     FrameParser,
@@ -19,7 +19,7 @@ from protocol.frames import (
     encode_content,
     encode_method,
 )
-from protocol.properties import BasicProperties
+from roarmq.protocol.properties import BasicProperties
 
 
 class RawClient:

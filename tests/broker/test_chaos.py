@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rawclient import RawClient
 
-from broker.testing import BrokerThread, ephemeral_config
-from protocol import spec
-from protocol.properties import BasicProperties
+from roarmq.broker.testing import BrokerThread, ephemeral_config
+from roarmq.protocol import spec
+from roarmq.protocol.properties import BasicProperties
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import Config, ConfigError, load_config, parse_config
+from roarmq.broker.config import Config, ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
@@ -64,7 +64,7 @@ def test_roll_minutes_takes_fractions():
 
 def test_check_config_cli(tmp_path):
     good = subprocess.run(
-        [sys.executable, "-m", "broker", "--check-config", str(ROOT / "config.toml")],
+        [sys.executable, "-m", "roarmq", "--check-config", str(ROOT / "config.toml")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -73,7 +73,7 @@ def test_check_config_cli(tmp_path):
     bad_file = tmp_path / "bad.toml"
     bad_file.write_text("[limits]\nheartbeat = -1\n")
     bad = subprocess.run(
-        [sys.executable, "-m", "broker", "--check-config", str(bad_file)],
+        [sys.executable, "-m", "roarmq", "--check-config", str(bad_file)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -83,7 +83,7 @@ def test_check_config_cli(tmp_path):
     broken = tmp_path / "broken.toml"
     broken.write_text("[amqp\n")
     out = subprocess.run(
-        [sys.executable, "-m", "broker", "--check-config", str(broken)],
+        [sys.executable, "-m", "roarmq", "--check-config", str(broken)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -107,7 +107,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("argv0", [[sys.executable, "-m", "broker"], "roarmq-serve"])
+@pytest.mark.parametrize("argv0", [[sys.executable, "-m", "roarmq"], "roarmq-serve"])
 def test_daemon_starts_serves_and_stops(tmp_path, argv0):
     """The real daemon as a subprocess: starts in well under a second, speaks AMQP, stops on SIGTERM."""
     import pika
@@ -117,6 +117,8 @@ def test_daemon_starts_serves_and_stops(tmp_path, argv0):
     port, mgmt = _free_port(), _free_port()
     data = tmp_path / "data"
     started = time.monotonic()
+    # The container's way to a network-reachable user (RabbitMQ: RABBITMQ_DEFAULT_USER/_PASS).
+    env = dict(os.environ, ROARMQ_DEFAULT_USER="ops", ROARMQ_DEFAULT_PASS="s3cret")
     proc = subprocess.Popen(
         [
             *argv0,
@@ -133,6 +135,7 @@ def test_daemon_starts_serves_and_stops(tmp_path, argv0):
         ],
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
     try:
         line = ""
@@ -146,6 +149,14 @@ def test_daemon_starts_serves_and_stops(tmp_path, argv0):
         conn.close()
         conn6 = pika.BlockingConnection(pika.ConnectionParameters(host="::1", port=port))
         conn6.close()
+        ops = pika.BlockingConnection(pika.URLParameters(f"amqp://ops:s3cret@127.0.0.1:{port}"))
+        ops.channel().queue_declare("ops-q", exclusive=True)
+        ops.close()
+        roarmq = str(Path(sys.executable).with_name("roarmq"))
+        ping = subprocess.run(
+            [roarmq, "ping", "--port", str(port)], capture_output=True, text=True, timeout=30
+        )
+        assert ping.returncode == 0 and "RoarMQ" in ping.stdout, ping.stderr
         assert data.is_dir()
         import urllib.request
 
@@ -167,8 +178,10 @@ def test_dockerfile_install_and_check_config_steps(tmp_path):
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM python:3.11-slim" in dockerfile
     assert re.search(r"^EXPOSE 5672 15672$", dockerfile, re.M)
-    assert "HEALTHCHECK" in dockerfile
-    assert 'CMD ["python", "-m", "broker", "--config", "/etc/roarmq/config.toml"]' in dockerfile
+    assert 'CMD ["roarmq", "ping", "--port", "5672"]' in dockerfile  # the AMQP handshake
+    assert re.search(r"^USER roarmq$", dockerfile, re.M)  # not root
+    assert 'CMD ["python", "-m", "roarmq", "--config", "/etc/roarmq/config.toml"]' in dockerfile
+    assert "COPY roarmq ./roarmq" in dockerfile
     # RUN pip install .  (dependencies are already in this venv; install the package itself)
     target = tmp_path / "site"
     subprocess.run(
@@ -194,10 +207,14 @@ def test_dockerfile_install_and_check_config_steps(tmp_path):
     sed = re.search(r"RUN (sed -i .*?/etc/roarmq/config.toml)", dockerfile, re.S).group(1)
     sed = sed.replace("\\\n", " ").replace("/etc/roarmq/config.toml", str(conf))
     subprocess.run(sed, shell=True, check=True, timeout=30)
-    assert 'bind = ["0.0.0.0"]' in conf.read_text()
+    text = conf.read_text()
+    assert 'bind = ["0.0.0.0"]' in text
+    # Everything stateful under the volume; guest never reachable from the network.
+    assert 'data_dir = "/var/lib/roarmq"' in text and 'dir = "/var/lib/roarmq/archive"' in text
+    assert re.search(r'^name = "guest"\n.*\n.*\nloopback_only = true$', text, re.M)
     env = dict(os.environ, PYTHONPATH=str(target))
     check = subprocess.run(
-        [sys.executable, "-m", "broker", "--check-config", str(conf)],
+        [sys.executable, "-m", "roarmq", "--check-config", str(conf)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -206,7 +223,7 @@ def test_dockerfile_install_and_check_config_steps(tmp_path):
     )
     assert check.returncode == 0, check.stderr
     where = subprocess.run(
-        [sys.executable, "-c", "import broker, protocol; print(broker.__file__)"],
+        [sys.executable, "-c", "import roarmq.broker, roarmq.protocol; print(roarmq.__file__)"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -214,6 +231,9 @@ def test_dockerfile_install_and_check_config_steps(tmp_path):
         timeout=60,
     )
     assert where.stdout.startswith(str(target))
+    # One import namespace: nothing generic lands in site-packages.
+    names = {p.name for p in target.iterdir() if not p.name.endswith("-info")}
+    assert names - {"bin"} == {"roarmq"}, names  # bin: the roarmq console script
 
 
 def test_pytest_plugin_fixture(pytester):

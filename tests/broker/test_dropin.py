@@ -20,10 +20,10 @@ import pika.exceptions
 import pytest
 from rawclient import RawClient
 
-from broker.connection import CLOSING_TIMEOUT
-from protocol import spec
-from protocol.frames import ContentMessage, MethodFrame
-from protocol.properties import BasicProperties
+from roarmq.broker.connection import CLOSING_TIMEOUT
+from roarmq.protocol import spec
+from roarmq.protocol.frames import ContentMessage, MethodFrame
+from roarmq.protocol.properties import BasicProperties
 
 pytestmark = pytest.mark.timeout(60)
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
@@ -271,8 +271,8 @@ async def test_consumer_timeout_closes_the_channel_and_requeues(vbroker):
 
 
 async def test_consumer_timeout_from_config_and_disabled(tmp_path):
-    from broker.clock import VirtualClock
-    from broker.testing import ephemeral_config, running_broker
+    from roarmq.broker.clock import VirtualClock
+    from roarmq.broker.testing import ephemeral_config, running_broker
 
     for timeout_ms, expect_close in ((60_000, True), (0, False)):
         clock = VirtualClock()

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from rawclient import RawClient
 
-from protocol import spec
-from protocol.frames import PROTOCOL_HEADER, encode_method
-from protocol.properties import BasicProperties
+from roarmq.protocol import spec
+from roarmq.protocol.frames import PROTOCOL_HEADER, encode_method
+from roarmq.protocol.properties import BasicProperties
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -196,7 +196,7 @@ async def test_publish_to_internal_exchange_is_403(client):
 
 async def test_immediate_is_540_not_implemented(client):
     client.writer.write(
-        __import__("protocol.frames", fromlist=["encode_content"]).encode_content(
+        __import__("roarmq.protocol.frames", fromlist=["encode_content"]).encode_content(
             1,
             spec.BasicPublish(exchange="", routing_key="q", immediate=True),
             BasicProperties(),
@@ -277,7 +277,7 @@ async def test_unknown_method_is_closed(client):
 
 
 async def test_message_over_max_size_is_406(tmp_path):
-    from broker.testing import ephemeral_config, running_broker
+    from roarmq.broker.testing import ephemeral_config, running_broker
 
     cfg = ephemeral_config(data_dir=str(tmp_path), limits={"max_message_size": 1000})
     async with running_broker(cfg) as b:
@@ -398,7 +398,7 @@ async def test_channel_max_counts_open_channels_not_numbers(client):
 async def test_guest_only_from_loopback():
     from types import SimpleNamespace
 
-    from broker.auth import Authenticator, AuthError, hash_password
+    from roarmq.broker.auth import Authenticator, AuthError, hash_password
 
     guest = SimpleNamespace(
         name="guest", password_hash=hash_password("guest"), tags=(), loopback_only=True
@@ -411,7 +411,7 @@ async def test_guest_only_from_loopback():
 
 
 async def test_amqplain_login(broker):
-    from protocol.tables import encode_table
+    from roarmq.protocol.tables import encode_table
 
     c = await RawClient.connect(broker.port, handshake=False)
     c.write(PROTOCOL_HEADER)
@@ -448,8 +448,8 @@ async def test_other_connections_unaffected_by_a_crashing_one(broker):
 
 async def test_frames_after_an_oversized_message_are_still_handled(tmp_path):
     """The oversized message and a following method arrive in one write: both get answered."""
-    from broker.testing import ephemeral_config, running_broker
-    from protocol.frames import encode_content
+    from roarmq.broker.testing import ephemeral_config, running_broker
+    from roarmq.protocol.frames import encode_content
 
     cfg = ephemeral_config(data_dir=str(tmp_path), limits={"max_message_size": 1000})
     async with running_broker(cfg) as b:

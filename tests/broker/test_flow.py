@@ -7,11 +7,11 @@ import asyncio
 import pytest
 from rawclient import RawClient
 
-from broker.connection import FLUSH_THRESHOLD
-from broker.flow import WRITE_HIGH
-from broker.testing import ephemeral_config, running_broker
-from protocol import spec
-from protocol.frames import ContentMessage
+from roarmq.broker.connection import FLUSH_THRESHOLD
+from roarmq.broker.flow import WRITE_HIGH
+from roarmq.broker.testing import ephemeral_config, running_broker
+from roarmq.protocol import spec
+from roarmq.protocol.frames import ContentMessage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,7 +68,7 @@ async def test_slow_consumer_does_not_slow_others_or_grow_buffers(broker):
 
 async def test_memory_alarm_fires_on_resident_memory_and_clears_when_drained(tmp_path):
     """The alarm watches the process's RSS: it blocks publishers, consumers drain, it clears."""
-    from broker.alarms import resident_bytes
+    from roarmq.broker.alarms import resident_bytes
 
     high = resident_bytes() + 48 * 1024 * 1024  # this process already holds pytest and more
     cfg = ephemeral_config(data_dir=str(tmp_path), memory={"high_watermark": high})

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from rawclient import RawClient
 
-from broker.alarms import resident_bytes
-from broker.flow import WRITE_HIGH, WRITES
-from broker.queue import FLOW_HIGH, Queue
-from protocol import spec
-from protocol.frames import ContentMessage, encode_content, encode_method
-from protocol.properties import BasicProperties
+from roarmq.broker.alarms import resident_bytes
+from roarmq.broker.flow import WRITE_HIGH, WRITES
+from roarmq.broker.queue import FLOW_HIGH, Queue
+from roarmq.protocol import spec
+from roarmq.protocol.frames import ContentMessage, encode_content, encode_method
+from roarmq.protocol.properties import BasicProperties
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -204,7 +204,7 @@ def test_a_queue_of_a_million_small_messages_stays_small(tmp_path):
     """1M queued 16-byte messages cost under 100 bytes each of the broker's resident memory."""
     log = tmp_path / "broker.log"
     cmd = [
-        sys.executable, "-m", "broker", "--port", "0", "--mgmt-port", "0",
+        sys.executable, "-m", "roarmq", "--port", "0", "--mgmt-port", "0",
         "--data-dir", str(tmp_path / "data"), "--log-level", "warning",
     ]  # fmt: skip
     with open(log, "wb") as out:
@@ -277,7 +277,7 @@ async def test_recover_gives_the_consumer_its_credit_back(broker):
 
 async def test_closing_a_channel_with_many_unacked_requeues_them_in_slices(broker):
     """100,000 unacked messages go back to the queue a slice per loop turn, all of them."""
-    from broker.channel import REQUEUE_SLICE
+    from roarmq.broker.channel import REQUEUE_SLICE
 
     n = 100_000
     c = await _with_queue(broker.port, "uq")

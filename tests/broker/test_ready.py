@@ -6,11 +6,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker import ready
-from broker.message import Message
-from broker.queue import Entry
-from protocol.frames import ContentHeader
-from protocol.properties import BasicProperties
+from roarmq.broker import ready
+from roarmq.broker.message import Message
+from roarmq.broker.queue import Entry
+from roarmq.protocol.frames import ContentHeader
+from roarmq.protocol.properties import BasicProperties
 
 
 def _message(seq: int, big: bool) -> Message:

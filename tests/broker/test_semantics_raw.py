@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from rawclient import RawClient
 
-from protocol import spec
-from protocol.frames import ContentMessage
-from protocol.properties import BasicProperties
+from roarmq.protocol import spec
+from roarmq.protocol.frames import ContentMessage
+from roarmq.protocol.properties import BasicProperties
 
 pytestmark = pytest.mark.timeout(30)
 

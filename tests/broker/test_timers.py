@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from rawclient import RawClient
 
-from protocol import spec
-from protocol.frames import Heartbeat
-from protocol.properties import BasicProperties
+from roarmq.protocol import spec
+from roarmq.protocol.frames import Heartbeat
+from roarmq.protocol.properties import BasicProperties
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -140,7 +140,7 @@ async def test_handshake_timeout_closes_idle_socket(vbroker):
 
 async def test_many_messages_expiring_at_once_are_dropped_in_slices(vbroker):
     """5,000 messages due at the same instant: expired a batch per loop turn, all of them."""
-    from broker.queue import DISPATCH_BATCH
+    from roarmq.broker.queue import DISPATCH_BATCH
 
     c = await RawClient.connect(vbroker.port)
     await c.open_channel(1)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from protocol.tables import decode_table
+from roarmq.protocol.tables import decode_table
 
 BUILTIN = {
     "amq.direct": "direct",

@@ -13,13 +13,20 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from broker.archive import SCHEMA, Archive, is_part_name, live_files, partitions, read_journal
-from broker.clock import VirtualClock
-from broker.config import ArchiveConfig
-from broker.message import Message
-from protocol.frames import ContentHeader
-from protocol.properties import BasicProperties
-from protocol.tables import decode_table_typed, encode_table
+from roarmq.broker.archive import (
+    SCHEMA,
+    Archive,
+    is_part_name,
+    live_files,
+    partitions,
+    read_journal,
+)
+from roarmq.broker.clock import VirtualClock
+from roarmq.broker.config import ArchiveConfig
+from roarmq.broker.message import Message
+from roarmq.protocol.frames import ContentHeader
+from roarmq.protocol.properties import BasicProperties
+from roarmq.protocol.tables import decode_table_typed, encode_table
 
 pytestmark = pytest.mark.timeout(60)
 

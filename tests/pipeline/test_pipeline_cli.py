@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from broker.archive import Archive
-from broker.config import ArchiveConfig
-from broker.message import Message
-from pipeline.cli import main
-from pipeline.reader import check_file, scan_archive
-from protocol.frames import ContentHeader
-from protocol.properties import BasicProperties
+from roarmq.broker.archive import Archive
+from roarmq.broker.config import ArchiveConfig
+from roarmq.broker.message import Message
+from roarmq.pipeline.cli import main
+from roarmq.pipeline.reader import check_file, scan_archive
+from roarmq.protocol.frames import ContentHeader
+from roarmq.protocol.properties import BasicProperties
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -212,7 +212,7 @@ def test_torn_and_foreign_files_are_set_aside(tmp_path, archive):
 def test_a_real_process_exits_2_with_one_line(tmp_path, archive):
     defs = write(tmp_path, "defs.json", '{"bindings": [}')
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", *report_args(archive, defs, tmp_path)],
+        [sys.executable, "-m", "roarmq.pipeline", *report_args(archive, defs, tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,

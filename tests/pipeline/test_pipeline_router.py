@@ -8,9 +8,9 @@ import random
 import pipeline_reference as ref
 import pytest
 
-from pipeline.definitions import parse_definitions
-from pipeline.router import Router
-from protocol.tables import encode_table
+from roarmq.pipeline.definitions import parse_definitions
+from roarmq.pipeline.router import Router
+from roarmq.protocol.tables import encode_table
 
 WORDS = ["a", "b", "c", ""]
 PATTERN_WORDS = ["a", "b", "*", "#", ""]

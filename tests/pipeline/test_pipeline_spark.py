@@ -16,10 +16,10 @@ import aio_pika
 import pyarrow.parquet as pq
 import pytest
 
-from broker.clock import VirtualClock
-from broker.management import export_definitions
-from broker.testing import ephemeral_config, running_broker
-from pipeline.cli import main
+from roarmq.broker.clock import VirtualClock
+from roarmq.broker.management import export_definitions
+from roarmq.broker.testing import ephemeral_config, running_broker
+from roarmq.pipeline.cli import main
 
 pytest.importorskip("pyspark")
 import pipeline_reference as ref  # noqa: E402
@@ -32,7 +32,7 @@ START = 1_717_200_000.0  # 2024-06-01T00:00:00Z
 
 @pytest.fixture(scope="session")
 def spark():
-    from pipeline.session import get_spark
+    from roarmq.pipeline.session import get_spark
 
     session, _ = get_spark("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
     yield session

@@ -14,8 +14,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from protocol.method import Method
-from protocol.properties import BasicProperties
+from roarmq.protocol.method import Method
+from roarmq.protocol.properties import BasicProperties
 
 # -- scalars ---------------------------------------------------------------------
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol import codegen, errors
-from protocol.errors import (
+from roarmq.protocol import codegen, errors
+from roarmq.protocol.errors import (
     AMQPSyntaxError,
     CommandInvalid,
     FrameError,
@@ -30,7 +30,7 @@ def test_regenerating_spec_py_gives_the_committed_file() -> None:
 
 def test_codegen_check_command() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "protocol.codegen", "--check"],
+        [sys.executable, "-m", "roarmq.protocol.codegen", "--check"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from protocol_strategies import raw_frame
 
-from protocol import spec
-from protocol.errors import (
+from roarmq.protocol import spec
+from roarmq.protocol.errors import (
     FrameError,
     HardError,
     ProtocolHeaderMismatch,
     SoftError,
     UnexpectedFrame,
 )
-from protocol.frames import (
+from roarmq.protocol.frames import (
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
     ContentHeader,
@@ -31,7 +31,7 @@ from protocol.frames import (
     encode_heartbeat,
     encode_method,
 )
-from protocol.properties import BasicProperties
+from roarmq.protocol.properties import BasicProperties
 
 PROPS = BasicProperties(content_type="text/plain", delivery_mode=2, headers={"k": "v"})
 PUBLISH = spec.BasicPublish(exchange="amq.topic", routing_key="orders.eu.created")

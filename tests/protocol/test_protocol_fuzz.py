@@ -13,17 +13,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from protocol_strategies import full_properties, full_tables, methods, raw_frame
 
-from protocol import spec
-from protocol.errors import ProtocolError, SoftError
-from protocol.frames import (
+from roarmq.protocol import spec
+from roarmq.protocol.errors import ProtocolError, SoftError
+from roarmq.protocol.frames import (
     PROTOCOL_HEADER,
     ContentMessage,
     FrameParser,
     encode_content,
     encode_method,
 )
-from protocol.properties import BasicProperties
-from protocol.tables import (
+from roarmq.protocol.properties import BasicProperties
+from roarmq.protocol.tables import (
     decode_array,
     decode_array_typed,
     decode_table,

@@ -8,8 +8,8 @@ from typing import NamedTuple
 import pytest
 from protocol_strategies import header_payload, method_payload, raw_frame
 
-from protocol import spec
-from protocol.errors import (
+from roarmq.protocol import spec
+from roarmq.protocol.errors import (
     AMQPSyntaxError,
     CommandInvalid,
     FrameError,
@@ -18,7 +18,7 @@ from protocol.errors import (
     ProtocolHeaderMismatch,
     UnexpectedFrame,
 )
-from protocol.frames import PROTOCOL_HEADER, FrameParser
+from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser
 
 PUBLISH = method_payload(spec.BasicPublish(exchange="amq.topic", routing_key="k"))
 HEADER_5 = header_payload(5)

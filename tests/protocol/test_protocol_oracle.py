@@ -20,17 +20,17 @@ from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 from protocol_strategies import method_args, oracle_properties
 
-from protocol import spec
-from protocol.codegen import find_spec, load_spec
-from protocol.frames import (
+from roarmq.protocol import spec
+from roarmq.protocol.codegen import find_spec, load_spec
+from roarmq.protocol.frames import (
     ContentHeader,
     ContentMessage,
     FrameParser,
     encode_content,
     encode_method,
 )
-from protocol.method import Method
-from protocol.properties import BasicProperties
+from roarmq.protocol.method import Method
+from roarmq.protocol.properties import BasicProperties
 
 ALL_METHODS = sorted(spec.METHODS.values(), key=lambda cls: cls.INDEX)
 

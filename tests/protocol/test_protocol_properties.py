@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from protocol_strategies import full_properties
 
-from protocol import spec
-from protocol.errors import AMQPSyntaxError
-from protocol.frames import ContentHeader
-from protocol.properties import BasicProperties
+from roarmq.protocol import spec
+from roarmq.protocol.errors import AMQPSyntaxError
+from roarmq.protocol.frames import ContentHeader
+from roarmq.protocol.properties import BasicProperties
 
 
 def test_fields_and_flag_order_follow_the_spec() -> None:

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from protocol_strategies import methods
 
-from protocol import spec
-from protocol.errors import AMQPSyntaxError
-from protocol.frames import FrameParser, MethodFrame, encode_method
+from roarmq.protocol import spec
+from roarmq.protocol.errors import AMQPSyntaxError
+from roarmq.protocol.frames import FrameParser, MethodFrame, encode_method
 
 CONTRACT_NAMES = """
 ConnectionStart ConnectionStartOk ConnectionSecure ConnectionSecureOk ConnectionTune

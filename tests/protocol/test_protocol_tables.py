@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from pamqp import encode as pamqp_encode
 from protocol_strategies import full_tables, full_values
 
-from protocol.errors import AMQPSyntaxError
-from protocol.tables import (
+from roarmq.protocol.errors import AMQPSyntaxError
+from roarmq.protocol.tables import (
     decode_array,
     decode_array_typed,
     decode_table,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.routing import DirectIndex, FanoutIndex, HeadersIndex, TopicIndex, make_index
+from roarmq.broker.routing import DirectIndex, FanoutIndex, HeadersIndex, TopicIndex, make_index
 
 
 def test_direct() -> None:

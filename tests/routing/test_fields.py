@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from broker.routing.fields import arguments_key, infer_type, match_value, typed_table
+from roarmq.broker.routing.fields import arguments_key, infer_type, match_value, typed_table
 
 
 @pytest.mark.parametrize(

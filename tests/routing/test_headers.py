@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from broker.routing import HeadersIndex, InvalidBinding
+from roarmq.broker.routing import HeadersIndex, InvalidBinding
 
 from .reference import headers_match
 
@@ -184,7 +184,7 @@ class HeadersMachine(RuleBasedStateMachine):
         self.model: list[tuple[str, str, dict]] = []
 
     def _same(self, key: str, dest: str, args: dict) -> int | None:
-        from broker.routing.fields import arguments_key
+        from roarmq.broker.routing.fields import arguments_key
 
         for i, (k, d, a) in enumerate(self.model):
             if k == key and d == dest and arguments_key(a) == arguments_key(args):

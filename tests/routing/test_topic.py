@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.routing import TopicIndex
+from roarmq.broker.routing import TopicIndex
 
 from .reference import amqp_match, mqtt_match
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from broker.routing import TopicIndex, topic
+from roarmq.broker.routing import TopicIndex, topic
 
 from .reference import amqp_match, mqtt_match, mqtt_valid
 

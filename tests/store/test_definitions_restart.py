@@ -9,7 +9,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from broker.testing import BrokerThread, ephemeral_config
+from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from broker.testing import BrokerThread, ephemeral_config
+from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(180)
@@ -49,7 +49,7 @@ class BrokerProcess:
                 [
                     sys.executable,
                     "-m",
-                    "broker",
+                    "roarmq",
                     "--config",
                     str(config),
                     "--port",

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from broker.store import segments
-from broker.store.segments import (
+from roarmq.broker.store import segments
+from roarmq.broker.store.segments import (
     HEADER_SIZE,
     MAGIC,
     CorruptRecord,
@@ -386,7 +386,7 @@ def test_kill_9_mid_stream(tmp_path):
     """A writer process dies abruptly (os._exit) mid-stream; what it confirmed survives."""
     script = textwrap.dedent("""
         import os, random, sys, threading
-        from broker.store.segments import SegmentLog
+        from roarmq.broker.store.segments import SegmentLog
         confirmed = []
         lock = threading.Lock()
         def on_synced(token):

@@ -16,10 +16,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from broker.ready import HEAD_MAX
-from broker.store.messages import BLOCK_BITS, MessageIndex
-from broker.store.segments import Location
-from broker.testing import BrokerThread, ephemeral_config
+from roarmq.broker.ready import HEAD_MAX
+from roarmq.broker.store.messages import BLOCK_BITS, MessageIndex
+from roarmq.broker.store.segments import Location
+from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 pytestmark = pytest.mark.timeout(180)
 N = HEAD_MAX + 3000  # well past the head: most of the queue is packed
