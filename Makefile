@@ -23,8 +23,10 @@ $(DEV_STAMP): pyproject.toml | $(VENV)/bin/python
 
 install: $(DEV_STAMP)
 
+# Extra options after the config: make run ARGS="--port 5673 --log-level info"
+ARGS ?=
 run: $(RUN_STAMP)
-	$(PY) -m roarmq --config config.toml
+	$(PY) -m roarmq --config config.toml $(ARGS)
 
 # System packages the tests use: amqp-tools (librabbitmq's CLI) and a Java runtime for
 # Spark. Installed through apt when we can; otherwise the tests that need them say why

@@ -287,10 +287,12 @@ def start_roarmq(
     is appended to its TOML (bench/memory.py sets the memory watermark)."""
     data = tmp / "data"
     cfg = tmp / "roarmq.toml"
+    # The start line (which names the port) is a notice; older trees print it at any level.
+    level = "notice" if '"notice"' in (src / "broker" / "config.py").read_text() else "warning"
     text = (
         '[amqp]\nbind = ["127.0.0.1"]\nport = 0\n\n'
         '[management]\nenabled = true\nbind = "127.0.0.1"\nport = 0\n\n'
-        f'[storage]\ndata_dir = "{data}"\n\n[log]\nlevel = "warning"\n'
+        f'[storage]\ndata_dir = "{data}"\n\n[log]\nlevel = "{level}"\n'
     )
     if "loop_lag_probe_ms" in (src / "broker" / "config.py").read_text():
         text += "\n[diagnostics]\nloop_lag_probe_ms = 1\n"

@@ -346,7 +346,7 @@ def one_broker_run(
     cfg = base / "roarmq.toml"
     text = (
         '[amqp]\nbind = ["127.0.0.1"]\nport = 0\n\n[management]\nenabled = false\n\n'
-        f'[storage]\ndata_dir = "{base / "data"}"\n\n[log]\nlevel = "warning"\n'
+        f'[storage]\ndata_dir = "{base / "data"}"\n\n[log]\nlevel = "notice"\n'
     )
     if archive_on:
         text += (

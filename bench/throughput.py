@@ -285,7 +285,7 @@ def start_roarmq(procs: Procs, tmp: Path, cpu: int | None) -> Running:
     cfg = tmp / "roarmq.toml"
     cfg.write_text(
         '[amqp]\nbind = ["127.0.0.1"]\nport = 0\n\n[management]\nenabled = false\n\n'
-        f'[storage]\ndata_dir = "{data}"\n\n[log]\nlevel = "warning"\n'
+        f'[storage]\ndata_dir = "{data}"\n\n[log]\nlevel = "notice"\n'
     )
     log = tmp / "roarmq.log"
     instance = uuid.uuid4().hex
@@ -300,7 +300,7 @@ def start_roarmq(procs: Procs, tmp: Path, cpu: int | None) -> Running:
             "--data-dir",
             str(data),
             "--log-level",
-            "warning",
+            "notice",  # start-up, listeners (the port is read from them) and problems
         ],
     )
     with open(log, "wb") as out:

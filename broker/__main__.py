@@ -18,13 +18,16 @@ import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import contextlib  # noqa: E402
 import gc  # noqa: E402
+import logging  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from . import __version__  # noqa: E402
 from .config import LOG_LEVELS, Config, ConfigError, load_config  # noqa: E402
-from .logs import setup_logging  # noqa: E402
+from .logs import NOTICE, setup_logging  # noqa: E402
+
+log = logging.getLogger("roarmq.server")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -93,33 +96,62 @@ def _load(args: argparse.Namespace) -> Config:
     )
 
 
+class StartupError(Exception):
+    """A reason the broker cannot start, told in one line (no traceback)."""
+
+
+def lock_data_dir(path: str) -> int:
+    """Create the data dir and hold its lock for the broker's lifetime (returns the fd).
+
+    Taken before anything in the dir is opened, so a second broker pointed at the same
+    dir touches nothing of the running one's state.
+    """
+    import fcntl
+
+    where = Path(path).resolve()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        fd = os.open(where / "roarmq.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise StartupError(
+            f"data dir {where} is not usable: {exc.strerror or exc} "
+            "(set [storage] data_dir or --data-dir to a writable directory)"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StartupError(
+            f"data dir {where} is in use by another RoarMQ (pid {owner}); stop it or "
+            "choose another --data-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 async def serve(config: Config) -> None:
     from .server import Broker
 
-    Path(config.storage.data_dir).mkdir(parents=True, exist_ok=True)
-    broker = Broker(config)
-    await broker.start()
-    tune_gc()
-    hosts = ", ".join(f"[{h}]" if ":" in h else h for h in config.amqp.bind)
-    mgmt = (
-        f", management http://{config.management.bind}:{broker.mgmt_port}"
-        if broker.mgmt_port
-        else ""
-    )
-    print(
-        f"RoarMQ {__version__}: AMQP on {hosts} port {broker.port}{mgmt}",
-        file=sys.stderr,
-        flush=True,
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    lock = lock_data_dir(config.storage.data_dir)
     try:
-        await stop.wait()
+        log.log(NOTICE, "data dir %s", Path(config.storage.data_dir).resolve())
+        broker = Broker(config)
+        await broker.start()
+        tune_gc()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+            log.log(NOTICE, "stopping: signal received")
+        finally:
+            await broker.stop()
     finally:
-        await broker.stop()
+        os.close(lock)
 
 
 def tune_gc() -> None:
@@ -156,8 +188,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m roarmq") -> int:
     setup_logging(config.log.level, config.log.format)
     try:
         run(lambda: serve(config))
-    except OSError as exc:
-        print(f"cannot start: {exc}", file=sys.stderr)
+    except StartupError as exc:
+        log.critical("cannot start: %s", exc)
+        return 1
+    except OSError as exc:  # a listener: address in use, not available...
+        log.critical("cannot start: %s", exc)
         return 1
     except KeyboardInterrupt:
         pass

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# "notice" (between info and warning, the default) is the broker's life: start, listeners,
+# recovery, shutdown. "info" adds every connection and channel event.
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical")
 
 
 class ConfigError(ValueError):
@@ -84,7 +86,7 @@ class DiagnosticsConfig:
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
-    level: str = "warning"
+    level: str = "notice"
     format: str = "text"
 
 

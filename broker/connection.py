@@ -144,6 +144,7 @@ class Connection(asyncio.Protocol):
         self._timer = self.broker.clock.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.broker.draining.discard(self)
         if self.state == OPEN:
             log.info(
                 "client closed the connection without connection.close", extra={"conn": self.name}
@@ -561,6 +562,7 @@ class Connection(asyncio.Protocol):
         self.flush()
         self.state = DRAINING
         self._cleanup()
+        self.broker.draining.add(self)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()  # flow control is over: read on to the EOF
         self._timer = self.broker.clock.call_later(
@@ -689,6 +691,7 @@ class Connection(asyncio.Protocol):
     # -- teardown ---------------------------------------------------------------------
 
     def _abort(self, reason: str | None) -> None:
+        self.broker.draining.discard(self)
         if reason:
             log.info("closing connection", extra={"conn": self.name, "reason": reason})
         self.flush()

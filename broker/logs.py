@@ -12,6 +12,11 @@ import logging
 import sys
 import time
 
+#: Between INFO and WARNING: the broker's life (start, listeners, recovery, shutdown), logged
+#: at the default level while per-connection events (INFO) stay quiet.
+NOTICE = 25
+logging.addLevelName(NOTICE, "NOTICE")
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -53,7 +58,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc)
 
 
-def setup_logging(level: str = "warning", fmt: str = "text") -> None:
+def setup_logging(level: str = "notice", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("roarmq")

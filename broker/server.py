@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import __version__
 from .alarms import LoopLag, ResourceMonitor
 from .auth import Authenticator
 from .clock import Clock
 from .config import Config
+from .logs import NOTICE
 from .persistence import Persistence
 from .store.messages import MessageStore
 from .vhost import VirtualHost
@@ -46,6 +48,7 @@ class Broker:
         self.persistence.restore()
         self.store: MessageStore | None = None  # opened by start(): it needs the loop
         self.connections: set[Connection] = set()
+        self.draining: set[Connection] = set()  # sent close-ok, waiting for the client to hang up
         self.reply_to: dict[str, Consumer] = {}
         self.queued_bytes = 0
         self.memory_check_at = 0  # queued_bytes at which the memory estimate is checked again
@@ -56,6 +59,7 @@ class Broker:
         self._flush_scheduled = False
         self._servers: list[asyncio.base_events.Server] = []
         self.ports: list[int] = []
+        self.bound: list[str] = []  # the addresses listened on
         self.mgmt_port: int | None = None
         self._management: Any = None
         self.started_at: float | None = None
@@ -94,6 +98,7 @@ class Broker:
                     log.warning("IPv6 loopback unavailable; not listening on [::1]")
                     continue
                 raise
+            self.bound.append(host)
             for sock in server.sockets:
                 try:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -109,7 +114,14 @@ class Broker:
 
             self._management = ManagementServer(self)
             self.mgmt_port = await self._management.start()
-        log.info("broker started", extra={"amqp_port": self.port, "mgmt_port": self.mgmt_port})
+        hosts = ", ".join(f"[{h}]" if ":" in h else h for h in self.bound)
+        mgmt = (
+            f", management http://{self.config.management.bind}:{self.mgmt_port}"
+            if self.mgmt_port
+            else ""
+        )
+        # One line that says where to connect (scripts and benchmarks read the port from it).
+        log.log(NOTICE, "RoarMQ %s: AMQP on %s port %d%s", __version__, hosts, self.port, mgmt)
 
     def _open_message_store(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the message log and put recovered messages back in their durable queues."""
@@ -129,6 +141,12 @@ class Broker:
                     queues[queue.store_id] = queue
         counts = self.store.recover(queues)
         report = self.store.log.recovery
+        if report.segments and not self.store.clean_start:
+            log.warning(
+                "recovering after an unclean shutdown (a crash or kill): every recovered "
+                "message is marked redelivered",
+                extra={"data_dir": storage.data_dir},
+            )
         if report.corrupt_regions:
             for region in report.corrupt_regions:
                 log.error(
@@ -141,11 +159,18 @@ class Broker:
                         "reason": region.reason,
                     },
                 )
-        log.info(
-            "message store recovered",
+        held = sum(1 for q in queues.values() if q.ready.n)
+        log.log(
+            NOTICE,
+            "message store recovered %d persistent messages in %d durable queues; "
+            "%d records no queue needed any more were released",
+            counts["messages"],
+            held,
+            counts["released"],
             extra={
                 **counts,
                 "clean": self.store.clean_start,
+                "data_dir": storage.data_dir,
                 "ms": round((time.monotonic() - started) * 1000, 1),
             },
         )
@@ -166,12 +191,15 @@ class Broker:
         return self.ports[0] if self.ports else self.config.amqp.port
 
     async def stop(self) -> None:
+        open_connections = len(self.connections)
         self.resources.stop()
         if self.loop_lag is not None:
             self.loop_lag.stop()
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
+            conn.force_close("broker shutdown")
+        for conn in list(self.draining):  # closed by their clients, sockets still open
             conn.force_close("broker shutdown")
         self._flush_dirty()
         for server in self._servers:
@@ -189,6 +217,13 @@ class Broker:
             self.archive.close()
             self.archive = None
         self.persistence.close()
+        if self.started_at is not None:
+            log.log(
+                NOTICE,
+                "RoarMQ stopped: %d connections closed, message store synced and closed",
+                open_connections,
+                extra={"connections": open_connections},
+            )
 
     # -- users, vhosts, permissions (management API) --------------------------------------
 

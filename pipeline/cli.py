@@ -1,7 +1,7 @@
 """The command line: ``report`` and ``whatif``, embedded local Spark or under spark-submit.
 
-    python -m pipeline report --archive DIR --definitions FILE --out DIR [--master local[*]]
-    python -m pipeline whatif --archive DIR --definitions FILE --candidate FILE --out DIR
+    python -m roarmq.pipeline report --archive DIR --definitions FILE --out DIR [--master local[*]]
+    python -m roarmq.pipeline whatif --archive DIR --definitions FILE --candidate FILE --out DIR
 
 Everything that can be checked before Spark starts is (definitions, archive, window), and each
 such problem is one line on stderr with exit code 2; a failed Spark job is one line with exit
@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import PipelineError
 
-PROG = "python -m pipeline"
+PROG = "python -m roarmq.pipeline"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -477,7 +477,7 @@ class MessageStore:
         report = self.log.recovery
         return {
             "messages": restored,
-            "dead": dropped,
+            "released": dropped,  # publish records every queue had acked (or was deleted)
             "duplicates": duplicates,
             "records_dropped": report.records_dropped,
             "bytes_truncated": report.bytes_truncated,

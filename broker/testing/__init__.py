@@ -6,8 +6,11 @@
     with BrokerThread() as broker:                 # own thread (pika, kombu, any client)
         pika.BlockingConnection(pika.URLParameters(broker.url))
 
-The pytest plugin (`broker.testing.plugin`, registered automatically on install)
-offers the `amqp_broker` fixture, which yields such a URL.
+The pytest plugin (`roarmq.pytest_plugin`, registered automatically on install) offers
+the `amqp_broker` (per test) and `amqp_broker_session` fixtures, which yield such a URL.
+
+A data dir that `ephemeral_config` made up (no `data_dir` given) is removed when the broker
+using it stops.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import shutil
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -26,20 +30,31 @@ from ..server import Broker
 
 T = TypeVar("T")
 
+#: Data dirs ephemeral_config created, removed when the broker using them stops.
+_MADE_UP: set[str] = set()
+
+
+def _remove_made_up(config: Config) -> None:
+    path = config.storage.data_dir
+    if path in _MADE_UP:
+        _MADE_UP.discard(path)
+        shutil.rmtree(path, ignore_errors=True)
+
 
 def ephemeral_config(data_dir: str | None = None, **sections: Any) -> Config:
     """Defaults for tests: loopback only, any free port, no management, a temp data dir.
 
     Keyword arguments replace fields of a section: `ephemeral_config(limits={"heartbeat": 5})`.
     """
+    if data_dir is None:
+        data_dir = tempfile.mkdtemp(prefix="roarmq-test-")
+        _MADE_UP.add(data_dir)
     cfg = Config()
     cfg = dataclasses.replace(
         cfg,
         amqp=dataclasses.replace(cfg.amqp, bind=("127.0.0.1",), port=0),
         management=dataclasses.replace(cfg.management, enabled=False, port=0),
-        storage=dataclasses.replace(
-            cfg.storage, data_dir=data_dir or tempfile.mkdtemp(prefix="roarmq-test-")
-        ),
+        storage=dataclasses.replace(cfg.storage, data_dir=data_dir),
     )
     for name, values in sections.items():
         cfg = dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **values)})
@@ -74,12 +89,20 @@ async def running_broker(
     config: Config | None = None, *, clock: Clock | None = None, management: bool = False
 ) -> AsyncIterator[RunningBroker]:
     """An in-process broker on the running loop, on an ephemeral port."""
-    broker = Broker(config or ephemeral_config(), clock=clock)
-    await broker.start(management=management)
+    config = config or ephemeral_config()
+    broker = Broker(config, clock=clock)
+    try:
+        await broker.start(management=management)
+    except BaseException:
+        _remove_made_up(config)
+        raise
     try:
         yield RunningBroker(broker)
     finally:
-        await broker.stop()
+        try:
+            await broker.stop()
+        finally:
+            _remove_made_up(config)
 
 
 class BrokerThread(RunningBroker):
@@ -115,12 +138,16 @@ class BrokerThread(RunningBroker):
             loop.run_until_complete(self.broker.start(management=self._management))
         except BaseException as exc:  # surfaced to the starting thread
             self._error = exc
+            _remove_made_up(self._config)
             self._started.set()
             return
         self._started.set()
         loop.run_forever()
-        loop.run_until_complete(self.broker.stop())
-        loop.close()
+        try:
+            loop.run_until_complete(self.broker.stop())
+        finally:
+            loop.close()
+            _remove_made_up(self._config)
 
     def call(self, fn: Callable[[], T], timeout: float = 10) -> T:
         """Run `fn` on the broker's loop (thread-safely) and return its result."""

@@ -205,7 +205,7 @@ def test_a_queue_of_a_million_small_messages_stays_small(tmp_path):
     log = tmp_path / "broker.log"
     cmd = [
         sys.executable, "-m", "roarmq", "--port", "0", "--mgmt-port", "0",
-        "--data-dir", str(tmp_path / "data"), "--log-level", "warning",
+        "--data-dir", str(tmp_path / "data"), "--log-level", "notice",
     ]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)

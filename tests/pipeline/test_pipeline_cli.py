@@ -78,7 +78,7 @@ def assert_one_line(code: int, err: str, *needles: str) -> None:
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("python -m pipeline: error: ")
+    assert lines[0].startswith("python -m roarmq.pipeline: error: ")
     for needle in needles:
         assert needle in lines[0], lines[0]
 
@@ -134,7 +134,7 @@ def test_structural_errors_name_the_key_and_line(tmp_path, archive, capsys, muta
     defs = write(tmp_path, "defs.json", doc)
     code, err = run(capsys, *report_args(archive, defs, tmp_path))
     assert_one_line(code, err, f": {where}: {message}")
-    assert err.startswith(f"python -m pipeline: error: {defs}:")
+    assert err.startswith(f"python -m roarmq.pipeline: error: {defs}:")
     line = int(err.split(f"{defs}:", 1)[1].split(":", 1)[0])  # the line the key is on
     assert line > 1
 
@@ -220,7 +220,7 @@ def test_a_real_process_exits_2_with_one_line(tmp_path, archive):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"python -m pipeline: error: {defs}:1:15: invalid JSON: Expecting value"
+        f"python -m roarmq.pipeline: error: {defs}:1:15: invalid JSON: Expecting value"
     ]
     assert proc.stdout == ""
 
