@@ -135,7 +135,6 @@ class Channel:
         if self.state == CLOSING:
             # After we sent channel.close, everything but close/close-ok is dropped (spec 2.3.5).
             if isinstance(method, spec.ChannelCloseOk):
-                self.state = CLOSED
                 self.conn.channel_closed(self)
             elif isinstance(method, spec.ChannelClose):
                 self.send_method(spec.ChannelCloseOk())
@@ -356,7 +355,6 @@ class Channel:
         self.flush_confirms()
         self.release()
         self.send_method(spec.ChannelCloseOk())
-        self.state = CLOSED
         self.conn.channel_closed(self)
 
     def _channel_close_ok(self, m: spec.ChannelCloseOk) -> None:

@@ -68,6 +68,7 @@ OPEN = "open"
 CLOSING = "closing"  # we sent connection.close: everything but close / close-ok is dropped
 DRAINING = "draining"  # we sent close-ok: input is discarded until the client hangs up
 CLOSED = "closed"
+_CLOSING_STATES = (CLOSING, DRAINING)
 
 #: Seconds a client has to finish the handshake, as RabbitMQ's handshake_timeout.
 HANDSHAKE_TIMEOUT = 10.0
@@ -340,10 +341,8 @@ class Connection(asyncio.Protocol):
                         if alarms and ALARM not in reasons:
                             self._block()
                     elif type(ev) is MethodFrame:
-                        if self.state == CLOSING:
+                        if self.state in _CLOSING_STATES:
                             self._closing_method(ev.method)
-                        elif self.state == DRAINING:
-                            continue
                         elif ev.channel == 0:
                             self._connection_method(ev.method)
                         else:
@@ -445,7 +444,9 @@ class Connection(asyncio.Protocol):
         self.send_method(channel_id, spec.ChannelOpenOk())
 
     def channel_closed(self, channel: Channel) -> None:
-        """The close / close-ok exchange is over: frames still in flight are dropped."""
+        """The close / close-ok exchange is over: the channel sends nothing more (late
+        confirms and the like), and frames still in flight for it are dropped."""
+        channel.state = CLOSED_CHANNEL
         if self.channels.get(channel.id) is channel:
             del self.channels[channel.id]
             self.closed_channels.add(channel.id)
@@ -583,7 +584,10 @@ class Connection(asyncio.Protocol):
         )
 
     def _closing_method(self, method: Any) -> None:
-        """After we sent connection.close only close and close-ok matter (spec 2.2.4)."""
+        """After we sent connection.close only close and close-ok matter (spec 2.2.4); after
+        our close-ok, nothing does."""
+        if self.state == DRAINING:
+            return
         if type(method) is spec.ConnectionCloseOk:
             self._abort(None)
         elif type(method) is spec.ConnectionClose:
