@@ -65,3 +65,9 @@ def setup_logging(level: str = "notice", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    # An exception escaping a timer or callback is reported by asyncio's own logger; it is
+    # a broker error like any other, so it goes to the same place in the same format.
+    aio = logging.getLogger("asyncio")
+    aio.handlers[:] = [handler]
+    aio.setLevel(logging.WARNING)
+    aio.propagate = False
