@@ -135,7 +135,10 @@ class Connection(asyncio.Protocol):
         cfg = broker.config.limits
         self.parser = FrameParser(
             expect_protocol_header=True,
-            frame_max=cfg.frame_max,
+            # Until connection.tune-ok, an unauthenticated peer may send frames of at most
+            # the spec's minimum (4096 bytes), as RabbitMQ: a stranger cannot make the
+            # broker buffer 128 KiB before saying who it is.
+            frame_max=spec.FRAME_MIN_SIZE,
             max_body_size=cfg.max_message_size,
         )
         self.state = AWAIT_HEADER
