@@ -28,10 +28,11 @@ ARGS ?=
 run: $(RUN_STAMP)
 	$(PY) -m roarmq --config config.toml $(ARGS)
 
-# System packages the tests use: amqp-tools (librabbitmq's CLI) and a Java runtime for
-# Spark. Installed through apt when we can; otherwise the tests that need them say why
-# they did not run.
-APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless)
+# System packages the tests use: amqp-tools (librabbitmq's CLI), a Java runtime for Spark,
+# and the openssl CLI (tests/broker/test_tls.py runs docs/security.md's certificate recipe).
+# Installed through apt when we can; otherwise the tests that need them say why they did
+# not run.
+APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless) $(if $(shell command -v openssl),,openssl)
 
 system-deps:
 	@if [ -n "$(strip $(APT_PACKAGES))" ]; then \

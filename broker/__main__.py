@@ -45,8 +45,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 def check_config(path: str) -> int:
+    from .tls import check as check_tls
+
     try:
-        load_config(path)
+        check_tls(load_config(path))  # the certificates and keys load, not only the keys parse
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1
@@ -180,8 +182,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m roarmq") -> int:
     args = _parser(prog).parse_args(argv)
     if args.check_config:
         return check_config(args.check_config)
+    from .tls import check as check_tls
+
     try:
         config = _load(args)
+        check_tls(config)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 1

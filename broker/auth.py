@@ -20,6 +20,8 @@ from typing import Any
 from roarmq.protocol.tables import decode_table
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")
+#: Offered besides them on TLS connections with a verified client certificate (broker/tls.py).
+EXTERNAL = "EXTERNAL"
 
 
 class AuthError(Exception):
@@ -105,6 +107,19 @@ class Authenticator:
             raise AuthError(f"user '{username}' - invalid credentials")
         if user.loopback_only and not is_loopback(peer_host):
             raise AuthError(f"user '{username}' can only connect via localhost")
+        return user
+
+    def external(self, name: str | None, peer_host: str | None) -> User:
+        """SASL EXTERNAL, as RabbitMQ's rabbitmq_auth_mechanism_ssl: the verified client
+        certificate names the user (`name`, None if it names none); no password, but the
+        user must exist."""
+        if name is None:
+            raise AuthError("EXTERNAL: the client certificate names no user")
+        user = self.users.get(name)
+        if user is None:
+            raise AuthError(f"EXTERNAL: user '{name}' - not found")
+        if user.loopback_only and not is_loopback(peer_host):
+            raise AuthError(f"user '{name}' can only connect via localhost")
         return user
 
 

@@ -23,11 +23,45 @@ class ConfigError(ValueError):
     """A configuration problem, with the offending key in the message."""
 
 
+#: RabbitMQ's names for peer verification (its ssl_options.verify).
+TLS_VERIFY = ("verify_none", "verify_peer")
+#: What names the user of a SASL EXTERNAL login (RabbitMQ's ssl_cert_login_from).
+CERT_LOGIN_FROM = ("common_name", "distinguished_name", "subject_alternative_name")
+#: Subject alternative name types a login can come from (RabbitMQ's ssl_cert_login_san_type).
+CERT_LOGIN_SAN_TYPES = ("dns", "ip", "email", "uri")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """[management.tls]; also the common part of [amqp.tls]. Checked by broker/tls.py."""
+
+    enabled: bool = False
+    certfile: str = ""
+    keyfile: str = ""
+    cafile: str = ""
+    verify: str = "verify_none"
+    fail_if_no_peer_cert: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AmqpTlsConfig(TlsConfig):
+    port: int = 5671
+    bind: tuple[str, ...] = ()  # empty: the addresses of [amqp] bind
+    # Offer SASL EXTERNAL to clients with a verified certificate (RabbitMQ: the
+    # rabbitmq_auth_mechanism_ssl plugin and EXTERNAL in auth_mechanisms).
+    external_auth: bool = False
+    cert_login_from: str = "common_name"
+    cert_login_san_type: str = "dns"
+    cert_login_san_index: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class AmqpConfig:
     bind: tuple[str, ...] = ("127.0.0.1", "::1")
     port: int = 5672
     backlog: int = 1024
+    plain: bool = True  # false: TLS only (RabbitMQ's listeners.tcp = none)
+    tls: AmqpTlsConfig = field(default_factory=AmqpTlsConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +69,7 @@ class ManagementConfig:
     enabled: bool = True
     bind: str = "127.0.0.1"
     port: int = 15672
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +331,67 @@ def _section(data: dict[str, Any], name: str, cls: type, checks: dict[str, Any])
     return cls(**values)
 
 
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _readable_file(key: str, path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        raise ConfigError(f"{key}: {path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{key}: {path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _tls(name: str, value: Any, cls: type, checks: dict[str, Any]) -> Any:
+    """[amqp.tls] or [management.tls]. Here: the keys, and that the files can be read when
+    enabled; that they hold a matching key and certificates is broker/tls.py's check."""
+    checks = {
+        "enabled": _bool,
+        "certfile": _str,
+        "keyfile": _str,
+        "cafile": _str,
+        "verify": lambda k, v: _choice(k, v, TLS_VERIFY),
+        "fail_if_no_peer_cert": _bool,
+        **checks,
+    }
+    cfg = _section({name: value}, name, cls, checks)
+    where = f"[{name}]"
+    if cfg.fail_if_no_peer_cert and cfg.verify != "verify_peer":
+        raise ConfigError(f'{where} fail_if_no_peer_cert: needs verify = "verify_peer"')
+    if cfg.enabled:
+        for key in ("certfile", "keyfile"):
+            if not getattr(cfg, key):
+                raise ConfigError(f"{where} {key}: missing (needed when enabled = true)")
+        if cfg.verify == "verify_peer" and not cfg.cafile:
+            raise ConfigError(
+                f"{where} cafile: missing (verify_peer checks client certificates against it)"
+            )
+        for key in ("certfile", "keyfile", "cafile"):
+            if getattr(cfg, key):
+                _readable_file(f"{where} {key}", getattr(cfg, key))
+    return cfg
+
+
+def _check_listeners(amqp: AmqpConfig) -> None:
+    tls = amqp.tls
+    if not amqp.plain and not tls.enabled:
+        raise ConfigError("[amqp] plain: false leaves no AMQP listener; enable [amqp.tls]")
+    if tls.enabled and amqp.plain and tls.port == amqp.port != 0:
+        if set(tls.bind or amqp.bind) & set(amqp.bind):
+            raise ConfigError(f"[amqp.tls] port: {tls.port} is also the plain [amqp] port")
+    if tls.external_auth and tls.verify != "verify_peer":
+        # RabbitMQ refuses such logins ("TLS configuration is unsafe"); we refuse to start.
+        raise ConfigError(
+            '[amqp.tls] external_auth: needs verify = "verify_peer" (an unverified '
+            "certificate would name any user)"
+        )
+
+
 def _array_of_tables(data: dict[str, Any], name: str) -> list[dict[str, Any]] | None:
     if name not in data:
         return None
@@ -332,17 +428,37 @@ def parse_config(data: dict[str, Any]) -> Config:
             raise ConfigError(f"{key}: must be a non-empty list of addresses")
         return tuple(_address(f"{key}[{i}]", v) for i, v in enumerate(value))
 
+    amqp_tls_checks = {
+        "port": _port,
+        "bind": bind_list,
+        "external_auth": _bool,
+        "cert_login_from": lambda k, v: _choice(k, v, CERT_LOGIN_FROM),
+        "cert_login_san_type": lambda k, v: _choice(k, v, CERT_LOGIN_SAN_TYPES),
+        "cert_login_san_index": lambda k, v: _int(k, v, 0),
+    }
     amqp = _section(
         data,
         "amqp",
         AmqpConfig,
-        {"bind": bind_list, "port": _port, "backlog": lambda k, v: _int(k, v, 1)},
+        {
+            "bind": bind_list,
+            "port": _port,
+            "backlog": lambda k, v: _int(k, v, 1),
+            "plain": _bool,
+            "tls": lambda k, v: _tls("amqp.tls", v, AmqpTlsConfig, amqp_tls_checks),
+        },
     )
+    _check_listeners(amqp)
     management = _section(
         data,
         "management",
         ManagementConfig,
-        {"enabled": _bool, "bind": _address, "port": _port},
+        {
+            "enabled": _bool,
+            "bind": _address,
+            "port": _port,
+            "tls": lambda k, v: _tls("management.tls", v, TlsConfig, {}),
+        },
     )
     limits = _section(
         data,

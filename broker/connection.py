@@ -39,7 +39,7 @@ from roarmq.protocol.frames import (
 )
 
 from . import __version__
-from .auth import MECHANISMS, AuthError
+from .auth import EXTERNAL, MECHANISMS, AuthError
 from .channel import CLOSED as CLOSED_CHANNEL
 from .channel import Channel
 from .errors import connection_error
@@ -53,6 +53,7 @@ from .flow import (
     WRITES,
     FlowControl,
 )
+from .tls import TlsSession, session_of
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -116,6 +117,8 @@ class Connection(asyncio.Protocol):
         "flow",
         "closed_channels",
         "blocked_notified",
+        "tls",
+        "auth_mechanism",
         "_backlog",
         "_unparsed",
         "_out",
@@ -132,6 +135,8 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        self.tls: TlsSession | None = None  # an amqps connection: what its handshake settled
+        self.auth_mechanism: str | None = None
         cfg = broker.config.limits
         self.parser = FrameParser(
             expect_protocol_header=True,
@@ -180,6 +185,9 @@ class Connection(asyncio.Protocol):
             self.peer = (peer[0], peer[1])
             host = f"[{peer[0]}]" if ":" in peer[0] else peer[0]
             self.name = f"{host}:{peer[1]}"
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:  # amqps: made once the TLS handshake is done
+            self.tls = session_of(ssl_object, self.broker.config.amqp.tls)
         self.flow.attach(self.transport)
         self.broker.connection_opened(self)
         self._timer = self.broker.clock.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
@@ -483,9 +491,21 @@ class Connection(asyncio.Protocol):
                 version_major=0,
                 version_minor=9,
                 server_properties=props,
-                mechanisms=" ".join(MECHANISMS),
+                mechanisms=" ".join(
+                    (*MECHANISMS, EXTERNAL) if self._offers_external() else MECHANISMS
+                ),
                 locales="en_US",
             ),
+        )
+
+    def _offers_external(self) -> bool:
+        """SASL EXTERNAL: only when enabled, and only on a TLS connection whose client sent a
+        certificate our CA verified (the certificate is the credential)."""
+        tls = self.tls
+        return (
+            tls is not None
+            and tls.peer_cert is not None
+            and self.broker.config.amqp.tls.external_auth
         )
 
     def _connection_method(self, method: Any) -> None:
@@ -516,7 +536,12 @@ class Connection(asyncio.Protocol):
         self.capabilities = caps if isinstance(caps, dict) else {}
         peer_host = self.peer[0] if self.peer else None
         try:
-            self.user = self.broker.auth.authenticate(m.mechanism, m.response, peer_host)
+            tls = self.tls
+            if m.mechanism == EXTERNAL and tls is not None and self._offers_external():
+                self.user = self.broker.auth.external(tls.login, peer_host)
+            else:
+                self.user = self.broker.auth.authenticate(m.mechanism, m.response, peer_host)
+            self.auth_mechanism = m.mechanism
         except AuthError as exc:
             log.warning("login refused", extra={"conn": self.name, "reason": str(exc)})
             text = (

@@ -22,6 +22,7 @@ from roarmq.protocol.errors import ProtocolError
 from . import __version__
 from .auth import hash_password
 from .exchange import Exchange
+from .tls import PLAIN_REPORT, server_context
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -316,7 +317,8 @@ class ManagementServer:
         cfg = self.broker.config.management
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, cfg.bind, cfg.port)
+        context = server_context(cfg.tls, "management.tls") if cfg.tls.enabled else None
+        site = web.TCPSite(self._runner, cfg.bind, cfg.port, ssl_context=context)
         await site.start()
         server = site._server  # noqa: SLF001 - aiohttp exposes no public accessor for the port
         return server.sockets[0].getsockname()[1] if server and server.sockets else cfg.port
@@ -462,6 +464,8 @@ class ManagementServer:
                     "frame_max": c.frame_max,
                     "timeout": c.heartbeat,
                     "client_properties": _json_safe(c.client_properties),
+                    "auth_mechanism": c.auth_mechanism,
+                    **(c.tls.report() if c.tls is not None else PLAIN_REPORT),
                 }
                 for c in self.broker.connections
             ]

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from .config import Config
 from .logs import NOTICE
 from .persistence import Persistence
 from .store.messages import MessageStore
+from .tls import TlsListener, server_context
 from .vhost import VirtualHost
 
 if TYPE_CHECKING:
@@ -29,6 +31,11 @@ if TYPE_CHECKING:
     from .connection import Connection
 
 log = logging.getLogger("roarmq.server")
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
 
 #: Seconds between message-log compaction passes.
 COMPACT_EVERY = 30.0
@@ -60,6 +67,7 @@ class Broker:
         self._servers: list[asyncio.base_events.Server] = []
         self.ports: list[int] = []
         self.bound: list[str] = []  # the addresses listened on
+        self.tls: TlsListener | None = None  # [amqp.tls]: the amqps listener
         self.mgmt_port: int | None = None
         self._management: Any = None
         self.started_at: float | None = None
@@ -73,6 +81,9 @@ class Broker:
         """Bind every configured address; port 0 picks one free port shared by all."""
         from .connection import Connection
 
+        amqp = self.config.amqp
+        # Before anything is opened: a certificate that does not load stops the start here.
+        tls_context = server_context(amqp.tls, "amqp.tls") if amqp.tls.enabled else None
         loop = asyncio.get_running_loop()
         self.clock.loop  # bind the clock to this loop  # noqa: B018
         self.started_at = self.clock.wall()
@@ -86,15 +97,43 @@ class Broker:
             from .archive import Archive
 
             self.archive = Archive(self.config.archive, clock=self.clock)
-        amqp = self.config.amqp
-        port = amqp.port
-        for host in amqp.bind:
+        if amqp.plain:
+            await self._listen(lambda: Connection(self))
+        if tls_context is not None:
+            self.tls = TlsListener(tls_context, lambda: Connection(self))
+            await self.tls.listen(amqp.tls.bind or amqp.bind, amqp.tls.port, amqp.backlog)
+        want_mgmt = self.config.management.enabled if management is None else management
+        if want_mgmt:
+            from .management import ManagementServer
+
+            self._management = ManagementServer(self)
+            self.mgmt_port = await self._management.start()
+        # One line that says where to connect. Scripts and benchmarks read the plain port as
+        # the number after the line's last " port ", so the other listeners do not say "port".
+        where = []
+        if self.ports:
+            hosts = ", ".join(_host(h) for h in self.bound)
+            where.append(f"AMQP on {hosts} port {self.port}")
+        if self.tls is not None:
+            where.append(
+                "amqps on " + ", ".join(f"{_host(h)}:{self.tls.port}" for h in self.tls.bound)
+            )
+        if self.mgmt_port:
+            scheme = "https" if self.config.management.tls.enabled else "http"
+            where.append(f"management {scheme}://{self.config.management.bind}:{self.mgmt_port}")
+        log.log(NOTICE, "RoarMQ %s: %s", __version__, ", ".join(where))
+
+    async def _listen(self, factory: Callable[[], asyncio.Protocol]) -> None:
+        """The plain listener on every [amqp] address; port 0 picks one free port for all."""
+        loop = asyncio.get_running_loop()
+        hosts, port = self.config.amqp.bind, self.config.amqp.port
+        for host in hosts:
             try:
                 server = await loop.create_server(
-                    lambda: Connection(self), host, port, backlog=amqp.backlog, reuse_address=True
+                    factory, host, port, backlog=self.config.amqp.backlog, reuse_address=True
                 )
             except OSError as exc:
-                if host == "::1" and len(amqp.bind) > 1 and exc.errno in (97, 99):
+                if host == "::1" and len(hosts) > 1 and exc.errno in (97, 99):
                     log.warning("IPv6 loopback unavailable; not listening on [::1]")
                     continue
                 raise
@@ -108,20 +147,6 @@ class Broker:
             if port == 0:
                 port = server.sockets[0].getsockname()[1]
             self.ports.append(port)
-        want_mgmt = self.config.management.enabled if management is None else management
-        if want_mgmt:
-            from .management import ManagementServer
-
-            self._management = ManagementServer(self)
-            self.mgmt_port = await self._management.start()
-        hosts = ", ".join(f"[{h}]" if ":" in h else h for h in self.bound)
-        mgmt = (
-            f", management http://{self.config.management.bind}:{self.mgmt_port}"
-            if self.mgmt_port
-            else ""
-        )
-        # One line that says where to connect (scripts and benchmarks read the port from it).
-        log.log(NOTICE, "RoarMQ %s: AMQP on %s port %d%s", __version__, hosts, self.port, mgmt)
 
     def _open_message_store(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the message log and put recovered messages back in their durable queues."""
@@ -190,6 +215,10 @@ class Broker:
     def port(self) -> int:
         return self.ports[0] if self.ports else self.config.amqp.port
 
+    @property
+    def tls_port(self) -> int:
+        return self.tls.port if self.tls is not None else self.config.amqp.tls.port
+
     async def stop(self) -> None:
         open_connections = len(self.connections)
         self.resources.stop()
@@ -197,6 +226,8 @@ class Broker:
             self.loop_lag.stop()
         for server in self._servers:
             server.close()
+        if self.tls is not None:
+            await self.tls.close()
         for conn in list(self.connections):
             conn.force_close("broker shutdown")
         for conn in list(self.draining):  # closed by their clients, sockets still open

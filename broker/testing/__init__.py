@@ -11,6 +11,10 @@ the `amqp_broker` (per test) and `amqp_broker_session` fixtures, which yield suc
 
 A data dir that `ephemeral_config` made up (no `data_dir` given) is removed when the broker
 using it stops.
+
+TLS: `ephemeral_config(amqp={"tls": AmqpTlsConfig(enabled=True, port=0, certfile=...,
+keyfile=...)})`, then `broker.tls_port` / `broker.amqps_url` (tests/broker/test_tls.py makes
+its certificates with trustme).
 """
 
 from __future__ import annotations
@@ -80,8 +84,18 @@ class RunningBroker:
         return _url(self.broker)
 
     @property
+    def tls_port(self) -> int:
+        """The amqps listener's port ([amqp.tls] enabled)."""
+        return self.broker.tls_port
+
+    @property
+    def amqps_url(self) -> str:
+        return f"amqps://guest:guest@127.0.0.1:{self.broker.tls_port}"
+
+    @property
     def mgmt_url(self) -> str:
-        return f"http://127.0.0.1:{self.broker.mgmt_port}"
+        scheme = "https" if self.broker.config.management.tls.enabled else "http"
+        return f"{scheme}://127.0.0.1:{self.broker.mgmt_port}"
 
 
 @contextlib.asynccontextmanager
