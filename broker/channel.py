@@ -30,6 +30,7 @@ from roarmq.protocol.frames import encode_content, encode_deliver
 from .errors import channel_error, connection_error
 from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
 from .queue import Entry, Queue
+from .routing.headers import erlang_type_name
 from .vhost import REPLY_TO_PREFIX, REPLY_TO_QUEUE
 
 if TYPE_CHECKING:
@@ -698,6 +699,10 @@ class Channel:
             raise channel_error(PRECONDITION_FAILED, str(exc), 60, 40) from None
         if msg.flags & (FLAG_USER_ID | FLAG_REPLY_TO):
             msg = self._check_properties(msg)
+        if msg.flags & FLAG_HEADERS:
+            headers = msg.headers
+            if "CC" in headers or "BCC" in headers:  # type: ignore[operator]
+                _check_sender_selected(headers)  # type: ignore[arg-type]
         if self.tx is not None:
             seq = self.publish_seq
             self.tx.append(lambda: self._route(exchange, msg, method.mandatory, seq))
@@ -888,6 +893,19 @@ def _requeue_slices(entries: list[Entry], start: int) -> None:
     start += REQUEUE_SLICE
     if start < len(entries):
         asyncio.get_running_loop().call_soon(_requeue_slices, entries, start)
+
+
+def _check_sender_selected(headers: dict) -> None:
+    """CC and BCC must be arrays (of routing keys), or RabbitMQ refuses the message."""
+    for name in ("CC", "BCC"):
+        if name in headers and not isinstance(headers[name], list):
+            kind = erlang_type_name(headers[name])
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f'invalid message: {{unacceptable_type_in_header,"{name}",{kind}}}',
+                60,
+                40,
+            )
 
 
 def _strip_bcc(msg: Message) -> Message:

@@ -481,6 +481,11 @@ class ManagementServer:
             raise _bad_request("body is not valid JSON") from None
         if not isinstance(body, dict):
             raise _bad_request("body must be a JSON object")
+        try:
+            # JSON can spell a lone surrogate ("\\udcff"), which no store or AMQP name holds.
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise _bad_request("body holds a string that is not valid Unicode") from None
         return body
 
     async def put_vhost(self, request: web.Request) -> web.Response:

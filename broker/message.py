@@ -56,6 +56,11 @@ class Message:
                 self.priority = props.priority
             if props.expiration is not None:
                 self.expiration_ms = parse_expiration(props.expiration)
+        elif raw != b"\x00\x00":
+            # Decoding is the check (AMQPSyntaxError, 502): the raw list is forwarded to
+            # consumers as is, so a malformed one must be refused here, at the publisher,
+            # not found by every consumer's client (RabbitMQ closes the publisher too).
+            header.properties  # noqa: B018
 
     @classmethod
     def _rebuilt(

@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from roarmq.protocol.tables import RECURSION_LIMIT
 
 from . import __version__
 from .alarms import LoopLag, ResourceMonitor
@@ -43,6 +46,9 @@ COMPACT_EVERY = 30.0
 
 class Broker:
     def __init__(self, config: Config | None = None, *, clock: Clock | None = None) -> None:
+        # Field tables as deep as RabbitMQ takes (protocol/tables.py, MAX_NESTING) must
+        # decode, re-encode and compare: raise Python's default limit of 1,000 to cover them.
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
         self.config = config or Config()
         self.clock = clock or Clock()
         self.cluster_name = f"roarmq@{socket.gethostname()}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import logging
 import os
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,8 @@ from .routing.graph import route_key, route_message
 if TYPE_CHECKING:
     from .clock import Clock
     from .server import Broker
+
+log = logging.getLogger("roarmq.vhost")
 
 #: The predeclared exchanges of every vhost, as in RabbitMQ.
 BUILTIN_EXCHANGES = (
@@ -442,7 +445,15 @@ class VirtualHost:
         old = msg.properties
         props = copy_properties(old)
         headers = dict(props.headers or {})
-        deaths = [dict(d) for d in headers.get("x-death", []) if isinstance(d, dict)]
+        # Whatever a publisher put in x-death (an int, a string, tables of odd values),
+        # the message is dead-lettered: entries that are not tables are dropped, as is
+        # an x-death that is not an array.
+        old_deaths = headers.get("x-death")
+        deaths = (
+            [dict(d) for d in old_deaths if isinstance(d, dict)]
+            if isinstance(old_deaths, list)
+            else []
+        )
         routing_keys = [msg.routing_key]
         cc = headers.get("CC")
         if isinstance(cc, list):
@@ -451,7 +462,8 @@ class VirtualHost:
         now = now.replace(tzinfo=None)
         for i, death in enumerate(deaths):
             if death.get("queue") == queue.name and death.get("reason") == reason:
-                death["count"] = int(death.get("count", 0)) + 1
+                count = death.get("count")
+                death["count"] = (count if type(count) is int else 0) + 1
                 death["time"] = now
                 deaths.insert(0, deaths.pop(i))
                 break
@@ -478,7 +490,16 @@ class VirtualHost:
         props.headers = headers
         props.expiration = None
         key = queue.dlrk if queue.dlrk is not None else msg.routing_key
-        dead = msg.with_properties(props, routing_key=key, exchange=queue.dlx)
+        try:
+            dead = msg.with_properties(props, routing_key=key, exchange=queue.dlx)
+        except (ValueError, TypeError) as exc:
+            # Not expected (the codec re-encodes whatever it decoded), but a message
+            # that was accepted is never lost to an exception: it goes on unchanged.
+            log.warning(
+                "dead-lettered without x-death: headers could not be re-encoded",
+                extra={"queue": queue.name, "vhost": self.name, "error": str(exc)},
+            )
+            dead = Message(queue.dlx, key, msg.header, msg.body)  # type: ignore[arg-type]
         dead.persistent = msg.persistent
         if queue.dlrk is not None:
             targets = self._route_key(exchange, key, headers)

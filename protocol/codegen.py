@@ -304,7 +304,23 @@ def emit_encode(m: MethodSpec, structs: Structs) -> list[str]:
     return lines
 
 
+def strict_utf8(m: MethodSpec) -> bool:
+    """Whether the method's shortstrs must be valid UTF-8 (else 501, as RabbitMQ).
+
+    RabbitMQ checks every shortstr of a method only a client sends, except
+    basic.publish (its exchange and routing key are taken as bytes: a name no
+    exchange can have is a 404, a key no binding can match is unroutable).
+    The close methods and server-to-client ones stay lenient so a client
+    built on this codec still reads whatever text any server sends.
+    """
+    return "server" in m.chassis and m.full_name not in _LENIENT_UTF8
+
+
+_LENIENT_UTF8 = frozenset({"basic.publish", "connection.close", "channel.close"})
+
+
 def emit_decode(m: MethodSpec, structs: Structs) -> list[str]:
+    strict = strict_utf8(m)
     body: list[str] = []
     run: list[tuple[str, str]] = []  # (struct char, target) of the pending fixed run
     bit_groups: list[tuple[str, list[Field]]] = []
@@ -364,7 +380,10 @@ def emit_decode(m: MethodSpec, structs: Structs) -> list[str]:
             else:
                 body.append(f"n = buf[{at}]")
                 body.append(f"o += {skip + 1} + n")
-                body.append(f'{f.local} = buf[o - n : o].decode("utf-8", "surrogateescape")')
+                if strict:
+                    body.append(f"{f.local} = buf[o - n : o].decode()")
+                else:
+                    body.append(f'{f.local} = buf[o - n : o].decode("utf-8", "surrogateescape")')
             skip = 0
             continue
         if skip:
@@ -402,6 +421,9 @@ def emit_decode(m: MethodSpec, structs: Structs) -> list[str]:
         lines += [f"        {line}" for line in body]
         lines.append("    except (IndexError, StructError):")
         lines.append("        raise _truncated(cls, end - offset) from None")
+        if strict and any(f.type == "shortstr" and not f.reserved for f in m.fields):
+            lines.append("    except UnicodeDecodeError:")
+            lines.append("        raise _malformed_utf8(cls) from None")
     lines.append("    if o != end:")
     lines.append("        raise _length_mismatch(cls, end - offset, o - offset)")
     lines.append("    self = _new(cls)")
@@ -481,7 +503,7 @@ from struct import Struct
 from struct import error as StructError
 from typing import Any
 
-from .errors import AMQPSyntaxError
+from .errors import AMQPSyntaxError, FrameError
 from .method import Method
 from .tables import decode_table, encode_table
 
@@ -508,6 +530,11 @@ def _length_mismatch(cls: type[Method], size: int, used: int) -> AMQPSyntaxError
         class_id=cls.CLASS_ID,
         method_id=cls.METHOD_ID,
     )
+
+
+def _malformed_utf8(cls: type[Method]) -> FrameError:
+    # RabbitMQ's words and code for any name that is not UTF-8.
+    return FrameError("Malformed UTF-8 in shortstr", class_id=cls.CLASS_ID, method_id=cls.METHOD_ID)
 
 
 def _table(

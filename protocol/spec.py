@@ -12,7 +12,7 @@ from struct import Struct
 from struct import error as StructError
 from typing import Any
 
-from .errors import AMQPSyntaxError
+from .errors import AMQPSyntaxError, FrameError
 from .method import Method
 from .tables import decode_table, encode_table
 
@@ -44,6 +44,11 @@ def _length_mismatch(cls: type[Method], size: int, used: int) -> AMQPSyntaxError
         class_id=cls.CLASS_ID,
         method_id=cls.METHOD_ID,
     )
+
+
+def _malformed_utf8(cls: type[Method]) -> FrameError:
+    # RabbitMQ's words and code for any name that is not UTF-8.
+    return FrameError("Malformed UTF-8 in shortstr", class_id=cls.CLASS_ID, method_id=cls.METHOD_ID)
 
 
 def _table(
@@ -222,15 +227,17 @@ class ConnectionStartOk(Method):
             a_client_properties, o = _table(buf, o, end, cls, "client_properties")
             n = buf[o]
             o += 1 + n
-            a_mechanism = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_mechanism = buf[o - n : o].decode()
             n = _unpack_I(buf, o)[0]
             o += 4 + n
             a_response = buf[o - n : o]
             n = buf[o]
             o += 1 + n
-            a_locale = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_locale = buf[o - n : o].decode()
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -493,11 +500,13 @@ class ConnectionOpen(Method):
         try:
             n = buf[o]
             o += 1 + n
-            a_virtual_host = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_virtual_host = buf[o - n : o].decode()
             o += 1 + buf[o]
             o += 1
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -685,9 +694,11 @@ class ConnectionBlocked(Method):
         try:
             n = buf[o]
             o += 1 + n
-            a_reason = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_reason = buf[o - n : o].decode()
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -774,9 +785,11 @@ class ConnectionUpdateSecret(Method):
             a_new_secret = buf[o - n : o]
             n = buf[o]
             o += 1 + n
-            a_reason = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_reason = buf[o - n : o].decode()
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -1153,10 +1166,10 @@ class ExchangeDeclare(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_exchange = buf[o - n : o].decode()
             n = buf[o]
             o += 1 + n
-            a_type = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_type = buf[o - n : o].decode()
             bits0_passive = buf[o]
             o += 1
             a_passive = (bits0_passive & 1) != 0
@@ -1167,6 +1180,8 @@ class ExchangeDeclare(Method):
             a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -1261,13 +1276,15 @@ class ExchangeDelete(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_exchange = buf[o - n : o].decode()
             bits0_if_unused = buf[o]
             o += 1
             a_if_unused = (bits0_if_unused & 1) != 0
             a_no_wait = (bits0_if_unused & 2) != 0
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -1367,19 +1384,21 @@ class ExchangeBind(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_destination = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_destination = buf[o - n : o].decode()
             n = buf[o]
             o += 1 + n
-            a_source = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_source = buf[o - n : o].decode()
             n = buf[o]
             o += 1 + n
-            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_routing_key = buf[o - n : o].decode()
             bits0_no_wait = buf[o]
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
             a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -1481,19 +1500,21 @@ class ExchangeUnbind(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_destination = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_destination = buf[o - n : o].decode()
             n = buf[o]
             o += 1 + n
-            a_source = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_source = buf[o - n : o].decode()
             n = buf[o]
             o += 1 + n
-            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_routing_key = buf[o - n : o].decode()
             bits0_no_wait = buf[o]
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
             a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -1593,7 +1614,7 @@ class QueueDeclare(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_queue = buf[o - n : o].decode()
             bits0_passive = buf[o]
             o += 1
             a_passive = (bits0_passive & 1) != 0
@@ -1604,6 +1625,8 @@ class QueueDeclare(Method):
             a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -1737,19 +1760,21 @@ class QueueBind(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_queue = buf[o - n : o].decode()
             n = buf[o]
             o += 1 + n
-            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_exchange = buf[o - n : o].decode()
             n = buf[o]
             o += 1 + n
-            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_routing_key = buf[o - n : o].decode()
             bits0_no_wait = buf[o]
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
             a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -1834,12 +1859,14 @@ class QueuePurge(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_queue = buf[o - n : o].decode()
             bits0_no_wait = buf[o]
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -1944,7 +1971,7 @@ class QueueDelete(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_queue = buf[o - n : o].decode()
             bits0_if_unused = buf[o]
             o += 1
             a_if_unused = (bits0_if_unused & 1) != 0
@@ -1952,6 +1979,8 @@ class QueueDelete(Method):
             a_no_wait = (bits0_if_unused & 4) != 0
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -2064,16 +2093,18 @@ class QueueUnbind(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_queue = buf[o - n : o].decode()
             n = buf[o]
             o += 1 + n
-            a_exchange = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_exchange = buf[o - n : o].decode()
             n = buf[o]
             o += 1 + n
-            a_routing_key = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_routing_key = buf[o - n : o].decode()
             a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -2264,10 +2295,10 @@ class BasicConsume(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_queue = buf[o - n : o].decode()
             n = buf[o]
             o += 1 + n
-            a_consumer_tag = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_consumer_tag = buf[o - n : o].decode()
             bits0_no_local = buf[o]
             o += 1
             a_no_local = (bits0_no_local & 1) != 0
@@ -2277,6 +2308,8 @@ class BasicConsume(Method):
             a_arguments, o = _table(buf, o, end, cls, "arguments")
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -2381,12 +2414,14 @@ class BasicCancel(Method):
         try:
             n = buf[o]
             o += 1 + n
-            a_consumer_tag = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_consumer_tag = buf[o - n : o].decode()
             bits0_no_wait = buf[o]
             o += 1
             a_no_wait = (bits0_no_wait & 1) != 0
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -2435,9 +2470,11 @@ class BasicCancelOk(Method):
         try:
             n = buf[o]
             o += 1 + n
-            a_consumer_tag = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_consumer_tag = buf[o - n : o].decode()
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)
@@ -2717,12 +2754,14 @@ class BasicGet(Method):
         try:
             n = buf[o + 2]
             o += 3 + n
-            a_queue = buf[o - n : o].decode("utf-8", "surrogateescape")
+            a_queue = buf[o - n : o].decode()
             bits0_no_ack = buf[o]
             o += 1
             a_no_ack = (bits0_no_ack & 1) != 0
         except (IndexError, StructError):
             raise _truncated(cls, end - offset) from None
+        except UnicodeDecodeError:
+            raise _malformed_utf8(cls) from None
         if o != end:
             raise _length_mismatch(cls, end - offset, o - offset)
         self = _new(cls)

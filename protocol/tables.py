@@ -8,9 +8,16 @@ as 'x' (pamqp: unsupported), ``tuple`` as 'A'; keys keep insertion order
 (pamqp sorts them) so a decoded table re-encodes to the bytes received.
 
 Decoding: 'S' gives ``str`` when the bytes are valid UTF-8, else ``bytes``
-(as pamqp); 'x' gives ``bytes``; 'T' an aware UTC ``datetime`` (or the raw
-``int`` when it lies beyond year 9999); 'D' a ``Decimal``; 'V' ``None``.
-Any malformed input raises ``AMQPSyntaxError`` (502).
+(as pamqp); 'x' gives ``bytes``; 'T' an aware UTC ``datetime`` (or a
+``RawTimestamp``, an int that re-encodes as 'T', when it lies beyond year
+9999); 'D' a ``Decimal``; 'V' ``None``. Any malformed input raises
+``AMQPSyntaxError`` (502), and so does nesting deeper than ``MAX_NESTING``.
+
+Decoding and encoding recurse once per nesting level (two Python frames a
+level). A program that accepts tables from strangers and wants RabbitMQ's
+depths (it takes 20,000-deep arrays) raises ``sys.setrecursionlimit`` to
+``RECURSION_LIMIT``, as the broker does; with Python's default limit, deep
+input is refused with the same 502 instead, never a ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ __all__ = [
     "encode_array",
     "encode_table",
     "encode_value",
+    "MAX_NESTING",
+    "RECURSION_LIMIT",
+    "RawTimestamp",
     "timestamp_from_wire",
     "timestamp_to_wire",
 ]
@@ -60,6 +70,28 @@ _fromtimestamp = datetime.fromtimestamp
 _timestamps: dict[int, datetime] = {}
 _EMPTY_TABLE = b"\x00\x00\x00\x00"
 
+# Deeper than any frame of RabbitMQ's default 128 KiB frame_max can nest
+# (5 bytes an array level: 26,214), so only a larger negotiated frame_max
+# can reach the bound. Everything the broker does to a table (decode,
+# encode, compare, JSON) stays within RECURSION_LIMIT frames at this depth,
+# and C-level recursion over it stays well inside an 8 MiB thread stack
+# (measured to 33,000 levels).
+MAX_NESTING = 25_000
+RECURSION_LIMIT = 5 * MAX_NESTING
+
+
+class RawTimestamp(int):
+    """A 'T' value beyond what ``datetime`` holds: its seconds, re-encoded as 'T'.
+
+    Without it a header of 2**64 - 1 seconds decodes to a plain int that no
+    signed field type can carry, and re-encoding (dead-lettering, BCC) fails.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"RawTimestamp({int(self)})"
+
 
 # -- timestamps ----------------------------------------------------------------
 
@@ -75,7 +107,7 @@ def timestamp_from_wire(seconds: int) -> datetime | int:
     value = _timestamps.get(seconds)
     if value is None:
         if seconds > _MAX_SECONDS:
-            return seconds
+            return RawTimestamp(seconds)
         if len(_timestamps) >= 1024:
             _timestamps.clear()
         value = _timestamps[seconds] = _fromtimestamp(seconds, UTC)
@@ -201,6 +233,8 @@ def _encode_value(value: Any, append: Any) -> None:
         append(encode_array(value))
     elif isinstance(value, bool):
         append(b"t\x01" if value else b"t\x00")
+    elif isinstance(value, RawTimestamp):
+        append(b"T" + int(value).to_bytes(8, "big"))
     elif isinstance(value, int):
         append(_encode_int(value))
     elif isinstance(value, float):
@@ -295,10 +329,8 @@ def decode_array_typed(
 
 
 def _too_deep() -> AMQPSyntaxError:
-    # A frame can nest ~20,000 tables; Python's stack cannot follow (the
-    # exact depth depends on the caller's stack), and legitimate tables are
-    # never within sight of it.
-    return AMQPSyntaxError("field table or array nested too deeply")
+    # Past MAX_NESTING, or past what the caller's recursion limit allows.
+    return AMQPSyntaxError(f"field table or array nested deeper than {MAX_NESTING} levels")
 
 
 def _bounds(buf: bytes, offset: int, what: str) -> tuple[int, int]:
@@ -315,7 +347,7 @@ def _bounds(buf: bytes, offset: int, what: str) -> tuple[int, int]:
     return start, end
 
 
-def _table(buf: bytes, pos: int, end: int) -> dict[str, Any]:
+def _table(buf: bytes, pos: int, end: int, depth: int = 0) -> dict[str, Any]:
     result: dict[str, Any] = {}
     try:
         while pos < end:
@@ -345,7 +377,7 @@ def _table(buf: bytes, pos: int, end: int) -> dict[str, Any]:
                 result[key] = buf[pos + 1] != 0
                 pos += 2
             else:
-                result[key], pos = _value(buf, pos + 1, end, tag, False)
+                result[key], pos = _value(buf, pos + 1, end, tag, False, depth)
     except (IndexError, StructError):
         raise AMQPSyntaxError("field table truncated") from None
     if pos != end:
@@ -355,7 +387,7 @@ def _table(buf: bytes, pos: int, end: int) -> dict[str, Any]:
     return result
 
 
-def _table_typed(buf: bytes, pos: int, end: int) -> dict[str, tuple[str, Any]]:
+def _table_typed(buf: bytes, pos: int, end: int, depth: int = 0) -> dict[str, tuple[str, Any]]:
     result: dict[str, tuple[str, Any]] = {}
     try:
         while pos < end:
@@ -363,7 +395,7 @@ def _table_typed(buf: bytes, pos: int, end: int) -> dict[str, tuple[str, Any]]:
             pos += 1 + key_len
             key = buf[pos - key_len : pos].decode("utf-8", "surrogateescape")
             tag = buf[pos]
-            value, pos = _value(buf, pos + 1, end, tag, True)
+            value, pos = _value(buf, pos + 1, end, tag, True, depth)
             result[key] = (chr(tag), value)
     except (IndexError, StructError):
         raise AMQPSyntaxError("field table truncated") from None
@@ -374,12 +406,12 @@ def _table_typed(buf: bytes, pos: int, end: int) -> dict[str, tuple[str, Any]]:
     return result
 
 
-def _array(buf: bytes, pos: int, end: int, typed: bool) -> list[Any]:
+def _array(buf: bytes, pos: int, end: int, typed: bool, depth: int = 0) -> list[Any]:
     result: list[Any] = []
     try:
         while pos < end:
             tag = buf[pos]
-            value, pos = _value(buf, pos + 1, end, tag, typed)
+            value, pos = _value(buf, pos + 1, end, tag, typed, depth)
             result.append((chr(tag), value) if typed else value)
     except (IndexError, StructError):
         raise AMQPSyntaxError("field array truncated") from None
@@ -390,7 +422,7 @@ def _array(buf: bytes, pos: int, end: int, typed: bool) -> list[Any]:
     return result
 
 
-def _value(buf: bytes, pos: int, end: int, tag: int, typed: bool) -> tuple[Any, int]:
+def _value(buf: bytes, pos: int, end: int, tag: int, typed: bool, depth: int) -> tuple[Any, int]:
     """Decode one value of type ``tag`` at ``pos`` -> (value, next pos); nested
     tables and arrays come back typed when ``typed`` is true.
 
@@ -426,7 +458,12 @@ def _value(buf: bytes, pos: int, end: int, tag: int, typed: bool) -> tuple[Any, 
         stop = pos + size
         if stop > end:
             raise AMQPSyntaxError(f"nested field table of {size} bytes overruns its container")
-        value = _table_typed(buf, pos, stop) if typed else _table(buf, pos, stop)
+        if depth >= MAX_NESTING:
+            raise _too_deep()
+        if typed:
+            value = _table_typed(buf, pos, stop, depth + 1)
+        else:
+            value = _table(buf, pos, stop, depth + 1)
         pos = stop
     elif tag == 0x41:  # 'A'
         (size,) = _unpack_u32(buf, pos)
@@ -434,7 +471,9 @@ def _value(buf: bytes, pos: int, end: int, tag: int, typed: bool) -> tuple[Any, 
         stop = pos + size
         if stop > end:
             raise AMQPSyntaxError(f"field array of {size} bytes overruns its container")
-        value = _array(buf, pos, stop, typed)
+        if depth >= MAX_NESTING:
+            raise _too_deep()
+        value = _array(buf, pos, stop, typed, depth + 1)
         pos = stop
     elif tag == 0x54:  # 'T'
         (seconds,) = _unpack_u64(buf, pos)

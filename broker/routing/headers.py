@@ -20,6 +20,8 @@ from collections.abc import Hashable, Mapping
 
 from pyroaring import BitMap
 
+from roarmq.protocol.tables import encode_value
+
 from .bindings import EMPTY, BindingTable
 from .fields import is_typed, match_value, typed_table, typed_value
 
@@ -53,6 +55,15 @@ class InvalidBinding(ValueError):
     The exchange layer replies 406 PRECONDITION_FAILED with it, as RabbitMQ's ``rabbit_channel``
     does for ``{binding_invalid, Fmt, Args}``.
     """
+
+
+def erlang_type_name(value: object) -> str:
+    """RabbitMQ's name for the field type a decoded value travels as (``byte``, ``longstr``…)."""
+    try:
+        tag = encode_value(value)[:1].decode()
+    except (TypeError, ValueError):
+        return "unknown"
+    return _ERLANG_TYPES.get(tag, "unknown")
 
 
 def _erlang_repr(value: object) -> str:

@@ -31,11 +31,8 @@ async def deliveries(c: RawClient, timeout: float = 0.3) -> list[ContentMessage]
 
 
 @pytest.fixture
-async def c(broker):
-    client = await RawClient.connect(broker.port)
-    await client.open_channel(1)
-    yield client
-    await client.close()
+def c(raw):
+    return raw
 
 
 async def test_qos_global_limits_the_whole_channel(c):

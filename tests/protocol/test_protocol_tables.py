@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import sys
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -14,6 +15,9 @@ from protocol_strategies import full_tables, full_values
 
 from roarmq.protocol.errors import AMQPSyntaxError
 from roarmq.protocol.tables import (
+    MAX_NESTING,
+    RECURSION_LIMIT,
+    RawTimestamp,
     decode_array,
     decode_array_typed,
     decode_table,
@@ -222,11 +226,66 @@ def test_decode_errors_are_syntax_errors(data: bytes, message: str | None) -> No
     assert info.value.reply_code == 502
 
 
-def test_absurd_nesting_is_a_syntax_error_not_a_recursion_error() -> None:
+def nested_tables(depth: int) -> bytes:
     data = b"\x00\x00\x00\x00"
-    for _ in range(5000):
+    for _ in range(depth):
         data = table(entry(b"k", b"F", data))
-    with pytest.raises(AMQPSyntaxError, match="nested too deeply"):
-        decode_table(data)
-    with pytest.raises(AMQPSyntaxError, match="nested too deeply"):
-        decode_table_typed(data)
+    return data
+
+
+def nested_arrays(depth: int) -> bytes:
+    value = b"b\x01"
+    for _ in range(depth):
+        value = b"A" + len(value).to_bytes(4, "big") + value
+    return table(entry(b"k", value[:1], value[1:]))
+
+
+@pytest.fixture
+def deep_recursion():
+    """The recursion limit a program that takes RabbitMQ's depths sets (the broker does)."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(before, RECURSION_LIMIT))
+    yield
+    sys.setrecursionlimit(before)
+
+
+def test_nesting_beyond_the_recursion_limit_is_a_syntax_error_not_a_recursion_error() -> None:
+    data = nested_tables(5000)
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)  # Python's default; an in-process broker may have raised it
+    try:
+        with pytest.raises(AMQPSyntaxError, match="nested deeper than"):
+            decode_table(data)
+        with pytest.raises(AMQPSyntaxError, match="nested deeper than"):
+            decode_table_typed(data)
+    finally:
+        sys.setrecursionlimit(before)
+
+
+def test_rabbitmq_depths_decode_and_reencode_exactly(deep_recursion) -> None:
+    # RabbitMQ 3.10.8 takes 5,000-deep tables and 20,000-deep arrays.
+    for data in (nested_tables(5000), nested_arrays(20000)):
+        value, end = decode_table(data)
+        assert end == len(data)
+        assert encode_table(value) == data
+        typed, _ = decode_table_typed(data)
+        assert typed["k"][0] in "FA"
+
+
+def test_nesting_beyond_max_nesting_is_a_syntax_error(deep_recursion) -> None:
+    assert decode_table(nested_arrays(MAX_NESTING))[1] > 0
+    for data in (nested_arrays(MAX_NESTING + 1), nested_tables(MAX_NESTING + 1)):
+        with pytest.raises(AMQPSyntaxError, match=f"nested deeper than {MAX_NESTING}") as info:
+            decode_table(data)
+        assert info.value.reply_code == 502
+        with pytest.raises(AMQPSyntaxError, match="nested deeper than"):
+            decode_table_typed(data)
+
+
+def test_timestamps_beyond_datetime_reencode_as_timestamps() -> None:
+    data = table(entry(b"t", b"T", b"\xff" * 8))
+    value, _ = decode_table(data)
+    assert value["t"] == 2**64 - 1
+    assert isinstance(value["t"], RawTimestamp)
+    assert encode_table(value) == data
+    assert encode_table(dict(value)) == data
