@@ -19,6 +19,9 @@ FLAG_REPLY_TO = 0x0200
 FLAG_EXPIRATION = 0x0100
 FLAG_USER_ID = 0x0010
 
+#: Property lists (flags + values, as received) already decoded without error.
+_VALID_PROPERTY_LISTS: set[bytes] = set()
+
 
 class Message:
     """Immutable once routed; per-queue state (redelivered, expiry) lives in the queue's entry."""
@@ -56,11 +59,16 @@ class Message:
                 self.priority = props.priority
             if props.expiration is not None:
                 self.expiration_ms = parse_expiration(props.expiration)
-        elif raw != b"\x00\x00":
+        elif raw != b"\x00\x00" and raw not in _VALID_PROPERTY_LISTS:
             # Decoding is the check (AMQPSyntaxError, 502): the raw list is forwarded to
             # consumers as is, so a malformed one must be refused here, at the publisher,
             # not found by every consumer's client (RabbitMQ closes the publisher too).
+            # A publisher repeats its property list, so a list once found valid is
+            # remembered: a set lookup (~0.3k instructions) instead of a decode (~9k).
             header.properties  # noqa: B018
+            if len(_VALID_PROPERTY_LISTS) >= 4096:
+                _VALID_PROPERTY_LISTS.clear()
+            _VALID_PROPERTY_LISTS.add(raw)
 
     @classmethod
     def _rebuilt(
