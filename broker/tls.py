@@ -28,6 +28,12 @@ log = logging.getLogger("roarmq.tls")
 #: Seconds a client has for its TLS handshake (RabbitMQ's ssl_handshake_timeout: 5 s).
 HANDSHAKE_TIMEOUT = 5.0
 
+#: TLS handshakes in progress at once. Each costs a socket and a TLS state before the peer
+#: has said who it is, and connection limits count only finished handshakes, so a peer that
+#: opens sockets and never finishes is held here: past the bound, new sockets are closed at
+#: once (a legitimate client retries), and the log says so once per burst.
+MAX_HANDSHAKES = 512
+
 
 def server_context(cfg: TlsConfig, section: str) -> ssl.SSLContext:
     """A server context: TLS 1.2 or later, the ssl module's default (secure) ciphers, and
@@ -239,6 +245,9 @@ class TlsListener:
         self.bound: list[str] = []  # the addresses listened on
         self.port = 0
         self._tasks: set[asyncio.Task[None]] = set()  # accept loops and handshakes
+        self.handshaking = 0  # handshakes in progress
+        self.refused = 0  # sockets closed because MAX_HANDSHAKES were in progress
+        self._refusing = False
 
     async def listen(self, hosts: tuple[str, ...], port: int, backlog: int) -> None:
         """Listen on every address; port 0 picks one free port shared by all."""
@@ -286,10 +295,22 @@ class TlsListener:
                 log.error("amqps accept failed", extra={"reason": _reason(exc)})
                 await asyncio.sleep(0.1)
                 continue
+            if self.handshaking >= MAX_HANDSHAKES:
+                client.close()
+                self.refused += 1
+                if not self._refusing:
+                    self._refusing = True
+                    log.warning(
+                        "TLS handshakes in progress at their bound; closing new sockets",
+                        extra={"conn": _peer_name(address), "limit": MAX_HANDSHAKES},
+                    )
+                continue
+            self._refusing = False
             try:
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            self.handshaking += 1
             self._spawn(self._handshake(client, address))
 
     async def _handshake(self, client: socket.socket, address: Any) -> None:
@@ -304,6 +325,8 @@ class TlsListener:
             log.warning(
                 "TLS handshake failed", extra={"conn": _peer_name(address), "reason": _reason(exc)}
             )
+        finally:
+            self.handshaking -= 1
 
 
 def _peer_name(address: Any) -> str:
@@ -315,6 +338,7 @@ def _peer_name(address: Any) -> str:
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",
+    "MAX_HANDSHAKES",
     "PLAIN_REPORT",
     "TlsListener",
     "TlsSession",

@@ -371,6 +371,28 @@ async def test_handshake_timeout(tmp_path, pki, caplog, monkeypatch):
         assert any("handshake" in r.reason for r in handshake_failures(caplog))
 
 
+async def test_handshakes_in_progress_are_bounded(tmp_path, pki, caplog, monkeypatch):
+    """Sockets that never finish their handshake cannot pile up: past MAX_HANDSHAKES new ones
+    are closed at once, and a client arriving after the stalled ones time out gets in."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(tls, "MAX_HANDSHAKES", 3)
+    monkeypatch.setattr(tls, "HANDSHAKE_TIMEOUT", 0.5)
+    async with running_broker(broker_config(tmp_path, pki)) as b:
+        stalled = [await asyncio.open_connection("127.0.0.1", b.tls_port) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.tls_port)
+        assert await asyncio.wait_for(reader.read(), 0.4) == b""  # closed before the timeout
+        writer.close()
+        assert b.broker.tls.refused == 1
+        assert any("at their bound" in r.getMessage() for r in caplog.records)
+        for r, w in stalled:
+            assert await asyncio.wait_for(r.read(), 5) == b""
+            w.close()
+        conn = await aio_pika.connect(amqps(b.tls_port), ssl_context=client_context(pki))
+        await roundtrip_aiopika(conn, b"after the stall")
+        await conn.close()
+
+
 # -- SASL EXTERNAL --------------------------------------------------------------------------
 
 EXTERNAL_ON = {**REQUIRE_CERT, "external_auth": True}
