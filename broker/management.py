@@ -29,6 +29,38 @@ if TYPE_CHECKING:
 
 MANAGEMENT_TAGS = {"administrator", "management", "monitoring", "policymaker"}
 
+#: What needs the administrator tag, as RabbitMQ's management plugin: users, permissions,
+#: limits per user, definitions, and every vhost or vhost-limit write. (method or "*", path
+#: prefix); the prefix ends at a path segment.
+ADMIN_ONLY = (
+    ("*", "/api/users"),
+    ("*", "/api/permissions"),
+    ("*", "/api/topic-permissions"),
+    ("*", "/api/user-limits"),
+    ("*", "/api/definitions"),
+    ("PUT", "/api/vhosts"),
+    ("DELETE", "/api/vhosts"),
+    ("PUT", "/api/vhost-limits"),
+    ("DELETE", "/api/vhost-limits"),
+)
+
+
+def _needs_administrator(method: str, path: str) -> bool:
+    for want, prefix in ADMIN_ONLY:
+        if (want == "*" or want == method) and (path == prefix or path.startswith(prefix + "/")):
+            return True
+    return False
+
+
+def _not_authorised(reason: str) -> web.Response:
+    # RabbitMQ spells the tag refusals "not_authorised" and a failed login "not_authorized".
+    error = "not_authorized" if reason == "Login failed" else "not_authorised"
+    return web.json_response(
+        {"error": error, "reason": reason},
+        status=401,
+        headers={"WWW-Authenticate": 'Basic realm="RoarMQ Management"'},
+    )
+
 
 def _json_safe(value: Any) -> Any:
     if isinstance(value, dict):
@@ -294,6 +326,7 @@ class ManagementServer:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/api/overview", self.overview)
         app.router.add_get("/api/vhosts", self.vhosts)
+        app.router.add_get("/api/whoami", self.whoami)
         app.router.add_get("/api/exchanges", self.exchanges)
         app.router.add_get("/api/exchanges/{vhost}", self.exchanges)
         app.router.add_get("/api/queues", self.queues)
@@ -338,24 +371,29 @@ class ManagementServer:
             except (ValueError, UnicodeDecodeError):
                 user, password = "", ""
             known = self.broker.auth.check(user, password)
-            if known is not None and MANAGEMENT_TAGS.intersection(known.tags):
+            if known is not None:
+                if not MANAGEMENT_TAGS.intersection(known.tags):
+                    return _not_authorised("Not management user")
+                if "administrator" not in known.tags and _needs_administrator(
+                    request.method, request.path
+                ):
+                    return _not_authorised("Not administrator user")
+                request["user"] = known
                 return await handler(request)
-        return web.json_response(
-            {"error": "not_authorised", "reason": "Login failed"},
-            status=401,
-            headers={"WWW-Authenticate": 'Basic realm="RoarMQ Management"'},
-        )
+        return _not_authorised("Login failed")
+
+    def _sees_vhost(self, request: web.Request, name: str) -> bool:
+        """Administrators see every vhost; other users the vhosts they have permissions in."""
+        user = request.get("user")
+        return user is None or "administrator" in user.tags or name in user.permissions
 
     def _vhosts(self, request: web.Request) -> list[Any]:
         name = request.match_info.get("vhost")
         if name is None:
-            return list(self.broker.vhosts.values())
+            return [v for v in self.broker.vhosts.values() if self._sees_vhost(request, v.name)]
         vhost = self.broker.vhosts.get(name)
-        if vhost is None:
-            raise web.HTTPNotFound(
-                text='{"error":"Object Not Found","reason":"Not Found"}',
-                content_type="application/json",
-            )
+        if vhost is None or not self._sees_vhost(request, name):
+            raise _not_found()
         return [vhost]
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -393,7 +431,11 @@ class ManagementServer:
         )
 
     async def vhosts(self, request: web.Request) -> web.Response:
-        return web.json_response([{"name": n} for n in self.broker.vhosts])
+        return web.json_response([{"name": v.name} for v in self._vhosts(request)])
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        user = request["user"]
+        return web.json_response({"name": user.name, "tags": list(user.tags)})
 
     async def exchanges(self, request: web.Request) -> web.Response:
         out = []
@@ -468,8 +510,16 @@ class ManagementServer:
                     **(c.tls.report() if c.tls is not None else PLAIN_REPORT),
                 }
                 for c in self.broker.connections
+                if self._sees_connection(request, c)
             ]
         )
+
+    def _sees_connection(self, request: web.Request, conn: Any) -> bool:
+        """Administrators and monitoring users see every connection, others their own."""
+        user = request["user"]
+        if "administrator" in user.tags or "monitoring" in user.tags:
+            return True
+        return conn.user is not None and conn.user.name == user.name
 
     async def definitions(self, request: web.Request) -> web.Response:
         return web.json_response(export_definitions(self.broker))

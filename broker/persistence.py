@@ -3,8 +3,11 @@
 Durable exchanges, queues and bindings, and all users, vhosts and permissions
 are written to SQLite as they change and restored at start; transient ones are
 never written, so they are gone after a restart, as in RabbitMQ. Users, vhosts
-and permissions named in config.toml are (re)seeded at every start: the file
-wins for what it names, the management API adds the rest.
+and permissions named in config.toml (or ROARMQ_DEFAULT_USER/_PASS) seed a new
+data dir only, as RabbitMQ's default_user: after that the store is the truth,
+changed through the management API, so a password changed or a user deleted
+there stays so across restarts, and editing the config's users does nothing
+but log a notice saying so.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .auth import Authenticator, check_password, hash_password
 from .exchange import Exchange
+from .logs import NOTICE
 from .store.definitions import BindingDef, DefinitionStore, ExchangeDef, PermissionDef, UserDef
 
 if TYPE_CHECKING:
@@ -32,6 +36,8 @@ class Persistence:
         self.broker = broker
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        #: No definitions store yet: the config's users, vhosts and permissions seed it.
+        self.new = not (self.dir / DEFINITIONS_FILE).exists()
         self.definitions = DefinitionStore(self.dir / DEFINITIONS_FILE)
         self.restoring = False
 
@@ -43,23 +49,35 @@ class Persistence:
     def seed_from_config(self) -> None:
         cfg = self.broker.config
         store = self.definitions
-        known = {u.name: u for u in store.users()}
+        if not self.new:
+            self._note_config_users_not_applied()
+            return
         for v in cfg.vhosts:
             store.put_vhost(v.name)
         for u in cfg.users:
-            old = known.get(u.name)
-            same = (
-                old is not None
-                and check_password(old.password_hash, u.password)
-                and old.tags == tuple(u.tags)
-                and old.loopback_only == u.loopback_only
+            store.put_user(
+                UserDef(u.name, hash_password(u.password), tuple(u.tags), u.loopback_only)
             )
-            if not same:
-                store.put_user(
-                    UserDef(u.name, hash_password(u.password), tuple(u.tags), u.loopback_only)
-                )
         for p in cfg.permissions:
             store.put_permission(PermissionDef(p.user, p.vhost, p.configure, p.write, p.read))
+
+    def _note_config_users_not_applied(self) -> None:
+        """Say so when the config names users the store does not hold as written."""
+        stored = {u.name: u for u in self.definitions.users()}
+        differ = [
+            u.name
+            for u in self.broker.config.users
+            if u.name not in stored
+            or not check_password(stored[u.name].password_hash, u.password)
+            or stored[u.name].tags != tuple(u.tags)
+        ]
+        if differ:
+            log.log(
+                NOTICE,
+                "the config's users seed only a new data dir; these differ from the stored "
+                "users and were not applied (change users through the management API)",
+                extra={"users": ", ".join(sorted(differ)), "stored": ", ".join(sorted(stored))},
+            )
 
     def load_auth(self) -> Authenticator:
         return Authenticator(self.definitions.users(), self.definitions.permissions())

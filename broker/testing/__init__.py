@@ -20,11 +20,15 @@ its certificates with trustme).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
+import json
 import shutil
 import tempfile
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -96,6 +100,29 @@ class RunningBroker:
     def mgmt_url(self) -> str:
         scheme = "https" if self.broker.config.management.tls.enabled else "http"
         return f"{scheme}://127.0.0.1:{self.broker.mgmt_port}"
+
+    def api(
+        self, method: str, path: str, body: Any = None, auth: str = "guest:guest"
+    ) -> tuple[int, Any]:
+        """A blocking management API call -> (status, decoded JSON or None), errors included.
+
+        Blocking: call it from another thread than the broker's (a `BrokerThread`).
+        """
+        request = urllib.request.Request(
+            self.mgmt_url + path,
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={
+                "Authorization": "Basic " + base64.b64encode(auth.encode()).decode(),
+                "Content-Type": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                status, data = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, data = exc.code, exc.read()
+        return status, (json.loads(data) if data else None)
 
 
 @contextlib.asynccontextmanager

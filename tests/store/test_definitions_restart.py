@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
@@ -15,18 +12,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def api(broker, method: str, path: str, body: dict | None = None, auth: str = "guest:guest"):
-    import base64
-
-    req = urllib.request.Request(
-        broker.mgmt_url + path,
-        method=method,
-        data=json.dumps(body).encode() if body is not None else None,
-    )
-    req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        data = resp.read()
-        return resp.status, (json.loads(data) if data else None)
+    status, data = broker.api(method, path, body, auth)
+    assert status < 400, (status, data)
+    return status, data
 
 
 def test_durable_definitions_restored_transient_gone(tmp_path):
