@@ -1,8 +1,12 @@
 """Users, SASL mechanisms (PLAIN, AMQPLAIN) and RabbitMQ-style permissions.
 
 Permissions are three regular expressions per user and vhost (configure,
-write, read) matched against resource names; the matches are cached because
-a publish checks `write` on every message.
+write, read) searched for in resource names, as RabbitMQ's `re:run` does (an
+unanchored search: `lim` allows `xlimx`; the empty expression allows
+nothing); the answers are cached because a publish checks `write` on every
+message. Topic permissions add, per exchange, write and read expressions over
+routing keys (publish) and binding keys (bind), with `{username}` and
+`{vhost}` replaced by the user's and vhost's names first.
 """
 
 from __future__ import annotations
@@ -28,11 +32,26 @@ class AuthError(Exception):
     """Login refused; the text is for the log, the client gets RabbitMQ's generic refusal."""
 
 
+def _regex(text: str) -> re.Pattern[str] | None:
+    """A permission expression; None for the empty one, which allows nothing."""
+    return re.compile(text) if text else None
+
+
+@dataclass
+class TopicPermission:
+    """Write and read expressions over the routing keys of one topic exchange."""
+
+    write: re.Pattern[str] | None
+    read: re.Pattern[str] | None
+
+
 @dataclass
 class Permission:
-    configure: re.Pattern[str]
-    write: re.Pattern[str]
-    read: re.Pattern[str]
+    configure: re.Pattern[str] | None
+    write: re.Pattern[str] | None
+    read: re.Pattern[str] | None
+    #: Topic permissions by exchange name; empty (and falsy) for most users.
+    topics: dict[str, TopicPermission] = field(default_factory=dict)
     _cache: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def allows(self, action: str, name: str) -> bool:
@@ -40,11 +59,23 @@ class Permission:
         hit = self._cache.get(key)
         if hit is None:
             pattern = getattr(self, action)
-            hit = pattern.fullmatch(name) is not None
+            hit = pattern is not None and pattern.search(name) is not None
             if len(self._cache) > 10000:
                 self._cache.clear()
             self._cache[key] = hit
         return hit
+
+    def allows_topic(self, action: str, exchange: str, key: str) -> bool:
+        """RabbitMQ's topic check: no topic permission on the exchange means allowed."""
+        topic = self.topics.get(exchange)
+        if topic is None:
+            return True
+        pattern = topic.write if action == "write" else topic.read
+        return pattern is not None and pattern.search(key) is not None
+
+
+#: Allows nothing: a connection whose user lost its permissions on the vhost.
+NO_PERMISSION = Permission(None, None, None)
 
 
 @dataclass
@@ -76,9 +107,12 @@ def check_password(password_hash: str, password: str) -> bool:
 class Authenticator:
     """Users and their permissions; rebuilt whenever the definitions change."""
 
-    def __init__(self, users: Iterable[Any], permissions: Iterable[Any]) -> None:
+    def __init__(
+        self, users: Iterable[Any], permissions: Iterable[Any], topics: Iterable[Any] = ()
+    ) -> None:
         """`users` have name, password_hash, tags, loopback_only; `permissions` have
-        user, vhost, configure, write, read (the config and store records both fit)."""
+        user, vhost, configure, write, read (the config and store records both fit);
+        `topics` have user, vhost, exchange, write, read."""
         self.users: dict[str, User] = {
             u.name: User(u.name, u.password_hash, tuple(u.tags), u.loopback_only, {}) for u in users
         }
@@ -86,7 +120,15 @@ class Authenticator:
             user = self.users.get(p.user)
             if user is not None:
                 user.permissions[p.vhost] = Permission(
-                    re.compile(p.configure), re.compile(p.write), re.compile(p.read)
+                    _regex(p.configure), _regex(p.write), _regex(p.read)
+                )
+        for t in topics:
+            user = self.users.get(t.user)
+            perm = user.permissions.get(t.vhost) if user is not None else None
+            if perm is not None:  # without permissions on the vhost nothing gets that far
+                perm.topics[t.exchange] = TopicPermission(
+                    _regex(_expand(t.write, t.user, t.vhost)),
+                    _regex(_expand(t.read, t.user, t.vhost)),
                 )
 
     def check(self, username: str, password: str) -> User | None:
@@ -121,6 +163,11 @@ class Authenticator:
         if user.loopback_only and not is_loopback(peer_host):
             raise AuthError(f"user '{name}' can only connect via localhost")
         return user
+
+
+def _expand(expression: str, user: str, vhost: str) -> str:
+    """RabbitMQ's topic-permission variables, replaced by the names as they are."""
+    return expression.replace("{username}", user).replace("{vhost}", vhost)
 
 
 def parse_plain(response: bytes) -> tuple[str, str]:

@@ -31,7 +31,7 @@ from .errors import channel_error, connection_error
 from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
 from .queue import Entry, Queue
 from .routing.headers import erlang_type_name
-from .vhost import REPLY_TO_PREFIX, REPLY_TO_QUEUE
+from .vhost import REPLY_TO_PREFIX, REPLY_TO_QUEUE, server_named_queue
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -363,13 +363,35 @@ class Channel:
 
     # -- exchange class ---------------------------------------------------------------
 
+    def permissions_changed(self) -> None:
+        """The user's permissions changed: forget which exchanges were checked already."""
+        self._publish_exchanges.clear()
+
     def _check(self, action: str, kind: str, name: str) -> None:
+        """RabbitMQ's configure/write/read check; the default exchange is 'amq.default'."""
+        if not name and kind == "exchange":
+            name = "amq.default"
         perm = self.conn.permission
         if not perm.allows(action, name):
             raise channel_error(
                 ACCESS_REFUSED,
                 f"access to {kind} '{name}' in vhost '{self.vhost.name}' refused for user "
                 f"'{self.conn.user.name}'",
+            )
+
+    def _check_topic(self, action: str, exchange: Any, key: str) -> None:
+        """Topic permissions: only on topic exchanges, only for users who have some."""
+        perm = self.conn.permission
+        if (
+            perm.topics
+            and exchange is not None
+            and exchange.type == "topic"
+            and not perm.allows_topic(action, exchange.name, key)
+        ):
+            raise channel_error(
+                ACCESS_REFUSED,
+                f"access to topic '{key}' in exchange '{exchange.name}' in vhost "
+                f"'{self.vhost.name}' refused for user '{self.conn.user.name}'",
             )
 
     def _exchange_declare(self, m: spec.ExchangeDeclare) -> None:
@@ -401,6 +423,7 @@ class Channel:
         self._check("read", "exchange", m.source)
         destination = self.vhost.get_exchange(m.destination)
         source = self.vhost.get_exchange(m.source)
+        self._check_topic("read", source, m.routing_key)
         self.vhost.bind_exchange(destination, source, m.routing_key, m.arguments)
         if not m.no_wait:
             self.send_method(spec.ExchangeBindOk())
@@ -410,6 +433,7 @@ class Channel:
         self._check("read", "exchange", m.source)
         destination = self.vhost.exchanges.get(m.destination)
         source = self.vhost.exchanges.get(m.source)
+        self._check_topic("read", source, m.routing_key)
         if destination is not None and source is not None:
             self.vhost.unbind_exchange(destination, source, m.routing_key, m.arguments)
         if not m.no_wait:
@@ -424,8 +448,14 @@ class Channel:
             if not m.no_wait:
                 self.send_method(spec.QueueDeclareOk(queue=name, message_count=0, consumer_count=0))
             return
-        if name and not m.passive:
+        if not m.passive:
+            if not name:  # named here, so the check sees the name the queue will have
+                name = server_named_queue()
             self._check("configure", "queue", name)
+            dlx = (m.arguments or {}).get("x-dead-letter-exchange")
+            if dlx is not None:  # dead-lettering reads the queue and writes the DLX
+                self._check("read", "queue", name)
+                self._check("write", "exchange", dlx if isinstance(dlx, str) else "")
         queue, created = self.vhost.declare_queue(
             name,
             self.conn,
@@ -459,6 +489,7 @@ class Channel:
         self._check("read", "exchange", m.exchange)
         queue = self.vhost.get_queue(qname, self.conn)
         exchange = self.vhost.get_exchange(m.exchange)
+        self._check_topic("read", exchange, m.routing_key)
         self.vhost.bind_queue(queue, exchange, m.routing_key, m.arguments)
         if not m.no_wait:
             self.send_method(spec.QueueBindOk())
@@ -472,6 +503,7 @@ class Channel:
             raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
         queue = self.vhost.queues.get(qname)
         exchange = self.vhost.exchanges.get(m.exchange)
+        self._check_topic("read", exchange, m.routing_key)
         if queue is not None:
             self.vhost.check_exclusive(queue, self.conn)
             if exchange is not None:
@@ -692,6 +724,8 @@ class Channel:
         exchange = self._publish_exchanges.get(method.exchange)
         if exchange is None or exchange.deleted:
             exchange = self._publish_exchange(method.exchange)
+        if self.conn.permission.topics:
+            self._check_topic("write", exchange, method.routing_key)
         try:
             # exchange.name, not the frame's copy: every message shares the one string
             msg = Message(exchange.name, method.routing_key, header, body)
@@ -731,11 +765,16 @@ class Channel:
 
     def _check_properties(self, msg: Message) -> Message:
         props = msg.properties
-        if props.user_id is not None and props.user_id != self.conn.user.name:
+        user = self.conn.user
+        if (
+            props.user_id is not None
+            and props.user_id != user.name
+            and "impersonator" not in user.tags
+        ):
             raise channel_error(
                 PRECONDITION_FAILED,
                 f"user_id property set to '{props.user_id}' but authenticated user was "
-                f"'{self.conn.user.name}'",
+                f"'{user.name}'",
                 60,
                 40,
             )

@@ -46,6 +46,8 @@ ADMIN_ONLY = (
 
 
 def _needs_administrator(method: str, path: str) -> bool:
+    if path.endswith(("/permissions", "/topic-permissions")):  # /api/vhosts/{v}/permissions
+        return True
     for want, prefix in ADMIN_ONLY:
         if (want == "*" or want == method) and (path == prefix or path.startswith(prefix + "/")):
             return True
@@ -102,6 +104,14 @@ def permission_rows(broker: Broker) -> list[dict[str, Any]]:
     ]
 
 
+def topic_permission_rows(broker: Broker) -> list[dict[str, Any]]:
+    """Every topic permission, as GET /api/topic-permissions and definitions.json list them."""
+    return [
+        {"user": t.user, "vhost": t.vhost, "exchange": t.exchange, "write": t.write, "read": t.read}
+        for t in broker.persistence.definitions.topic_permissions()
+    ]
+
+
 def export_definitions(broker: Broker) -> dict[str, Any]:
     """Durable and transient definitions in RabbitMQ's definitions.json format."""
     users = user_rows(broker)
@@ -154,6 +164,7 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
         "users": users,
         "vhosts": [{"name": name} for name in broker.vhosts],
         "permissions": permissions,
+        "topic_permissions": topic_permission_rows(broker),
         "exchanges": exchanges,
         "queues": queues,
         "bindings": bindings,
@@ -175,6 +186,10 @@ def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
             p.get("configure", ".*"),
             p.get("write", ".*"),
             p.get("read", ".*"),
+        )
+    for t in doc.get("topic_permissions", []):
+        broker.set_topic_permission(
+            t["user"], t["vhost"], t["exchange"], t.get("write", ".*"), t.get("read", ".*")
         )
     for x in doc.get("exchanges", []):
         vhost = broker.vhosts[x.get("vhost", "/")]
@@ -343,6 +358,15 @@ class ManagementServer:
         app.router.add_get("/api/permissions", self.permissions)
         app.router.add_put("/api/permissions/{vhost}/{user}", self.put_permission)
         app.router.add_delete("/api/permissions/{vhost}/{user}", self.delete_permission)
+        app.router.add_get("/api/topic-permissions", self.topic_permissions)
+        app.router.add_get("/api/topic-permissions/{vhost}/{user}", self.topic_permissions)
+        app.router.add_put("/api/topic-permissions/{vhost}/{user}", self.put_topic_permission)
+        app.router.add_delete("/api/topic-permissions/{vhost}/{user}", self.delete_topic_permission)
+        app.router.add_delete(
+            "/api/topic-permissions/{vhost}/{user}/{exchange}", self.delete_topic_permission
+        )
+        app.router.add_get("/api/users/{user}/topic-permissions", self.topic_permissions)
+        app.router.add_get("/api/vhosts/{vhost}/topic-permissions", self.topic_permissions)
         app.router.add_get("/api/health/checks/alarms", self.alarms)
         self.app = app
 
@@ -594,6 +618,53 @@ class ManagementServer:
 
     async def delete_permission(self, request: web.Request) -> web.Response:
         self.broker.clear_permission(request.match_info["user"], request.match_info["vhost"])
+        return web.Response(status=204)
+
+    async def topic_permissions(self, request: web.Request) -> web.Response:
+        """All topic permissions, or those of a user, a vhost, or a user in a vhost."""
+        user, vhost = request.match_info.get("user"), request.match_info.get("vhost")
+        if user is not None and user not in self.broker.auth.users:
+            raise _not_found()
+        if vhost is not None and vhost not in self.broker.vhosts:
+            raise _not_found()
+        rows = [
+            r
+            for r in topic_permission_rows(self.broker)
+            if (user is None or r["user"] == user) and (vhost is None or r["vhost"] == vhost)
+        ]
+        if user is not None and vhost is not None and not rows:
+            raise _not_found()
+        return web.json_response(rows)
+
+    async def put_topic_permission(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        user, vhost = request.match_info["user"], request.match_info["vhost"]
+        if user not in self.broker.auth.users or vhost not in self.broker.vhosts:
+            raise _bad_request("vhost_or_user_not_found")
+        exchange = body.get("exchange")
+        if not isinstance(exchange, str):
+            raise _bad_request("exchange: a string is required")
+        perms = {}
+        for key in ("write", "read"):
+            value = body.get(key, ".*")
+            try:
+                re.compile(value)
+            except (re.error, TypeError):
+                raise _bad_request(f"{key}: not a valid regular expression") from None
+            perms[key] = value
+        existed = any(
+            t.user == user and t.vhost == vhost
+            for t in self.broker.persistence.definitions.topic_permissions()
+        )
+        self.broker.set_topic_permission(user, vhost, exchange, **perms)
+        return web.Response(status=204 if existed else 201)
+
+    async def delete_topic_permission(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        if not self.broker.clear_topic_permissions(
+            info["user"], info["vhost"], info.get("exchange")
+        ):
+            raise _not_found()
         return web.Response(status=204)
 
     async def import_definitions(self, request: web.Request) -> web.Response:

@@ -80,7 +80,8 @@ class Persistence:
             )
 
     def load_auth(self) -> Authenticator:
-        return Authenticator(self.definitions.users(), self.definitions.permissions())
+        store = self.definitions
+        return Authenticator(store.users(), store.permissions(), store.topic_permissions())
 
     def vhost_names(self) -> list[str]:
         return self.definitions.vhosts()

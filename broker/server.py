@@ -20,7 +20,7 @@ from roarmq.protocol.tables import RECURSION_LIMIT
 
 from . import __version__
 from .alarms import LoopLag, ResourceMonitor
-from .auth import Authenticator
+from .auth import NO_PERMISSION, Authenticator
 from .clock import Clock
 from .config import Config
 from .logs import NOTICE
@@ -281,7 +281,7 @@ class Broker:
         for queue in list(vhost.queues.values()):
             vhost.delete_queue(queue, reason="vhost deleted")
         self.persistence.vhost_deleted(name)
-        self.auth = self.persistence.load_auth()
+        self.reload_auth()
         return True
 
     def put_user(
@@ -290,13 +290,13 @@ class Broker:
         from .store.definitions import UserDef
 
         self.persistence.definitions.put_user(UserDef(name, password_hash, tags, loopback_only))
-        self.auth = self.persistence.load_auth()
+        self.reload_auth()
 
     def delete_user(self, name: str) -> bool:
         if name not in self.auth.users:
             return False
         self.persistence.definitions.delete_user(name)
-        self.auth = self.persistence.load_auth()
+        self.reload_auth()
         for conn in list(self.connections):
             if conn.user is not None and conn.user.name == name:
                 conn.force_close(f"user '{name}' was deleted")
@@ -308,11 +308,41 @@ class Broker:
         self.persistence.definitions.put_permission(
             PermissionDef(user, vhost, configure, write, read)
         )
-        self.auth = self.persistence.load_auth()
+        self.reload_auth()
 
     def clear_permission(self, user: str, vhost: str) -> None:
         self.persistence.definitions.delete_permission(user, vhost)
+        self.reload_auth()
+
+    def set_topic_permission(
+        self, user: str, vhost: str, exchange: str, write: str, read: str
+    ) -> None:
+        from .store.definitions import TopicPermissionDef
+
+        self.persistence.definitions.put_topic_permission(
+            TopicPermissionDef(user, vhost, exchange, write, read)
+        )
+        self.reload_auth()
+
+    def clear_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> int:
+        removed = self.persistence.definitions.delete_topic_permissions(user, vhost, exchange)
+        self.reload_auth()
+        return removed
+
+    def reload_auth(self) -> None:
+        """Re-read users and permissions; open connections see the change at once (their
+        next check), as the publish-exchange caches of their channels are dropped."""
         self.auth = self.persistence.load_auth()
+        for conn in self.connections:
+            if conn.user is None or conn.vhost is None:
+                continue
+            user = self.auth.users.get(conn.user.name)
+            if user is None:
+                continue  # a deleted user's connections are closed by delete_user
+            conn.user = user
+            conn.permission = user.permissions.get(conn.vhost.name, NO_PERMISSION)
+            for channel in conn.channels.values():
+                channel.permissions_changed()
 
     # -- connections ------------------------------------------------------------------
 

@@ -23,6 +23,14 @@ CREATE TABLE IF NOT EXISTS permissions (
     user TEXT NOT NULL, vhost TEXT NOT NULL, configure TEXT NOT NULL, write TEXT NOT NULL,
     read TEXT NOT NULL, PRIMARY KEY (user, vhost)
 );
+CREATE TABLE IF NOT EXISTS topic_permissions (
+    user TEXT NOT NULL, vhost TEXT NOT NULL, exchange TEXT NOT NULL, write TEXT NOT NULL,
+    read TEXT NOT NULL, PRIMARY KEY (user, vhost, exchange)
+);
+CREATE TABLE IF NOT EXISTS limits (
+    kind TEXT NOT NULL, owner TEXT NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
+    PRIMARY KEY (kind, owner, name)
+);
 CREATE TABLE IF NOT EXISTS exchanges (
     vhost TEXT NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL, auto_delete INTEGER NOT NULL,
     internal INTEGER NOT NULL, arguments BLOB NOT NULL, PRIMARY KEY (vhost, name)
@@ -85,6 +93,23 @@ class PermissionDef:
     read: str
 
 
+@dataclass(frozen=True)
+class TopicPermissionDef:
+    user: str
+    vhost: str
+    exchange: str
+    write: str
+    read: str
+
+
+@dataclass(frozen=True)
+class LimitDef:
+    kind: str  # "vhost" or "user"
+    owner: str  # the vhost's or the user's name
+    name: str  # "max-connections", "max-queues", "max-channels"
+    value: int
+
+
 def _table(args: dict[str, Any] | None) -> bytes:
     return encode_table(args or {})
 
@@ -117,8 +142,9 @@ class DefinitionStore:
 
     def delete_vhost(self, name: str) -> None:
         with self.db:
-            for table in ("exchanges", "queues", "bindings", "permissions"):
+            for table in ("exchanges", "queues", "bindings", "permissions", "topic_permissions"):
                 self._run(f"DELETE FROM {table} WHERE vhost = ?", name)
+            self._run("DELETE FROM limits WHERE kind = 'vhost' AND owner = ?", name)
             self._run("DELETE FROM vhosts WHERE name = ?", name)
 
     def vhosts(self) -> list[str]:
@@ -137,6 +163,8 @@ class DefinitionStore:
     def delete_user(self, name: str) -> None:
         with self.db:
             self._run("DELETE FROM permissions WHERE user = ?", name)
+            self._run("DELETE FROM topic_permissions WHERE user = ?", name)
+            self._run("DELETE FROM limits WHERE kind = 'user' AND owner = ?", name)
             self._run("DELETE FROM users WHERE name = ?", name)
 
     def users(self) -> list[UserDef]:
@@ -167,6 +195,55 @@ class DefinitionStore:
             for row in self._run(
                 "SELECT user, vhost, configure, write, read FROM permissions ORDER BY user, vhost"
             )
+        ]
+
+    def put_topic_permission(self, perm: TopicPermissionDef) -> None:
+        self._run(
+            "INSERT OR REPLACE INTO topic_permissions (user, vhost, exchange, write, read) "
+            "VALUES (?, ?, ?, ?, ?)",
+            perm.user,
+            perm.vhost,
+            perm.exchange,
+            perm.write,
+            perm.read,
+        )
+
+    def delete_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> int:
+        """Remove a user's topic permissions in a vhost (on one exchange, or all); how many."""
+        if exchange is None:
+            sql, params = "DELETE FROM topic_permissions WHERE user = ? AND vhost = ?", ()
+        else:
+            sql = "DELETE FROM topic_permissions WHERE user = ? AND vhost = ? AND exchange = ?"
+            params = (exchange,)
+        return self._run(sql, user, vhost, *params).rowcount
+
+    def topic_permissions(self) -> list[TopicPermissionDef]:
+        return [
+            TopicPermissionDef(*row)
+            for row in self._run(
+                "SELECT user, vhost, exchange, write, read FROM topic_permissions "
+                "ORDER BY user, vhost, exchange"
+            )
+        ]
+
+    def put_limit(self, limit: LimitDef) -> None:
+        self._run(
+            "INSERT OR REPLACE INTO limits (kind, owner, name, value) VALUES (?, ?, ?, ?)",
+            limit.kind,
+            limit.owner,
+            limit.name,
+            limit.value,
+        )
+
+    def delete_limit(self, kind: str, owner: str, name: str) -> int:
+        return self._run(
+            "DELETE FROM limits WHERE kind = ? AND owner = ? AND name = ?", kind, owner, name
+        ).rowcount
+
+    def limits(self) -> list[LimitDef]:
+        return [
+            LimitDef(*row)
+            for row in self._run("SELECT kind, owner, name, value FROM limits ORDER BY 1, 2, 3")
         ]
 
     # -- exchanges, queues, bindings -------------------------------------------------

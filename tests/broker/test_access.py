@@ -1,0 +1,299 @@
+"""Access control as RabbitMQ 3.10.8: configure/write/read on every method, topic
+permissions, user_id and the impersonator tag. Every expected text below is what RabbitMQ
+sent for the same frames (a user with ^lim-.* for all three, checked with a raw client)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from rawclient import RawClient
+
+from roarmq.broker.auth import hash_password
+from roarmq.broker.testing import BrokerThread, ephemeral_config, running_broker
+from roarmq.protocol import spec
+from roarmq.protocol.properties import BasicProperties
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def add_user(broker, name: str, configure=".*", write=".*", read=".*", tags=()) -> None:
+    broker.put_user(name, hash_password("pw"), tuple(tags))
+    broker.set_permission(name, "/", configure, write, read)
+
+
+async def outcome(port: int, user: str, *methods, publish=None) -> list[str]:
+    """What the broker answers, as "Name" or "Name code text", up to the first close."""
+    c = await RawClient.connect(port, user=user, password="pw")
+    await c.open_channel(1)
+    c.send(1, spec.ConfirmSelect())
+    await c.expect(spec.ConfirmSelectOk)
+    for m in methods:
+        c.send(1, m)
+    if publish is not None:
+        c.publish(1, *publish)
+    out = []
+    for _ in range(len(methods) + (publish is not None)):
+        ev = await c.next_method()
+        if hasattr(ev, "reply_code"):
+            out.append(f"{type(ev).__name__} {ev.reply_code} {ev.reply_text}")
+            break
+        out.append(type(ev).__name__)
+    await c.close()
+    return [re.sub(r"amq\.gen-[\w-]+", "amq.gen-X", line) for line in out]
+
+
+def refused(kind: str, name: str, user: str = "lim") -> str:
+    return (
+        f"ChannelClose 403 ACCESS_REFUSED - access to {kind} '{name}' in vhost '/' refused "
+        f"for user '{user}'"
+    )
+
+
+@pytest.fixture
+async def lim(broker):
+    b = broker.broker
+    add_user(b, "lim", "^lim-.*", "^lim-.*", "^lim-.*")
+    vhost = b.vhosts["/"]
+    vhost.declare_queue("other", None)
+    vhost.declare_queue("lim-q", None)
+    vhost.declare_exchange("other-x", "topic")
+    vhost.declare_exchange("lim-x", "topic")
+    return broker
+
+
+CASES = [
+    ([spec.ExchangeDeclare(exchange="other2", type="direct")], None, refused("exchange", "other2")),
+    ([spec.ExchangeDeclare(exchange="other-x", passive=True)], None, "ExchangeDeclareOk"),
+    ([spec.QueueDeclare(queue="other2")], None, refused("queue", "other2")),
+    ([spec.QueueDeclare(queue="other", passive=True)], None, "QueueDeclareOk"),
+    ([spec.QueueDeclare(queue="")], None, refused("queue", "amq.gen-X")),
+    ([], ("", "x", b"x"), refused("exchange", "amq.default")),
+    ([], ("amq.topic", "x", b"x"), refused("exchange", "amq.topic")),
+    ([], ("lim-x", "x", b"x"), "BasicAck"),
+    (
+        [spec.QueueBind(queue="lim-q", exchange="amq.topic", routing_key="a")],
+        None,
+        refused("exchange", "amq.topic"),
+    ),
+    (
+        [spec.QueueBind(queue="other", exchange="lim-x", routing_key="a")],
+        None,
+        refused("queue", "other"),
+    ),
+    (
+        [spec.QueueUnbind(queue="lim-q", exchange="amq.topic", routing_key="a")],
+        None,
+        refused("exchange", "amq.topic"),
+    ),
+    (
+        [spec.QueueDeclare(queue="lim-q2", arguments={"x-dead-letter-exchange": "other-x"})],
+        None,
+        refused("exchange", "other-x"),
+    ),
+    (
+        [spec.QueueDeclare(queue="lim-q3", arguments={"x-dead-letter-exchange": ""})],
+        None,
+        refused("exchange", "amq.default"),
+    ),
+    (
+        [
+            spec.ExchangeDeclare(
+                exchange="lim-x2", type="topic", arguments={"alternate-exchange": "other-x"}
+            )
+        ],
+        None,
+        refused("exchange", "other-x"),
+    ),
+    ([spec.BasicGet(queue="other")], None, refused("queue", "other")),
+    ([spec.BasicConsume(queue="other")], None, refused("queue", "other")),
+    ([spec.QueuePurge(queue="other")], None, refused("queue", "other")),
+    ([spec.QueueDelete(queue="other")], None, refused("queue", "other")),
+    ([spec.ExchangeDelete(exchange="other-x")], None, refused("exchange", "other-x")),
+    (
+        [spec.ExchangeBind(destination="lim-x", source="other-x", routing_key="a")],
+        None,
+        refused("exchange", "other-x"),
+    ),
+    (
+        [spec.ExchangeBind(destination="other-x", source="lim-x", routing_key="a")],
+        None,
+        refused("exchange", "other-x"),
+    ),
+    (
+        [spec.ExchangeDeclare(exchange="amq.foo", type="direct")],
+        None,
+        refused("exchange", "amq.foo"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("methods", "publish", "expected"), CASES)
+async def test_each_method_checks_what_rabbitmq_checks(lim, methods, publish, expected):
+    assert (await outcome(lim.port, "lim", *methods, publish=publish))[-1] == expected
+
+
+async def test_expressions_are_searched_not_matched_and_empty_allows_nothing(broker):
+    add_user(broker.broker, "rx", configure="lim", write="", read="")
+    ok = await outcome(broker.port, "rx", spec.QueueDeclare(queue="xlimx", auto_delete=True))
+    assert ok == ["QueueDeclareOk"]
+    no = await outcome(broker.port, "rx", publish=("amq.topic", "k", b"x"))
+    assert no == [refused("exchange", "amq.topic", "rx")]
+
+
+async def test_a_permission_change_reaches_open_connections(broker):
+    add_user(broker.broker, "ch")
+    c = await RawClient.connect(broker.port, user="ch", password="pw")
+    await c.open_channel(1)
+    c.send(1, spec.ConfirmSelect())
+    await c.expect(spec.ConfirmSelectOk)
+    c.publish(1, "amq.topic", "k", b"x")
+    assert isinstance(await c.next_method(), spec.BasicAck)
+    broker.broker.set_permission("ch", "/", ".*", "^nothing$", ".*")
+    c.publish(1, "amq.topic", "k", b"x")
+    close = await c.expect(spec.ChannelClose)
+    assert close.reply_text == refused("exchange", "amq.topic", "ch").split(" ", 2)[2]
+    await c.close()
+
+
+# -- topic permissions ------------------------------------------------------------------
+
+
+@pytest.fixture
+async def tp(broker):
+    add_user(broker.broker, "tp")
+    broker.broker.set_topic_permission("tp", "/", "amq.topic", r"^{username}\..*", r"^r\.{vhost}.*")
+    return broker
+
+
+def topic_refused(key: str) -> str:
+    return (
+        f"ChannelClose 403 ACCESS_REFUSED - access to topic '{key}' in exchange 'amq.topic' "
+        "in vhost '/' refused for user 'tp'"
+    )
+
+
+TOPIC_CASES = [
+    ([], ("amq.topic", "tp.a", b"x"), "BasicAck"),
+    ([], ("amq.topic", "other.a", b"x"), topic_refused("other.a")),
+    # Only the routing key is checked, not CC; only on topic exchanges.
+    ([], ("amq.topic", "tp.a", b"x", BasicProperties(headers={"CC": ["other.b"]})), "BasicAck"),
+    ([], ("amq.direct", "other.a", b"x"), "BasicAck"),
+    (
+        [
+            spec.QueueDeclare(queue="tpq"),
+            spec.QueueBind(queue="tpq", exchange="amq.topic", routing_key="r./x"),
+        ],
+        None,
+        "QueueBindOk",
+    ),
+    (
+        [
+            spec.QueueDeclare(queue="tpq"),
+            spec.QueueBind(queue="tpq", exchange="amq.topic", routing_key="zz"),
+        ],
+        None,
+        topic_refused("zz"),
+    ),
+    (
+        [
+            spec.QueueDeclare(queue="tpq"),
+            spec.QueueUnbind(queue="tpq", exchange="amq.topic", routing_key="zz"),
+        ],
+        None,
+        topic_refused("zz"),
+    ),
+    (
+        [
+            spec.ExchangeDeclare(exchange="tpx", type="fanout"),
+            spec.ExchangeBind(destination="tpx", source="amq.topic", routing_key="zz"),
+        ],
+        None,
+        topic_refused("zz"),
+    ),
+    (
+        [
+            spec.ExchangeDeclare(exchange="tpx", type="fanout"),
+            spec.ExchangeBind(destination="amq.topic", source="tpx", routing_key="zz"),
+        ],
+        None,
+        "ExchangeBindOk",
+    ),
+]
+
+
+@pytest.mark.parametrize(("methods", "publish", "expected"), TOPIC_CASES)
+async def test_topic_permissions_as_rabbitmq(tp, methods, publish, expected):
+    assert (await outcome(tp.port, "tp", *methods, publish=publish))[-1] == expected
+
+
+async def test_topic_permissions_survive_a_restart(tmp_path):
+    cfg = ephemeral_config(data_dir=str(tmp_path / "data"))
+    async with running_broker(cfg) as b:
+        add_user(b.broker, "tp")
+        b.broker.set_topic_permission("tp", "/", "amq.topic", r"^{username}\.", ".*")
+    async with running_broker(ephemeral_config(data_dir=str(tmp_path / "data"))) as b:
+        assert (await outcome(b.port, "tp", publish=("amq.topic", "x.a", b"x"))) == [
+            topic_refused("x.a")
+        ]
+
+
+def test_topic_permissions_api_and_definitions(tmp_path):
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "data")), management=True) as b:
+        body = {"password": "pw", "tags": ""}
+        assert b.api("PUT", "/api/users/tp", body)[0] == 201
+        perms = {"configure": ".*", "write": ".*", "read": ".*"}
+        assert b.api("PUT", "/api/permissions/%2F/tp", perms)[0] == 204
+        put = {"exchange": "amq.topic", "write": "^{username}", "read": "b"}
+        assert b.api("PUT", "/api/topic-permissions/%2F/tp", put)[0] == 201
+        put2 = {"exchange": "amq.direct", "write": "a", "read": "b"}
+        assert b.api("PUT", "/api/topic-permissions/%2F/tp", put2)[0] == 204
+        row = {
+            "user": "tp",
+            "vhost": "/",
+            "exchange": "amq.topic",
+            "write": "^{username}",
+            "read": "b",
+        }
+        status, rows = b.api("GET", "/api/topic-permissions/%2F/tp")
+        assert status == 200 and row in rows and len(rows) == 2
+        assert b.api("GET", "/api/users/tp/topic-permissions")[1] == rows
+        assert b.api("GET", "/api/vhosts/%2F/topic-permissions")[1] == rows
+        assert row in b.api("GET", "/api/definitions")[1]["topic_permissions"]
+        bad = {"exchange": "amq.topic", "write": "(", "read": "b"}
+        assert b.api("PUT", "/api/topic-permissions/%2F/tp", bad)[0] == 400
+        assert b.api("PUT", "/api/topic-permissions/%2F/nouser", put) == (
+            400,
+            {"error": "bad_request", "reason": "vhost_or_user_not_found"},
+        )
+        assert b.api("DELETE", "/api/topic-permissions/%2F/tp/amq.topic")[0] == 204
+        assert len(b.api("GET", "/api/topic-permissions/%2F/tp")[1]) == 1
+        assert b.api("DELETE", "/api/topic-permissions/%2F/tp")[0] == 204
+        assert b.api("GET", "/api/topic-permissions/%2F/tp")[0] == 404
+        # Importing RabbitMQ's export format brings them back.
+        doc = {"topic_permissions": [row]}
+        assert b.api("POST", "/api/definitions", doc)[0] == 204
+        assert b.api("GET", "/api/topic-permissions")[1] == [row]
+
+
+# -- user_id ---------------------------------------------------------------------------
+
+
+async def test_user_id_must_be_the_authenticated_user(broker):
+    add_user(broker.broker, "u1")
+    add_user(broker.broker, "imp", tags=("impersonator",))
+    own = await outcome(
+        broker.port, "u1", publish=("amq.topic", "k", b"x", BasicProperties(user_id="u1"))
+    )
+    assert own == ["BasicAck"]
+    other = await outcome(
+        broker.port, "u1", publish=("amq.topic", "k", b"x", BasicProperties(user_id="boss"))
+    )
+    assert other == [
+        "ChannelClose 406 PRECONDITION_FAILED - user_id property set to 'boss' but "
+        "authenticated user was 'u1'"
+    ]
+    impersonated = await outcome(
+        broker.port, "imp", publish=("amq.topic", "k", b"x", BasicProperties(user_id="boss"))
+    )
+    assert impersonated == ["BasicAck"]
