@@ -29,7 +29,14 @@ EXTERNAL = "EXTERNAL"
 
 
 class AuthError(Exception):
-    """Login refused; the text is for the log, the client gets RabbitMQ's generic refusal."""
+    """Login refused; the text is for the log, the client gets RabbitMQ's generic refusal.
+
+    Never holds a password: a malformed response is described, not quoted.
+    """
+
+
+class MalformedResponse(AuthError):
+    """A SASL response that does not parse: RabbitMQ's 502 SYNTAX_ERROR, not a refusal."""
 
 
 def _regex(text: str) -> re.Pattern[str] | None:
@@ -174,7 +181,7 @@ def parse_plain(response: bytes) -> tuple[str, str]:
     """SASL PLAIN: authzid NUL authcid NUL password."""
     parts = response.split(b"\x00")
     if len(parts) != 3:
-        raise AuthError("malformed PLAIN response")
+        raise MalformedResponse("malformed PLAIN response")
     return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
 
 
@@ -183,14 +190,14 @@ def parse_amqplain(response: bytes) -> tuple[str, str]:
     try:
         table, _ = decode_table(len(response).to_bytes(4, "big") + response, 0)
     except Exception:
-        raise AuthError("malformed AMQPLAIN response") from None
+        raise MalformedResponse("malformed AMQPLAIN response") from None
     login, password = table.get("LOGIN"), table.get("PASSWORD")
     if isinstance(login, bytes):
         login = login.decode("utf-8", "replace")
     if isinstance(password, bytes):
         password = password.decode("utf-8", "replace")
     if not isinstance(login, str) or not isinstance(password, str):
-        raise AuthError("AMQPLAIN response lacks LOGIN or PASSWORD")
+        raise MalformedResponse("AMQPLAIN response lacks LOGIN or PASSWORD")
     return login, password
 
 

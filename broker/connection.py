@@ -24,6 +24,7 @@ from roarmq.protocol.errors import (
     INTERNAL_ERROR,
     NOT_ALLOWED,
     REPLY_SUCCESS,
+    SYNTAX_ERROR,
     HardError,
     ProtocolHeaderMismatch,
     SoftError,
@@ -39,7 +40,7 @@ from roarmq.protocol.frames import (
 )
 
 from . import __version__
-from .auth import EXTERNAL, MECHANISMS, AuthError
+from .auth import EXTERNAL, MECHANISMS, AuthError, MalformedResponse
 from .channel import CLOSED as CLOSED_CHANNEL
 from .channel import Channel
 from .errors import connection_error
@@ -449,6 +450,15 @@ class Connection(asyncio.Protocol):
                 20,
                 10,
             )
+        most = self.broker.limit("user", self.user.name, "max-channels")
+        if most is not None and (
+            sum(len(c.channels) for c in self.broker.user_connections(self.user.name)) >= most
+        ):
+            raise connection_error(
+                NOT_ALLOWED,
+                f"number of channels opened for user '{self.user.name}' has reached the "
+                f"maximum allowed user limit of ({most})",
+            )
         self.closed_channels.discard(channel_id)
         ch = Channel(self, channel_id)
         self.channels[channel_id] = ch
@@ -491,12 +501,31 @@ class Connection(asyncio.Protocol):
                 version_major=0,
                 version_minor=9,
                 server_properties=props,
-                mechanisms=" ".join(
-                    (*MECHANISMS, EXTERNAL) if self._offers_external() else MECHANISMS
-                ),
+                mechanisms=" ".join(self._mechanisms()),
                 locales="en_US",
             ),
         )
+
+    def _mechanisms(self) -> tuple[str, ...]:
+        return (*MECHANISMS, EXTERNAL) if self._offers_external() else MECHANISMS
+
+    def _refuse_login(self, error: HardError, mechanism: str, reason: str | None = None) -> None:
+        """As RabbitMQ: one log line with the peer address (never the response, which may
+        hold a password); connection.close with the code and text to a client that asked
+        for authentication_failure_close, else the socket is closed."""
+        log.warning(
+            "login refused",
+            extra={
+                "conn": self.name,
+                "mechanism": mechanism,
+                "reason": reason or error.text,
+                "code": error.reply_code,
+            },
+        )
+        if self.capabilities.get("authentication_failure_close"):
+            self.close_with_error(error)
+        else:
+            self._abort("authentication failed")
 
     def _offers_external(self) -> bool:
         """SASL EXTERNAL: only when enabled, and only on a TLS connection whose client sent a
@@ -537,22 +566,25 @@ class Connection(asyncio.Protocol):
         peer_host = self.peer[0] if self.peer else None
         try:
             tls = self.tls
-            if m.mechanism == EXTERNAL and tls is not None and self._offers_external():
-                self.user = self.broker.auth.external(tls.login, peer_host)
+            if m.mechanism not in self._mechanisms():
+                error = HardError(
+                    COMMAND_INVALID, f"unknown authentication mechanism '{m.mechanism}'"
+                )
+                return self._refuse_login(error, m.mechanism)
+            if m.mechanism == EXTERNAL:
+                self.user = self.broker.auth.external(tls.login, peer_host)  # type: ignore[union-attr]
             else:
                 self.user = self.broker.auth.authenticate(m.mechanism, m.response, peer_host)
             self.auth_mechanism = m.mechanism
+        except MalformedResponse as exc:
+            return self._refuse_login(HardError(SYNTAX_ERROR, str(exc)), m.mechanism)
         except AuthError as exc:
-            log.warning("login refused", extra={"conn": self.name, "reason": str(exc)})
+            # The same words whether the user exists or not (the log has the reason).
             text = (
                 f"Login was refused using authentication mechanism {m.mechanism}. "
                 "For details see the broker logfile."
             )
-            if self.capabilities.get("authentication_failure_close"):
-                self.close_with_error(HardError(ACCESS_REFUSED, text, class_id=10, method_id=11))
-            else:
-                self._abort("authentication failed")
-            return
+            return self._refuse_login(HardError(ACCESS_REFUSED, text), m.mechanism, str(exc))
         self.state = AWAIT_TUNE_OK
         limits = self.broker.config.limits
         self.send_method(
@@ -597,6 +629,7 @@ class Connection(asyncio.Protocol):
                 10,
                 40,
             )
+        self._check_connection_limits(vhost)
         self.vhost = vhost
         self.permission = perm
         self.state = OPEN
@@ -610,6 +643,28 @@ class Connection(asyncio.Protocol):
             "connection opened",
             extra={"conn": self.name, "user": self.user.name, "vhost": vhost.name},
         )
+
+    def _check_connection_limits(self, vhost: Any) -> None:
+        """RabbitMQ's vhost and user max-connections, with its texts (530 NOT_ALLOWED)."""
+        broker = self.broker
+        user = self.user.name
+        most = broker.limit("vhost", vhost.name, "max-connections")
+        if most is not None and (sum(1 for c in broker.connections if c.vhost is vhost) >= most):
+            raise connection_error(
+                NOT_ALLOWED,
+                f"access to vhost '{vhost.name}' refused for user '{user}': "
+                f"connection limit ({most}) is reached",
+                10,
+                40,
+            )
+        most = broker.limit("user", user, "max-connections")
+        if most is not None and len(broker.user_connections(user)) >= most:
+            raise connection_error(
+                NOT_ALLOWED,
+                f"connection refused for user '{user}': user connection limit ({most}) is reached",
+                10,
+                40,
+            )
 
     def _closing_method(self, method: Any) -> None:
         """After we sent connection.close only close and close-ok matter (spec 2.2.4); after

@@ -83,10 +83,46 @@ def user_rows(broker: Broker) -> list[dict[str, Any]]:
             "name": u.name,
             "password_hash": u.password_hash,
             "hashing_algorithm": "rabbit_password_hashing_sha256",
-            "tags": ",".join(u.tags),
+            "tags": list(u.tags),
+            **({"limits": limits} if (limits := broker.limits.get(("user", u.name))) else {}),
         }
         for u in broker.auth.users.values()
     ]
+
+
+#: The limits RabbitMQ knows, by kind (anything else is refused as RabbitMQ does).
+LIMIT_NAMES = {
+    "vhost": ("max-connections", "max-queues"),
+    "user": ("max-connections", "max-channels"),
+}
+
+
+def limit_rows(broker: Broker, kind: str, owner: str | None = None) -> list[dict[str, Any]]:
+    """GET /api/vhost-limits and /api/user-limits: [{"vhost"|"user": name, "value": {...}}]."""
+    return [
+        {kind: name, "value": dict(sorted(values.items()))}
+        for (k, name), values in sorted(broker.limits.items())
+        if k == kind and values and (owner is None or name == owner)
+    ]
+
+
+def _import_limits(broker: Broker, kind: str, owner: str, values: Any) -> None:
+    if not isinstance(values, dict):
+        raise ValueError(f"{kind} limits of {owner!r} must be an object")
+    for name, value in values.items():
+        broker.set_limit(kind, owner, name, _limit_value(kind, name, value))
+
+
+def _limit_value(kind: str, name: str, value: Any) -> int:
+    if name not in LIMIT_NAMES[kind]:
+        raise ValueError(
+            f'Validation failed\n\nUnrecognised terms [{{<<"{name}">>,{value}}}] in limits\n'
+        )
+    if type(value) is not int:
+        raise ValueError(
+            f"Validation failed\n\n{name} should be a number, actually was {value!r}\n"
+        )
+    return value
 
 
 def permission_rows(broker: Broker) -> list[dict[str, Any]]:
@@ -165,6 +201,15 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
         "vhosts": [{"name": name} for name in broker.vhosts],
         "permissions": permissions,
         "topic_permissions": topic_permission_rows(broker),
+        "parameters": [
+            {
+                "value": row["value"],
+                "vhost": row["vhost"],
+                "component": "vhost-limits",
+                "name": "limits",
+            }
+            for row in limit_rows(broker, "vhost")
+        ],
         "exchanges": exchanges,
         "queues": queues,
         "bindings": bindings,
@@ -179,6 +224,11 @@ def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
         tags = tuple(t for t in (tags.split(",") if isinstance(tags, str) else tags) if t)
         password_hash = u.get("password_hash") or hash_password(u["password"])
         broker.put_user(u["name"], password_hash, tags)
+        if u.get("limits"):
+            _import_limits(broker, "user", u["name"], u["limits"])
+    for param in doc.get("parameters", []):
+        if param.get("component") == "vhost-limits":
+            _import_limits(broker, "vhost", param["vhost"], param.get("value"))
     for p in doc.get("permissions", []):
         broker.set_permission(
             p["user"],
@@ -367,6 +417,12 @@ class ManagementServer:
         )
         app.router.add_get("/api/users/{user}/topic-permissions", self.topic_permissions)
         app.router.add_get("/api/vhosts/{vhost}/topic-permissions", self.topic_permissions)
+        for kind in ("vhost", "user"):
+            base = f"/api/{kind}-limits"
+            app.router.add_get(base, self.limits)
+            app.router.add_get(base + "/{owner}", self.limits)
+            app.router.add_put(base + "/{owner}/{limit}", self.put_limit)
+            app.router.add_delete(base + "/{owner}/{limit}", self.delete_limit)
         app.router.add_get("/api/health/checks/alarms", self.alarms)
         self.app = app
 
@@ -665,6 +721,43 @@ class ManagementServer:
             info["user"], info["vhost"], info.get("exchange")
         ):
             raise _not_found()
+        return web.Response(status=204)
+
+    @staticmethod
+    def _limit_kind(request: web.Request) -> str:
+        return "vhost" if request.path.startswith("/api/vhost-limits") else "user"
+
+    def _limit_owner(self, request: web.Request, kind: str) -> str:
+        owner = request.match_info["owner"]
+        known = self.broker.vhosts if kind == "vhost" else self.broker.auth.users
+        if owner not in known or (kind == "vhost" and not self._sees_vhost(request, owner)):
+            raise _not_found()
+        return owner
+
+    async def limits(self, request: web.Request) -> web.Response:
+        kind = self._limit_kind(request)
+        owner = self._limit_owner(request, kind) if "owner" in request.match_info else None
+        rows = limit_rows(self.broker, kind, owner)
+        if kind == "vhost":
+            rows = [r for r in rows if self._sees_vhost(request, r["vhost"])]
+        return web.json_response(rows)
+
+    async def put_limit(self, request: web.Request) -> web.Response:
+        kind = self._limit_kind(request)
+        owner = self._limit_owner(request, kind)
+        body = await self._json(request)
+        name = request.match_info["limit"]
+        try:
+            value = _limit_value(kind, name, body.get("value"))
+        except ValueError as exc:
+            raise _bad_request(str(exc)) from None
+        self.broker.set_limit(kind, owner, name, value)
+        return web.Response(status=204)
+
+    async def delete_limit(self, request: web.Request) -> web.Response:
+        kind = self._limit_kind(request)
+        owner = self._limit_owner(request, kind)
+        self.broker.clear_limit(kind, owner, request.match_info["limit"])
         return web.Response(status=204)
 
     async def import_definitions(self, request: web.Request) -> web.Response:

@@ -55,6 +55,10 @@ class Broker:
         self.persistence = Persistence(self, self.config.storage.data_dir)
         self.persistence.seed_from_config()
         self.auth: Authenticator = self.persistence.load_auth()
+        #: RabbitMQ's vhost and user limits: ("vhost" | "user", name) -> {limit: value}.
+        self.limits: dict[tuple[str, str], dict[str, int]] = {}
+        for limit in self.persistence.definitions.limits():
+            self.limits.setdefault((limit.kind, limit.owner), {})[limit.name] = limit.value
         self.vhosts: dict[str, VirtualHost] = {
             name: VirtualHost(self, name) for name in self.persistence.vhost_names()
         }
@@ -281,6 +285,7 @@ class Broker:
         for queue in list(vhost.queues.values()):
             vhost.delete_queue(queue, reason="vhost deleted")
         self.persistence.vhost_deleted(name)
+        self.limits.pop(("vhost", name), None)
         self.reload_auth()
         return True
 
@@ -296,6 +301,7 @@ class Broker:
         if name not in self.auth.users:
             return False
         self.persistence.definitions.delete_user(name)
+        self.limits.pop(("user", name), None)
         self.reload_auth()
         for conn in list(self.connections):
             if conn.user is not None and conn.user.name == name:
@@ -328,6 +334,26 @@ class Broker:
         removed = self.persistence.definitions.delete_topic_permissions(user, vhost, exchange)
         self.reload_auth()
         return removed
+
+    # -- limits (rabbitmqctl set_vhost_limits / set_user_limits) ---------------------------
+
+    def limit(self, kind: str, owner: str, name: str) -> int | None:
+        """A vhost's or user's limit; None when there is none (a negative value is none too)."""
+        value = self.limits.get((kind, owner), {}).get(name)
+        return None if value is None or value < 0 else value
+
+    def set_limit(self, kind: str, owner: str, name: str, value: int) -> None:
+        from .store.definitions import LimitDef
+
+        self.persistence.definitions.put_limit(LimitDef(kind, owner, name, value))
+        self.limits.setdefault((kind, owner), {})[name] = value
+
+    def clear_limit(self, kind: str, owner: str, name: str) -> bool:
+        self.persistence.definitions.delete_limit(kind, owner, name)
+        return self.limits.get((kind, owner), {}).pop(name, None) is not None
+
+    def user_connections(self, user: str) -> list[Connection]:
+        return [c for c in self.connections if c.vhost is not None and c.user.name == user]
 
     def reload_auth(self) -> None:
         """Re-read users and permissions; open connections see the change at once (their

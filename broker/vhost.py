@@ -293,6 +293,13 @@ class VirtualHost:
             raise channel_error(
                 ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
             )
+        most = self.broker.limit("vhost", self.name, "max-queues")
+        if most is not None and len(self.queues) >= most:
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"cannot declare queue '{name}': queue limit in vhost '{self.name}' ({most}) "
+                "is reached",
+            )
         queue = Queue(
             self,
             name,

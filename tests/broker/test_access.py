@@ -4,6 +4,8 @@ sent for the same frames (a user with ^lim-.* for all three, checked with a raw 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 
 import pytest
@@ -12,6 +14,7 @@ from rawclient import RawClient
 from roarmq.broker.auth import hash_password
 from roarmq.broker.testing import BrokerThread, ephemeral_config, running_broker
 from roarmq.protocol import spec
+from roarmq.protocol.frames import PROTOCOL_HEADER
 from roarmq.protocol.properties import BasicProperties
 
 pytestmark = pytest.mark.timeout(60)
@@ -297,3 +300,72 @@ async def test_user_id_must_be_the_authenticated_user(broker):
         broker.port, "imp", publish=("amq.topic", "k", b"x", BasicProperties(user_id="boss"))
     )
     assert impersonated == ["BasicAck"]
+
+
+# -- authentication failures --------------------------------------------------------------
+
+
+async def start_ok(port: int, mechanism: str, response: bytes, failure_close: bool = True):
+    """Send connection.start-ok; what comes back: a ConnectionClose, or None if the socket
+    was closed without one."""
+    c = await RawClient.connect(port, handshake=False)
+    c.write(PROTOCOL_HEADER)
+    await c.expect(spec.ConnectionStart)
+    caps = {"authentication_failure_close": True} if failure_close else {}
+    c.send(
+        0,
+        spec.ConnectionStartOk(
+            client_properties={"capabilities": caps},
+            mechanism=mechanism,
+            response=response,
+            locale="en_US",
+        ),
+    )
+    try:
+        close = await c.expect(spec.ConnectionClose)
+    except (ConnectionError, EOFError, asyncio.IncompleteReadError):
+        close = None
+    c.writer.close()
+    return close
+
+
+REFUSED_PLAIN = (
+    "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. "
+    "For details see the broker logfile."
+)
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "response", "expected"),
+    [
+        ("PLAIN", b"\0guest\0s3cret-guess", (403, REFUSED_PLAIN)),
+        ("PLAIN", b"\0nobody\0s3cret-guess", (403, REFUSED_PLAIN)),  # same words: no oracle
+        (
+            "FOO",
+            b"\0guest\0guest",
+            (503, "COMMAND_INVALID - unknown authentication mechanism 'FOO'"),
+        ),
+        ("PLAIN", b"s3cret-guess", (502, "SYNTAX_ERROR - malformed PLAIN response")),
+    ],
+)
+async def test_login_failures_as_rabbitmq_and_logged_without_secrets(
+    broker, caplog, mechanism, response, expected
+):
+    caplog.set_level(logging.INFO)
+    close = await start_ok(broker.port, mechanism, response)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        *expected,
+        0,
+        0,
+    )
+    lines = [r for r in caplog.records if r.getMessage() == "login refused"]
+    assert len(lines) == 1
+    assert lines[0].conn.startswith("127.0.0.1:")  # the peer address, for fail2ban and people
+    everything = " ".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    assert "s3cret-guess" not in everything
+    user = broker.broker.auth.users["guest"]
+    assert user.password_hash not in everything
+
+
+async def test_without_failure_close_the_socket_is_just_closed(broker):
+    assert await start_ok(broker.port, "PLAIN", b"\0guest\0wrong", failure_close=False) is None
