@@ -140,13 +140,15 @@ async def serve(config: Config) -> None:
     try:
         log.log(NOTICE, "data dir %s", Path(config.storage.data_dir).resolve())
         broker = Broker(config)
-        await broker.start()
-        tune_gc()
+        # Handlers before the start line is logged: a SIGTERM sent the moment a supervisor
+        # (or a test) reads it must stop the broker cleanly, not kill it.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
+        await broker.start()
+        tune_gc()
         try:
             await stop.wait()
             log.log(NOTICE, "stopping: signal received")

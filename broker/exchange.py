@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from roarmq.protocol.errors import COMMAND_INVALID, PRECONDITION_FAILED
 
 from .errors import channel_error, connection_error
+from .policy import Policy, effective_definition
 from .routing import make_index
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ class Exchange:
         "builtin",
         "stats_in",
         "stats_unroutable",
+        "policy",
+        "operator_policy",
     )
 
     def __init__(
@@ -72,8 +75,13 @@ class Exchange:
                 40,
                 10,
             ) from None
-        alternate = self.arguments.get("alternate-exchange")
-        self.alternate: str | None = alternate if isinstance(alternate, str) else None
+        self.policy: Policy | None = None
+        self.operator_policy: Policy | None = None
+        self.alternate: str | None = None
+        if name:  # policies never apply to the default exchange
+            self.apply_policy(*vhost.policies_for("exchange", name))
+        else:
+            self._settle()
         self.exchange_dests = 0
         self.deleted = False
         self.builtin = builtin
@@ -82,6 +90,21 @@ class Exchange:
 
     def __repr__(self) -> str:
         return f"<Exchange {self.name!r} type={self.type} vhost={self.vhost.name!r}>"
+
+    def apply_policy(self, policy: Policy | None, operator: Policy | None) -> None:
+        """alternate-exchange from the argument, else from the policy (as RabbitMQ)."""
+        self.policy, self.operator_policy = policy, operator
+        self._settle()
+
+    def _settle(self) -> None:
+        alternate = self.arguments.get("alternate-exchange")
+        if not isinstance(alternate, str) and self.policy is not None:
+            alternate = self.policy.definition.get("alternate-exchange")
+        self.alternate = alternate if isinstance(alternate, str) else None
+
+    @property
+    def effective_policy(self) -> dict:
+        return effective_definition(self.policy, self.operator_policy)
 
     @property
     def description(self) -> str:

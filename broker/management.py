@@ -22,12 +22,16 @@ from roarmq.protocol.errors import ProtocolError
 from . import __version__
 from .auth import hash_password
 from .exchange import Exchange
+from .policy import PolicyError
 from .tls import PLAIN_REPORT, server_context
 
 if TYPE_CHECKING:
     from .server import Broker
 
 MANAGEMENT_TAGS = {"administrator", "management", "monitoring", "policymaker"}
+
+#: Where the auth middleware leaves the logged-in user (a typed key where aiohttp has them).
+_USER: Any = web.RequestKey("user", object) if hasattr(web, "RequestKey") else "user"
 
 #: What needs the administrator tag, as RabbitMQ's management plugin: users, permissions,
 #: limits per user, definitions, and every vhost or vhost-limit write. (method or "*", path
@@ -42,7 +46,11 @@ ADMIN_ONLY = (
     ("DELETE", "/api/vhosts"),
     ("PUT", "/api/vhost-limits"),
     ("DELETE", "/api/vhost-limits"),
+    ("*", "/api/operator-policies"),
 )
+
+#: Writes that need the policymaker tag (or administrator).
+POLICYMAKER_ONLY = (("PUT", "/api/policies"), ("DELETE", "/api/policies"))
 
 
 def _needs_administrator(method: str, path: str) -> bool:
@@ -129,14 +137,13 @@ def permission_rows(broker: Broker) -> list[dict[str, Any]]:
     """Every user's permissions per vhost (GET /api/permissions and definitions.json alike)."""
     return [
         {
-            "user": u.name,
-            "vhost": vhost,
-            "configure": p.configure.pattern,
-            "write": p.write.pattern,
-            "read": p.read.pattern,
+            "user": p.user,
+            "vhost": p.vhost,
+            "configure": p.configure,
+            "write": p.write,
+            "read": p.read,
         }
-        for u in broker.auth.users.values()
-        for vhost, p in u.permissions.items()
+        for p in broker.persistence.definitions.permissions()  # the expressions as written
     ]
 
 
@@ -201,6 +208,7 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
         "vhosts": [{"name": name} for name in broker.vhosts],
         "permissions": permissions,
         "topic_permissions": topic_permission_rows(broker),
+        "policies": [p.row() for v in broker.vhosts.values() for p in v.policies.values()],
         "parameters": [
             {
                 "value": row["value"],
@@ -241,6 +249,8 @@ def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
         broker.set_topic_permission(
             t["user"], t["vhost"], t["exchange"], t.get("write", ".*"), t.get("read", ".*")
         )
+    for p in doc.get("policies", []):
+        broker.set_policy(p.get("vhost", "/"), p["name"], p)
     for x in doc.get("exchanges", []):
         vhost = broker.vhosts[x.get("vhost", "/")]
         vhost.declare_exchange(
@@ -283,6 +293,26 @@ def _bad_request(reason: str) -> web.HTTPBadRequest:
     return web.HTTPBadRequest(
         text=json.dumps({"error": "bad_request", "reason": reason}), content_type="application/json"
     )
+
+
+def _permission_fields(body: dict[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
+    """The fields of a permissions PUT, checked: RabbitMQ's key_missing list, then strings
+    that compile (the exchange name is a string, not an expression)."""
+    missing = [k for k in keys if k not in body]
+    if missing:
+        raise _bad_request("[" + ",".join(f"{{key_missing,{k}}}" for k in missing) + "]")
+    fields = {}
+    for key in keys:
+        value = body[key]
+        if not isinstance(value, str):
+            raise _bad_request(f"{key}: a string is required")
+        if key != "exchange":
+            try:
+                re.compile(value)
+            except re.error:
+                raise _bad_request(f"{key}: not a valid regular expression") from None
+        fields[key] = value
+    return fields
 
 
 def _not_found() -> web.HTTPNotFound:
@@ -406,6 +436,9 @@ class ManagementServer:
         app.router.add_put("/api/users/{name}", self.put_user)
         app.router.add_delete("/api/users/{name}", self.delete_user)
         app.router.add_get("/api/permissions", self.permissions)
+        app.router.add_get("/api/permissions/{vhost}/{user}", self.permissions)
+        app.router.add_get("/api/users/{user}/permissions", self.permissions)
+        app.router.add_get("/api/vhosts/{vhost}/permissions", self.permissions)
         app.router.add_put("/api/permissions/{vhost}/{user}", self.put_permission)
         app.router.add_delete("/api/permissions/{vhost}/{user}", self.delete_permission)
         app.router.add_get("/api/topic-permissions", self.topic_permissions)
@@ -423,6 +456,12 @@ class ManagementServer:
             app.router.add_get(base + "/{owner}", self.limits)
             app.router.add_put(base + "/{owner}/{limit}", self.put_limit)
             app.router.add_delete(base + "/{owner}/{limit}", self.delete_limit)
+        for base in ("/api/policies", "/api/operator-policies"):
+            app.router.add_get(base, self.policies)
+            app.router.add_get(base + "/{vhost}", self.policies)
+            app.router.add_get(base + "/{vhost}/{name}", self.policy)
+            app.router.add_put(base + "/{vhost}/{name}", self.put_policy)
+            app.router.add_delete(base + "/{vhost}/{name}", self.delete_policy)
         app.router.add_get("/api/health/checks/alarms", self.alarms)
         self.app = app
 
@@ -458,13 +497,18 @@ class ManagementServer:
                     request.method, request.path
                 ):
                     return _not_authorised("Not administrator user")
-                request["user"] = known
+                if not {"administrator", "policymaker"} & set(known.tags) and any(
+                    request.method == m and request.path.startswith(p + "/")
+                    for m, p in POLICYMAKER_ONLY
+                ):
+                    return _not_authorised("Not policymaker user")
+                request[_USER] = known
                 return await handler(request)
         return _not_authorised("Login failed")
 
     def _sees_vhost(self, request: web.Request, name: str) -> bool:
         """Administrators see every vhost; other users the vhosts they have permissions in."""
-        user = request.get("user")
+        user = request.get(_USER)
         return user is None or "administrator" in user.tags or name in user.permissions
 
     def _vhosts(self, request: web.Request) -> list[Any]:
@@ -514,7 +558,7 @@ class ManagementServer:
         return web.json_response([{"name": v.name} for v in self._vhosts(request)])
 
     async def whoami(self, request: web.Request) -> web.Response:
-        user = request["user"]
+        user = request[_USER]
         return web.json_response({"name": user.name, "tags": list(user.tags)})
 
     async def exchanges(self, request: web.Request) -> web.Response:
@@ -530,6 +574,7 @@ class ManagementServer:
                         "auto_delete": x.auto_delete,
                         "internal": x.internal,
                         "arguments": _json_safe(x.arguments),
+                        "policy": x.policy.name if x.policy is not None else None,
                         "message_stats": {
                             "publish_in": x.stats_in,
                             "unroutable": x.stats_unroutable,
@@ -552,6 +597,9 @@ class ManagementServer:
             "messages": q.message_count() + q.unacked,
             "message_bytes_ready": q.ready_bytes,
             "consumers": q.consumer_count,
+            "policy": q.policy.name if q.policy is not None else None,
+            "operator_policy": q.operator_policy.name if q.operator_policy is not None else None,
+            "effective_policy_definition": q.effective_policy,
             "message_stats": {
                 "publish": q.stats_published,
                 "deliver_get": q.stats_delivered,
@@ -596,7 +644,7 @@ class ManagementServer:
 
     def _sees_connection(self, request: web.Request, conn: Any) -> bool:
         """Administrators and monitoring users see every connection, others their own."""
-        user = request["user"]
+        user = request[_USER]
         if "administrator" in user.tags or "monitoring" in user.tags:
             return True
         return conn.user is not None and conn.user.name == user.name
@@ -654,26 +702,39 @@ class ManagementServer:
         return web.Response(status=204)
 
     async def permissions(self, request: web.Request) -> web.Response:
-        return web.json_response(permission_rows(self.broker))
+        """All permissions, a user's, a vhost's, or one user's in one vhost (an object)."""
+        user, vhost = request.match_info.get("user"), request.match_info.get("vhost")
+        if user is not None and user not in self.broker.auth.users:
+            raise _not_found()
+        if vhost is not None and vhost not in self.broker.vhosts:
+            raise _not_found()
+        rows = [
+            r
+            for r in permission_rows(self.broker)
+            if (user is None or r["user"] == user) and (vhost is None or r["vhost"] == vhost)
+        ]
+        if user is not None and vhost is not None:
+            if not rows:
+                raise _not_found()
+            return web.json_response(rows[0])
+        return web.json_response(rows)
 
     async def put_permission(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         user, vhost = request.match_info["user"], request.match_info["vhost"]
+        perms = _permission_fields(body, ("configure", "write", "read"))
         if user not in self.broker.auth.users or vhost not in self.broker.vhosts:
-            raise _not_found()
-        perms = {}
-        for key in ("configure", "write", "read"):
-            value = body.get(key, "")
-            try:
-                re.compile(value)
-            except (re.error, TypeError):
-                raise _bad_request(f"{key}: not a valid regular expression") from None
-            perms[key] = value
+            raise _bad_request("vhost_or_user_not_found")
+        existed = vhost in self.broker.auth.users[user].permissions
         self.broker.set_permission(user, vhost, **perms)
-        return web.Response(status=204)
+        return web.Response(status=204 if existed else 201)
 
     async def delete_permission(self, request: web.Request) -> web.Response:
-        self.broker.clear_permission(request.match_info["user"], request.match_info["vhost"])
+        user, vhost = request.match_info["user"], request.match_info["vhost"]
+        known = self.broker.auth.users.get(user)
+        if known is None or vhost not in known.permissions:
+            raise _not_found()
+        self.broker.clear_permission(user, vhost)
         return web.Response(status=204)
 
     async def topic_permissions(self, request: web.Request) -> web.Response:
@@ -695,19 +756,10 @@ class ManagementServer:
     async def put_topic_permission(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         user, vhost = request.match_info["user"], request.match_info["vhost"]
+        perms = _permission_fields(body, ("exchange", "write", "read"))
+        exchange = perms.pop("exchange")
         if user not in self.broker.auth.users or vhost not in self.broker.vhosts:
             raise _bad_request("vhost_or_user_not_found")
-        exchange = body.get("exchange")
-        if not isinstance(exchange, str):
-            raise _bad_request("exchange: a string is required")
-        perms = {}
-        for key in ("write", "read"):
-            value = body.get(key, ".*")
-            try:
-                re.compile(value)
-            except (re.error, TypeError):
-                raise _bad_request(f"{key}: not a valid regular expression") from None
-            perms[key] = value
         existed = any(
             t.user == user and t.vhost == vhost
             for t in self.broker.persistence.definitions.topic_permissions()
@@ -716,11 +768,16 @@ class ManagementServer:
         return web.Response(status=204 if existed else 201)
 
     async def delete_topic_permission(self, request: web.Request) -> web.Response:
+        """All of a user's topic permissions in a vhost, or one exchange's (RabbitMQ answers
+        204 for an exchange without any, as long as the user has some in the vhost)."""
         info = request.match_info
-        if not self.broker.clear_topic_permissions(
-            info["user"], info["vhost"], info.get("exchange")
+        user, vhost = info["user"], info["vhost"]
+        if not any(
+            t.user == user and t.vhost == vhost
+            for t in self.broker.persistence.definitions.topic_permissions()
         ):
             raise _not_found()
+        self.broker.clear_topic_permissions(user, vhost, info.get("exchange"))
         return web.Response(status=204)
 
     @staticmethod
@@ -758,6 +815,47 @@ class ManagementServer:
         kind = self._limit_kind(request)
         owner = self._limit_owner(request, kind)
         self.broker.clear_limit(kind, owner, request.match_info["limit"])
+        return web.Response(status=204)
+
+    @staticmethod
+    def _operator(request: web.Request) -> bool:
+        return request.path.startswith("/api/operator-policies")
+
+    async def policies(self, request: web.Request) -> web.Response:
+        operator = self._operator(request)
+        return web.json_response(
+            [
+                p.row()
+                for v in self._vhosts(request)
+                for p in (v.operator_policies if operator else v.policies).values()
+            ]
+        )
+
+    async def policy(self, request: web.Request) -> web.Response:
+        vhost = self._vhosts(request)[0]
+        table = vhost.operator_policies if self._operator(request) else vhost.policies
+        found = table.get(request.match_info["name"])
+        if found is None:
+            raise _not_found()
+        return web.json_response(found.row())
+
+    async def put_policy(self, request: web.Request) -> web.Response:
+        vhost = self._vhosts(request)[0]
+        body = await self._json(request)
+        try:
+            new = self.broker.set_policy(
+                vhost.name, request.match_info["name"], body, self._operator(request)
+            )
+        except PolicyError as exc:
+            raise _bad_request(str(exc)) from None
+        return web.Response(status=201 if new else 204)
+
+    async def delete_policy(self, request: web.Request) -> web.Response:
+        vhost = self._vhosts(request)[0]
+        if not self.broker.clear_policy(
+            vhost.name, request.match_info["name"], self._operator(request)
+        ):
+            raise _not_found()
         return web.Response(status=204)
 
     async def import_definitions(self, request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from roarmq.protocol.errors import PRECONDITION_FAILED
 
 from .errors import channel_error
+from .policy import Policy, effective_definition, resolve
 from .ready import Cleared, FifoReady, PriorityReady
 
 if TYPE_CHECKING:
@@ -118,6 +119,10 @@ class Queue:
         "_reject_overflow",
         "_limited",
         "throttled",
+        "_args",
+        "policy",
+        "operator_policy",
+        "effective_policy",
         "_saturated",
     )
 
@@ -141,21 +146,11 @@ class Queue:
             self.arguments, name, vhost.name, durable, exclusive_owner, auto_delete
         )
         self.queue_type = args.queue_type
-        self.message_ttl = args.message_ttl
-        self.expires = args.expires
-        self.max_length = args.max_length
-        self.max_length_bytes = args.max_length_bytes
-        self.overflow = args.overflow
-        self.dlx = args.dlx
-        self.dlrk = args.dlrk
         self.max_priority = args.max_priority
         self.single_active = args.single_active
-        self.delivery_limit = args.delivery_limit
-        timeout = args.consumer_timeout
-        if timeout is None:
-            timeout = vhost.broker.config.limits.consumer_timeout_ms
-        # Seconds a delivery from this queue may stay unacknowledged (None: forever).
-        self.consumer_timeout: float | None = timeout / 1000.0 if timeout else None
+        self._args = args
+        self.policy, self.operator_policy = vhost.policies_for("queue", name, self.queue_type)
+        self._settle()
         self.ready: FifoReady | PriorityReady = (
             PriorityReady(self.max_priority, self) if self.max_priority else FifoReady(self)
         )
@@ -179,8 +174,6 @@ class Queue:
         self.store_id: int | None = None  # row id of a durable queue in the definitions store
         self.memory_limit = vhost.broker.config.storage.queue_memory_limit
         self._account = vhost.broker.account_bytes
-        self._reject_overflow = self.overflow != "drop-head"
-        self._limited = self.max_length is not None or self.max_length_bytes is not None
         self.throttled: set | None = None  # publisher connections paused for this queue
         # No consumer had credit at the last dispatch: a publish need not look again
         # (O(1), not O(consumers)); any explicit dispatch() -- an ack, a new consumer,
@@ -251,6 +244,50 @@ class Queue:
         if self.max_length is not None and self.ready.n >= self.max_length:
             return True
         return self.max_length_bytes is not None and self.ready_bytes + size > self.max_length_bytes
+
+    # -- settings: x-arguments and policies ------------------------------------------
+
+    def _settle(self) -> None:
+        """The settings in force: x-arguments combined with the policies (broker/policy.py)."""
+        args, given = self._args, self.arguments
+        policy = effective_definition(self.policy, self.operator_policy)
+        self.effective_policy = policy
+        self.message_ttl = resolve("message-ttl", args.message_ttl, policy)
+        self.expires = resolve("expires", args.expires, policy)
+        self.max_length = resolve("max-length", args.max_length, policy)
+        self.max_length_bytes = resolve("max-length-bytes", args.max_length_bytes, policy)
+        self.overflow = (
+            resolve("overflow", args.overflow if "x-overflow" in given else None, policy)
+            or "drop-head"
+        )
+        self.dlx = resolve("dead-letter-exchange", args.dlx, policy)
+        self.dlrk = resolve("dead-letter-routing-key", args.dlrk, policy)
+        self.delivery_limit = (
+            resolve("delivery-limit", args.delivery_limit, policy)
+            if self.queue_type == "quorum"
+            else None
+        )
+        timeout = resolve("consumer-timeout", args.consumer_timeout, policy)
+        if timeout is None:
+            timeout = self.vhost.broker.config.limits.consumer_timeout_ms
+        # Seconds a delivery from this queue may stay unacknowledged (None: forever).
+        self.consumer_timeout: float | None = timeout / 1000.0 if timeout else None
+        self._reject_overflow = self.overflow != "drop-head"
+        self._limited = self.max_length is not None or self.max_length_bytes is not None
+
+    def apply_policy(self, policy: Policy | None, operator: Policy | None) -> None:
+        """A policy changed: new limits hold at once (drop-head trims now), a new expiry
+        restarts the countdown; TTLs apply to messages published from now on."""
+        if policy is self.policy and operator is self.operator_policy:
+            return
+        self.policy, self.operator_policy = policy, operator
+        expires = self.expires
+        self._settle()
+        if self._limited and not self._reject_overflow:
+            self._enforce_max_length()
+        if self.expires != expires:
+            self._cancel_idle_timer()
+            self.touch()
 
     def _enforce_max_length(self) -> None:
         while self.ready.n and (

@@ -25,6 +25,7 @@ from .clock import Clock
 from .config import Config
 from .logs import NOTICE
 from .persistence import Persistence
+from .policy import PolicyError, make_policy
 from .store.messages import MessageStore
 from .tls import TlsListener, server_context
 from .vhost import VirtualHost
@@ -62,6 +63,7 @@ class Broker:
         self.vhosts: dict[str, VirtualHost] = {
             name: VirtualHost(self, name) for name in self.persistence.vhost_names()
         }
+        self._load_policies()
         self.persistence.restore()
         self.store: MessageStore | None = None  # opened by start(): it needs the loop
         self.connections: set[Connection] = set()
@@ -334,6 +336,39 @@ class Broker:
         removed = self.persistence.definitions.delete_topic_permissions(user, vhost, exchange)
         self.reload_auth()
         return removed
+
+    # -- policies ---------------------------------------------------------------------------
+
+    def _load_policies(self) -> None:
+        for vhost_name, name, operator, body in self.persistence.definitions.policies():
+            vhost = self.vhosts.get(vhost_name)
+            if vhost is None:
+                continue
+            try:
+                policy = make_policy(vhost_name, name, body, operator)
+            except PolicyError as exc:
+                log.error("cannot restore policy", extra={"policy": name, "error": str(exc)})
+                continue
+            (vhost.operator_policies if operator else vhost.policies)[name] = policy
+        for vhost in self.vhosts.values():
+            if vhost.policies or vhost.operator_policies:
+                vhost.reapply_policies()  # the built-in exchanges exist already
+
+    def set_policy(self, vhost: str, name: str, body: dict, operator: bool = False) -> bool:
+        """Create or replace a policy (PolicyError if RabbitMQ would refuse it); True if new."""
+        policy = make_policy(vhost, name, body, operator)
+        host = self.vhosts[vhost]
+        new = name not in (host.operator_policies if operator else host.policies)
+        self.persistence.definitions.put_policy(vhost, name, operator, policy.row())
+        host.set_policy(policy)
+        return new
+
+    def clear_policy(self, vhost: str, name: str, operator: bool = False) -> bool:
+        host = self.vhosts.get(vhost)
+        if host is None or not host.clear_policy(name, operator):
+            return False
+        self.persistence.definitions.delete_policy(vhost, name, operator)
+        return True
 
     # -- limits (rabbitmqctl set_vhost_limits / set_user_limits) ---------------------------
 

@@ -24,6 +24,7 @@ from roarmq.protocol.errors import (
 from .errors import channel_error
 from .exchange import DefaultExchange, Exchange
 from .message import FLAG_HEADERS, Message, copy_properties
+from .policy import Policy, best
 from .queue import Queue
 from .routing.graph import route_key, route_message
 
@@ -124,6 +125,10 @@ class VirtualHost:
         self.name = name
         self.clock: Clock = broker.clock
         self.cache_keys = broker.config.routing.cache_keys
+        #: Policies and operator policies by name (broker/policy.py); set before any
+        #: exchange or queue exists, since each looks its policy up when made.
+        self.policies: dict[str, Policy] = {}
+        self.operator_policies: dict[str, Policy] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         self.queues: dict[str, Queue] = {}
         for xname, xtype in BUILTIN_EXCHANGES:
@@ -133,6 +138,39 @@ class VirtualHost:
 
     def account_bytes(self, delta: int) -> None:
         self.broker.account_bytes(delta)
+
+    # -- policies -------------------------------------------------------------------
+
+    def policies_for(
+        self, kind: str, name: str, queue_type: str = "classic"
+    ) -> tuple[Policy | None, Policy | None]:
+        """The policy and operator policy that apply to a queue or exchange now."""
+        if not self.policies and not self.operator_policies:
+            return None, None
+        return (
+            best(self.policies.values(), kind, name, queue_type),
+            best(self.operator_policies.values(), kind, name, queue_type),
+        )
+
+    def set_policy(self, policy: Policy) -> None:
+        table = self.operator_policies if policy.operator else self.policies
+        table[policy.name] = policy
+        self.reapply_policies()
+
+    def clear_policy(self, name: str, operator: bool = False) -> bool:
+        table = self.operator_policies if operator else self.policies
+        if table.pop(name, None) is None:
+            return False
+        self.reapply_policies()
+        return True
+
+    def reapply_policies(self) -> None:
+        """Re-evaluate every queue and exchange against the policies (one changed)."""
+        for queue in list(self.queues.values()):
+            queue.apply_policy(*self.policies_for("queue", queue.name, queue.queue_type))
+        for exchange in self.exchanges.values():
+            if exchange.name:
+                exchange.apply_policy(*self.policies_for("exchange", exchange.name))
 
     # -- exchanges ------------------------------------------------------------------
 
@@ -202,7 +240,7 @@ class VirtualHost:
                 ACCESS_REFUSED,
                 "operation not permitted on the default exchange"
                 if name == ""
-                else f"deletion of system exchange '{name}' in vhost '{self.name}' is not allowed",
+                else f"deletion of system exchange '{name}' in vhost '{self.name}' not allowed",
             )
         exchange = self.exchanges.get(name)
         if exchange is None:

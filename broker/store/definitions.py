@@ -7,6 +7,7 @@ tables (our own encoder) so every RabbitMQ field type round-trips unchanged.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,10 @@ CREATE TABLE IF NOT EXISTS permissions (
 CREATE TABLE IF NOT EXISTS topic_permissions (
     user TEXT NOT NULL, vhost TEXT NOT NULL, exchange TEXT NOT NULL, write TEXT NOT NULL,
     read TEXT NOT NULL, PRIMARY KEY (user, vhost, exchange)
+);
+CREATE TABLE IF NOT EXISTS policies (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, operator INTEGER NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (vhost, name, operator)
 );
 CREATE TABLE IF NOT EXISTS limits (
     kind TEXT NOT NULL, owner TEXT NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
@@ -142,7 +147,8 @@ class DefinitionStore:
 
     def delete_vhost(self, name: str) -> None:
         with self.db:
-            for table in ("exchanges", "queues", "bindings", "permissions", "topic_permissions"):
+            tables = ("exchanges", "queues", "bindings", "permissions", "topic_permissions")
+            for table in (*tables, "policies"):
                 self._run(f"DELETE FROM {table} WHERE vhost = ?", name)
             self._run("DELETE FROM limits WHERE kind = 'vhost' AND owner = ?", name)
             self._run("DELETE FROM vhosts WHERE name = ?", name)
@@ -223,6 +229,33 @@ class DefinitionStore:
             for row in self._run(
                 "SELECT user, vhost, exchange, write, read FROM topic_permissions "
                 "ORDER BY user, vhost, exchange"
+            )
+        ]
+
+    def put_policy(self, vhost: str, name: str, operator: bool, body: dict[str, Any]) -> None:
+        """A policy as its API body (pattern, apply-to, priority, definition), in JSON."""
+        self._run(
+            "INSERT OR REPLACE INTO policies (vhost, name, operator, body) VALUES (?, ?, ?, ?)",
+            vhost,
+            name,
+            int(operator),
+            json.dumps(body, sort_keys=True),
+        )
+
+    def delete_policy(self, vhost: str, name: str, operator: bool) -> None:
+        self._run(
+            "DELETE FROM policies WHERE vhost = ? AND name = ? AND operator = ?",
+            vhost,
+            name,
+            int(operator),
+        )
+
+    def policies(self) -> list[tuple[str, str, bool, dict[str, Any]]]:
+        """(vhost, name, operator, body) of every stored policy."""
+        return [
+            (vhost, name, bool(op), json.loads(body))
+            for vhost, name, op, body in self._run(
+                "SELECT vhost, name, operator, body FROM policies ORDER BY 1, 2, 3"
             )
         ]
 
