@@ -2,9 +2,9 @@
 
 Permissions are three regular expressions per user and vhost (configure,
 write, read) searched for in resource names, as RabbitMQ's `re:run` does (an
-unanchored search: `lim` allows `xlimx`; the empty expression allows
-nothing); the answers are cached because a publish checks `write` on every
-message. Topic permissions add, per exchange, write and read expressions over
+unanchored search: `lim` allows `xlimx`; the empty expression is RabbitMQ's
+`^$`, which no resource name matches but the empty routing key does); the
+answers are cached because a publish checks `write` on every message. Topic permissions add, per exchange, write and read expressions over
 routing keys (publish) and binding keys (bind), with `{username}` and
 `{vhost}` replaced by the user's and vhost's names first.
 """
@@ -39,9 +39,9 @@ class MalformedResponse(AuthError):
     """A SASL response that does not parse: RabbitMQ's 502 SYNTAX_ERROR, not a refusal."""
 
 
-def _regex(text: str) -> re.Pattern[str] | None:
-    """A permission expression; None for the empty one, which allows nothing."""
-    return re.compile(text) if text else None
+def _regex(text: str) -> re.Pattern[str]:
+    """A permission expression; the empty one stands for `^$`, as in RabbitMQ."""
+    return re.compile(text or "^$")
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from roarmq.protocol import spec
 from roarmq.protocol.errors import (
     ACCESS_REFUSED,
+    COMMAND_INVALID,
     NOT_ALLOWED,
     NOT_FOUND,
     NOT_IMPLEMENTED,
@@ -28,6 +29,7 @@ from roarmq.protocol.errors import (
 from roarmq.protocol.frames import encode_content, encode_deliver
 
 from .errors import channel_error, connection_error
+from .exchange import EXCHANGE_TYPES
 from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
 from .queue import Entry, Queue
 from .routing.headers import erlang_type_name
@@ -394,12 +396,44 @@ class Channel:
                 f"'{self.vhost.name}' refused for user '{self.conn.user.name}'",
             )
 
+    def _not_default(self, *names: str) -> None:
+        if "" in names:
+            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+
+    def _check_argument_exchange(
+        self, kind: str, name: str, arguments: dict | None, key: str
+    ) -> None:
+        """The exchange a new exchange (alternate-exchange) or queue (x-dead-letter-exchange)
+        names, checked as RabbitMQ does: its type, read on the new object, write on it."""
+        target = arguments.get(key) if arguments else None
+        if target is None:
+            return
+        if not isinstance(target, str):
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid type '{erlang_type_name(target)}' for arg '{key}' in {kind} "
+                f"'{name}' in vhost '{self.vhost.name}'",
+            )
+        self._check("read", kind, name)
+        self._check("write", "exchange", target)
+
     def _exchange_declare(self, m: spec.ExchangeDeclare) -> None:
         if not m.passive:
+            # RabbitMQ's order: the type, the default exchange, configure; then, for a new
+            # exchange only, the reserved prefix and the alternate exchange.
+            if m.type not in EXCHANGE_TYPES:
+                raise connection_error(COMMAND_INVALID, f"unknown exchange type '{m.type}'", 40, 10)
+            self._not_default(m.exchange)
             self._check("configure", "exchange", m.exchange)
-        ae = (m.arguments or {}).get("alternate-exchange")
-        if ae is not None and not m.passive:
-            self._check("write", "exchange", ae if isinstance(ae, str) else "")
+            if m.exchange not in self.vhost.exchanges:
+                if m.exchange.startswith("amq."):
+                    raise channel_error(
+                        ACCESS_REFUSED,
+                        f"exchange name '{m.exchange}' contains reserved prefix 'amq.*'",
+                    )
+                self._check_argument_exchange(
+                    "exchange", m.exchange, m.arguments, "alternate-exchange"
+                )
         exchange, created = self.vhost.declare_exchange(
             m.exchange,
             m.type,
@@ -413,6 +447,13 @@ class Channel:
             self.send_method(spec.ExchangeDeclareOk())
 
     def _exchange_delete(self, m: spec.ExchangeDelete) -> None:
+        self._not_default(m.exchange)
+        if m.exchange.startswith("amq."):
+            raise channel_error(
+                ACCESS_REFUSED,
+                f"deletion of system exchange '{m.exchange}' in vhost '{self.vhost.name}' "
+                "not allowed",
+            )
         self._check("configure", "exchange", m.exchange)
         self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
         if not m.no_wait:
@@ -420,6 +461,7 @@ class Channel:
 
     def _exchange_bind(self, m: spec.ExchangeBind) -> None:
         self._check("write", "exchange", m.destination)
+        self._not_default(m.destination, m.source)
         self._check("read", "exchange", m.source)
         destination = self.vhost.get_exchange(m.destination)
         source = self.vhost.get_exchange(m.source)
@@ -430,6 +472,7 @@ class Channel:
 
     def _exchange_unbind(self, m: spec.ExchangeUnbind) -> None:
         self._check("write", "exchange", m.destination)
+        self._not_default(m.destination, m.source)
         self._check("read", "exchange", m.source)
         destination = self.vhost.exchanges.get(m.destination)
         source = self.vhost.exchanges.get(m.source)
@@ -451,11 +494,13 @@ class Channel:
         if not m.passive:
             if not name:  # named here, so the check sees the name the queue will have
                 name = server_named_queue()
+            elif name.startswith("amq.") and not name.startswith("amq.gen-"):
+                raise channel_error(
+                    ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
+                )
             self._check("configure", "queue", name)
-            dlx = (m.arguments or {}).get("x-dead-letter-exchange")
-            if dlx is not None:  # dead-lettering reads the queue and writes the DLX
-                self._check("read", "queue", name)
-                self._check("write", "exchange", dlx if isinstance(dlx, str) else "")
+            if name not in self.vhost.queues:  # dead-lettering reads the queue, writes the DLX
+                self._check_argument_exchange("queue", name, m.arguments, "x-dead-letter-exchange")
         queue, created = self.vhost.declare_queue(
             name,
             self.conn,
@@ -486,6 +531,7 @@ class Channel:
     def _queue_bind(self, m: spec.QueueBind) -> None:
         qname = self._queue_name(m.queue)
         self._check("write", "queue", qname)
+        self._not_default(m.exchange)
         self._check("read", "exchange", m.exchange)
         queue = self.vhost.get_queue(qname, self.conn)
         exchange = self.vhost.get_exchange(m.exchange)
@@ -497,10 +543,9 @@ class Channel:
     def _queue_unbind(self, m: spec.QueueUnbind) -> None:
         qname = self._queue_name(m.queue)
         self._check("write", "queue", qname)
+        self._not_default(m.exchange)
         self._check("read", "exchange", m.exchange)
         # RabbitMQ answers unbind-ok whatever is missing: queue, exchange or binding.
-        if m.exchange == "":
-            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
         queue = self.vhost.queues.get(qname)
         exchange = self.vhost.exchanges.get(m.exchange)
         self._check_topic("read", exchange, m.routing_key)
@@ -745,12 +790,12 @@ class Channel:
 
     def _publish_exchange(self, name: str) -> Any:
         """Look up, check and cache an exchange this channel publishes to."""
+        self._check("write", "exchange", name)  # before the lookup, as RabbitMQ
         exchange = self.vhost.exchanges.get(name)
         if exchange is None:
             raise channel_error(
                 NOT_FOUND, f"no exchange '{name}' in vhost '{self.vhost.name}'", 60, 40
             )
-        self._check("write", "exchange", name)
         if exchange.internal:
             raise channel_error(
                 ACCESS_REFUSED,
@@ -764,8 +809,17 @@ class Channel:
         return exchange
 
     def _check_properties(self, msg: Message) -> Message:
+        """Fast reply-to, then user_id: RabbitMQ's order (maybe_set_fast_reply_to first)."""
         props = msg.properties
         user = self.conn.user
+        if props.reply_to == REPLY_TO_QUEUE:
+            if self.reply_key is None:
+                raise channel_error(
+                    PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40
+                )
+            new = copy_properties(props)
+            new.reply_to = REPLY_TO_PREFIX + self.reply_key
+            msg = msg.with_properties(new)
         if (
             props.user_id is not None
             and props.user_id != user.name
@@ -778,14 +832,6 @@ class Channel:
                 60,
                 40,
             )
-        if props.reply_to == REPLY_TO_QUEUE:
-            if self.reply_key is None:
-                raise channel_error(
-                    PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40
-                )
-            new = copy_properties(props)
-            new.reply_to = REPLY_TO_PREFIX + self.reply_key
-            msg = msg.with_properties(new)
         return msg
 
     def _route(self, exchange: Any, msg: Message, mandatory: bool, seq: int) -> None:

@@ -8,6 +8,8 @@ import asyncio
 import logging
 import re
 
+import aio_pika
+import aiormq
 import pytest
 from rawclient import RawClient
 
@@ -62,7 +64,17 @@ async def lim(broker):
     vhost.declare_queue("lim-q", None)
     vhost.declare_exchange("other-x", "topic")
     vhost.declare_exchange("lim-x", "topic")
+    # Made by someone allowed to: redeclaring them is not checking their arguments again.
+    vhost.declare_exchange("lim-xae", "topic", arguments={"alternate-exchange": "other-x"})
+    vhost.declare_queue("lim-qdlx", None, arguments={"x-dead-letter-exchange": "other-x"})
+    # Everything but read: read is what a new queue's DLX or exchange's AE also needs.
+    add_user(b, "nor", ".*", ".*", "^nothing$")
     return broker
+
+
+DEFAULT_REFUSED = (
+    "ChannelClose 403 ACCESS_REFUSED - operation not permitted on the default exchange"
+)
 
 
 CASES = [
@@ -128,6 +140,108 @@ CASES = [
         None,
         refused("exchange", "amq.foo"),
     ),
+    # RabbitMQ's order: what is refused for every user comes before the permission check.
+    ([spec.ExchangeDeclare(exchange="", type="direct")], None, DEFAULT_REFUSED),
+    (
+        [spec.ExchangeDeclare(exchange="other3", type="bogus")],
+        None,
+        "ConnectionClose 503 COMMAND_INVALID - unknown exchange type 'bogus'",
+    ),
+    ([spec.ExchangeDelete(exchange="")], None, DEFAULT_REFUSED),
+    (
+        [spec.ExchangeDelete(exchange="amq.direct")],
+        None,
+        "ChannelClose 403 ACCESS_REFUSED - deletion of system exchange 'amq.direct' in vhost "
+        "'/' not allowed",
+    ),
+    ([spec.ExchangeDelete(exchange="lim-none")], None, "ExchangeDeleteOk"),
+    ([spec.ExchangeDelete(exchange="none-other")], None, refused("exchange", "none-other")),
+    (
+        [spec.QueueDeclare(queue="amq.foo")],
+        None,
+        "ChannelClose 403 ACCESS_REFUSED - queue name 'amq.foo' contains reserved prefix 'amq.*'",
+    ),
+    ([spec.QueueBind(queue="lim-q", exchange="", routing_key="a")], None, DEFAULT_REFUSED),
+    ([spec.QueueUnbind(queue="lim-q", exchange="", routing_key="a")], None, DEFAULT_REFUSED),
+    (
+        [spec.ExchangeBind(destination="lim-x", source="", routing_key="a")],
+        None,
+        DEFAULT_REFUSED,
+    ),
+    (
+        [spec.ExchangeBind(destination="", source="lim-x", routing_key="a")],
+        None,
+        refused("exchange", "amq.default"),  # write on the destination comes first
+    ),
+    (
+        [spec.ExchangeUnbind(destination="lim-x", source="", routing_key="a")],
+        None,
+        DEFAULT_REFUSED,
+    ),
+    # Write on the exchange is checked before it is looked up.
+    ([], ("other-nox", "x", b"x"), refused("exchange", "other-nox")),
+    (
+        [],
+        ("lim-nox", "x", b"x"),
+        "ChannelClose 404 NOT_FOUND - no exchange 'lim-nox' in vhost '/'",
+    ),
+    ([spec.QueueDelete(queue="other-none")], None, refused("queue", "other-none")),
+    ([spec.BasicConsume(queue="other-none")], None, refused("queue", "other-none")),
+    # The arguments naming another exchange are checked for new objects only.
+    (
+        [
+            spec.ExchangeDeclare(
+                exchange="lim-xae", type="topic", arguments={"alternate-exchange": "other-x"}
+            )
+        ],
+        None,
+        "ExchangeDeclareOk",
+    ),
+    (
+        [spec.QueueDeclare(queue="lim-qdlx", arguments={"x-dead-letter-exchange": "other-x"})],
+        None,
+        "QueueDeclareOk",
+    ),
+    (
+        [spec.QueueDeclare(queue="lim-q4", arguments={"x-dead-letter-exchange": "lim-x"})],
+        None,
+        "QueueDeclareOk",
+    ),
+    (
+        [
+            spec.ExchangeDeclare(
+                exchange="lim-x3", type="topic", arguments={"alternate-exchange": 5}
+            )
+        ],
+        None,
+        "ChannelClose 406 PRECONDITION_FAILED - invalid type 'byte' for arg 'alternate-exchange' "
+        "in exchange 'lim-x3' in vhost '/'",
+    ),
+    (
+        [spec.QueueDeclare(queue="lim-q4", arguments={"x-dead-letter-exchange": 5})],
+        None,
+        "ChannelClose 406 PRECONDITION_FAILED - invalid type 'byte' for arg "
+        "'x-dead-letter-exchange' in queue 'lim-q4' in vhost '/'",
+    ),
+]
+
+# A user with configure and write everywhere but no read: a new exchange with an alternate
+# exchange, or a new queue with a dead-letter exchange, also needs read on itself.
+NOR_CASES = [
+    (
+        [
+            spec.ExchangeDeclare(
+                exchange="ae1", type="topic", arguments={"alternate-exchange": "amq.direct"}
+            )
+        ],
+        refused("exchange", "ae1", "nor"),
+    ),
+    ([spec.ExchangeDeclare(exchange="ae1", type="topic")], "ExchangeDeclareOk"),
+    (
+        [spec.QueueDeclare(queue="dq", arguments={"x-dead-letter-exchange": "amq.direct"})],
+        refused("queue", "dq", "nor"),
+    ),
+    ([spec.QueueDeclare(queue="dq")], "QueueDeclareOk"),
 ]
 
 
@@ -136,7 +250,22 @@ async def test_each_method_checks_what_rabbitmq_checks(lim, methods, publish, ex
     assert (await outcome(lim.port, "lim", *methods, publish=publish))[-1] == expected
 
 
-async def test_expressions_are_searched_not_matched_and_empty_allows_nothing(broker):
+@pytest.mark.parametrize(("methods", "expected"), NOR_CASES)
+async def test_new_dead_letter_and_alternate_exchanges_need_read_on_the_new_object(
+    lim, methods, expected
+):
+    assert (await outcome(lim.port, "nor", *methods))[-1] == expected
+
+
+async def test_fast_reply_to_is_checked_before_user_id(broker):
+    add_user(broker.broker, "u1")
+    props = BasicProperties(user_id="boss", reply_to="amq.rabbitmq.reply-to")
+    assert await outcome(broker.port, "u1", publish=("amq.topic", "k", b"x", props)) == [
+        "ChannelClose 406 PRECONDITION_FAILED - fast reply consumer does not exist"
+    ]
+
+
+async def test_expressions_are_searched_not_matched_and_empty_allows_no_name(broker):
     add_user(broker.broker, "rx", configure="lim", write="", read="")
     ok = await outcome(broker.port, "rx", spec.QueueDeclare(queue="xlimx", auto_delete=True))
     assert ok == ["QueueDeclareOk"]
@@ -230,6 +359,52 @@ async def test_topic_permissions_as_rabbitmq(tp, methods, publish, expected):
     assert (await outcome(tp.port, "tp", *methods, publish=publish))[-1] == expected
 
 
+async def test_an_empty_topic_expression_allows_the_empty_key_only(broker):
+    """RabbitMQ reads the empty expression as `^$`: the empty routing key passes."""
+    add_user(broker.broker, "te")
+    broker.broker.vhosts["/"].declare_exchange("te-x", "topic")
+    broker.broker.vhosts["/"].declare_queue("te-q", None)
+    broker.broker.set_topic_permission("te", "/", "te-x", "", "")
+    assert await outcome(broker.port, "te", publish=("te-x", "", b"x")) == ["BasicAck"]
+    bind = spec.QueueBind(queue="te-q", exchange="te-x", routing_key="")
+    assert await outcome(broker.port, "te", bind) == ["QueueBindOk"]
+    assert await outcome(broker.port, "te", publish=("te-x", "a", b"x")) == [
+        "ChannelClose 403 ACCESS_REFUSED - access to topic 'a' in exchange 'te-x' in vhost '/' "
+        "refused for user 'te'"
+    ]
+
+
+async def test_regex_characters_in_the_user_name_are_not_escaped(broker):
+    """{username} is replaced by the name as it is: `a+b` reads as a regex (RabbitMQ)."""
+    add_user(broker.broker, "a+b")
+    broker.broker.set_topic_permission("a+b", "/", "amq.topic", r"^{username}\.", ".*")
+    assert await outcome(broker.port, "a+b", publish=("amq.topic", "aab.x", b"x")) == ["BasicAck"]
+    assert await outcome(broker.port, "a+b", publish=("amq.topic", "a+b.x", b"x")) == [
+        "ChannelClose 403 ACCESS_REFUSED - access to topic 'a+b.x' in exchange 'amq.topic' in "
+        "vhost '/' refused for user 'a+b'"
+    ]
+
+
+async def test_a_topic_permission_change_reaches_open_connections(broker):
+    add_user(broker.broker, "tc")
+    c = await RawClient.connect(broker.port, user="tc", password="pw")
+    await c.open_channel(1)
+    c.send(1, spec.ConfirmSelect())
+    await c.expect(spec.ConfirmSelectOk)
+    c.publish(1, "amq.topic", "k", b"x")
+    assert isinstance(await c.next_method(), spec.BasicAck)
+    broker.broker.set_topic_permission("tc", "/", "amq.topic", "^ok$", ".*")
+    c.publish(1, "amq.topic", "ok", b"x")
+    assert isinstance(await c.next_method(), spec.BasicAck)
+    c.publish(1, "amq.topic", "k", b"x")
+    close = await c.expect(spec.ChannelClose)
+    assert close.reply_text == (
+        "ACCESS_REFUSED - access to topic 'k' in exchange 'amq.topic' in vhost '/' refused for "
+        "user 'tc'"
+    )
+    await c.close()
+
+
 async def test_topic_permissions_survive_a_restart(tmp_path):
     cfg = ephemeral_config(data_dir=str(tmp_path / "data"))
     async with running_broker(cfg) as b:
@@ -246,7 +421,7 @@ def test_topic_permissions_api_and_definitions(tmp_path):
         body = {"password": "pw", "tags": ""}
         assert b.api("PUT", "/api/users/tp", body)[0] == 201
         perms = {"configure": ".*", "write": ".*", "read": ".*"}
-        assert b.api("PUT", "/api/permissions/%2F/tp", perms)[0] == 204
+        assert b.api("PUT", "/api/permissions/%2F/tp", perms)[0] == 201
         put = {"exchange": "amq.topic", "write": "^{username}", "read": "b"}
         assert b.api("PUT", "/api/topic-permissions/%2F/tp", put)[0] == 201
         put2 = {"exchange": "amq.direct", "write": "a", "read": "b"}
@@ -269,14 +444,56 @@ def test_topic_permissions_api_and_definitions(tmp_path):
             400,
             {"error": "bad_request", "reason": "vhost_or_user_not_found"},
         )
+        assert b.api("PUT", "/api/topic-permissions/%2F/tp", {"read": "a"}) == (
+            400,
+            {"error": "bad_request", "reason": "[{key_missing,exchange},{key_missing,write}]"},
+        )
         assert b.api("DELETE", "/api/topic-permissions/%2F/tp/amq.topic")[0] == 204
+        assert len(b.api("GET", "/api/topic-permissions/%2F/tp")[1]) == 1
+        # RabbitMQ: 204 for an exchange without one, while the user has some in the vhost.
+        assert b.api("DELETE", "/api/topic-permissions/%2F/tp/amq.fanout")[0] == 204
         assert len(b.api("GET", "/api/topic-permissions/%2F/tp")[1]) == 1
         assert b.api("DELETE", "/api/topic-permissions/%2F/tp")[0] == 204
         assert b.api("GET", "/api/topic-permissions/%2F/tp")[0] == 404
+        assert b.api("DELETE", "/api/topic-permissions/%2F/tp")[0] == 404
+        assert b.api("DELETE", "/api/topic-permissions/%2F/tp/amq.topic")[0] == 404
         # Importing RabbitMQ's export format brings them back.
         doc = {"topic_permissions": [row]}
         assert b.api("POST", "/api/definitions", doc)[0] == 204
         assert b.api("GET", "/api/topic-permissions")[1] == [row]
+
+
+def test_permissions_api_as_rabbitmq(tmp_path):
+    """GET/PUT/DELETE /api/permissions/{vhost}/{user} and the per-user and per-vhost lists,
+    with RabbitMQ 3.10.8's statuses and bodies."""
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "data")), management=True) as b:
+        assert b.api("PUT", "/api/users/pu", {"password": "pw", "tags": ""})[0] == 201
+        perms = {"configure": "^c", "write": "", "read": ".*"}
+        row = {"user": "pu", "vhost": "/", **perms}
+        assert b.api("GET", "/api/permissions/%2F/pu")[0] == 404
+        assert b.api("PUT", "/api/permissions/%2F/pu", perms)[0] == 201
+        assert b.api("PUT", "/api/permissions/%2F/pu", perms)[0] == 204
+        assert b.api("GET", "/api/permissions/%2F/pu") == (200, row)
+        assert b.api("GET", "/api/users/pu/permissions") == (200, [row])
+        assert row in b.api("GET", "/api/vhosts/%2F/permissions")[1]
+        assert row in b.api("GET", "/api/permissions")[1]  # the empty expression as written
+        assert row in b.api("GET", "/api/definitions")[1]["permissions"]
+        for path in ("/api/users/nouser/permissions", "/api/vhosts/novhost/permissions"):
+            assert b.api("GET", path)[0] == 404
+        assert b.api("PUT", "/api/permissions/%2F/pu", {"configure": "a"}) == (
+            400,
+            {"error": "bad_request", "reason": "[{key_missing,write},{key_missing,read}]"},
+        )
+        assert b.api("PUT", "/api/permissions/%2F/pu", {**perms, "read": "("})[0] == 400
+        for path in ("/api/permissions/%2F/nouser", "/api/permissions/novhost/pu"):
+            assert b.api("PUT", path, perms) == (
+                400,
+                {"error": "bad_request", "reason": "vhost_or_user_not_found"},
+            )
+        assert b.api("DELETE", "/api/permissions/%2F/pu")[0] == 204
+        assert b.api("DELETE", "/api/permissions/%2F/pu")[0] == 404
+        assert b.api("GET", "/api/permissions/%2F/pu")[0] == 404
+        assert b.api("DELETE", "/api/permissions/%2F/nouser")[0] == 404
 
 
 # -- user_id ---------------------------------------------------------------------------
@@ -300,6 +517,30 @@ async def test_user_id_must_be_the_authenticated_user(broker):
         broker.port, "imp", publish=("amq.topic", "k", b"x", BasicProperties(user_id="boss"))
     )
     assert impersonated == ["BasicAck"]
+
+
+async def test_a_client_library_sees_the_refusals(broker):
+    """aio-pika, as an application would: the channel closes with RabbitMQ's code and text."""
+    add_user(broker.broker, "ap", configure="^ap-", write="^ap-", read="^ap-")
+    url = f"amqp://ap:pw@127.0.0.1:{broker.port}/"
+    async with await aio_pika.connect(url) as conn:
+        ch = await conn.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused) as info:
+            await ch.declare_queue("not-ap", auto_delete=True)
+        assert "access to queue 'not-ap' in vhost '/' refused for user 'ap'" in str(info.value)
+        ch = await conn.channel()
+        x = await ch.get_exchange("amq.topic")
+        msg = aio_pika.Message(b"x", user_id="boss")
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused) as info:
+            await x.publish(msg, "k")
+        assert "access to exchange 'amq.topic' in vhost '/' refused for user 'ap'" in str(
+            info.value
+        )
+        ch = await conn.channel()
+        x = await ch.declare_exchange("ap-x", aio_pika.ExchangeType.TOPIC, auto_delete=True)
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed) as info:
+            await x.publish(msg, "k")
+        assert "user_id property set to 'boss' but authenticated user was 'ap'" in str(info.value)
 
 
 # -- authentication failures --------------------------------------------------------------

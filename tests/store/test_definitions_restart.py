@@ -38,15 +38,12 @@ def test_durable_definitions_restored_transient_gone(tmp_path):
             api(b, "PUT", "/api/users/alice", {"password": "s3cret", "tags": "management"})[0]
             == 201
         )
-        assert (
-            api(
-                b,
-                "PUT",
-                "/api/permissions/extra/alice",
-                {"configure": ".*", "write": ".*", "read": ".*"},
-            )[0]
-            == 204
-        )
+        assert api(
+            b,
+            "PUT",
+            "/api/permissions/extra/alice",
+            {"configure": ".*", "write": ".*", "read": ".*"},
+        )[0] in (201, 204)
     with BrokerThread(cfg, management=True) as b:
         conn = pika.BlockingConnection(pika.URLParameters(b.url))
         ch = conn.channel()
