@@ -210,6 +210,7 @@ SUBCOMMANDS = {
     "serve": "run the broker (options: roarmq serve --help)",
     "check-config": "validate a TOML config file: exit 0 if valid, 1 naming the bad key",
     "ping": "health check: exit 0 if a broker answers the AMQP handshake",
+    "ctl": "rabbitmqctl's everyday commands over the management API (roarmq ctl --help)",
 }
 
 
@@ -233,6 +234,10 @@ def cli(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return main(rest, prog="roarmq serve")
+    if command == "ctl":
+        from .ctl import main as ctl
+
+        return ctl(rest)
     if command == "check-config":
         p = argparse.ArgumentParser(prog="roarmq check-config", description=SUBCOMMANDS[command])
         p.add_argument("file", metavar="FILE", help="the TOML config file")

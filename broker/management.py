@@ -22,6 +22,7 @@ from roarmq.protocol.errors import ProtocolError
 from . import __version__
 from .auth import hash_password
 from .exchange import Exchange
+from .explain import explain
 from .policy import PolicyError
 from .tls import PLAIN_REPORT, server_context
 
@@ -122,15 +123,35 @@ def _import_limits(broker: Broker, kind: str, owner: str, values: Any) -> None:
 
 
 def _limit_value(kind: str, name: str, value: Any) -> int:
+    """A limit's value, checked; the refusals in RabbitMQ's words (vhost limits go through
+    its parameter validation, user limits do not, hence the two spellings)."""
     if name not in LIMIT_NAMES[kind]:
-        raise ValueError(
-            f'Validation failed\n\nUnrecognised terms [{{<<"{name}">>,{value}}}] in limits\n'
-        )
+        terms = f"Unrecognised terms [{{{_erlang(name)},{_erlang(value)}}}] in"
+        if kind == "vhost":
+            raise ValueError(_validation_failed(f"{terms} limits"))
+        raise ValueError(f"{terms} user-limits")
     if type(value) is not int:
-        raise ValueError(
-            f"Validation failed\n\n{name} should be a number, actually was {value!r}\n"
-        )
-    return value
+        text = f"{name} should be a number, actually was {_erlang(value)}"
+        raise ValueError(_validation_failed(text) if kind == "vhost" else text)
+    # RabbitMQ takes any integer; the store holds 64 bits, and beyond them no count reaches.
+    return max(-(2**63), min(value, 2**63 - 1))
+
+
+def _validation_failed(text: str) -> str:
+    return f"Validation failed\n\n{text}\n"
+
+
+def _erlang(value: Any) -> str:
+    """A JSON value as RabbitMQ's error texts print it: the Erlang term it decodes to."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, str):
+        return '<<"' + value.replace("\\", "\\\\").replace('"', '\\"') + '">>'
+    if isinstance(value, list):
+        return "[" + ",".join(_erlang(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "#{" + ",".join(f"{_erlang(k)} => {_erlang(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def permission_rows(broker: Broker) -> list[dict[str, Any]]:
@@ -289,7 +310,19 @@ def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
             )
 
 
-def _bad_request(reason: str) -> web.HTTPBadRequest:
+def _binding_row(vhost: str, source: str, dest: Any, key: str, args: Any) -> dict[str, Any]:
+    return {
+        "source": source,
+        "vhost": vhost,
+        "destination": dest.name,
+        "destination_type": "exchange" if isinstance(dest, Exchange) else "queue",
+        "routing_key": key,
+        "arguments": _json_safe(args or {}),
+        "properties_key": key.replace("%", "%25").replace("~", "%7E") or "~",
+    }
+
+
+def _bad_request(reason: Any) -> web.HTTPBadRequest:
     return web.HTTPBadRequest(
         text=json.dumps({"error": "bad_request", "reason": reason}), content_type="application/json"
     )
@@ -462,6 +495,17 @@ class ManagementServer:
             app.router.add_get(base + "/{vhost}/{name}", self.policy)
             app.router.add_put(base + "/{vhost}/{name}", self.put_policy)
             app.router.add_delete(base + "/{vhost}/{name}", self.delete_policy)
+        app.router.add_get("/api/users/{name}", self.user)
+        app.router.add_get("/api/bindings", self.bindings)
+        app.router.add_get("/api/bindings/{vhost}", self.bindings)
+        app.router.add_get("/api/channels", self.channels)
+        app.router.add_get("/api/consumers", self.consumers)
+        app.router.add_get("/api/consumers/{vhost}", self.consumers)
+        app.router.add_delete("/api/queues/{vhost}/{name}", self.delete_queue)
+        app.router.add_delete("/api/queues/{vhost}/{name}/contents", self.purge_queue)
+        app.router.add_delete("/api/connections/{name}", self.close_connection)
+        app.router.add_get("/api/route/{vhost}/{exchange}", self.route)
+        app.router.add_post("/api/route/{vhost}/{exchange}", self.route)
         app.router.add_get("/api/health/checks/alarms", self.alarms)
         self.app = app
 
@@ -621,6 +665,126 @@ class ManagementServer:
                 content_type="application/json",
             )
         return web.json_response(self._queue_info(q))
+
+    async def user(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        rows = [u for u in user_rows(self.broker) if u["name"] == name]
+        if not rows:
+            raise _not_found()
+        return web.json_response(rows[0])
+
+    async def bindings(self, request: web.Request) -> web.Response:
+        out = []
+        for vhost in self._vhosts(request):
+            for x in vhost.exchanges.values():
+                if not x.name:
+                    for q in vhost.queues.values():  # RabbitMQ lists the implicit ones too
+                        out.append(_binding_row(vhost.name, "", q, q.name, None))
+                    continue
+                for key, dest, args in x.index.bindings():
+                    out.append(_binding_row(vhost.name, x.name, dest, key, args))
+        return web.json_response(out)
+
+    def _own_channels(self, request: web.Request) -> Iterator[Any]:
+        for conn in self.broker.connections:
+            if conn.vhost is not None and self._sees_connection(request, conn):
+                yield from ((conn, ch) for ch in conn.channels.values())
+
+    async def channels(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            [
+                {
+                    "name": f"{conn.name} ({ch.id})",
+                    "number": ch.id,
+                    "user": conn.user.name,
+                    "vhost": conn.vhost.name,
+                    "connection_details": {"name": conn.name},
+                    "consumer_count": len(ch.consumers),
+                    "messages_unacknowledged": len(ch.unacked),
+                    "prefetch_count": ch.prefetch_count,
+                    "global_prefetch_count": ch.prefetch_global,
+                    "confirm": bool(ch.confirm),
+                    "transactional": ch.tx is not None,
+                }
+                for conn, ch in self._own_channels(request)
+            ]
+        )
+
+    async def consumers(self, request: web.Request) -> web.Response:
+        names = {v.name for v in self._vhosts(request)}
+        return web.json_response(
+            [
+                {
+                    "consumer_tag": c.tag,
+                    "queue": {"name": c.queue.name, "vhost": conn.vhost.name},
+                    "channel_details": {
+                        "name": f"{conn.name} ({ch.id})",
+                        "number": ch.id,
+                        "connection_name": conn.name,
+                        "user": conn.user.name,
+                    },
+                    "ack_required": not c.no_ack,
+                    "prefetch_count": c.prefetch,
+                    "exclusive": bool(getattr(c, "exclusive", False)),
+                    "arguments": {},
+                }
+                for conn, ch in self._own_channels(request)
+                if conn.vhost.name in names
+                for c in ch.consumers.values()
+            ]
+        )
+
+    def _queue_of(self, request: web.Request) -> Any:
+        vhost = self._vhosts(request)[0]
+        q = vhost.queues.get(request.match_info["name"])
+        if q is None:
+            raise _not_found()
+        return vhost, q
+
+    async def delete_queue(self, request: web.Request) -> web.Response:
+        vhost, q = self._queue_of(request)
+        try:
+            vhost.delete_queue(
+                q,
+                if_unused=request.query.get("if-unused") == "true",
+                if_empty=request.query.get("if-empty") == "true",
+            )
+        except ProtocolError as exc:
+            raise _bad_request(exc.text) from None
+        return web.Response(status=204)
+
+    async def purge_queue(self, request: web.Request) -> web.Response:
+        _, q = self._queue_of(request)
+        q.purge()
+        return web.Response(status=204)
+
+    async def close_connection(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        conn = next((c for c in self.broker.connections if c.name == name), None)
+        if conn is None or not self._sees_connection(request, conn):
+            raise _not_found()
+        reason = request.headers.get("X-Reason", "Closed via management plugin")
+        conn.force_close(
+            f"Closed via management plugin: {reason}" if "X-Reason" in request.headers else reason
+        )
+        return web.Response(status=204)
+
+    async def route(self, request: web.Request) -> web.Response:
+        """Route explain: GET with ?routing_key=, or POST {"routing_key", "headers"}."""
+        vhost = self._vhosts(request)[0]
+        exchange = vhost.exchanges.get(request.match_info["exchange"])
+        if request.match_info["exchange"] == "amq.default":
+            exchange = vhost.exchanges.get("")
+        if exchange is None:
+            raise _not_found()
+        key, headers = request.query.get("routing_key", ""), None
+        if request.method == "POST":
+            body = await self._json(request)
+            key = body.get("routing_key", key)
+            headers = body.get("headers")
+            if not isinstance(key, str) or not (headers is None or isinstance(headers, dict)):
+                raise _bad_request("routing_key must be a string and headers an object")
+        return web.json_response(explain(vhost, exchange, key, headers))
 
     async def connections(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -801,9 +965,19 @@ class ManagementServer:
 
     async def put_limit(self, request: web.Request) -> web.Response:
         kind = self._limit_kind(request)
+        owner = request.match_info["owner"]
+        if kind == "user" and owner not in self.broker.auth.users:
+            raise _bad_request(["no_such_user", owner])  # RabbitMQ's 400 here
+        if kind == "vhost" and owner not in self.broker.vhosts:
+            raise web.HTTPNotFound(
+                text='{"error":"not_found","reason":"vhost_not_found"}',
+                content_type="application/json",
+            )
         owner = self._limit_owner(request, kind)
         body = await self._json(request)
         name = request.match_info["limit"]
+        if "value" not in body:
+            raise _bad_request("[{key_missing,value}]")
         try:
             value = _limit_value(kind, name, body.get("value"))
         except ValueError as exc:

@@ -688,6 +688,10 @@ class TopicIndex(BindingTable):
         """How many routing keys the cache holds."""
         return len(self._cache)
 
+    def is_cached(self, routing_key: str) -> bool:
+        """Whether a publish with this key would be a cache hit now (route explain)."""
+        return routing_key in self._cache
+
     def check_invariants(self) -> None:
         """Assert the cache agrees with a fresh match of every cached key (for tests)."""
         for key, entry in self._cache.items():
