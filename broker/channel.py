@@ -104,6 +104,7 @@ class Channel:
         self.conn = conn
         self.id = channel_id
         self.vhost = conn.vhost
+        conn.broker.totals.channels_opened += 1
         self.state = OPEN
         self.flow_active = True
         self.can_deliver = conn.writable
@@ -868,6 +869,7 @@ class Channel:
         self._confirmed(seq, ok)
 
     def _return(self, msg: Message, code: int, text: str) -> None:
+        self.conn.broker.totals.returned += 1
         method = spec.BasicReturn(
             reply_code=code, reply_text=text, exchange=msg.exchange, routing_key=msg.routing_key
         )
@@ -907,6 +909,7 @@ class Channel:
         if not ready or self.state != OPEN:
             return
         self._acks_ready = []
+        self.conn.broker.totals.confirmed += len(ready)
         floor = next(iter(self._acks_waiting), None)
         if floor is None or max(ready) < floor:
             top = max(ready)

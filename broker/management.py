@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -23,11 +24,14 @@ from . import __version__
 from .auth import hash_password
 from .exchange import Exchange
 from .explain import explain
+from .metrics import RabbitCollector
 from .policy import PolicyError
 from .tls import PLAIN_REPORT, server_context
 
 if TYPE_CHECKING:
     from .server import Broker
+
+log = logging.getLogger("roarmq.management")
 
 MANAGEMENT_TAGS = {"administrator", "management", "monitoring", "policymaker"}
 
@@ -348,6 +352,15 @@ def _permission_fields(body: dict[str, Any], keys: tuple[str, ...]) -> dict[str,
     return fields
 
 
+def _vhost_refused() -> web.HTTPUnauthorized:
+    return web.HTTPUnauthorized(
+        text=json.dumps(
+            {"error": "not_authorised", "reason": "User not authorised to access virtual host"}
+        ),
+        content_type="application/json",
+    )
+
+
 def _not_found() -> web.HTTPNotFound:
     return web.HTTPNotFound(
         text='{"error":"Object Not Found","reason":"Not Found"}', content_type="application/json"
@@ -449,9 +462,13 @@ class ManagementServer:
         self.broker = broker
         self.registry = CollectorRegistry()
         self.registry.register(_BrokerCollector(broker))
+        self.registry.register(RabbitCollector(broker))
+        self.per_object = CollectorRegistry()  # /metrics/per-object: a series per queue
+        self.per_object.register(RabbitCollector(broker, per_object=True))
         self._runner: web.AppRunner | None = None
         app = web.Application(middlewares=[self._auth])
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/metrics/per-object", self.metrics)
         app.router.add_get("/api/overview", self.overview)
         app.router.add_get("/api/vhosts", self.vhosts)
         app.router.add_get("/api/whoami", self.whoami)
@@ -525,7 +542,7 @@ class ManagementServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path == "/metrics":
+        if request.path.startswith("/metrics"):  # open, as RabbitMQ's Prometheus port
             return await handler(request)
         header = request.headers.get("Authorization", "")
         if header.startswith("Basic "):
@@ -548,25 +565,44 @@ class ManagementServer:
                     return _not_authorised("Not policymaker user")
                 request[_USER] = known
                 return await handler(request)
+            # As RabbitMQ's "HTTP access denied" line, with the peer; never the password.
+            log.warning(
+                "HTTP login refused",
+                extra={"peer": request.remote, "user": user, "reason": "invalid credentials"},
+            )
         return _not_authorised("Login failed")
 
     def _sees_vhost(self, request: web.Request, name: str) -> bool:
-        """Administrators see every vhost; other users the vhosts they have permissions in."""
+        """In lists, as RabbitMQ: administrators and monitoring users see every vhost, other
+        users the vhosts they have permissions in."""
         user = request.get(_USER)
-        return user is None or "administrator" in user.tags or name in user.permissions
+        return (
+            user is None
+            or not {"administrator", "monitoring"}.isdisjoint(user.tags)
+            or name in user.permissions
+        )
 
     def _vhosts(self, request: web.Request) -> list[Any]:
         name = request.match_info.get("vhost")
         if name is None:
             return [v for v in self.broker.vhosts.values() if self._sees_vhost(request, v.name)]
         vhost = self.broker.vhosts.get(name)
-        if vhost is None or not self._sees_vhost(request, name):
+        if vhost is None:
             raise _not_found()
+        # A path naming a vhost needs permissions in it (monitoring included) or the
+        # administrator tag: RabbitMQ's 401, not a 404 that hides nothing anyway.
+        user = request.get(_USER)
+        if user is not None and "administrator" not in user.tags and name not in user.permissions:
+            raise _vhost_refused()
         return [vhost]
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
-            body=generate_latest(self.registry), content_type="text/plain", charset="utf-8"
+            body=generate_latest(
+                self.per_object if request.path.endswith("/per-object") else self.registry
+            ),
+            content_type="text/plain",
+            charset="utf-8",
         )
 
     async def overview(self, request: web.Request) -> web.Response:
@@ -951,8 +987,10 @@ class ManagementServer:
     def _limit_owner(self, request: web.Request, kind: str) -> str:
         owner = request.match_info["owner"]
         known = self.broker.vhosts if kind == "vhost" else self.broker.auth.users
-        if owner not in known or (kind == "vhost" and not self._sees_vhost(request, owner)):
+        if owner not in known:
             raise _not_found()
+        if kind == "vhost" and not self._sees_vhost(request, owner):
+            raise _vhost_refused()
         return owner
 
     async def limits(self, request: web.Request) -> web.Response:

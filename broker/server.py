@@ -24,6 +24,7 @@ from .auth import NO_PERMISSION, Authenticator
 from .clock import Clock
 from .config import Config
 from .logs import NOTICE
+from .metrics import Totals
 from .persistence import Persistence
 from .policy import PolicyError, make_policy
 from .store.messages import MessageStore
@@ -64,7 +65,9 @@ class Broker:
             name: VirtualHost(self, name) for name in self.persistence.vhost_names()
         }
         self._load_policies()
+        self.totals = Totals()  # broker/metrics.py: churn and what deleted objects counted
         self.persistence.restore()
+        self.totals.queues_at_start = sum(len(v.queues) for v in self.vhosts.values())
         self.store: MessageStore | None = None  # opened by start(): it needs the loop
         self.connections: set[Connection] = set()
         self.draining: set[Connection] = set()  # sent close-ok, waiting for the client to hang up
@@ -408,6 +411,7 @@ class Broker:
     # -- connections ------------------------------------------------------------------
 
     def connection_opened(self, conn: Connection) -> None:
+        self.totals.connections_opened += 1
         limit = self.config.limits.max_connections
         self.connections.add(conn)
         if limit and len(self.connections) > limit:

@@ -255,6 +255,7 @@ class VirtualHost:
     def _remove_exchange(self, exchange: Exchange) -> None:
         exchange.deleted = True
         self.exchanges.pop(exchange.name, None)
+        self.broker.totals.retire_exchange(exchange)
         self.broker.persistence.exchange_deleted(exchange)
         for other in list(self.exchanges.values()):
             if other.exchange_dests and other.remove_destination(exchange):
@@ -297,6 +298,7 @@ class VirtualHost:
         auto_delete: bool = False,
         arguments: dict | None = None,
     ) -> tuple[Queue, bool]:
+        self.broker.totals.queues_declared += 1
         if name == "":
             if passive:
                 raise channel_error(NOT_FOUND, f"no queue '' in vhost '{self.name}'")
@@ -350,6 +352,7 @@ class VirtualHost:
         if exclusive:
             connection.exclusive_queues.append(queue)
         self.broker.persistence.queue_created(queue)
+        self.broker.totals.queues_created += 1
         return queue, True
 
     def delete_queue(
@@ -385,6 +388,7 @@ class VirtualHost:
         for consumer in queue.consumers():
             consumer.channel.cancel_by_server(consumer)
         self.queues.pop(queue.name, None)
+        self.broker.totals.retire_queue(queue)
         entries = queue.on_deleted()
         for entry in entries:
             queue.settle(entry)

@@ -1,0 +1,236 @@
+"""Prometheus families with RabbitMQ's names, so RabbitMQ's Grafana dashboards show RoarMQ.
+
+Nothing here runs per message. Message totals are sums, at scrape time, of the integers
+exchanges and queues keep anyway (`stats_in`, `stats_delivered`...), plus what deleted ones
+had counted (`Totals.retire_*`), so every `_total` only ever grows; connection, channel and
+queue churn is counted where it happens, which is never on the message path.
+`/metrics` carries the aggregated families (as RabbitMQ's `/metrics`), `/metrics/per-object`
+adds one series per queue (as RabbitMQ's `/metrics/per-object`), which costs a line per
+queue and so is asked for explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+from . import __version__
+
+if TYPE_CHECKING:
+    from .exchange import Exchange
+    from .queue import Queue
+    from .server import Broker
+
+
+class Totals:
+    """Counters of churn, and what deleted queues and exchanges had counted."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.connections_opened = 0
+        self.channels_opened = 0
+        self.queues_declared = 0
+        self.queues_created = 0
+        self.queues_at_start = 0
+        self.confirmed = 0
+        self.returned = 0
+        self.received = 0  # of deleted exchanges
+        self.unroutable = 0
+        self.delivered = 0  # of deleted queues
+        self.acknowledged = 0
+        self.routed_to_queues = 0
+        self.dead_lettered = 0
+
+    def retire_exchange(self, x: Exchange) -> None:
+        self.received += x.stats_in
+        self.unroutable += x.stats_unroutable
+
+    def retire_queue(self, q: Queue) -> None:
+        self.delivered += q.stats_delivered
+        self.acknowledged += q.stats_acked
+        self.routed_to_queues += q.stats_published
+        self.dead_lettered += q.stats_dead_lettered
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class RabbitCollector:
+    """RabbitMQ's `rabbitmq_*` families, where RoarMQ has the same quantity."""
+
+    def __init__(self, broker: Broker, per_object: bool = False) -> None:
+        self.broker = broker
+        self.per_object = per_object
+
+    def collect(self) -> Iterator[Any]:
+        b = self.broker
+        t: Totals = b.totals
+        vhosts = list(b.vhosts.values())
+        queues = [q for v in vhosts for q in v.queues.values()]
+        exchanges = [x for v in vhosts for x in v.exchanges.values()]
+        channels = sum(len(c.channels) for c in b.connections)
+        consumers = sum(q.consumer_count for q in queues)
+        ready = sum(q.message_count() for q in queues)
+        unacked = sum(q.unacked for q in queues)
+        received = t.received + sum(x.stats_in for x in exchanges)
+        unroutable = t.unroutable + sum(x.stats_unroutable for x in exchanges)
+
+        yield InfoMetricFamily(
+            "rabbitmq_build",
+            "RoarMQ's version, in RabbitMQ's build_info family",
+            value={"rabbitmq_version": __version__, "product_name": "RoarMQ"},
+        )
+        yield InfoMetricFamily(
+            "rabbitmq_identity",
+            "Node and cluster names",
+            value={"rabbitmq_node": b.cluster_name, "rabbitmq_cluster": b.cluster_name},
+        )
+        yield _gauge("rabbitmq_connections", "Connections currently open", len(b.connections))
+        yield _gauge("rabbitmq_channels", "Channels currently open", channels)
+        yield _gauge("rabbitmq_consumers", "Consumers currently connected", consumers)
+        yield _gauge("rabbitmq_queues", "Queues available", len(queues))
+        if not self.per_object:  # per-object mode has them per queue instead
+            yield _gauge("rabbitmq_queue_messages_ready", "Messages ready to be delivered", ready)
+            yield _gauge(
+                "rabbitmq_queue_messages_unacked", "Messages delivered, not yet acked", unacked
+            )
+            yield _gauge(
+                "rabbitmq_queue_messages", "Ready and unacknowledged messages", ready + unacked
+            )
+            yield _gauge("rabbitmq_queue_consumers", "Consumers on queues", consumers)
+        yield _counter("rabbitmq_connections_opened", "Connections opened", t.connections_opened)
+        yield _counter(
+            "rabbitmq_connections_closed",
+            "Connections closed or terminated",
+            t.connections_opened - len(b.connections),
+        )
+        yield _counter("rabbitmq_channels_opened", "Channels opened", t.channels_opened)
+        yield _counter(
+            "rabbitmq_channels_closed", "Channels closed", max(t.channels_opened - channels, 0)
+        )
+        yield _counter("rabbitmq_queues_declared", "Queues declared", t.queues_declared)
+        yield _counter("rabbitmq_queues_created", "Queues created", t.queues_created)
+        yield _counter(
+            "rabbitmq_queues_deleted",
+            "Queues deleted",
+            max(t.queues_at_start + t.queues_created - len(queues), 0),
+        )
+        g = "rabbitmq_global_messages_"
+        yield _counter(g + "received", "Messages received from publishers", received)
+        yield _counter(g + "routed", "Messages routed to at least one queue", received - unroutable)
+        yield _counter(
+            g + "unroutable_returned", "Unroutable messages returned to publishers", t.returned
+        )
+        yield _counter(
+            g + "unroutable_dropped",
+            "Unroutable messages dropped",
+            max(unroutable - t.returned, 0),
+        )
+        yield _counter(g + "confirmed", "Messages confirmed to publishers", t.confirmed)
+        yield _counter(
+            g + "delivered",
+            "Messages delivered to consumers and basic.get",
+            t.delivered + sum(q.stats_delivered for q in queues),
+        )
+        yield _counter(
+            g + "acknowledged",
+            "Messages settled: acked by consumers, or taken with auto-ack",
+            t.acknowledged + sum(q.stats_acked for q in queues),
+        )
+        yield _counter(
+            g + "dead_lettered",
+            "Messages dead-lettered",
+            t.dead_lettered + sum(q.stats_dead_lettered for q in queues),
+        )
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        yield _gauge(
+            "rabbitmq_process_resident_memory_bytes",
+            "Memory used in bytes (resident set)",
+            b.resources.rss,
+        )
+        yield _gauge(
+            "rabbitmq_resident_memory_limit_bytes", "The memory alarm's mark", b.resources.high
+        )
+        if b.resources.disk_free is not None:
+            yield _gauge(
+                "rabbitmq_disk_space_available_bytes",
+                "Disk space available on the data directory",
+                b.resources.disk_free,
+            )
+        yield _gauge(
+            "rabbitmq_disk_space_available_limit_bytes",
+            "The disk alarm's mark",
+            b.resources.disk_limit,
+        )
+        yield _gauge(
+            "rabbitmq_alarms_memory_used_watermark",
+            "1 while the memory alarm is set",
+            1 if "memory" in b.alarms else 0,
+        )
+        yield _gauge(
+            "rabbitmq_alarms_free_disk_space_watermark",
+            "1 while the disk alarm is set",
+            1 if "disk" in b.alarms else 0,
+        )
+        try:
+            fds = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            fds = 0
+        yield _gauge("rabbitmq_process_open_fds", "Open file descriptors", fds)
+        yield _gauge(
+            "rabbitmq_process_max_fds",
+            "File descriptor limit",
+            resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        )
+        yield _counter(
+            "rabbitmq_process_cpu_seconds",
+            "CPU time used by the broker process",
+            usage.ru_utime + usage.ru_stime,
+        )
+        yield _gauge(
+            "rabbitmq_erlang_uptime_seconds",
+            "Seconds since the broker started (RabbitMQ's family; no Erlang here)",
+            time.time() - t.started,
+        )
+        if self.per_object:
+            yield from self._per_queue(queues)
+
+    @staticmethod
+    def _per_queue(queues: list[Queue]) -> Iterator[Any]:
+        labels = ["vhost", "queue"]
+        families = {
+            "ready": GaugeMetricFamily(
+                "rabbitmq_queue_messages_ready", "Ready messages, per queue", labels=labels
+            ),
+            "unacked": GaugeMetricFamily(
+                "rabbitmq_queue_messages_unacked", "Unacked messages, per queue", labels=labels
+            ),
+            "messages": GaugeMetricFamily(
+                "rabbitmq_queue_messages", "Ready and unacked, per queue", labels=labels
+            ),
+            "consumers": GaugeMetricFamily(
+                "rabbitmq_queue_consumers", "Consumers, per queue", labels=labels
+            ),
+            "published": CounterMetricFamily(
+                "rabbitmq_queue_messages_published", "Messages enqueued", labels=labels
+            ),
+        }
+        for q in queues:
+            key = [q.vhost.name, q.name]
+            ready = q.message_count()
+            families["ready"].add_metric(key, ready)
+            families["unacked"].add_metric(key, q.unacked)
+            families["messages"].add_metric(key, ready + q.unacked)
+            families["consumers"].add_metric(key, q.consumer_count)
+            families["published"].add_metric(key, q.stats_published)
+        yield from families.values()
