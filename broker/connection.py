@@ -598,19 +598,15 @@ class Connection(asyncio.Protocol):
 
     def _tune_ok(self, m: spec.ConnectionTuneOk) -> None:
         limits = self.broker.config.limits
+        # RabbitMQ's texts (it logs them and closes silently; we send them in the close).
+        # Unlike RabbitMQ, 0 ("no limit") is taken as the server's value, as the spec says.
         if m.frame_max and m.frame_max < spec.FRAME_MIN_SIZE:
-            raise connection_error(
-                NOT_ALLOWED, f"frame_max={m.frame_max} < {spec.FRAME_MIN_SIZE} min size", 10, 31
-            )
+            raise _negotiation_error("frame_max", m.frame_max, "lower", spec.FRAME_MIN_SIZE)
         if m.frame_max > limits.frame_max:
-            raise connection_error(
-                NOT_ALLOWED, f"frame_max={m.frame_max} > {limits.frame_max} max size", 10, 31
-            )
+            raise _negotiation_error("frame_max", m.frame_max, "higher", limits.frame_max)
         server_cmax = limits.channel_max or 65535
         if m.channel_max > server_cmax:
-            raise connection_error(
-                NOT_ALLOWED, f"channel_max={m.channel_max} > {server_cmax} max", 10, 31
-            )
+            raise _negotiation_error("channel_max", m.channel_max, "higher", server_cmax)
         self.frame_max = m.frame_max or limits.frame_max
         self.parser.frame_max = self.frame_max
         self.channel_max = m.channel_max or server_cmax
@@ -850,6 +846,17 @@ class Connection(asyncio.Protocol):
             queue.vhost.delete_queue(queue, reason="exclusive owner gone")
         self.exclusive_queues.clear()
         self.broker.connection_closed(self)
+
+
+def _negotiation_error(field: str, value: int, side: str, bound: int) -> HardError:
+    """connection.tune-ok out of bounds, in RabbitMQ's words (530 NOT_ALLOWED)."""
+    most = "minimum" if side == "lower" else "maximum"
+    return connection_error(
+        NOT_ALLOWED,
+        f"negotiated {field} = {value} is {side} than the {most} allowed value ({bound})",
+        10,
+        31,
+    )
 
 
 class _Failure:

@@ -797,8 +797,12 @@ class ManagementServer:
     async def close_connection(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         conn = next((c for c in self.broker.connections if c.name == name), None)
-        if conn is None or not self._sees_connection(request, conn):
+        if conn is None:
             raise _not_found()
+        user = request[_USER]
+        if "administrator" not in user.tags and getattr(conn.user, "name", None) != user.name:
+            # Only its own user or an administrator closes a connection (monitoring reads).
+            return _not_authorised("User not authorised to access object")
         reason = request.headers.get("X-Reason", "Closed via management plugin")
         conn.force_close(
             f"Closed via management plugin: {reason}" if "X-Reason" in request.headers else reason

@@ -126,12 +126,21 @@ def test_management_api_authorization_by_tags(tmp_path):
         vhosts = [v["name"] for v in b.api("GET", "/api/vhosts", auth="mg:pw")[1]]
         assert vhosts == ["/"]
         assert "in-root" in [q["name"] for q in b.api("GET", "/api/queues", auth="mg:pw")[1]]
-        assert b.api("GET", "/api/queues/private", auth="mg:pw")[0] == 404
+        refused = {
+            "error": "not_authorised",
+            "reason": "User not authorised to access virtual host",
+        }
+        assert b.api("GET", "/api/queues/private", auth="mg:pw") == (401, refused)
+        assert b.api("GET", "/api/queues/nope", auth="mg:pw")[0] == 404
+        assert b.api("GET", "/api/vhost-limits/private", auth="mg:pw") == (401, refused)
         users = {c["user"] for c in b.api("GET", "/api/connections", auth="mg:pw")[1]}
         assert users == {"mg"}
         # Monitoring sees every connection; the administrator everything.
         users = {c["user"] for c in b.api("GET", "/api/connections", auth="mon:pw")[1]}
         assert users == {"mg", "guest"}
+        vhosts = {v["name"] for v in b.api("GET", "/api/vhosts", auth="mon:pw")[1]}
+        assert vhosts == {"/", "private"}  # monitoring lists every vhost, as RabbitMQ
+        assert b.api("GET", "/api/queues/private", auth="mon:pw") == (401, refused)
         assert b.api("GET", "/api/users")[0] == 200
         assert "password_hash" in b.api("GET", "/api/users")[1][0]
         mg_conn.close()
