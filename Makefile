@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 RUN_STAMP  := $(VENV)/.installed-run
 DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test bench lint format install clean system-deps node-deps
+.PHONY: run test bench lint format install clean system-deps node-deps tools
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,23 @@ node-deps:
 	    || echo "note: npm install in tests/node failed; the amqplib checks will say so"; \
 	else echo "note: npm not installed; the amqplib checks will say so"; fi
 
-test: $(DEV_STAMP) system-deps node-deps
+# RabbitMQ's own CLI, rabbitmqadmin (one Python file), for tests/broker/test_rabbitmqadmin.py:
+# taken out of Debian's rabbitmq-server package with dpkg-deb, RabbitMQ itself not installed.
+tools: .tools/rabbitmqadmin
+
+.tools/rabbitmqadmin:
+	@mkdir -p .tools
+	@if command -v rabbitmqadmin >/dev/null 2>&1; then cp "$$(command -v rabbitmqadmin)" $@; \
+	elif command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then \
+	  (cd .tools && rm -rf deb && mkdir deb && cd deb \
+	    && (apt-get download rabbitmq-server >/dev/null 2>&1 \
+	        || (apt-get update -qq >/dev/null 2>&1 && apt-get download rabbitmq-server >/dev/null 2>&1)) \
+	    && dpkg-deb -x rabbitmq-server_*.deb x && cp x/usr/bin/rabbitmqadmin ../rabbitmqadmin) \
+	    || echo "note: could not extract rabbitmqadmin; its test will say so"; \
+	  rm -rf .tools/deb; \
+	else echo "note: no apt-get; tests/broker/test_rabbitmqadmin.py will say so"; fi
+
+test: $(DEV_STAMP) system-deps node-deps tools
 	$(PY) -m pytest
 
 # Quick versions of every benchmark (each prints a table and writes JSON to bench/results/).
@@ -71,4 +87,4 @@ format: $(DEV_STAMP)
 	$(PY) -m ruff format .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis tests/node/node_modules
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis tests/node/node_modules .tools

@@ -10,7 +10,10 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import re
+import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +22,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from roarmq.protocol.errors import ProtocolError
+from roarmq.protocol.frames import ContentHeader
+from roarmq.protocol.properties import BasicProperties
 
 from . import __version__
 from .auth import hash_password
 from .exchange import Exchange
 from .explain import explain
+from .message import Message
 from .metrics import RabbitCollector
 from .policy import PolicyError
 from .tls import PLAIN_REPORT, server_context
@@ -32,6 +38,9 @@ if TYPE_CHECKING:
     from .server import Broker
 
 log = logging.getLogger("roarmq.management")
+
+#: The RabbitMQ management API version whose shapes this API follows (definitions export too).
+RABBITMQ_API_VERSION = "3.13.0"
 
 MANAGEMENT_TAGS = {"administrator", "management", "monitoring", "policymaker"}
 
@@ -225,8 +234,8 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
                     }
                 )
     return {
-        "rabbit_version": "3.13.0",
-        "rabbitmq_version": "3.13.0",
+        "rabbit_version": RABBITMQ_API_VERSION,
+        "rabbitmq_version": RABBITMQ_API_VERSION,
         "product_name": "RoarMQ",
         "product_version": __version__,
         "users": users,
@@ -312,6 +321,71 @@ def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
                 b.get("routing_key", ""),
                 b.get("arguments") or None,
             )
+
+
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    """A boolean from JSON, or from rabbitmqadmin's "true"/"false" strings."""
+    value = body.get(key, default)
+    if isinstance(value, str):
+        return value.lower() == "true"
+    return bool(value)
+
+
+def _exchange_row(x: Any) -> dict[str, Any]:
+    return {
+        "name": x.name,
+        "vhost": x.vhost.name,
+        "type": x.type,
+        "durable": x.durable,
+        "auto_delete": x.auto_delete,
+        "internal": x.internal,
+        "arguments": _json_safe(x.arguments),
+        "policy": x.policy.name if x.policy is not None else None,
+        "user_who_performed_action": "rmq-internal" if x.builtin else None,
+        "message_stats": {"publish_in": x.stats_in, "unroutable": x.stats_unroutable},
+    }
+
+
+_PROPERTY_NAMES = frozenset(BasicProperties.__slots__)
+
+
+def _properties(values: dict[str, Any]) -> BasicProperties:
+    """BasicProperties from the management API's JSON (RabbitMQ's property names)."""
+    unknown = set(values) - _PROPERTY_NAMES
+    if unknown:
+        raise ValueError(f"unknown properties {sorted(unknown)}")
+    return BasicProperties(**values)
+
+
+def _message_row(
+    msg: Any, data: bytes, redelivered: bool, left: int, body: dict[str, Any], truncate: int | None
+) -> dict[str, Any]:
+    props = msg.properties
+    shown = data[:truncate] if truncate is not None else data
+    encoding = "string"
+    if body.get("encoding") == "base64":
+        payload, encoding = base64.b64encode(shown).decode(), "base64"
+    else:
+        try:
+            payload = shown.decode()
+        except UnicodeDecodeError:
+            payload, encoding = base64.b64encode(shown).decode(), "base64"
+    return {
+        "payload_bytes": len(data),
+        "redelivered": redelivered,
+        "exchange": msg.exchange,
+        "routing_key": msg.routing_key,
+        "message_count": left,
+        "properties": _json_safe(
+            {
+                k: getattr(props, k)
+                for k in BasicProperties.__slots__
+                if getattr(props, k) is not None
+            }
+        ),
+        "payload": payload,
+        "payload_encoding": encoding,
+    }
 
 
 def _binding_row(vhost: str, source: str, dest: Any, key: str, args: Any) -> dict[str, Any]:
@@ -512,6 +586,24 @@ class ManagementServer:
             app.router.add_get(base + "/{vhost}/{name}", self.policy)
             app.router.add_put(base + "/{vhost}/{name}", self.put_policy)
             app.router.add_delete(base + "/{vhost}/{name}", self.delete_policy)
+        app.router.add_get("/api/exchanges/{vhost}/{name}", self.exchange)
+        app.router.add_put("/api/exchanges/{vhost}/{name}", self.put_exchange)
+        app.router.add_delete("/api/exchanges/{vhost}/{name}", self.delete_exchange)
+        app.router.add_post("/api/exchanges/{vhost}/{name}/publish", self.publish)
+        app.router.add_get("/api/exchanges/{vhost}/{name}/bindings/source", self.object_bindings)
+        app.router.add_get(
+            "/api/exchanges/{vhost}/{name}/bindings/destination", self.object_bindings
+        )
+        app.router.add_put("/api/queues/{vhost}/{name}", self.put_queue)
+        app.router.add_post("/api/queues/{vhost}/{name}/get", self.get_messages)
+        app.router.add_get("/api/queues/{vhost}/{name}/bindings", self.object_bindings)
+        between = "/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{destination}"
+        app.router.add_get(between, self.bindings_between)
+        app.router.add_post(between, self.post_binding)
+        app.router.add_get(between + "/{props}", self.binding)
+        app.router.add_delete(between + "/{props}", self.delete_binding)
+        app.router.add_get("/api/nodes", self.nodes)
+        app.router.add_get("/api/nodes/{name}", self.nodes)
         app.router.add_get("/api/users/{name}", self.user)
         app.router.add_get("/api/bindings", self.bindings)
         app.router.add_get("/api/bindings/{vhost}", self.bindings)
@@ -608,17 +700,24 @@ class ManagementServer:
     async def overview(self, request: web.Request) -> web.Response:
         b = self.broker
         queues = [q for v in b.vhosts.values() for q in v.queues.values()]
+        ready = sum(q.message_count() for q in queues)
+        unacked = sum(q.unacked for q in queues)
         return web.json_response(
             {
                 "product_name": "RoarMQ",
                 "product_version": __version__,
                 "management_version": __version__,
+                # The RabbitMQ API level this one follows (tools branch on it).
+                "rabbitmq_version": RABBITMQ_API_VERSION,
                 "cluster_name": b.cluster_name,
+                "node": b.cluster_name,
                 "queue_totals": {
-                    "messages_ready": sum(q.message_count() for q in queues),
-                    "messages_unacknowledged": sum(q.unacked for q in queues),
+                    "messages": ready + unacked,
+                    "messages_ready": ready,
+                    "messages_unacknowledged": unacked,
                 },
                 "object_totals": {
+                    "channels": sum(len(c.channels) for c in b.connections),
                     "connections": len(b.connections),
                     "queues": len(queues),
                     "exchanges": sum(len(v.exchanges) for v in b.vhosts.values()),
@@ -634,6 +733,28 @@ class ManagementServer:
             }
         )
 
+    async def nodes(self, request: web.Request) -> web.Response:
+        b = self.broker
+        res = b.resources
+        node = {
+            "name": b.cluster_name,
+            "type": "disc",
+            "running": True,
+            "mem_used": res.rss,
+            "mem_limit": res.high,
+            "mem_alarm": "memory" in b.alarms,
+            "disk_free": res.disk_free,
+            "disk_free_limit": res.disk_limit,
+            "disk_free_alarm": "disk" in b.alarms,
+            "uptime": int((time.time() - b.totals.started) * 1000),
+            "processors": os.cpu_count(),
+        }
+        if "name" in request.match_info:
+            if request.match_info["name"] != b.cluster_name:
+                raise _not_found()
+            return web.json_response(node)
+        return web.json_response([node])
+
     async def vhosts(self, request: web.Request) -> web.Response:
         return web.json_response([{"name": v.name} for v in self._vhosts(request)])
 
@@ -642,26 +763,211 @@ class ManagementServer:
         return web.json_response({"name": user.name, "tags": list(user.tags)})
 
     async def exchanges(self, request: web.Request) -> web.Response:
-        out = []
-        for vhost in self._vhosts(request):
-            for x in vhost.exchanges.values():
-                out.append(
-                    {
-                        "name": x.name,
-                        "vhost": vhost.name,
-                        "type": x.type,
-                        "durable": x.durable,
-                        "auto_delete": x.auto_delete,
-                        "internal": x.internal,
-                        "arguments": _json_safe(x.arguments),
-                        "policy": x.policy.name if x.policy is not None else None,
-                        "message_stats": {
-                            "publish_in": x.stats_in,
-                            "unroutable": x.stats_unroutable,
-                        },
-                    }
-                )
+        return web.json_response(
+            [_exchange_row(x) for vhost in self._vhosts(request) for x in vhost.exchanges.values()]
+        )
+
+    def _exchange_of(self, request: web.Request, key: str = "name") -> Any:
+        vhost = self._vhosts(request)[0]
+        name = request.match_info[key]
+        x = vhost.exchanges.get("" if name == "amq.default" else name)
+        if x is None:
+            raise _not_found()
+        return vhost, x
+
+    async def exchange(self, request: web.Request) -> web.Response:
+        return web.json_response(_exchange_row(self._exchange_of(request)[1]))
+
+    async def put_exchange(self, request: web.Request) -> web.Response:
+        vhost = self._vhosts(request)[0]
+        body = await self._json(request)
+        try:
+            _, created = vhost.declare_exchange(
+                request.match_info["name"],
+                str(body.get("type", "")),
+                durable=_flag(body, "durable", True),
+                auto_delete=_flag(body, "auto_delete", False),
+                internal=_flag(body, "internal", False),
+                arguments=body.get("arguments") or {},
+            )
+        except ProtocolError as exc:
+            raise _bad_request(exc.text) from None
+        return web.Response(status=201 if created else 204)
+
+    async def delete_exchange(self, request: web.Request) -> web.Response:
+        vhost, x = self._exchange_of(request)
+        try:
+            vhost.delete_exchange(x.name, if_unused=request.query.get("if-unused") == "true")
+        except ProtocolError as exc:
+            raise _bad_request(exc.text) from None
+        return web.Response(status=204)
+
+    async def put_queue(self, request: web.Request) -> web.Response:
+        vhost = self._vhosts(request)[0]
+        body = await self._json(request)
+        arguments = dict(body.get("arguments") or {})
+        if body.get("queue_type"):
+            arguments["x-queue-type"] = body["queue_type"]
+        try:
+            _, created = vhost.declare_queue(
+                request.match_info["name"],
+                None,
+                durable=_flag(body, "durable", True),
+                auto_delete=_flag(body, "auto_delete", False),
+                arguments=arguments,
+            )
+        except ProtocolError as exc:
+            raise _bad_request(exc.text) from None
+        return web.Response(status=201 if created else 204)
+
+    async def publish(self, request: web.Request) -> web.Response:
+        """POST /api/exchanges/{vhost}/{name}/publish: {"routed": true|false}."""
+        vhost, x = self._exchange_of(request)
+        body = await self._json(request)
+        key = body.get("routing_key")
+        if not isinstance(key, str):
+            raise _bad_request("routing_key is required")
+        payload = body.get("payload", "")
+        try:
+            if body.get("payload_encoding", "string") == "base64":
+                data = base64.b64decode(payload, validate=True)
+            else:
+                data = str(payload).encode()
+            props = _properties(body.get("properties") or {})
+            msg = Message(
+                x.name, key, ContentHeader.from_properties(props, body_size=len(data)), data
+            )
+        except (ValueError, TypeError) as exc:
+            raise _bad_request(f"cannot publish: {exc}") from None
+        x.stats_in += 1
+        queues = vhost.route(x, msg)
+        if not queues:
+            x.stats_unroutable += 1
+        else:
+            vhost.enqueue(msg, queues)
+        return web.json_response({"routed": bool(queues)})
+
+    async def get_messages(self, request: web.Request) -> web.Response:
+        """POST /api/queues/{vhost}/{name}/get: RabbitMQ's ackmode, encoding, truncate."""
+        _, q = self._queue_of(request)
+        body = await self._json(request)
+        ackmode = body.get("ackmode", "ack_requeue_true")
+        if ackmode not in (
+            "ack_requeue_true",
+            "ack_requeue_false",
+            "reject_requeue_true",
+            "reject_requeue_false",
+        ):
+            raise _bad_request(f"ackmode {ackmode!r} is not one of RabbitMQ's four")
+        try:
+            count = int(body.get("count", 1))
+            truncate = int(body["truncate"]) if body.get("truncate") not in (None, "") else None
+        except (TypeError, ValueError):
+            raise _bad_request("count and truncate must be integers") from None
+        taken, out = [], []
+        for _ in range(max(count, 0)):
+            entry = q.get()
+            if entry is None:
+                break
+            taken.append(entry)
+            msg = entry.msg
+            data = msg.body if msg.body is not None else self.broker.store.body(msg)
+            out.append(
+                _message_row(msg, data, entry.redelivered, q.message_count(), body, truncate)
+            )
+        if ackmode == "ack_requeue_false":
+            for entry in taken:
+                q.settle(entry)
+        elif ackmode == "reject_requeue_false":
+            for entry in taken:
+                q.reject(entry, requeue=False)
+        else:
+            q.requeue(taken)
         return web.json_response(out)
+
+    async def bindings_between(self, request: web.Request) -> web.Response:
+        """GET /api/bindings/{vhost}/e/{source}/q|e/{destination}."""
+        vhost, source, dest = self._binding_ends(request)
+        return web.json_response(
+            [
+                _binding_row(vhost.name, source.name, d, key, args)
+                for key, d, args in source.index.bindings()
+                if d is dest
+            ]
+        )
+
+    def _binding_ends(self, request: web.Request) -> tuple[Any, Any, Any]:
+        vhost, source = self._exchange_of(request, "source")
+        info = request.match_info
+        table = vhost.queues if info["kind"] == "q" else vhost.exchanges
+        dest = table.get(info["destination"])
+        if dest is None:
+            raise _not_found()
+        return vhost, source, dest
+
+    async def post_binding(self, request: web.Request) -> web.Response:
+        vhost, source, dest = self._binding_ends(request)
+        body = await self._json(request)
+        key = str(body.get("routing_key", ""))
+        args = body.get("arguments") or None
+        try:
+            if request.match_info["kind"] == "q":
+                vhost.bind_queue(dest, source, key, args)
+            else:
+                vhost.bind_exchange(dest, source, key, args)
+        except ProtocolError as exc:
+            raise _bad_request(exc.text) from None
+        row = _binding_row(vhost.name, source.name, dest, key, args)
+        location = f"{request.path}/{urllib.parse.quote(row['properties_key'], safe='')}"
+        return web.Response(status=201, headers={"Location": location})
+
+    async def binding(self, request: web.Request) -> web.Response:
+        found = self._binding_by_props(request)
+        return web.json_response(found)
+
+    def _binding_by_props(self, request: web.Request) -> dict[str, Any]:
+        vhost, source, dest = self._binding_ends(request)
+        props = request.match_info["props"]
+        for key, d, args in source.index.bindings():
+            if d is dest:
+                row = _binding_row(vhost.name, source.name, d, key, args)
+                if row["properties_key"] == props:
+                    return row
+        raise _not_found()
+
+    async def delete_binding(self, request: web.Request) -> web.Response:
+        row = self._binding_by_props(request)
+        vhost, source, dest = self._binding_ends(request)
+        args = row["arguments"] or None
+        for key, d, a in source.index.bindings():
+            if d is dest and key == row["routing_key"] and _json_safe(a or {}) == row["arguments"]:
+                args = a
+                break
+        if request.match_info["kind"] == "q":
+            vhost.unbind_queue(dest, source, row["routing_key"], args)
+        else:
+            vhost.unbind_exchange(dest, source, row["routing_key"], args)
+        return web.Response(status=204)
+
+    async def object_bindings(self, request: web.Request) -> web.Response:
+        """A queue's bindings, or an exchange's as source or destination."""
+        path = request.path
+        if "/api/queues/" in path:
+            vhost, target = self._queue_of(request)
+        else:
+            vhost, target = self._exchange_of(request)
+        rows = []
+        for x in vhost.exchanges.values():
+            if not x.name:
+                if target in vhost.queues.values() and "/api/queues/" in path:
+                    rows.append(_binding_row(vhost.name, "", target, target.name, None))
+                continue
+            for key, d, args in x.index.bindings():
+                if (path.endswith("/source") and x is target) or (
+                    not path.endswith("/source") and d is target
+                ):
+                    rows.append(_binding_row(vhost.name, x.name, d, key, args))
+        return web.json_response(rows)
 
     def _queue_info(self, q: Any) -> dict[str, Any]:
         return {
