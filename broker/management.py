@@ -26,6 +26,7 @@ from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
 
 from . import __version__
+from .api_query import list_query
 from .auth import hash_password
 from .exchange import Exchange
 from .explain import explain
@@ -62,6 +63,9 @@ ADMIN_ONLY = (
     ("DELETE", "/api/vhost-limits"),
     ("*", "/api/operator-policies"),
 )
+
+#: Reads that need the monitoring tag (or administrator): RabbitMQ's "Not monitor user".
+MONITORING_ONLY = ("/api/nodes",)
 
 #: Writes that need the policymaker tag (or administrator).
 POLICYMAKER_ONLY = (("PUT", "/api/policies"), ("DELETE", "/api/policies"))
@@ -106,7 +110,7 @@ def user_rows(broker: Broker) -> list[dict[str, Any]]:
             "password_hash": u.password_hash,
             "hashing_algorithm": "rabbit_password_hashing_sha256",
             "tags": list(u.tags),
-            **({"limits": limits} if (limits := broker.limits.get(("user", u.name))) else {}),
+            "limits": dict(sorted(broker.limits.get(("user", u.name), {}).items())),
         }
         for u in broker.auth.users.values()
     ]
@@ -540,7 +544,7 @@ class ManagementServer:
         self.per_object = CollectorRegistry()  # /metrics/per-object: a series per queue
         self.per_object.register(RabbitCollector(broker, per_object=True))
         self._runner: web.AppRunner | None = None
-        app = web.Application(middlewares=[self._auth])
+        app = web.Application(middlewares=[self._auth, list_query])
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/metrics/per-object", self.metrics)
         app.router.add_get("/api/overview", self.overview)
@@ -602,6 +606,21 @@ class ManagementServer:
         app.router.add_post(between, self.post_binding)
         app.router.add_get(between + "/{props}", self.binding)
         app.router.add_delete(between + "/{props}", self.delete_binding)
+        app.router.add_get("/api/aliveness-test/{vhost}", self.aliveness)
+        app.router.add_get("/api/health/checks/local-alarms", self.alarms)
+        app.router.add_get("/api/health/checks/virtual-hosts", self.health_ok)
+        app.router.add_get("/api/health/checks/node-is-quorum-critical", self.health_ok)
+        app.router.add_get("/api/health/checks/node-is-mirror-sync-critical", self.health_ok)
+        app.router.add_get("/api/health/checks/port-listener/{port}", self.port_listener)
+        app.router.add_get(
+            "/api/health/checks/protocol-listener/{protocol}", self.protocol_listener
+        )
+        app.router.add_get("/api/extensions", self.extensions)
+        app.router.add_get("/api/definitions/{vhost}", self.vhost_definitions)
+        app.router.add_get("/api/parameters", self.parameters)
+        app.router.add_get("/api/parameters/{component}", self.parameters)
+        app.router.add_get("/api/parameters/{component}/{vhost}", self.parameters)
+        app.router.add_get("/api/global-parameters", self.global_parameters)
         app.router.add_get("/api/nodes", self.nodes)
         app.router.add_get("/api/nodes/{name}", self.nodes)
         app.router.add_get("/api/users/{name}", self.user)
@@ -650,6 +669,10 @@ class ManagementServer:
                     request.method, request.path
                 ):
                     return _not_authorised("Not administrator user")
+                if {"administrator", "monitoring"}.isdisjoint(known.tags) and any(
+                    request.path == p or request.path.startswith(p + "/") for p in MONITORING_ONLY
+                ):
+                    return _not_authorised("Not monitor user")
                 if not {"administrator", "policymaker"} & set(known.tags) and any(
                     request.method == m and request.path.startswith(p + "/")
                     for m, p in POLICYMAKER_ONLY
@@ -732,6 +755,79 @@ class ManagementServer:
                 "disk_free_limit": b.resources.disk_limit,
             }
         )
+
+    async def aliveness(self, request: web.Request) -> web.Response:
+        """RabbitMQ's aliveness test: declare a queue, publish to it and get the message."""
+        vhost = self._vhosts(request)[0]
+        queue, _ = vhost.declare_queue("aliveness-test", None, durable=False)
+        props = BasicProperties()
+        msg = Message("", queue.name, ContentHeader.from_properties(props, body_size=4), b"test")
+        vhost.enqueue(msg, [queue])
+        entry = queue.get()
+        if entry is None or entry.msg.body != b"test":
+            return web.json_response({"status": "failed", "reason": "no message"}, status=503)
+        queue.settle(entry)
+        return web.json_response({"status": "ok"})
+
+    async def health_ok(self, request: web.Request) -> web.Response:
+        # A single node with nothing mirrored or replicated: these checks always pass.
+        return web.json_response({"status": "ok"})
+
+    async def port_listener(self, request: web.Request) -> web.Response:
+        port = request.match_info["port"]
+        listening = [str(p) for p in self.broker.ports]
+        if self.broker.tls is not None:
+            listening.append(str(self.broker.tls.port))
+        listening.append(str(self.broker.mgmt_port))
+        if port in listening:
+            return web.json_response({"status": "ok", "port": int(port)})
+        reason = f"No active listener on port {port}"
+        return web.json_response({"status": "failed", "reason": reason}, status=503)
+
+    async def protocol_listener(self, request: web.Request) -> web.Response:
+        protocol = request.match_info["protocol"]
+        have = {"amqp": bool(self.broker.ports), "amqp/ssl": self.broker.tls is not None}
+        have["amqps"] = have["amqp/ssl"]
+        have["http"] = True
+        if have.get(protocol):
+            return web.json_response({"status": "ok", "protocol": protocol})
+        reason = f"No active listener for protocol {protocol}"
+        return web.json_response({"status": "failed", "reason": reason}, status=503)
+
+    async def extensions(self, request: web.Request) -> web.Response:
+        return web.json_response([])
+
+    async def vhost_definitions(self, request: web.Request) -> web.Response:
+        """One vhost's definitions, as RabbitMQ exports them (no users, vhosts, permissions)."""
+        name = self._vhosts(request)[0].name
+        doc = export_definitions(self.broker)
+        out: dict[str, Any] = {
+            "rabbit_version": doc["rabbit_version"],
+            "rabbitmq_version": doc["rabbitmq_version"],
+        }
+        for key in ("parameters", "policies", "queues", "exchanges", "bindings"):
+            out[key] = [
+                {k: v for k, v in row.items() if k != "vhost"}
+                for row in doc.get(key, [])
+                if row.get("vhost") == name
+            ]
+        return web.json_response(out)
+
+    async def parameters(self, request: web.Request) -> web.Response:
+        """Runtime parameters: RoarMQ's only component is vhost-limits (as RabbitMQ lists it)."""
+        component = request.match_info.get("component")
+        vhost = request.match_info.get("vhost")
+        rows = [
+            p
+            for p in export_definitions(self.broker)["parameters"]
+            if (component is None or p["component"] == component)
+            and (vhost is None or p["vhost"] == vhost)
+            and self._sees_vhost(request, p["vhost"])
+        ]
+        return web.json_response(rows)
+
+    async def global_parameters(self, request: web.Request) -> web.Response:
+        return web.json_response([{"name": "cluster_name", "value": self.broker.cluster_name}])
 
     async def nodes(self, request: web.Request) -> web.Response:
         b = self.broker

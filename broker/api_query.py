@@ -1,0 +1,138 @@
+"""The management API's list query parameters, as RabbitMQ's: columns, sort, name, pages.
+
+One middleware, so every list endpoint answers them the same way (RabbitMQ 3.10.8's
+behaviour, checked against it):
+
+- `columns=a,b.c` keeps those (dotted) fields of each item; missing ones are left out.
+- `sort=field` (dotted) and `sort_reverse=true`; strings compare by their bytes.
+- `page=N` (with `page_size`, default 100, at most 500) answers
+  `{"filtered_count", "item_count", "items", "page", "page_count", "page_size",
+  "total_count"}`; only then does `name=` filter, case-insensitively, as a substring or,
+  with `use_regex=true`, a regular expression. A page past the end is 400
+  `page_out_of_range`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from aiohttp import web
+
+QUERY_KEYS = frozenset(
+    {"columns", "sort", "sort_reverse", "page", "page_size", "name", "use_regex"}
+)
+MAX_PAGE_SIZE = 500
+
+
+def _get(item: Any, path: list[str]) -> Any:
+    for part in path:
+        if not isinstance(item, dict) or part not in item:
+            return _MISSING
+        item = item[part]
+    return item
+
+
+_MISSING = object()
+
+
+def _project(item: Any, columns: list[list[str]]) -> Any:
+    if not isinstance(item, dict):
+        return item
+    out: dict[str, Any] = {}
+    for path in columns:
+        value = _get(item, path)
+        if value is _MISSING:
+            continue
+        target = out
+        for part in path[:-1]:
+            target = target.setdefault(part, {})
+        target[path[-1]] = value
+    return out
+
+
+def _sort_key(value: Any) -> tuple:
+    if value is _MISSING or value is None:
+        return (0, b"")
+    if isinstance(value, bool | int | float):
+        return (1, value)
+    if isinstance(value, str):
+        return (2, value.encode("utf-8", "surrogateescape"))
+    return (3, json.dumps(value, sort_keys=True).encode())
+
+
+def _bad(error: str, reason: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(
+        text=json.dumps({"error": error, "reason": reason}), content_type="application/json"
+    )
+
+
+def shape(data: Any, query: Any) -> Any:
+    """Apply RabbitMQ's list parameters to a decoded response body."""
+    columns = [c.split(".") for c in query.get("columns", "").split(",") if c]
+    if not isinstance(data, list):
+        return _project(data, columns) if columns else data
+    items = data
+    total = len(items)
+    paged = "page" in query
+    if paged and query.get("name"):
+        text = query["name"]
+        if query.get("use_regex") == "true":
+            try:
+                pattern = re.compile(text, re.IGNORECASE)
+            except re.error as exc:
+                raise _bad("bad_request", f"invalid regular expression: {exc}") from None
+            items = [i for i in items if pattern.search(str(i.get("name", "")))]
+        else:
+            text = text.lower()
+            items = [i for i in items if text in str(i.get("name", "")).lower()]
+    if "sort" in query:
+        path = query["sort"].split(".")
+        items = sorted(items, key=lambda i: _sort_key(_get(i, path)))
+        if query.get("sort_reverse") == "true":
+            items.reverse()
+    if columns:
+        items = [_project(i, columns) for i in items]
+    if not paged:
+        return items
+    try:
+        page = int(query["page"])
+        size = min(int(query.get("page_size", 100)), MAX_PAGE_SIZE)
+    except ValueError:
+        raise _bad("bad_request", "page and page_size must be integers") from None
+    if page < 1 or size < 1:
+        raise _bad("bad_request", "page and page_size must be positive")
+    filtered = len(items)
+    page_count = max((filtered + size - 1) // size, 1)
+    if page > page_count:
+        raise _bad(
+            "page_out_of_range",
+            f"Page out of range, page: {page} page size: {size}, len: {filtered}",
+        )
+    chunk = items[(page - 1) * size : page * size]
+    return {
+        "filtered_count": filtered,
+        "item_count": len(chunk),
+        "items": chunk,
+        "page": page,
+        "page_count": page_count,
+        "page_size": size,
+        "total_count": total,
+    }
+
+
+@web.middleware
+async def list_query(request: web.Request, handler: Any) -> web.StreamResponse:
+    response = await handler(request)
+    if (
+        request.method != "GET"
+        or not QUERY_KEYS.intersection(request.query)
+        or not isinstance(response, web.Response)
+        or response.content_type != "application/json"
+        or response.status != 200
+        or response.body is None
+    ):
+        return response
+    data = json.loads(response.body)  # type: ignore[arg-type]
+    return web.json_response(shape(data, request.query))

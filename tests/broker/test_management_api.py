@@ -1,0 +1,137 @@
+"""The management API's RabbitMQ shapes: object writes, publish/get, list parameters
+(columns, sort, name, pages), health checks and the smaller endpoints (RabbitMQ 3.10.8's
+answers, checked against it)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from roarmq.broker.testing import BrokerThread, ephemeral_config
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def b(tmp_path):
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as broker:
+        yield broker
+
+
+def test_declare_publish_get_and_bindings(b):
+    assert b.api("PUT", "/api/exchanges/%2F/shop", {"type": "topic"})[0] == 201
+    assert b.api("PUT", "/api/exchanges/%2F/shop", {"type": "topic"})[0] == 204
+    status, body = b.api("PUT", "/api/exchanges/%2F/shop", {"type": "direct"})
+    assert status == 400 and "inequivalent arg 'type'" in body["reason"]
+    assert b.api("PUT", "/api/queues/%2F/orders", {"durable": True})[0] == 201
+    assert b.api("PUT", "/api/queues/%2F/orders", {"durable": False})[0] == 400
+    status, _ = b.api(
+        "POST",
+        "/api/bindings/%2F/e/shop/q/orders",
+        {"routing_key": "order.*", "arguments": {"x-note": "a"}},
+    )
+    assert status == 201
+    rows = b.api("GET", "/api/bindings/%2F/e/shop/q/orders")[1]
+    assert [(r["routing_key"], r["arguments"]) for r in rows] == [("order.*", {"x-note": "a"})]
+    assert b.api("GET", "/api/queues/%2F/orders/bindings")[1][-1]["source"] == "shop"
+    assert b.api("GET", "/api/exchanges/%2F/shop/bindings/source")[1][0]["destination"] == "orders"
+    assert b.api("GET", "/api/exchanges/%2F/shop")[1]["type"] == "topic"
+
+    publish = {
+        "routing_key": "order.new",
+        "payload": "hello",
+        "payload_encoding": "string",
+        "properties": {"delivery_mode": 2, "headers": {"k": "v"}},
+    }
+    assert b.api("POST", "/api/exchanges/%2F/shop/publish", publish) == (200, {"routed": True})
+    miss = {**publish, "routing_key": "nothing"}
+    assert b.api("POST", "/api/exchanges/%2F/shop/publish", miss) == (200, {"routed": False})
+    raw = {
+        "routing_key": "orders",
+        "payload": base64.b64encode(b"\xff\x00").decode(),
+        "payload_encoding": "base64",
+        "properties": {},
+    }
+    assert b.api("POST", "/api/exchanges/%2F/amq.default/publish", raw)[1] == {"routed": True}
+
+    get = {"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 3}
+    msgs = b.api("POST", "/api/queues/%2F/orders/get", get)[1]
+    assert [(m["payload"], m["payload_bytes"], m["payload_encoding"]) for m in msgs] == [
+        ("hel", 5, "string"),
+        (base64.b64encode(b"\xff\x00").decode(), 2, "base64"),
+    ]
+    assert msgs[0]["properties"] == {"delivery_mode": 2, "headers": {"k": "v"}}
+    assert msgs[0]["message_count"] == 1 and not msgs[0]["redelivered"]
+    taken = b.api(
+        "POST",
+        "/api/queues/%2F/orders/get",
+        {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"},
+    )[1]
+    assert taken[0]["redelivered"] is True
+    assert b.api("GET", "/api/queues/%2F/orders")[1]["messages"] == 1
+    assert b.api("POST", "/api/queues/%2F/orders/get", {"count": 1, "ackmode": "bogus"})[0] == 400
+
+    key = rows[0]["properties_key"]
+    assert b.api("DELETE", f"/api/bindings/%2F/e/shop/q/orders/{key}")[0] == 204
+    assert b.api("GET", "/api/bindings/%2F/e/shop/q/orders")[1] == []
+    assert b.api("DELETE", "/api/exchanges/%2F/shop")[0] == 204
+    assert b.api("GET", "/api/exchanges/%2F/shop")[0] == 404
+
+
+def test_list_parameters_as_rabbitmq(b):
+    for name in ("Orders1", "orders2", "misc"):
+        assert b.api("PUT", f"/api/queues/%2F/{name}", {})[0] == 201
+    status, page = b.api("GET", "/api/queues?page=1&page_size=2&name=orders&columns=name")
+    assert page == {
+        "filtered_count": 2,
+        "item_count": 2,
+        "items": [{"name": "Orders1"}, {"name": "orders2"}],
+        "page": 1,
+        "page_count": 1,
+        "page_size": 2,
+        "total_count": 3,
+    }
+    # Without page, name does not filter (RabbitMQ's behaviour).
+    assert len(b.api("GET", "/api/queues?name=orders&columns=name")[1]) == 3
+    page = b.api(
+        "GET", "/api/queues?page=1&name=^O&use_regex=true&columns=name&sort=name&sort_reverse=true"
+    )[1]
+    assert [i["name"] for i in page["items"]] == ["orders2", "Orders1"]
+    names = [q["name"] for q in b.api("GET", "/api/queues?columns=name&sort=name")[1]]
+    assert names == ["Orders1", "misc", "orders2"]  # by bytes, as RabbitMQ
+    assert b.api("GET", "/api/queues?page=9&page_size=2") == (
+        400,
+        {"error": "page_out_of_range", "reason": "Page out of range, page: 9 page size: 2, len: 3"},
+    )
+    only = b.api("GET", "/api/queues/%2F/misc?columns=name,message_stats.publish")[1]
+    assert only == {"name": "misc", "message_stats": {"publish": 0}}
+
+
+def test_health_checks_and_small_endpoints(b):
+    assert b.api("GET", "/api/aliveness-test/%2F") == (200, {"status": "ok"})
+    assert b.api("GET", "/api/health/checks/alarms")[1]["status"] == "ok"
+    assert b.api("GET", "/api/health/checks/local-alarms")[1]["status"] == "ok"
+    assert b.api("GET", "/api/health/checks/virtual-hosts") == (200, {"status": "ok"})
+    port = b.broker.port
+    assert b.api("GET", f"/api/health/checks/port-listener/{port}")[1]["status"] == "ok"
+    assert b.api("GET", "/api/health/checks/port-listener/1")[0] == 503
+    assert b.api("GET", "/api/health/checks/protocol-listener/amqp")[0] == 200
+    assert b.api("GET", "/api/health/checks/protocol-listener/stomp")[0] == 503
+    assert b.api("GET", "/api/extensions") == (200, [])
+    node = b.api("GET", "/api/nodes")[1][0]
+    assert node["running"] is True and node["mem_used"] > 0
+    assert b.api("GET", f"/api/nodes/{node['name']}")[1]["name"] == node["name"]
+    overview = b.api("GET", "/api/overview")[1]
+    assert overview["rabbitmq_version"] and overview["node"] == node["name"]
+    assert b.api("PUT", "/api/vhosts/v2")[0] == 201
+    assert b.api("PUT", "/api/queues/v2/q2", {})[0] == 201
+    assert b.api("PUT", "/api/vhost-limits/v2/max-queues", {"value": 9})[0] == 204
+    doc = b.api("GET", "/api/definitions/v2")[1]
+    assert [q["name"] for q in doc["queues"]] == ["q2"]
+    assert "users" not in doc and "vhost" not in doc["queues"][0]
+    params = b.api("GET", "/api/parameters/vhost-limits")[1]
+    assert params == [
+        {"value": {"max-queues": 9}, "vhost": "v2", "component": "vhost-limits", "name": "limits"}
+    ]
+    assert b.api("GET", "/api/global-parameters")[1][0]["name"] == "cluster_name"
