@@ -31,8 +31,9 @@ from .auth import hash_password
 from .exchange import Exchange
 from .explain import explain
 from .message import Message
-from .metrics import RabbitCollector
+from .metrics import RabbitCollector, global_counts
 from .policy import PolicyError
+from .rates import RateSampler
 from .tls import PLAIN_REPORT, server_context
 
 if TYPE_CHECKING:
@@ -335,7 +336,7 @@ def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
     return bool(value)
 
 
-def _exchange_row(x: Any) -> dict[str, Any]:
+def _exchange_row(x: Any, rates: RateSampler | None = None) -> dict[str, Any]:
     return {
         "name": x.name,
         "vhost": x.vhost.name,
@@ -346,8 +347,16 @@ def _exchange_row(x: Any) -> dict[str, Any]:
         "arguments": _json_safe(x.arguments),
         "policy": x.policy.name if x.policy is not None else None,
         "user_who_performed_action": "rmq-internal" if x.builtin else None,
-        "message_stats": {"publish_in": x.stats_in, "unroutable": x.stats_unroutable},
+        "message_stats": _stats(
+            rates, ("exchange", x.vhost.name, x.name), {"publish_in": x.stats_in}
+        ),
     }
+
+
+def _stats(rates: RateSampler | None, key: Any, counts: dict[str, int]) -> dict[str, Any]:
+    if rates is None:
+        return dict(counts)
+    return rates.stats(key, counts)
 
 
 _PROPERTY_NAMES = frozenset(BasicProperties.__slots__)
@@ -539,6 +548,7 @@ class ManagementServer:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.registry = CollectorRegistry()
+        self.rates = RateSampler(broker)  # message_stats' *_details.rate, every 5 s
         self.registry.register(_BrokerCollector(broker))
         self.registry.register(RabbitCollector(broker))
         self.per_object = CollectorRegistry()  # /metrics/per-object: a series per queue
@@ -644,10 +654,12 @@ class ManagementServer:
         context = server_context(cfg.tls, "management.tls") if cfg.tls.enabled else None
         site = web.TCPSite(self._runner, cfg.bind, cfg.port, ssl_context=context)
         await site.start()
+        self.rates.start()
         server = site._server  # noqa: SLF001 - aiohttp exposes no public accessor for the port
         return server.sockets[0].getsockname()[1] if server and server.sockets else cfg.port
 
     async def stop(self) -> None:
+        self.rates.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -734,6 +746,7 @@ class ManagementServer:
                 "rabbitmq_version": RABBITMQ_API_VERSION,
                 "cluster_name": b.cluster_name,
                 "node": b.cluster_name,
+                "message_stats": self.rates.stats("global", global_counts(b)),
                 "queue_totals": {
                     "messages": ready + unacked,
                     "messages_ready": ready,
@@ -860,7 +873,11 @@ class ManagementServer:
 
     async def exchanges(self, request: web.Request) -> web.Response:
         return web.json_response(
-            [_exchange_row(x) for vhost in self._vhosts(request) for x in vhost.exchanges.values()]
+            [
+                _exchange_row(x, self.rates)
+                for vhost in self._vhosts(request)
+                for x in vhost.exchanges.values()
+            ]
         )
 
     def _exchange_of(self, request: web.Request, key: str = "name") -> Any:
@@ -872,7 +889,7 @@ class ManagementServer:
         return vhost, x
 
     async def exchange(self, request: web.Request) -> web.Response:
-        return web.json_response(_exchange_row(self._exchange_of(request)[1]))
+        return web.json_response(_exchange_row(self._exchange_of(request)[1], self.rates))
 
     async def put_exchange(self, request: web.Request) -> web.Response:
         vhost = self._vhosts(request)[0]
@@ -1065,7 +1082,44 @@ class ManagementServer:
                     rows.append(_binding_row(vhost.name, x.name, d, key, args))
         return web.json_response(rows)
 
-    def _queue_info(self, q: Any) -> dict[str, Any]:
+    def _consumer_details(self, q: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "consumer_tag": c.tag,
+                "channel_details": {
+                    "name": f"{conn.name} ({ch.id})",
+                    "number": ch.id,
+                    "connection_name": conn.name,
+                    "user": conn.user.name,
+                },
+                "ack_required": not c.no_ack,
+                "prefetch_count": c.prefetch,
+                "exclusive": bool(c.exclusive),
+                "arguments": _json_safe(c.arguments or {}),
+                "active": True,
+            }
+            for conn in self.broker.connections
+            for ch in conn.channels.values()
+            for c in ch.consumers.values()
+            if c.queue is q
+        ]
+
+    def _unacked_bytes(self, q: Any) -> dict[str, int]:
+        unacked = sum(
+            e.msg.size
+            for conn in self.broker.connections
+            for ch in conn.channels.values()
+            for e in ch.unacked.values()
+            if e.queue is q
+        )
+        return {
+            "message_bytes_unacknowledged": unacked,
+            "message_bytes": q.ready_bytes + unacked,
+        }
+
+    def _queue_info(self, q: Any, detailed: bool = False) -> dict[str, Any]:
+        """A queue as GET /api/queues lists it; `detailed` (one queue's page) adds what
+        needs a pass over the channels: consumer details and unacknowledged bytes."""
         return {
             "name": q.name,
             "vhost": q.vhost.name,
@@ -1079,14 +1133,24 @@ class ManagementServer:
             "messages": q.message_count() + q.unacked,
             "message_bytes_ready": q.ready_bytes,
             "consumers": q.consumer_count,
+            "state": "running",
+            "node": self.broker.cluster_name,
+            "exclusive_consumer_tag": None,
+            "memory": q.ready_bytes if q.store is None else 0,  # bodies held in memory
+            "consumer_details": [] if not detailed else self._consumer_details(q),
+            **({} if not detailed else self._unacked_bytes(q)),
             "policy": q.policy.name if q.policy is not None else None,
             "operator_policy": q.operator_policy.name if q.operator_policy is not None else None,
             "effective_policy_definition": q.effective_policy,
-            "message_stats": {
-                "publish": q.stats_published,
-                "deliver_get": q.stats_delivered,
-                "ack": q.stats_acked,
-            },
+            "message_stats": _stats(
+                self.rates,
+                ("queue", q.vhost.name, q.name),
+                {
+                    "publish": q.stats_published,
+                    "deliver_get": q.stats_delivered,
+                    "ack": q.stats_acked,
+                },
+            ),
         }
 
     async def queues(self, request: web.Request) -> web.Response:
@@ -1102,7 +1166,7 @@ class ManagementServer:
                 text='{"error":"Object Not Found","reason":"Not Found"}',
                 content_type="application/json",
             )
-        return web.json_response(self._queue_info(q))
+        return web.json_response(self._queue_info(q, detailed=True))
 
     async def user(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

@@ -57,6 +57,24 @@ class Totals:
         self.dead_lettered += q.stats_dead_lettered
 
 
+def global_counts(broker: Broker) -> dict[str, int]:
+    """The broker's message totals since start, in RabbitMQ's `message_stats` names."""
+    t: Totals = broker.totals
+    vhosts = list(broker.vhosts.values())
+    queues = [q for v in vhosts for q in v.queues.values()]
+    exchanges = [x for v in vhosts for x in v.exchanges.values()]
+    received = t.received + sum(x.stats_in for x in exchanges)
+    unroutable = t.unroutable + sum(x.stats_unroutable for x in exchanges)
+    return {
+        "publish": received,
+        "confirm": t.confirmed,
+        "return_unroutable": t.returned,
+        "drop_unroutable": max(unroutable - t.returned, 0),
+        "deliver_get": t.delivered + sum(q.stats_delivered for q in queues),
+        "ack": t.acknowledged + sum(q.stats_acked for q in queues),
+    }
+
+
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 

@@ -135,3 +135,55 @@ def test_health_checks_and_small_endpoints(b):
         {"value": {"max-queues": 9}, "vhost": "v2", "component": "vhost-limits", "name": "limits"}
     ]
     assert b.api("GET", "/api/global-parameters")[1][0]["name"] == "cluster_name"
+
+
+def test_message_rates_sampled_off_the_message_path(b):
+    import pika
+
+    sampler = b.broker._management.rates
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    ch.queue_declare("rated")
+    b.call(sampler.sample)  # a queue's rate is measured from the sample after it exists
+    for _ in range(10):
+        ch.basic_publish("", "rated", b"x")
+    ch.queue_declare("rated", passive=True)  # the publishes have been handled
+    b.call(sampler.sample)
+    queue = b.api("GET", "/api/queues/%2F/rated")[1]["message_stats"]
+    assert queue["publish"] == 10 and queue["publish_details"]["rate"] > 0
+    assert queue["deliver_get_details"] == {"rate": 0.0}
+    overview = b.api("GET", "/api/overview")[1]["message_stats"]
+    assert overview["publish"] == 10 and overview["publish_details"]["rate"] > 0
+    assert set(overview) >= {
+        "confirm",
+        "deliver_get",
+        "ack",
+        "return_unroutable",
+        "drop_unroutable",
+    }
+    exchange = b.api("GET", "/api/exchanges/%2F/amq.default")[1]["message_stats"]
+    assert exchange["publish_in"] == 10 and exchange["publish_in_details"]["rate"] > 0
+    conn.close()
+
+
+def test_one_queue_shows_consumers_and_bytes(b):
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    ch.queue_declare("detailed")
+    ch.basic_publish("", "detailed", b"12345")
+    ch.basic_publish("", "detailed", b"123")
+    ch.basic_qos(prefetch_count=1)
+    ch.basic_consume("detailed", lambda *a: None, consumer_tag="watcher")
+    conn.process_data_events(0.2)
+    q = b.api("GET", "/api/queues/%2F/detailed")[1]
+    assert q["state"] == "running"
+    assert [c["consumer_tag"] for c in q["consumer_details"]] == ["watcher"]
+    assert q["consumer_details"][0]["prefetch_count"] == 1
+    assert (q["message_bytes_ready"], q["message_bytes_unacknowledged"], q["message_bytes"]) == (
+        3,
+        5,
+        8,
+    )
+    conn.close()
