@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("roarmq.persistence")
 
 DEFINITIONS_FILE = "definitions.sqlite3"
+#: PRAGMA user_version of a definitions store once the config has seeded it.
+SEEDED = 1
 
 
 class Persistence:
@@ -36,10 +38,23 @@ class Persistence:
         self.broker = broker
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        #: No definitions store yet: the config's users, vhosts and permissions seed it.
-        self.new = not (self.dir / DEFINITIONS_FILE).exists()
+        existed = (self.dir / DEFINITIONS_FILE).exists()
         self.definitions = DefinitionStore(self.dir / DEFINITIONS_FILE)
+        #: Not seeded yet: the config's users, vhosts and permissions seed it. The seed and
+        #: its mark (SQLite's user_version) commit together, so a first start that died
+        #: half-way seeds again rather than leaving a store without its users.
+        self.new = not existed or self._unseeded()
         self.restoring = False
+
+    def _unseeded(self) -> bool:
+        db = self.definitions.db
+        if db.execute("PRAGMA user_version").fetchone()[0] >= SEEDED:
+            return False
+        # Stores older than the mark: seeded if they hold anything at all.
+        held = self.definitions.users() or self.definitions.vhosts()
+        if held:
+            db.execute(f"PRAGMA user_version = {SEEDED}")
+        return not held
 
     def close(self) -> None:
         self.definitions.close()
@@ -52,14 +67,25 @@ class Persistence:
         if not self.new:
             self._note_config_users_not_applied()
             return
-        for v in cfg.vhosts:
-            store.put_vhost(v.name)
-        for u in cfg.users:
-            store.put_user(
-                UserDef(u.name, hash_password(u.password), tuple(u.tags), u.loopback_only)
-            )
-        for p in cfg.permissions:
-            store.put_permission(PermissionDef(p.user, p.vhost, p.configure, p.write, p.read))
+        db = store.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for v in cfg.vhosts:
+                store.put_vhost(v.name)
+            for u in cfg.users:
+                store.put_user(
+                    UserDef(u.name, hash_password(u.password), tuple(u.tags), u.loopback_only)
+                )
+            for p in cfg.permissions:
+                store.put_permission(PermissionDef(p.user, p.vhost, p.configure, p.write, p.read))
+            db.execute(f"PRAGMA user_version = {SEEDED}")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        if db.in_transaction:
+            db.execute("COMMIT")
+        self.new = False
 
     def _note_config_users_not_applied(self) -> None:
         """Say so when the config names users the store does not hold as written."""
