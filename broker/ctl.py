@@ -204,6 +204,47 @@ def clear_policy(api: Api, a: argparse.Namespace) -> str:
     return f'Clearing policy "{a.name}" on vhost "{a.vhost}" ...'
 
 
+def _limits(text: str) -> dict[str, Any]:
+    try:
+        limits = json.loads(text)
+    except ValueError:
+        limits = None
+    if not isinstance(limits, dict):
+        raise CtlError(
+            f"limits must be a JSON object such as '{{\"max-connections\": 10}}': {text}", 2
+        )
+    return limits
+
+
+def set_vhost_limits(api: Api, a: argparse.Namespace) -> str:
+    for name, value in _limits(a.definition).items():
+        api.call("PUT", f"/api/vhost-limits/{q(a.vhost)}/{q(name)}", {"value": value})
+    return f'Setting vhost limits to "{a.definition}" for vhost "{a.vhost}" ...'
+
+
+def clear_vhost_limits(api: Api, a: argparse.Namespace) -> str:
+    for row in api.call("GET", f"/api/vhost-limits/{q(a.vhost)}"):
+        for name in row["value"]:
+            api.call("DELETE", f"/api/vhost-limits/{q(a.vhost)}/{q(name)}")
+    return f'Clearing vhost "{a.vhost}" limits ...'
+
+
+def set_user_limits(api: Api, a: argparse.Namespace) -> str:
+    for name, value in _limits(a.definition).items():
+        api.call("PUT", f"/api/user-limits/{q(a.username)}/{q(name)}", {"value": value})
+    return f'Setting user limits to "{a.definition}" for user "{a.username}" ...'
+
+
+def clear_user_limits(api: Api, a: argparse.Namespace) -> str:
+    names = [a.limit]
+    if a.limit == "all":
+        rows = api.call("GET", f"/api/user-limits/{q(a.username)}")
+        names = [n for row in rows for n in row["value"]]
+    for name in names:
+        api.call("DELETE", f"/api/user-limits/{q(a.username)}/{q(name)}")
+    return f'Clearing "{a.limit}" limit for user "{a.username}" ...'
+
+
 def purge_queue(api: Api, a: argparse.Namespace) -> str:
     api.call("DELETE", f"/api/queues/{q(a.vhost)}/{q(a.queue)}/contents")
     return f'Purging queue "{a.queue}" in vhost "{a.vhost}" ...'
@@ -345,6 +386,16 @@ def _parser() -> argparse.ArgumentParser:
     for arg in ("name", "pattern", "definition"):
         c.add_argument(arg)
     command("clear_policy", clear_policy, "remove a policy", vhost=True).add_argument("name")
+    command(
+        "set_vhost_limits", set_vhost_limits, "set vhost limits (JSON)", vhost=True
+    ).add_argument("definition")
+    command("clear_vhost_limits", clear_vhost_limits, "remove a vhost's limits", vhost=True)
+    c = command("set_user_limits", set_user_limits, "set user limits (JSON)")
+    c.add_argument("username")
+    c.add_argument("definition")
+    c = command("clear_user_limits", clear_user_limits, "remove a user limit (or all)")
+    c.add_argument("username")
+    c.add_argument("limit", help="max-connections, max-channels or all")
     command("purge_queue", purge_queue, "drop a queue's ready messages", vhost=True).add_argument(
         "queue"
     )

@@ -559,6 +559,7 @@ class ManagementServer:
         app.router.add_get("/metrics/per-object", self.metrics)
         app.router.add_get("/api/overview", self.overview)
         app.router.add_get("/api/vhosts", self.vhosts)
+        app.router.add_get("/api/vhosts/{vhost}", self.vhosts)
         app.router.add_get("/api/whoami", self.whoami)
         app.router.add_get("/api/exchanges", self.exchanges)
         app.router.add_get("/api/exchanges/{vhost}", self.exchanges)
@@ -864,8 +865,24 @@ class ManagementServer:
             return web.json_response(node)
         return web.json_response([node])
 
+    def _vhost_row(self, vhost: Any) -> dict[str, Any]:
+        queues = vhost.queues.values()
+        ready = sum(q.message_count() for q in queues)
+        unacked = sum(q.unacked for q in queues)
+        return {
+            "name": vhost.name,
+            "tracing": False,
+            "messages": ready + unacked,
+            "messages_ready": ready,
+            "messages_unacknowledged": unacked,
+            "cluster_state": {self.broker.cluster_name: "running"},
+        }
+
     async def vhosts(self, request: web.Request) -> web.Response:
-        return web.json_response([{"name": v.name} for v in self._vhosts(request)])
+        if "vhost" in request.match_info:
+            return web.json_response(self._vhost_row(self._vhosts(request)[0]))
+        rows = sorted(self._vhosts(request), key=lambda v: v.name.encode())  # as RabbitMQ
+        return web.json_response([self._vhost_row(v) for v in rows])
 
     async def whoami(self, request: web.Request) -> web.Response:
         user = request[_USER]

@@ -150,3 +150,25 @@ def test_unreachable_api_is_one_line(capsys):
     code = cli(["ctl", "--url", "http://127.0.0.1:1", "list_queues"])
     assert code == 1
     assert capsys.readouterr().err.startswith("Error: cannot reach the management API")
+
+
+def test_limits_commands(b, capsys):
+    assert ctl(b, capsys, "set_vhost_limits", "-p", "/", '{"max-queues": 4}')[0] == 0
+    assert b.api("GET", "/api/vhost-limits/%2F")[1][0]["value"] == {"max-queues": 4}
+    assert ctl(b, capsys, "clear_vhost_limits", "-p", "/")[0] == 0
+    assert b.api("GET", "/api/vhost-limits/%2F")[1] == []
+    assert (
+        ctl(b, capsys, "set_user_limits", "guest", '{"max-channels": 9, "max-connections": 3}')[0]
+        == 0
+    )
+    assert b.api("GET", "/api/user-limits/guest")[1][0]["value"] == {
+        "max-channels": 9,
+        "max-connections": 3,
+    }
+    assert ctl(b, capsys, "clear_user_limits", "guest", "max-channels")[0] == 0
+    assert b.api("GET", "/api/user-limits/guest")[1][0]["value"] == {"max-connections": 3}
+    assert ctl(b, capsys, "clear_user_limits", "guest", "all")[0] == 0
+    assert b.api("GET", "/api/user-limits/guest")[1] == []
+    code, _, err = ctl(b, capsys, "set_vhost_limits", "-p", "/", "nope")
+    assert code == 2 and "JSON object" in err
+    assert b.api("GET", "/api/vhosts/%2F")[1]["name"] == "/"
