@@ -29,10 +29,11 @@ run: $(RUN_STAMP)
 	$(PY) -m roarmq --config config.toml $(ARGS)
 
 # System packages the tests use: amqp-tools (librabbitmq's CLI), a Java runtime for Spark,
-# and the openssl CLI (tests/broker/test_tls.py runs docs/security.md's certificate recipe).
+# the openssl CLI (tests/broker/test_tls.py runs docs/security.md's certificate recipe), and
+# headless Chromium with its driver (tests/ui/test_web_ui.py drives the web UI).
 # Installed through apt when we can; otherwise the tests that need them say why they did
 # not run.
-APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless) $(if $(shell command -v openssl),,openssl)
+APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless) $(if $(shell command -v openssl),,openssl) $(if $(shell command -v chromedriver),,chromium chromium-driver)
 
 system-deps:
 	@if [ -n "$(strip $(APT_PACKAGES))" ]; then \

@@ -15,6 +15,7 @@ import re
 import time
 import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from .server import Broker
 
 log = logging.getLogger("roarmq.management")
+
+#: The web UI's files.
+WWW = Path(__file__).parent / "www"
 
 #: The RabbitMQ management API version whose shapes this API follows (definitions export too).
 RABBITMQ_API_VERSION = "3.13.0"
@@ -89,6 +93,16 @@ def _not_authorised(reason: str) -> web.Response:
         status=401,
         headers={"WWW-Authenticate": 'Basic realm="RoarMQ Management"'},
     )
+
+
+@web.middleware
+async def _no_browser_prompt(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The web UI asks with X-Requested-With: a 401 to it carries no WWW-Authenticate,
+    or the browser would put up its own login box over the UI's."""
+    response = await handler(request)
+    if response.status == 401 and request.headers.get("X-Requested-With") == "XMLHttpRequest":
+        response.headers.pop("WWW-Authenticate", None)
+    return response
 
 
 def _json_safe(value: Any) -> Any:
@@ -554,7 +568,9 @@ class ManagementServer:
         self.per_object = CollectorRegistry()  # /metrics/per-object: a series per queue
         self.per_object.register(RabbitCollector(broker, per_object=True))
         self._runner: web.AppRunner | None = None
-        app = web.Application(middlewares=[self._auth, list_query])
+        app = web.Application(middlewares=[_no_browser_prompt, self._auth, list_query])
+        app.router.add_get("/", self.index)
+        app.router.add_static("/ui/", WWW, show_index=False)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/metrics/per-object", self.metrics)
         app.router.add_get("/api/overview", self.overview)
@@ -668,6 +684,8 @@ class ManagementServer:
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if request.path.startswith("/metrics"):  # open, as RabbitMQ's Prometheus port
             return await handler(request)
+        if request.path == "/" or request.path.startswith("/ui/"):
+            return await handler(request)  # the web UI's files; it logs in through the API
         header = request.headers.get("Authorization", "")
         if header.startswith("Basic "):
             try:
@@ -723,6 +741,10 @@ class ManagementServer:
         if user is not None and "administrator" not in user.tags and name not in user.permissions:
             raise _vhost_refused()
         return [vhost]
+
+    async def index(self, request: web.Request) -> web.FileResponse:
+        """The web UI (broker/www/): plain HTML and JS over this API, nothing fetched elsewhere."""
+        return web.FileResponse(WWW / "index.html")
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(

@@ -1,0 +1,298 @@
+// RoarMQ's web UI: plain JS over the management API, no build step, nothing from a CDN.
+"use strict";
+
+const state = { auth: sessionStorage.getItem("roarmq-auth"), timer: null, history: [] };
+const $ = (sel, root = document) => root.querySelector(sel);
+const enc = encodeURIComponent;
+const size = n => n == null ? "?" : n >= 1 << 30 ? (n / (1 << 30)).toFixed(1) + " GiB" : n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MiB" : n + " B";
+
+function esc(value) {
+  return String(value ?? "").replace(/[&<>"']/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+async function api(method, path, body) {
+  const headers = { Authorization: "Basic " + state.auth, "X-Requested-With": "XMLHttpRequest" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const resp = await fetch("/api" + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  if (resp.status === 401) { logout("Login failed or not allowed"); throw new Error("unauthorised"); }
+  const text = await resp.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!resp.ok) throw new Error((data && (data.reason || data.error)) || resp.statusText);
+  return data;
+}
+
+function logout(message) {
+  sessionStorage.removeItem("roarmq-auth");
+  state.auth = null;
+  $("#login").hidden = false;
+  $("#view").innerHTML = "";
+  $("#who").textContent = "";
+  $("#login-error").textContent = message || "";
+}
+
+$("#login").addEventListener("submit", async ev => {
+  ev.preventDefault();
+  const form = ev.target;
+  state.auth = btoa(form.user.value + ":" + form.password.value);
+  try {
+    const me = await api("GET", "/whoami");
+    sessionStorage.setItem("roarmq-auth", state.auth);
+    form.hidden = true;
+    showWho(me);
+    route();
+  } catch (err) { /* logout() has said why */ }
+});
+
+function showWho(me) {
+  $("#who").innerHTML = `${esc(me.name)} <button id="logout">Log out</button>`;
+  $("#logout").onclick = () => logout();
+}
+
+function table(rows, columns, opts = {}) {
+  const head = columns.map(c => `<th data-key="${esc(c.key)}" class="${opts.sort === c.key ? "sorted" + (opts.reverse ? " rev" : "") : ""}">${esc(c.title)}</th>`).join("");
+  const body = rows.map(r => "<tr>" + columns.map(c => `<td>${c.html ? c.html(r) : esc(c.value ? c.value(r) : r[c.key])}</td>`).join("") + "</tr>").join("");
+  return `<table><thead><tr>${head}</tr></thead><tbody>${body || `<tr><td colspan="${columns.length}">(none)</td></tr>`}</tbody></table>`;
+}
+
+// A paged, sorted, filtered list: the server does the work (?page=&sort=&name=), so a
+// broker with 100k queues sends the browser one page.
+function pagedList(title, path, columns, extra = "") {
+  const view = { page: 1, sort: columns[0].key, reverse: false, name: "" };
+  const render = async () => {
+    const q = `?page=${view.page}&page_size=100&sort=${enc(view.sort)}&sort_reverse=${view.reverse}&name=${enc(view.name)}`;
+    let data;
+    try { data = await api("GET", path + q); } catch (err) { $("#view").innerHTML = `<p class="error">${esc(err.message)}</p>`; return; }
+    $("#view").innerHTML = `<h2>${esc(title)}</h2>${extra}
+      <div class="pager"><input id="filter" placeholder="Filter by name" value="${esc(view.name)}">
+      <button id="prev" ${view.page <= 1 ? "disabled" : ""}>‹</button>
+      <span>page ${data.page} of ${data.page_count} · ${data.filtered_count} of ${data.total_count}</span>
+      <button id="next" ${view.page >= data.page_count ? "disabled" : ""}>›</button></div>
+      ${table(data.items, columns, view)}`;
+    $("#filter").onchange = e => { view.name = e.target.value; view.page = 1; render(); };
+    $("#prev").onclick = () => { view.page--; render(); };
+    $("#next").onclick = () => { view.page++; render(); };
+    for (const th of document.querySelectorAll("th[data-key]")) {
+      th.onclick = () => { view.reverse = view.sort === th.dataset.key ? !view.reverse : false; view.sort = th.dataset.key; render(); };
+    }
+    if (extra && view.afterRender) view.afterRender();
+  };
+  view.refresh = render;
+  return view;
+}
+
+const link = (kind, r) => `<a href="#/${kind}/${enc(r.vhost)}/${enc(r.name || "amq.default")}">${esc(r.name || "(AMQP default)")}</a>`;
+const rate = (r, key) => r.message_stats && r.message_stats[key + "_details"] ? r.message_stats[key + "_details"].rate : 0;
+
+const pages = {
+  async ""() {
+    const o = await api("GET", "/overview");
+    const t = o.object_totals, q = o.queue_totals, m = o.message_stats || {};
+    state.history.push({ publish: rate(o, "publish"), deliver: rate(o, "deliver_get"), ack: rate(o, "ack") });
+    state.history = state.history.slice(-60);
+    $("#view").innerHTML = `<h2>Overview</h2>
+      <div class="totals">
+        ${[["Connections", t.connections], ["Channels", t.channels], ["Exchanges", t.exchanges], ["Queues", t.queues], ["Consumers", t.consumers],
+           ["Messages", q.messages], ["Ready", q.messages_ready], ["Unacked", q.messages_unacknowledged]]
+          .map(([k, v]) => `<div class="total" data-total="${esc(k)}"><b>${esc(v)}</b>${esc(k)}</div>`).join("")}
+      </div>
+      <div class="card"><h3>Message rates (per second, sampled every 5 s)</h3>
+        <canvas id="rates" width="900" height="180"></canvas>
+        <div class="legend"><span><i class="swatch" style="background:#1565c0"></i>publish ${esc(rate(o, "publish"))}/s</span>
+        <span><i class="swatch" style="background:#2e7d32"></i>deliver/get ${esc(rate(o, "deliver_get"))}/s</span>
+        <span><i class="swatch" style="background:#ef6c00"></i>ack ${esc(rate(o, "ack"))}/s</span></div>
+        <p>Totals: published ${esc(m.publish)}, delivered ${esc(m.deliver_get)}, acked ${esc(m.ack)}, confirmed ${esc(m.confirm)},
+        returned ${esc(m.return_unroutable)}, dropped unroutable ${esc(m.drop_unroutable)}.</p></div>
+      <div class="card"><h3>Node</h3><p>${esc(o.product_name)} ${esc(o.product_version)} on ${esc(o.node)} ·
+        memory ${esc(size(o.mem_used))} of ${esc(size(o.mem_limit))} · disk free ${esc(size(o.disk_free))} (limit ${esc(size(o.disk_free_limit))}) ·
+        alarms: ${o.memory_alarm || o.disk_free_alarm ? '<span class="error">set</span>' : "none"}</p>
+        <p>Listeners: ${o.listeners.map(l => esc(l.protocol + " " + l.port)).join(", ")}</p></div>`;
+    drawRates($("#rates"), state.history);
+  },
+  async connections() {
+    const rows = await api("GET", "/connections");
+    $("#view").innerHTML = "<h2>Connections</h2>" + table(rows, [
+      { key: "name", title: "Name" }, { key: "user", title: "User" }, { key: "vhost", title: "Vhost" },
+      { key: "state", title: "State" }, { key: "channels", title: "Channels" }, { key: "ssl", title: "TLS" },
+      { key: "close", title: "", html: r => `<button data-close="${esc(r.name)}">Close</button>` },
+    ]);
+    for (const b of document.querySelectorAll("[data-close]")) {
+      b.onclick = async () => { await api("DELETE", "/connections/" + enc(b.dataset.close)); route(); };
+    }
+  },
+  async channels() {
+    const rows = await api("GET", "/channels");
+    $("#view").innerHTML = "<h2>Channels</h2>" + table(rows, [
+      { key: "name", title: "Channel" }, { key: "user", title: "User" }, { key: "vhost", title: "Vhost" },
+      { key: "consumer_count", title: "Consumers" }, { key: "messages_unacknowledged", title: "Unacked" },
+      { key: "prefetch_count", title: "Prefetch" }, { key: "confirm", title: "Confirm" },
+    ]);
+  },
+  exchanges() {
+    return pagedList("Exchanges", "/exchanges", [
+      { key: "name", title: "Name", html: r => link("exchange", r) }, { key: "vhost", title: "Vhost" },
+      { key: "type", title: "Type" }, { key: "durable", title: "Durable" }, { key: "policy", title: "Policy" },
+      { key: "message_stats.publish_in", title: "In", value: r => (r.message_stats || {}).publish_in },
+    ]).refresh();
+  },
+  queues() {
+    return pagedList("Queues", "/queues", [
+      { key: "name", title: "Name", html: r => link("queue", r) }, { key: "vhost", title: "Vhost" },
+      { key: "type", title: "Type" }, { key: "messages_ready", title: "Ready" },
+      { key: "messages_unacknowledged", title: "Unacked" }, { key: "messages", title: "Total" },
+      { key: "consumers", title: "Consumers" }, { key: "policy", title: "Policy" },
+      { key: "message_stats.publish", title: "Publish/s", value: r => rate(r, "publish") },
+    ]).refresh();
+  },
+  async users() {
+    const rows = await api("GET", "/users");
+    $("#view").innerHTML = "<h2>Users</h2>" + table(rows, [{ key: "name", title: "Name" }, { key: "tags", title: "Tags", value: r => r.tags.join(", ") }])
+      + `<form class="card" id="add-user"><h3>Add a user</h3><label>Name <input name="name" required></label>
+         <label>Password <input name="password" type="password" required></label><label>Tags <input name="tags" placeholder="administrator, monitoring"></label>
+         <button>Add user</button></form>` + (await permissionsCard());
+    $("#add-user").onsubmit = submit(async f => api("PUT", "/users/" + enc(f.name.value), { password: f.password.value, tags: f.tags.value }));
+    bindPermissionForm();
+  },
+  async vhosts() {
+    const rows = await api("GET", "/vhosts");
+    $("#view").innerHTML = "<h2>Virtual hosts</h2>" + table(rows, [{ key: "name", title: "Name" }, { key: "messages", title: "Messages" }])
+      + `<form class="card" id="add-vhost"><h3>Add a vhost</h3><label>Name <input name="name" required></label><button>Add vhost</button></form>`;
+    $("#add-vhost").onsubmit = submit(async f => api("PUT", "/vhosts/" + enc(f.name.value)));
+  },
+  async policies() {
+    const rows = await api("GET", "/policies");
+    $("#view").innerHTML = "<h2>Policies</h2>" + table(rows, [
+      { key: "vhost", title: "Vhost" }, { key: "name", title: "Name" }, { key: "pattern", title: "Pattern" },
+      { key: "apply-to", title: "Apply to" }, { key: "definition", title: "Definition", value: r => JSON.stringify(r.definition) },
+      { key: "priority", title: "Priority" },
+      { key: "x", title: "", html: r => `<button data-del="${esc(r.vhost)}|${esc(r.name)}">Delete</button>` },
+    ]) + `<form class="card" id="add-policy"><h3>Set a policy</h3>
+      <label>Vhost <input name="vhost" value="/"></label><label>Name <input name="name" required></label>
+      <label>Pattern <input name="pattern" required value="^"></label>
+      <label>Apply to <select name="applyto"><option>all</option><option>queues</option><option>exchanges</option></select></label>
+      <label>Priority <input name="priority" type="number" value="0"></label>
+      <label>Definition (JSON) <textarea name="definition">{"max-length": 1000}</textarea></label><button>Set policy</button></form>`;
+    $("#add-policy").onsubmit = submit(async f => api("PUT", `/policies/${enc(f.vhost.value)}/${enc(f.name.value)}`,
+      { pattern: f.pattern.value, "apply-to": f.applyto.value, priority: Number(f.priority.value), definition: JSON.parse(f.definition.value) }));
+    for (const b of document.querySelectorAll("[data-del]")) {
+      const [vhost, name] = b.dataset.del.split("|");
+      b.onclick = async () => { await api("DELETE", `/policies/${enc(vhost)}/${enc(name)}`); route(); };
+    }
+  },
+  async definitions() {
+    $("#view").innerHTML = `<h2>Definitions</h2><div class="card"><h3>Export</h3><button id="download">Download definitions.json</button></div>
+      <form class="card" id="upload"><h3>Import</h3><input type="file" name="file" accept=".json" required> <button>Upload</button></form>`;
+    $("#download").onclick = async () => {
+      const doc = await api("GET", "/definitions");
+      const a = document.createElement("a");
+      a.href = URL.createObjectURL(new Blob([JSON.stringify(doc, null, 2)], { type: "application/json" }));
+      a.download = "definitions.json";
+      a.click();
+    };
+    $("#upload").onsubmit = submit(async f => api("POST", "/definitions", JSON.parse(await f.file.files[0].text())));
+  },
+  async queue(vhost, name) {
+    const q = await api("GET", `/queues/${enc(vhost)}/${enc(name)}`);
+    const base = `/queues/${enc(vhost)}/${enc(name)}`;
+    $("#view").innerHTML = `<h2>Queue ${esc(q.name)} <small>in ${esc(q.vhost)}</small></h2>
+      <div class="totals">${[["Ready", q.messages_ready], ["Unacked", q.messages_unacknowledged], ["Total", q.messages], ["Consumers", q.consumers]]
+        .map(([k, v]) => `<div class="total" data-total="${esc(k)}"><b>${esc(v)}</b>${esc(k)}</div>`).join("")}</div>
+      <div class="card"><h3>Details</h3><pre>${esc(JSON.stringify({ durable: q.durable, auto_delete: q.auto_delete, exclusive: q.exclusive, type: q.type,
+        arguments: q.arguments, policy: q.policy, effective_policy_definition: q.effective_policy_definition }, null, 2))}</pre>
+        ${table(q.consumer_details, [{ key: "consumer_tag", title: "Consumer" }, { key: "prefetch_count", title: "Prefetch" }, { key: "ack_required", title: "Ack required" }])}</div>
+      <form class="card" id="get"><h3>Get messages</h3><label>Count <input name="count" type="number" value="1"></label>
+        <label>Ack mode <select name="ackmode"><option value="ack_requeue_true">Nack, requeue</option><option value="ack_requeue_false">Ack, remove</option>
+        <option value="reject_requeue_false">Reject, dead-letter</option></select></label><button>Get</button><div id="got"></div></form>
+      <form class="card" id="publish"><h3>Publish a message</h3><label>Payload <textarea name="payload"></textarea></label><button>Publish</button></form>
+      <div class="card"><button id="purge">Purge messages</button> <button id="delete">Delete queue</button> <span id="result"></span></div>`;
+    $("#get").onsubmit = submit(async f => {
+      const msgs = await api("POST", base + "/get", { count: Number(f.count.value), ackmode: f.ackmode.value, encoding: "auto" });
+      $("#got").innerHTML = msgs.map(m => `<pre>${esc(m.routing_key)}: ${esc(m.payload)}</pre>`).join("") || "<p>Queue is empty</p>";
+    }, false);
+    $("#publish").onsubmit = submit(async f => api("POST", `/exchanges/${enc(vhost)}/amq.default/publish`,
+      { routing_key: name, payload: f.payload.value, payload_encoding: "string", properties: {} }));
+    $("#purge").onclick = async () => { await api("DELETE", base + "/contents"); route(); };
+    $("#delete").onclick = async () => { await api("DELETE", base); location.hash = "#/queues"; };
+  },
+  async exchange(vhost, name) {
+    const x = await api("GET", `/exchanges/${enc(vhost)}/${enc(name)}`);
+    const bindings = name === "amq.default" ? [] : await api("GET", `/exchanges/${enc(vhost)}/${enc(name)}/bindings/source`);
+    $("#view").innerHTML = `<h2>Exchange ${esc(x.name || "(AMQP default)")} <small>${esc(x.type)} in ${esc(x.vhost)}</small></h2>
+      <div class="card"><h3>Bindings from here</h3>${table(bindings, [{ key: "destination", title: "To" }, { key: "destination_type", title: "Type" },
+        { key: "routing_key", title: "Routing key" }, { key: "arguments", title: "Arguments", value: r => JSON.stringify(r.arguments) }])}</div>
+      <form class="card" id="explain"><h3>Route explain</h3><p>Where a message would go, and why, without publishing it.</p>
+        <label>Routing key <input name="key"></label><label>Headers (JSON, optional) <input name="headers" placeholder='{"CC": ["other.key"]}'></label>
+        <button>Explain</button><div id="explained"></div></form>
+      <form class="card" id="publish"><h3>Publish a message</h3><label>Routing key <input name="key"></label>
+        <label>Payload <textarea name="payload"></textarea></label><button>Publish</button><span id="routed"></span></form>`;
+    $("#explain").onsubmit = submit(async f => {
+      const body = { routing_key: f.key.value };
+      if (f.headers.value) body.headers = JSON.parse(f.headers.value);
+      const r = await api("POST", `/route/${enc(vhost)}/${enc(name)}`, body);
+      $("#explained").innerHTML = `<p>Reaches <b>${r.queues.length}</b> queue(s): ${r.queues.map(esc).join(", ") || "(none)"}</p>`
+        + table(r.bindings, [{ key: "source", title: "From" }, { key: "routing_key", title: "Binding key" }, { key: "destination", title: "To" }, { key: "destination_type", title: "Type" }])
+        + r.notes.map(n => `<p>${esc(n)}</p>`).join("");
+    }, false);
+    $("#publish").onsubmit = submit(async f => {
+      const r = await api("POST", `/exchanges/${enc(vhost)}/${enc(name)}/publish`, { routing_key: f.key.value, payload: f.payload.value, payload_encoding: "string", properties: {} });
+      $("#routed").textContent = r.routed ? " Routed." : " Not routed.";
+    }, false);
+  },
+};
+
+async function permissionsCard() {
+  const rows = await api("GET", "/permissions");
+  return `<div class="card"><h3>Permissions</h3>${table(rows, [{ key: "user", title: "User" }, { key: "vhost", title: "Vhost" },
+    { key: "configure", title: "Configure" }, { key: "write", title: "Write" }, { key: "read", title: "Read" }])}
+    <form id="set-permission"><label>User <input name="user" required></label><label>Vhost <input name="vhost" value="/"></label>
+    <label>Configure <input name="configure" value=".*"></label><label>Write <input name="write" value=".*"></label>
+    <label>Read <input name="read" value=".*"></label><button>Set permission</button></form></div>`;
+}
+
+function bindPermissionForm() {
+  $("#set-permission").onsubmit = submit(async f => api("PUT", `/permissions/${enc(f.vhost.value)}/${enc(f.user.value)}`,
+    { configure: f.configure.value, write: f.write.value, read: f.read.value }));
+}
+
+// A form's submit handler: run the action, then show the error or redraw the page.
+function submit(action, redraw = true) {
+  return async ev => {
+    ev.preventDefault();
+    const form = ev.target;
+    for (const old of form.querySelectorAll(".error")) old.remove();
+    try { await action(form); if (redraw) route(); } catch (err) {
+      if (err.message !== "unauthorised") form.insertAdjacentHTML("beforeend", `<p class="error">${esc(err.message)}</p>`);
+    }
+  };
+}
+
+function drawRates(canvas, history) {
+  const ctx = canvas.getContext("2d"), w = canvas.width, h = canvas.height;
+  ctx.clearRect(0, 0, w, h);
+  const top = Math.max(1, ...history.flatMap(p => [p.publish, p.deliver, p.ack]));
+  ctx.fillStyle = "#666"; ctx.fillText(top.toFixed(1) + "/s", 4, 12);
+  for (const [key, colour] of [["publish", "#1565c0"], ["deliver", "#2e7d32"], ["ack", "#ef6c00"]]) {
+    ctx.strokeStyle = colour; ctx.lineWidth = 2; ctx.beginPath();
+    history.forEach((p, i) => {
+      const x = history.length < 2 ? w : (i / (history.length - 1)) * w, y = h - (p[key] / top) * (h - 16);
+      i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
+    });
+    ctx.stroke();
+  }
+}
+
+async function route() {
+  clearInterval(state.timer);
+  if (!state.auth) { logout(); return; }
+  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  const page = pages[parts[0] || ""];
+  for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.getAttribute("href") === "#/" + (parts[0] || ""));
+  if (!page) { $("#view").innerHTML = "<p>Not found.</p>"; return; }
+  try { await page(...parts.slice(1)); } catch (err) {
+    if (err.message !== "unauthorised") $("#view").innerHTML = `<p class="error">${esc(err.message)}</p>`;
+  }
+  if (!parts[0]) state.timer = setInterval(() => pages[""]().catch(() => {}), 5000);
+}
+
+window.addEventListener("hashchange", route);
+if (state.auth) api("GET", "/whoami").then(me => { showWho(me); route(); }).catch(() => {});
+else logout();
