@@ -96,6 +96,56 @@ def shape(data: Any, query: Any) -> Any:
         items = [_project(i, columns) for i in items]
     if not paged:
         return items
+    page, size = _page_params(query)
+    return _envelope(items, page, size, total)
+
+
+#: Set on a request whose handler answered the list parameters itself (paged_objects).
+SHAPED: Any = web.RequestKey("shaped", bool) if hasattr(web, "RequestKey") else "roarmq.shaped"
+
+
+def paged_objects(
+    request: web.Request,
+    objects: list[Any],
+    name_of: Any,
+    row: Any,
+    sort_keys: dict[str, Any],
+) -> Any:
+    """Answer `page=` requests filtering and sorting the objects themselves and building
+    rows for one page only: 100,000 queues cost a sort of names, not 100,000 rows and two
+    JSON passes (3.9 s of a stalled event loop before this). None when the request needs the
+    general path (no page, or a sort on a field without a cheap key)."""
+    query = request.query
+    sort = query.get("sort")
+    if "page" not in query or (sort is not None and sort not in sort_keys):
+        return None
+    items = objects
+    if query.get("name"):
+        text = query["name"]
+        if query.get("use_regex") == "true":
+            try:
+                pattern = re.compile(text, re.IGNORECASE)
+            except re.error as exc:
+                raise _bad("bad_request", f"invalid regular expression: {exc}") from None
+            items = [o for o in items if pattern.search(name_of(o))]
+        else:
+            text = text.lower()
+            items = [o for o in items if text in name_of(o).lower()]
+    if sort is not None:
+        key = sort_keys[sort]
+        items = sorted(items, key=lambda o: _sort_key(key(o)))
+        if query.get("sort_reverse") == "true":
+            items.reverse()
+    page, size = _page_params(query)
+    envelope = _envelope(items, page, size, len(objects))
+    columns = [c.split(".") for c in query.get("columns", "").split(",") if c]
+    rows = [row(o) for o in envelope["items"]]
+    envelope["items"] = [_project(r, columns) for r in rows] if columns else rows
+    request[SHAPED] = True
+    return envelope
+
+
+def _page_params(query: Any) -> tuple[int, int]:
     try:
         page = int(query["page"])
         size = min(int(query.get("page_size", 100)), MAX_PAGE_SIZE)
@@ -103,6 +153,10 @@ def shape(data: Any, query: Any) -> Any:
         raise _bad("bad_request", "page and page_size must be integers") from None
     if page < 1 or size < 1:
         raise _bad("bad_request", "page and page_size must be positive")
+    return page, size
+
+
+def _envelope(items: list[Any], page: int, size: int, total: int) -> dict[str, Any]:
     filtered = len(items)
     page_count = max((filtered + size - 1) // size, 1)
     if page > page_count:
@@ -126,7 +180,8 @@ def shape(data: Any, query: Any) -> Any:
 async def list_query(request: web.Request, handler: Any) -> web.StreamResponse:
     response = await handler(request)
     if (
-        request.method != "GET"
+        request.get(SHAPED)
+        or request.method != "GET"
         or not QUERY_KEYS.intersection(request.query)
         or not isinstance(response, web.Response)
         or response.content_type != "application/json"

@@ -187,3 +187,25 @@ def test_one_queue_shows_consumers_and_bytes(b):
         8,
     )
     conn.close()
+
+
+def test_the_sampler_runs_on_its_timer_in_slices(b, monkeypatch):
+    import time
+
+    from roarmq.broker import rates
+
+    monkeypatch.setattr(rates, "SLICE", 2)  # five queues: three slices a pass
+    for i in range(5):
+        b.api("PUT", f"/api/queues/%2F/s{i}", {})
+    sampler = rates.RateSampler(b.broker, interval=0.05)
+    b.call(sampler.start)
+    try:
+        first = sampler._at
+        deadline = time.monotonic() + 5
+        while sampler._at == first or sampler._elapsed is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        queue = b.broker.vhosts["/"].queues["s4"]
+        assert id(queue) in sampler._last and id(queue) in sampler._before
+    finally:
+        b.call(sampler.stop)
