@@ -32,7 +32,7 @@ from .auth import hash_password
 from .exchange import Exchange
 from .explain import explain
 from .message import Message
-from .metrics import RabbitCollector, global_counts
+from .metrics import RabbitCollector, RoarCollector, global_counts
 from .policy import PolicyError
 from .rates import RateSampler
 from .tls import PLAIN_REPORT, server_context
@@ -594,9 +594,11 @@ class ManagementServer:
         self.rates = RateSampler(broker)  # message_stats' *_details.rate, every 5 s
         self.registry.register(_BrokerCollector(broker))
         self.registry.register(RabbitCollector(broker))
+        self.registry.register(RoarCollector(broker))
         self.per_object = CollectorRegistry()  # /metrics/per-object: a series per queue
         self.per_object.register(RabbitCollector(broker, per_object=True))
         self.per_object.register(_BrokerCollector(broker, per_object=True))
+        self.per_object.register(RoarCollector(broker, per_object=True))
         self._runner: web.AppRunner | None = None
         app = web.Application(middlewares=[_no_browser_prompt, self._auth, list_query])
         app.router.add_get("/", self.index)

@@ -17,9 +17,15 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 
 from . import __version__
+from .store.segments import FSYNC_BUCKETS
 
 if TYPE_CHECKING:
     from .exchange import Exchange
@@ -81,6 +87,84 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+class RoarCollector:
+    """RoarMQ's own families: the routing cache, bindings, the store's fsyncs, the archive."""
+
+    def __init__(self, broker: Broker, per_object: bool = False) -> None:
+        self.broker = broker
+        self.per_object = per_object
+
+    def collect(self) -> Iterator[Any]:
+        b = self.broker
+        exchanges = [x for v in b.vhosts.values() for x in v.exchanges.values()]
+        topics = [x for x in exchanges if hasattr(x.index, "cached_keys")]
+        yield _counter(
+            "roarmq_routing_cache_hits",
+            "Topic routes answered from the routing-key cache",
+            sum(x.index.hits for x in topics),
+        )
+        yield _counter(
+            "roarmq_routing_cache_misses",
+            "Topic routes that walked the trie",
+            sum(x.index.misses for x in topics),
+        )
+        yield _gauge(
+            "roarmq_routing_cache_size",
+            "Routing keys cached, over all topic exchanges",
+            sum(x.index.cached_keys() for x in topics),
+        )
+        yield _gauge(
+            "roarmq_bindings",
+            "Bindings, over all exchanges (the default exchange's implicit ones not counted)",
+            sum(len(x.index) for x in exchanges if x.name),
+        )
+        store = b.store
+        log = getattr(store, "log", None)
+        if log is not None:
+            buckets = []
+            running = 0
+            for bound, n in zip((*FSYNC_BUCKETS, float("inf")), log.fsync_buckets, strict=True):
+                running += n
+                buckets.append(("+Inf" if bound == float("inf") else str(bound), running))
+            histogram = HistogramMetricFamily(
+                "roarmq_store_fsync_seconds",
+                "fdatasync latency of the message store's group commits",
+                buckets=buckets,
+                sum_value=log.fsync_seconds,
+            )
+            yield histogram
+        archive = b.archive
+        if archive is not None:
+            yield _counter(
+                "roarmq_archive_rows_recorded", "Envelopes recorded", archive.recorded_rows
+            )
+            yield _counter(
+                "roarmq_archive_rows_written", "Envelopes written to Parquet", archive.written_rows
+            )
+            yield _counter(
+                "roarmq_archive_rows_dropped",
+                "Envelopes dropped because the writer was behind",
+                archive.dropped_rows,
+            )
+        if self.per_object:
+            labels = ["vhost", "exchange"]
+            bindings = GaugeMetricFamily(
+                "roarmq_exchange_bindings", "Bindings, per exchange", labels=labels
+            )
+            cached = GaugeMetricFamily(
+                "roarmq_exchange_routing_cache_size",
+                "Cached keys, per topic exchange",
+                labels=labels,
+            )
+            for x in exchanges:
+                if x.name:
+                    bindings.add_metric([x.vhost.name, x.name], len(x.index))
+            for x in topics:
+                cached.add_metric([x.vhost.name, x.name], x.index.cached_keys())
+            yield bindings
+            yield cached
 
 
 class RabbitCollector:

@@ -171,6 +171,8 @@ class TopicIndex(BindingTable):
         "_klen",
         "_kall",
         "_kdollar",
+        "hits",
+        "misses",
     )
 
     def __init__(self, syntax: str = "amqp", cache_keys: int = 10000) -> None:
@@ -186,6 +188,8 @@ class TopicIndex(BindingTable):
         self._root = _Node()
         self._capacity = cache_keys
         self._entries: list[_Entry | None] = []
+        self.hits = 0  # routes answered from the cache (Prometheus: roarmq_routing_cache_*)
+        self.misses = 0  # routes that walked the trie
         self.flush_cache()  # the cache and its key-side index, empty
 
     # -- parsing ------------------------------------------------------------------------------
@@ -410,6 +414,7 @@ class TopicIndex(BindingTable):
         entry = self._cache.get(routing_key)
         if entry is not None:
             entry.ref = True
+            self.hits += 1
             dests = entry.dests
             if dests is not None:
                 return dests
@@ -418,6 +423,7 @@ class TopicIndex(BindingTable):
         return self._route_miss(routing_key)
 
     def _route_miss(self, routing_key: str) -> frozenset:
+        self.misses += 1
         words = self.split(routing_key)
         nodes = self._match(words)
         ids = BitMap()

@@ -89,6 +89,7 @@ survive. What was dropped is summed up in `recovery` (a `RecoveryReport`).
 
 from __future__ import annotations
 
+import bisect
 import errno
 import fcntl
 import logging
@@ -263,6 +264,10 @@ def segment_name(seg_id: int) -> str:
     return f"{seg_id:08d}.seg"
 
 
+#: Upper bounds (seconds) of the fsync latency histogram (Prometheus: roarmq_store_fsync_seconds).
+FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -333,6 +338,9 @@ class SegmentLog:
         self._max_record = max_record_size
         self._max_open = max(1, max_open_files)
         self._do_fsync = fsync
+        self.fsync_count = 0
+        self.fsync_seconds = 0.0
+        self.fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)  # the last: over the top bound
         self._on_synced = on_synced
         self._on_error = on_error
         self._on_deleted = on_deleted
@@ -946,6 +954,12 @@ class SegmentLog:
                     pass
                 self._wfd = None
 
+    def _note_fsync(self, seconds: float) -> None:
+        """Writer thread only; read at scrape time (ints and a float: a torn read is harmless)."""
+        self.fsync_count += 1
+        self.fsync_seconds += seconds
+        self.fsync_buckets[bisect.bisect_left(FSYNC_BUCKETS, seconds)] += 1
+
     def _write_batch(
         self, chunks: list[tuple[int, int, bytearray, int]], deletions: list[int], token: int
     ) -> None:
@@ -972,7 +986,9 @@ class SegmentLog:
                     if len(data) == self._bufsize and len(self._pool) < _POOL_MAX:
                         self._pool.append(data)
             if self._do_fsync:
+                started = time.perf_counter()
                 _fdatasync(self._wfd)  # type: ignore[arg-type]
+                self._note_fsync(time.perf_counter() - started)
                 if new_files:
                     _fsync_dir(self.directory)
             with self._lock:

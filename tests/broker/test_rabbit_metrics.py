@@ -82,3 +82,30 @@ def test_rabbitmq_families(tmp_path):
         assert value(per, "rabbitmq_queue_messages_ready", vhost="/", queue="m1") == 2
         assert value(per, "rabbitmq_queue_messages_published_total", vhost="/", queue="m1") == 3
         assert ("rabbitmq_queue_messages_ready", ()) not in per
+
+
+def test_roarmq_families(tmp_path):
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.exchange_declare("t", "topic")
+        ch.queue_declare("tq", durable=True)
+        ch.queue_bind("tq", "t", "a.*")
+        ch.queue_bind("tq", "t", "#.z")
+        for _ in range(3):
+            ch.basic_publish("t", "a.b", b"x", pika.BasicProperties(delivery_mode=2))
+        ch.basic_publish("t", "c.z", b"y")
+        s = scrape(b)
+        assert value(s, "roarmq_routing_cache_misses_total") == 2  # a.b once, c.z once
+        assert value(s, "roarmq_routing_cache_hits_total") == 2  # a.b twice more
+        assert value(s, "roarmq_routing_cache_size") == 2
+        assert value(s, "roarmq_bindings") == 2
+        assert value(s, "roarmq_store_fsync_seconds_count") >= 1  # persistent, confirmed
+        assert value(s, "roarmq_store_fsync_seconds_bucket", le="+Inf") == value(
+            s, "roarmq_store_fsync_seconds_count"
+        )
+        per = scrape(b, "/metrics/per-object")
+        assert value(per, "roarmq_exchange_bindings", vhost="/", exchange="t") == 2
+        assert value(per, "roarmq_exchange_routing_cache_size", vhost="/", exchange="t") == 2
+        conn.close()
