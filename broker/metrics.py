@@ -51,6 +51,7 @@ class Totals:
         self.acknowledged = 0
         self.routed_to_queues = 0
         self.dead_lettered = 0
+        self.requeued = 0
 
     def retire_exchange(self, x: Exchange) -> None:
         self.received += x.stats_in
@@ -61,6 +62,7 @@ class Totals:
         self.acknowledged += q.stats_acked
         self.routed_to_queues += q.stats_published
         self.dead_lettered += q.stats_dead_lettered
+        self.requeued += q.stats_requeued
 
 
 def global_counts(broker: Broker) -> dict[str, int]:
@@ -248,6 +250,11 @@ class RabbitCollector:
             g + "acknowledged",
             "Messages settled: acked by consumers, or taken with auto-ack",
             t.acknowledged + sum(q.stats_acked for q in queues),
+        )
+        yield _counter(
+            g + "redelivered",
+            "Messages requeued, to be delivered again with the redelivered flag",
+            t.requeued + sum(q.stats_requeued for q in queues),
         )
         yield _counter(
             g + "dead_lettered",

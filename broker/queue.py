@@ -112,6 +112,7 @@ class Queue:
         "stats_delivered",
         "stats_acked",
         "stats_dead_lettered",
+        "stats_requeued",
         "store",
         "store_id",
         "memory_limit",
@@ -170,6 +171,7 @@ class Queue:
         self.stats_delivered = 0
         self.stats_acked = 0
         self.stats_dead_lettered = 0
+        self.stats_requeued = 0
         self.store = None
         self.store_id: int | None = None  # row id of a durable queue in the definitions store
         self.memory_limit = vhost.broker.config.storage.queue_memory_limit
@@ -481,6 +483,7 @@ class Queue:
             keep.append(entry)
         if not keep:
             return
+        self.stats_requeued += len(keep)  # each comes back with redelivered set
         self.ready.requeue(keep)
         self.ready_bytes += sum(e.msg.size for e in keep)
         self._account(sum(e.msg.size for e in keep if e.msg.body is not None))

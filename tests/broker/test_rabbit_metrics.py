@@ -109,3 +109,18 @@ def test_roarmq_families(tmp_path):
         assert value(per, "roarmq_exchange_bindings", vhost="/", exchange="t") == 2
         assert value(per, "roarmq_exchange_routing_cache_size", vhost="/", exchange="t") == 2
         conn.close()
+
+
+def test_redelivered_counts_requeues(tmp_path):
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        ch.queue_declare("rq")
+        ch.basic_publish("", "rq", b"x")
+        method, _, _ = ch.basic_get("rq")
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        method, _, _ = ch.basic_get("rq")
+        assert method.redelivered
+        ch.basic_ack(method.delivery_tag)
+        assert value(scrape(b), "rabbitmq_global_messages_redelivered_total") == 1
+        conn.close()
