@@ -440,6 +440,24 @@ def _message_row(
     }
 
 
+def _channel_row(conn: Any, ch: Any) -> dict[str, Any]:
+    peer = conn.peer or (None, None)
+    return {
+        "name": f"{conn.name} ({ch.id})",
+        "number": ch.id,
+        "user": conn.user.name if conn.user is not None else None,
+        "vhost": conn.vhost.name if conn.vhost is not None else None,
+        "connection_details": {"name": conn.name, "peer_host": peer[0], "peer_port": peer[1]},
+        "consumer_count": len(ch.consumers),
+        "messages_unacknowledged": len(ch.unacked),
+        "prefetch_count": ch.prefetch_count,
+        "global_prefetch_count": ch.prefetch_global,
+        "confirm": bool(ch.confirm),
+        "transactional": ch.tx is not None,
+        "state": "running",
+    }
+
+
 def _binding_row(vhost: str, source: str, dest: Any, key: str, args: Any) -> dict[str, Any]:
     return {
         "source": source,
@@ -686,6 +704,9 @@ class ManagementServer:
         app.router.add_get("/api/bindings", self.bindings)
         app.router.add_get("/api/bindings/{vhost}", self.bindings)
         app.router.add_get("/api/channels", self.channels)
+        app.router.add_get("/api/channels/{name}", self.channel)
+        app.router.add_get("/api/connections/{name}", self.connection)
+        app.router.add_get("/api/connections/{name}/channels", self.connection_channels)
         app.router.add_get("/api/consumers", self.consumers)
         app.router.add_get("/api/consumers/{vhost}", self.consumers)
         app.router.add_delete("/api/queues/{vhost}/{name}", self.delete_queue)
@@ -1267,22 +1288,7 @@ class ManagementServer:
 
     async def channels(self, request: web.Request) -> web.Response:
         return web.json_response(
-            [
-                {
-                    "name": f"{conn.name} ({ch.id})",
-                    "number": ch.id,
-                    "user": conn.user.name,
-                    "vhost": conn.vhost.name,
-                    "connection_details": {"name": conn.name},
-                    "consumer_count": len(ch.consumers),
-                    "messages_unacknowledged": len(ch.unacked),
-                    "prefetch_count": ch.prefetch_count,
-                    "global_prefetch_count": ch.prefetch_global,
-                    "confirm": bool(ch.confirm),
-                    "transactional": ch.tx is not None,
-                }
-                for conn, ch in self._own_channels(request)
-            ]
+            [_channel_row(conn, ch) for conn, ch in self._own_channels(request)]
         )
 
     async def consumers(self, request: web.Request) -> web.Response:
@@ -1365,25 +1371,59 @@ class ManagementServer:
                 raise _bad_request("routing_key must be a string and headers an object")
         return web.json_response(explain(vhost, exchange, key, headers))
 
+    def _connection_row(self, c: Any) -> dict[str, Any]:
+        transport = c.transport
+        local = transport.get_extra_info("sockname") if transport is not None else None
+        return {
+            "name": c.name,
+            "node": self.broker.cluster_name,
+            "type": "network",
+            "protocol": "AMQP 0-9-1",
+            "user": getattr(c.user, "name", None),
+            "vhost": getattr(c.vhost, "name", None),
+            "state": c.flow_state(),
+            "channels": len(c.channels),
+            "channel_max": c.channel_max,
+            "frame_max": c.frame_max,
+            "timeout": c.heartbeat,
+            "peer_host": c.peer[0] if c.peer else None,
+            "peer_port": c.peer[1] if c.peer else None,
+            "host": local[0] if isinstance(local, tuple) else None,
+            "port": local[1] if isinstance(local, tuple) else None,
+            "client_properties": _json_safe(c.client_properties),
+            "auth_mechanism": c.auth_mechanism,
+            **(c.tls.report() if c.tls is not None else PLAIN_REPORT),
+        }
+
     async def connections(self, request: web.Request) -> web.Response:
         return web.json_response(
             [
-                {
-                    "name": c.name,
-                    "user": getattr(c.user, "name", None),
-                    "vhost": getattr(c.vhost, "name", None),
-                    "state": c.flow_state(),
-                    "channels": len(c.channels),
-                    "frame_max": c.frame_max,
-                    "timeout": c.heartbeat,
-                    "client_properties": _json_safe(c.client_properties),
-                    "auth_mechanism": c.auth_mechanism,
-                    **(c.tls.report() if c.tls is not None else PLAIN_REPORT),
-                }
+                self._connection_row(c)
                 for c in self.broker.connections
                 if self._sees_connection(request, c)
             ]
         )
+
+    def _connection_named(self, request: web.Request) -> Any:
+        name = request.match_info["name"]
+        conn = next((c for c in self.broker.connections if c.name == name), None)
+        if conn is None or not self._sees_connection(request, conn):
+            raise _not_found()
+        return conn
+
+    async def connection(self, request: web.Request) -> web.Response:
+        return web.json_response(self._connection_row(self._connection_named(request)))
+
+    async def connection_channels(self, request: web.Request) -> web.Response:
+        conn = self._connection_named(request)
+        return web.json_response([_channel_row(conn, ch) for ch in conn.channels.values()])
+
+    async def channel(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        for conn, ch in self._own_channels(request):
+            if f"{conn.name} ({ch.id})" == name:
+                return web.json_response(_channel_row(conn, ch))
+        raise _not_found()
 
     def _sees_connection(self, request: web.Request, conn: Any) -> bool:
         """Administrators and monitoring users see every connection, others their own."""

@@ -209,3 +209,24 @@ def test_the_sampler_runs_on_its_timer_in_slices(b, monkeypatch):
         assert id(queue) in sampler._last and id(queue) in sampler._before
     finally:
         b.call(sampler.stop)
+
+
+def test_one_connection_and_its_channels(b):
+    import urllib.parse
+
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    conn.channel()
+    conn.channel()
+    row = b.api("GET", "/api/connections")[1][0]
+    assert row["protocol"] == "AMQP 0-9-1" and row["peer_host"] == "127.0.0.1"
+    assert row["port"] == b.broker.port and row["channel_max"] > 0
+    name = urllib.parse.quote(row["name"], safe="")
+    assert b.api("GET", f"/api/connections/{name}")[1]["name"] == row["name"]
+    channels = b.api("GET", f"/api/connections/{name}/channels")[1]
+    assert [c["number"] for c in channels] == [1, 2]
+    one = urllib.parse.quote(channels[1]["name"], safe="")
+    assert b.api("GET", f"/api/channels/{one}")[1]["number"] == 2
+    assert b.api("GET", "/api/connections/nope")[0] == 404
+    conn.close()
