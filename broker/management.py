@@ -32,7 +32,7 @@ from .auth import hash_password
 from .exchange import Exchange
 from .explain import explain
 from .message import Message
-from .metrics import RabbitCollector, RoarCollector, global_counts
+from .metrics import RabbitCollector, RoarCollector, churn_counts, global_counts
 from .policy import PolicyError
 from .rates import RateSampler
 from .tls import PLAIN_REPORT, server_context
@@ -41,6 +41,14 @@ if TYPE_CHECKING:
     from .server import Broker
 
 log = logging.getLogger("roarmq.management")
+
+#: GET /api/overview's exchange_types, RabbitMQ's descriptions.
+EXCHANGE_TYPE_TEXTS = {
+    "direct": "AMQP direct exchange, as per the AMQP specification",
+    "fanout": "AMQP fanout exchange, as per the AMQP specification",
+    "headers": "AMQP headers exchange, as per the AMQP specification",
+    "topic": "AMQP topic exchange, as per the AMQP specification",
+}
 
 #: The web UI's files.
 WWW = Path(__file__).parent / "www"
@@ -823,6 +831,11 @@ class ManagementServer:
                 "cluster_name": b.cluster_name,
                 "node": b.cluster_name,
                 "message_stats": self.rates.stats("global", global_counts(b)),
+                "churn_rates": self.rates.stats("churn", churn_counts(b)),
+                "exchange_types": [
+                    {"name": t, "description": EXCHANGE_TYPE_TEXTS[t], "enabled": True}
+                    for t in ("direct", "fanout", "headers", "topic")
+                ],
                 "queue_totals": {
                     "messages": ready + unacked,
                     "messages_ready": ready,
@@ -835,7 +848,7 @@ class ManagementServer:
                     "exchanges": sum(len(v.exchanges) for v in b.vhosts.values()),
                     "consumers": sum(q.consumer_count for q in queues),
                 },
-                "listeners": [{"protocol": "amqp", "port": p} for p in b.ports],
+                "listeners": self._listeners(),
                 "memory_alarm": "memory" in b.alarms,
                 "disk_free_alarm": "disk" in b.alarms,
                 "mem_used": b.resources.rss,
@@ -917,6 +930,34 @@ class ManagementServer:
 
     async def global_parameters(self, request: web.Request) -> web.Response:
         return web.json_response([{"name": "cluster_name", "value": self.broker.cluster_name}])
+
+    def _listeners(self) -> list[dict[str, Any]]:
+        b = self.broker
+        rows = [
+            {"node": b.cluster_name, "protocol": "amqp", "ip_address": host, "port": port}
+            for port in b.ports
+            for host in (b.bound or ["127.0.0.1"])
+        ]
+        if b.tls is not None:
+            rows += [
+                {
+                    "node": b.cluster_name,
+                    "protocol": "amqp/ssl",
+                    "ip_address": h,
+                    "port": b.tls.port,
+                }
+                for h in (b.tls.bound or ["127.0.0.1"])
+            ]
+        scheme = "https" if b.config.management.tls.enabled else "http"
+        rows.append(
+            {
+                "node": b.cluster_name,
+                "protocol": scheme,
+                "ip_address": b.config.management.bind,
+                "port": b.mgmt_port,
+            }
+        )
+        return rows
 
     async def nodes(self, request: web.Request) -> web.Response:
         b = self.broker

@@ -83,6 +83,22 @@ def global_counts(broker: Broker) -> dict[str, int]:
     }
 
 
+def churn_counts(broker: Broker) -> dict[str, int]:
+    """Connections, channels and queues opened and closed since start (`churn_rates`)."""
+    t: Totals = broker.totals
+    channels = sum(len(c.channels) for c in broker.connections)
+    queues = sum(len(v.queues) for v in broker.vhosts.values())
+    return {
+        "connection_created": t.connections_opened,
+        "connection_closed": t.connections_opened - len(broker.connections),
+        "channel_created": t.channels_opened,
+        "channel_closed": max(t.channels_opened - channels, 0),
+        "queue_declared": t.queues_declared,
+        "queue_created": t.queues_created,
+        "queue_deleted": max(t.queues_at_start + t.queues_created - queues, 0),
+    }
+
+
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .metrics import global_counts
+from .metrics import churn_counts, global_counts
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -35,7 +35,7 @@ class RateSampler:
         # id(object) or "global" -> (object, counts): the latest sample and the one before.
         self._last: dict[Any, tuple[Any, tuple[int, ...]]] = {}
         self._before: dict[Any, tuple[Any, tuple[int, ...]]] = {}
-        self._global_names: list[str] = []
+        self._names: dict[str, list[str]] = {}  # counter names of the "global" and "churn" rows
 
     def start(self) -> None:
         self.sample()
@@ -66,7 +66,11 @@ class RateSampler:
     def _steps(self) -> Iterator[bool]:
         now = self.broker.clock.monotonic()
         totals = global_counts(self.broker)
-        current: dict[Any, tuple[Any, tuple[int, ...]]] = {"global": (None, tuple(totals.values()))}
+        churn = churn_counts(self.broker)
+        current: dict[Any, tuple[Any, tuple[int, ...]]] = {
+            "global": (None, tuple(totals.values())),
+            "churn": (None, tuple(churn.values())),
+        }
         done = 0
         for vhost in list(self.broker.vhosts.values()):
             for q in list(vhost.queues.values()):
@@ -78,11 +82,11 @@ class RateSampler:
                 current[id(x)] = (x, (x.stats_in,))
         self._elapsed = None if self._at is None else now - self._at
         self._at = now
-        self._global_names = list(totals)
+        self._names = {"global": list(totals), "churn": list(churn)}
         self._before, self._last = self._last, current
 
     def stats(self, obj: Any, counts: dict[str, int]) -> dict[str, Any]:
-        """RabbitMQ's `message_stats` for a queue, an exchange or "global": each counter
+        """RabbitMQ's `message_stats` for a queue, an exchange, "global" or "churn": each counter
         with its `_details.rate` over the last interval. `counts` is in the order `_steps`
         takes them (publish, deliver_get, ack for a queue; publish_in for an exchange)."""
         is_global = isinstance(obj, str)
@@ -93,7 +97,7 @@ class RateSampler:
             and before is not None
             and (is_global or (last[0] is obj and before[0] is obj))
         )
-        names = self._global_names if is_global else list(counts)
+        names = self._names.get(obj, []) if is_global else list(counts)
         rates: dict[str, float] = {}
         if self._elapsed and same:
             for name, now, then in zip(names, last[1], before[1], strict=False):  # type: ignore[index]

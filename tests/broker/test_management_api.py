@@ -230,3 +230,19 @@ def test_one_connection_and_its_channels(b):
     assert b.api("GET", f"/api/channels/{one}")[1]["number"] == 2
     assert b.api("GET", "/api/connections/nope")[0] == 404
     conn.close()
+
+
+def test_overview_churn_exchange_types_and_listeners(b):
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    conn.channel().queue_declare("churned")
+    conn.close()
+    o = b.api("GET", "/api/overview")[1]
+    churn = o["churn_rates"]
+    assert (churn["connection_created"], churn["connection_closed"]) == (1, 1)
+    assert (churn["channel_created"], churn["queue_created"]) == (1, 1)
+    assert "rate" in churn["queue_declared_details"]
+    assert [t["name"] for t in o["exchange_types"]] == ["direct", "fanout", "headers", "topic"]
+    protocols = {(x["protocol"], x["port"]) for x in o["listeners"]}
+    assert ("amqp", b.broker.port) in protocols and ("http", b.broker.mgmt_port) in protocols
