@@ -643,6 +643,7 @@ class ManagementServer:
         app.router.add_get("/api/connections", self.connections)
         app.router.add_get("/api/definitions", self.definitions)
         app.router.add_post("/api/definitions", self.import_definitions)
+        app.router.add_post("/api/definitions/{vhost}", self.import_definitions)
         app.router.add_put("/api/vhosts/{vhost}", self.put_vhost)
         app.router.add_delete("/api/vhosts/{vhost}", self.delete_vhost)
         app.router.add_get("/api/users", self.users)
@@ -1697,6 +1698,15 @@ class ManagementServer:
     async def import_definitions(self, request: web.Request) -> web.Response:
         """Load RabbitMQ-format definitions (users, vhosts, permissions, exchanges, queues, bindings)."""
         body = await self._json(request)
+        if "vhost" in request.match_info:
+            # One vhost's file (as GET /api/definitions/{vhost} writes it): its objects go
+            # into the vhost named in the path, whatever they say; users and vhosts are not
+            # part of such a file.
+            vhost = self._vhosts(request)[0].name
+            body = {
+                key: [{**row, "vhost": vhost} for row in body.get(key, [])]
+                for key in ("parameters", "policies", "queues", "exchanges", "bindings")
+            }
         try:
             import_definitions(self.broker, body)
         except (KeyError, TypeError, ValueError, ProtocolError) as exc:

@@ -246,3 +246,16 @@ def test_overview_churn_exchange_types_and_listeners(b):
     assert [t["name"] for t in o["exchange_types"]] == ["direct", "fanout", "headers", "topic"]
     protocols = {(x["protocol"], x["port"]) for x in o["listeners"]}
     assert ("amqp", b.broker.port) in protocols and ("http", b.broker.mgmt_port) in protocols
+
+
+def test_one_vhost_definitions_round_trip(b):
+    assert b.api("PUT", "/api/vhosts/src")[0] == 201
+    assert b.api("PUT", "/api/vhosts/dst")[0] == 201
+    assert b.api("PUT", "/api/exchanges/src/x", {"type": "fanout"})[0] == 201
+    assert b.api("PUT", "/api/queues/src/q", {})[0] == 201
+    assert b.api("POST", "/api/bindings/src/e/x/q/q", {"routing_key": ""})[0] == 201
+    doc = b.api("GET", "/api/definitions/src")[1]
+    assert b.api("POST", "/api/definitions/dst", doc)[0] == 204
+    dst = b.broker.vhosts["dst"]
+    assert "q" in dst.queues and "x" in dst.exchanges
+    assert b.api("GET", "/api/bindings/dst/e/x/q/q")[1][0]["destination"] == "q"
