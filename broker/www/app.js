@@ -143,20 +143,35 @@ const pages = {
       { key: "message_stats.publish", title: "Publish/s", value: r => rate(r, "publish") },
     ]).refresh();
   },
+  bindings() {
+    return pagedList("Bindings", "/bindings", [
+      { key: "vhost", title: "Vhost" }, { key: "source", title: "From", value: r => r.source || "(AMQP default)" },
+      { key: "routing_key", title: "Routing key" }, { key: "destination", title: "To" },
+      { key: "destination_type", title: "Type" }, { key: "arguments", title: "Arguments", value: r => JSON.stringify(r.arguments) },
+    ]).refresh();
+  },
   async users() {
     const rows = await api("GET", "/users");
-    $("#view").innerHTML = "<h2>Users</h2>" + table(rows, [{ key: "name", title: "Name" }, { key: "tags", title: "Tags", value: r => r.tags.join(", ") }])
+    $("#view").innerHTML = "<h2>Users</h2>" + table(rows, [{ key: "name", title: "Name" }, { key: "tags", title: "Tags", value: r => r.tags.join(", ") },
+      { key: "x", title: "", html: r => `<button data-del-user="${esc(r.name)}">Delete</button>` }])
       + `<form class="card" id="add-user"><h3>Add a user</h3><label>Name <input name="name" required></label>
          <label>Password <input name="password" type="password" required></label><label>Tags <input name="tags" placeholder="administrator, monitoring"></label>
          <button>Add user</button></form>` + (await permissionsCard());
     $("#add-user").onsubmit = submit(async f => api("PUT", "/users/" + enc(f.name.value), { password: f.password.value, tags: f.tags.value }));
+    for (const b of document.querySelectorAll("[data-del-user]")) {
+      b.onclick = async () => { if (confirm(`Delete user ${b.dataset.delUser}?`)) { await api("DELETE", "/users/" + enc(b.dataset.delUser)); route(); } };
+    }
     bindPermissionForm();
   },
   async vhosts() {
     const rows = await api("GET", "/vhosts");
-    $("#view").innerHTML = "<h2>Virtual hosts</h2>" + table(rows, [{ key: "name", title: "Name" }, { key: "messages", title: "Messages" }])
+    $("#view").innerHTML = "<h2>Virtual hosts</h2>" + table(rows, [{ key: "name", title: "Name" }, { key: "messages", title: "Messages" },
+      { key: "x", title: "", html: r => `<button data-del-vhost="${esc(r.name)}">Delete</button>` }])
       + `<form class="card" id="add-vhost"><h3>Add a vhost</h3><label>Name <input name="name" required></label><button>Add vhost</button></form>`;
     $("#add-vhost").onsubmit = submit(async f => api("PUT", "/vhosts/" + enc(f.name.value)));
+    for (const b of document.querySelectorAll("[data-del-vhost]")) {
+      b.onclick = async () => { if (confirm(`Delete vhost ${b.dataset.delVhost} and everything in it?`)) { await api("DELETE", "/vhosts/" + enc(b.dataset.delVhost)); route(); } };
+    }
   },
   async policies() {
     const rows = await api("GET", "/policies");

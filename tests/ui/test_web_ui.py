@@ -123,4 +123,7 @@ def test_log_in_see_a_queue_purge_it_and_explain_a_route(browser, tmp_path):
         explain.find_element(By.TAG_NAME, "button").click()
         wait_for(lambda: "ui-orders" in text_of(browser, "#explained"))
         assert "order.*" in text_of(browser, "#explained table")
+
+        browser.get(b.mgmt_url + "/#/bindings")
+        wait_for(lambda: "order.*" in text_of(browser, "#view table"))
         conn.close()
