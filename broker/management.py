@@ -396,7 +396,9 @@ def _exchange_row(x: Any, rates: RateSampler | None = None) -> dict[str, Any]:
         "arguments": _json_safe(x.arguments),
         "policy": x.policy.name if x.policy is not None else None,
         "user_who_performed_action": "rmq-internal" if x.builtin else None,
-        "message_stats": _stats(rates, x, {"publish_in": x.stats_in}),
+        "message_stats": _stats(
+            rates, x, {"publish_in": x.stats_in, "publish_out": x.stats_in - x.stats_unroutable}
+        ),
     }
 
 
@@ -841,6 +843,7 @@ class ManagementServer:
                     "messages": ready + unacked,
                     "messages_ready": ready,
                     "messages_unacknowledged": unacked,
+                    **self.rates.depth("depth"),
                 },
                 "object_totals": {
                     "channels": sum(len(c.channels) for c in b.connections),
@@ -1265,6 +1268,7 @@ class ManagementServer:
             "messages_ready": q.message_count(),
             "messages_unacknowledged": q.unacked,
             "messages": q.message_count() + q.unacked,
+            **self.rates.depth(q),
             "message_bytes_ready": q.ready_bytes,
             "consumers": q.consumer_count,
             "state": "running",

@@ -72,23 +72,52 @@ class RateSampler:
             "churn": (None, tuple(churn.values())),
         }
         done = 0
+        ready_all = unacked_all = 0
         for vhost in list(self.broker.vhosts.values()):
             for q in list(vhost.queues.values()):
-                current[id(q)] = (q, (q.stats_published, q.stats_delivered, q.stats_acked))
+                ready, unacked = q.message_count(), q.unacked
+                ready_all += ready
+                unacked_all += unacked
+                current[id(q)] = (
+                    q,
+                    (q.stats_published, q.stats_delivered, q.stats_acked, ready, unacked),
+                )
                 done += 1
                 if done % SLICE == 0:
                     yield True
             for x in list(vhost.exchanges.values()):
-                current[id(x)] = (x, (x.stats_in,))
+                current[id(x)] = (x, (x.stats_in, x.stats_in - x.stats_unroutable))
+        current["depth"] = (None, (0, 0, 0, ready_all, unacked_all))
         self._elapsed = None if self._at is None else now - self._at
         self._at = now
         self._names = {"global": list(totals), "churn": list(churn)}
         self._before, self._last = self._last, current
 
+    def depth(self, obj: Any) -> dict[str, Any]:
+        """`messages_details` and its ready/unacknowledged kin: how fast a queue's depth (or,
+        for "depth", every queue's) changed over the last interval, as RabbitMQ reports it."""
+        key = obj if isinstance(obj, str) else id(obj)
+        last, before = self._last.get(key), self._before.get(key)
+        ready = unacked = 0.0
+        if (
+            self._elapsed
+            and last is not None
+            and before is not None
+            and (isinstance(obj, str) or (last[0] is obj and before[0] is obj))
+        ):
+            ready = (last[1][3] - before[1][3]) / self._elapsed
+            unacked = (last[1][4] - before[1][4]) / self._elapsed
+        return {
+            "messages_details": {"rate": round(ready + unacked, 1)},
+            "messages_ready_details": {"rate": round(ready, 1)},
+            "messages_unacknowledged_details": {"rate": round(unacked, 1)},
+        }
+
     def stats(self, obj: Any, counts: dict[str, int]) -> dict[str, Any]:
         """RabbitMQ's `message_stats` for a queue, an exchange, "global" or "churn": each counter
         with its `_details.rate` over the last interval. `counts` is in the order `_steps`
-        takes them (publish, deliver_get, ack for a queue; publish_in for an exchange)."""
+        takes them (publish, deliver_get, ack for a queue; publish_in, publish_out for an
+        exchange)."""
         is_global = isinstance(obj, str)
         key = obj if is_global else id(obj)
         last, before = self._last.get(key), self._before.get(key)

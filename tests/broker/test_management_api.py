@@ -259,3 +259,25 @@ def test_one_vhost_definitions_round_trip(b):
     dst = b.broker.vhosts["dst"]
     assert "q" in dst.queues and "x" in dst.exchanges
     assert b.api("GET", "/api/bindings/dst/e/x/q/q")[1][0]["destination"] == "q"
+
+
+def test_depth_rates_and_publish_out(b):
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    ch.queue_declare("deep-rate")
+    sampler = b.broker._management.rates
+    b.call(sampler.sample)
+    for _ in range(4):
+        ch.basic_publish("", "deep-rate", b"x")
+    ch.basic_publish("amq.direct", "nowhere", b"x")
+    ch.queue_declare("deep-rate", passive=True)
+    b.call(sampler.sample)
+    q = b.api("GET", "/api/queues/%2F/deep-rate")[1]
+    assert q["messages_ready_details"]["rate"] > 0
+    assert q["messages_details"]["rate"] == q["messages_ready_details"]["rate"]
+    assert b.api("GET", "/api/overview")[1]["queue_totals"]["messages_details"]["rate"] > 0
+    direct = b.api("GET", "/api/exchanges/%2F/amq.direct")[1]["message_stats"]
+    assert (direct["publish_in"], direct["publish_out"]) == (1, 0)
+    conn.close()
