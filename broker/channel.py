@@ -650,9 +650,13 @@ class Channel:
         queue = self.vhost.get_queue(qname, self.conn)
         entry = queue.get()
         if entry is None:
+            queue.stats_get_empty += 1
             self.send_method(spec.BasicGetEmpty())
             return
-        if not m.no_ack:
+        if m.no_ack:
+            queue.stats_get_no_ack += 1
+        else:
+            queue.stats_get += 1
             self._note_timeout(queue)
         tag, body = self._hand_out(entry, m.no_ack)
         msg = entry.msg

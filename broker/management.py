@@ -1287,6 +1287,10 @@ class ManagementServer:
                     "publish": q.stats_published,
                     "deliver_get": q.stats_delivered,
                     "ack": q.stats_acked,
+                    "redeliver": q.stats_requeued,
+                    "get": q.stats_get,
+                    "get_no_ack": q.stats_get_no_ack,
+                    "get_empty": q.stats_get_empty,
                 },
             ),
         }

@@ -113,6 +113,9 @@ class Queue:
         "stats_acked",
         "stats_dead_lettered",
         "stats_requeued",
+        "stats_get",
+        "stats_get_no_ack",
+        "stats_get_empty",
         "store",
         "store_id",
         "memory_limit",
@@ -172,6 +175,9 @@ class Queue:
         self.stats_acked = 0
         self.stats_dead_lettered = 0
         self.stats_requeued = 0
+        self.stats_get = 0  # basic.get answered, by ack mode, and found empty (the API's
+        self.stats_get_no_ack = 0  # message_stats; never counted per consumer delivery)
+        self.stats_get_empty = 0
         self.store = None
         self.store_id: int | None = None  # row id of a durable queue in the definitions store
         self.memory_limit = vhost.broker.config.storage.queue_memory_limit

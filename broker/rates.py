@@ -22,6 +22,15 @@ INTERVAL = 5.0
 #: Queues sampled per turn of the event loop.
 SLICE = 5000
 
+#: What a sample holds per queue, per exchange, and for "depth" (names of `message_stats`
+#: counters; the two starting with "_" are depths, for `depth`).
+QUEUE_FIELDS = (
+    "publish", "deliver_get", "ack", "_ready", "_unacked",
+    "redeliver", "get", "get_no_ack", "get_empty",
+)  # fmt: skip
+EXCHANGE_FIELDS = ("publish_in", "publish_out")
+DEPTH_FIELDS = ("_ready", "_unacked")
+
 
 class RateSampler:
     """Two snapshots of the counters, `interval` apart; a rate is computed when asked for."""
@@ -35,7 +44,7 @@ class RateSampler:
         # id(object) or "global" -> (object, counts): the latest sample and the one before.
         self._last: dict[Any, tuple[Any, tuple[int, ...]]] = {}
         self._before: dict[Any, tuple[Any, tuple[int, ...]]] = {}
-        self._names: dict[str, list[str]] = {}  # counter names of the "global" and "churn" rows
+        self._names: dict[Any, tuple[str, ...]] = {"depth": DEPTH_FIELDS}
 
     def start(self) -> None:
         self.sample()
@@ -80,33 +89,54 @@ class RateSampler:
                 unacked_all += unacked
                 current[id(q)] = (
                     q,
-                    (q.stats_published, q.stats_delivered, q.stats_acked, ready, unacked),
+                    (
+                        q.stats_published,
+                        q.stats_delivered,
+                        q.stats_acked,
+                        ready,
+                        unacked,
+                        q.stats_requeued,
+                        q.stats_get,
+                        q.stats_get_no_ack,
+                        q.stats_get_empty,
+                    ),
                 )
                 done += 1
                 if done % SLICE == 0:
                     yield True
             for x in list(vhost.exchanges.values()):
                 current[id(x)] = (x, (x.stats_in, x.stats_in - x.stats_unroutable))
-        current["depth"] = (None, (0, 0, 0, ready_all, unacked_all))
+        current["depth"] = (None, (ready_all, unacked_all))
         self._elapsed = None if self._at is None else now - self._at
         self._at = now
-        self._names = {"global": list(totals), "churn": list(churn)}
+        self._names = {"global": tuple(totals), "churn": tuple(churn), "depth": DEPTH_FIELDS}
         self._before, self._last = self._last, current
+
+    def _rates(self, obj: Any) -> dict[str, float]:
+        """Per-second change of each counter of `obj` between the last two samples."""
+        is_named = isinstance(obj, str)
+        key = obj if is_named else id(obj)
+        last, before = self._last.get(key), self._before.get(key)
+        if not self._elapsed or last is None or before is None:
+            return {}
+        if not is_named and (last[0] is not obj or before[0] is not obj):
+            return {}  # another object now has that id
+        if is_named:
+            names = self._names.get(obj, ())
+        else:
+            names = QUEUE_FIELDS if len(last[1]) == len(QUEUE_FIELDS) else EXCHANGE_FIELDS
+        return {
+            name: (now - then) / self._elapsed
+            if name.startswith("_")
+            else max(now - then, 0) / self._elapsed
+            for name, now, then in zip(names, last[1], before[1], strict=True)
+        }
 
     def depth(self, obj: Any) -> dict[str, Any]:
         """`messages_details` and its ready/unacknowledged kin: how fast a queue's depth (or,
         for "depth", every queue's) changed over the last interval, as RabbitMQ reports it."""
-        key = obj if isinstance(obj, str) else id(obj)
-        last, before = self._last.get(key), self._before.get(key)
-        ready = unacked = 0.0
-        if (
-            self._elapsed
-            and last is not None
-            and before is not None
-            and (isinstance(obj, str) or (last[0] is obj and before[0] is obj))
-        ):
-            ready = (last[1][3] - before[1][3]) / self._elapsed
-            unacked = (last[1][4] - before[1][4]) / self._elapsed
+        rates = self._rates(obj)
+        ready, unacked = rates.get("_ready", 0.0), rates.get("_unacked", 0.0)
         return {
             "messages_details": {"rate": round(ready + unacked, 1)},
             "messages_ready_details": {"rate": round(ready, 1)},
@@ -115,22 +145,8 @@ class RateSampler:
 
     def stats(self, obj: Any, counts: dict[str, int]) -> dict[str, Any]:
         """RabbitMQ's `message_stats` for a queue, an exchange, "global" or "churn": each counter
-        with its `_details.rate` over the last interval. `counts` is in the order `_steps`
-        takes them (publish, deliver_get, ack for a queue; publish_in, publish_out for an
-        exchange)."""
-        is_global = isinstance(obj, str)
-        key = obj if is_global else id(obj)
-        last, before = self._last.get(key), self._before.get(key)
-        same = (
-            last is not None
-            and before is not None
-            and (is_global or (last[0] is obj and before[0] is obj))
-        )
-        names = self._names.get(obj, []) if is_global else list(counts)
-        rates: dict[str, float] = {}
-        if self._elapsed and same:
-            for name, now, then in zip(names, last[1], before[1], strict=False):  # type: ignore[index]
-                rates[name] = max(now - then, 0) / self._elapsed
+        with its `_details.rate` over the last interval."""
+        rates = self._rates(obj)
         out: dict[str, Any] = {}
         for name, value in counts.items():
             out[name] = value

@@ -141,6 +141,7 @@ def test_message_rates_sampled_off_the_message_path(b):
     import pika
 
     sampler = b.broker._management.rates
+    b.call(sampler.stop)  # driven by hand here: a timer tick between samples would race
     conn = pika.BlockingConnection(pika.URLParameters(b.url))
     ch = conn.channel()
     ch.queue_declare("rated")
@@ -268,6 +269,7 @@ def test_depth_rates_and_publish_out(b):
     ch = conn.channel()
     ch.queue_declare("deep-rate")
     sampler = b.broker._management.rates
+    b.call(sampler.stop)  # driven by hand here: a timer tick between samples would race
     b.call(sampler.sample)
     for _ in range(4):
         ch.basic_publish("", "deep-rate", b"x")
@@ -280,4 +282,26 @@ def test_depth_rates_and_publish_out(b):
     assert b.api("GET", "/api/overview")[1]["queue_totals"]["messages_details"]["rate"] > 0
     direct = b.api("GET", "/api/exchanges/%2F/amq.direct")[1]["message_stats"]
     assert (direct["publish_in"], direct["publish_out"]) == (1, 0)
+    conn.close()
+
+
+def test_get_counters(b):
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    ch.queue_declare("gets")
+    ch.basic_get("gets")  # empty
+    ch.basic_publish("", "gets", b"1")
+    ch.basic_publish("", "gets", b"2")
+    method, _, _ = ch.basic_get("gets")
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    ch.basic_get("gets", auto_ack=True)
+    stats = b.api("GET", "/api/queues/%2F/gets")[1]["message_stats"]
+    assert (stats["get"], stats["get_no_ack"], stats["get_empty"], stats["redeliver"]) == (
+        1,
+        1,
+        1,
+        1,
+    )
     conn.close()
