@@ -104,6 +104,27 @@ def _not_authorised(reason: str) -> web.Response:
 
 
 @web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Errors in RabbitMQ's shapes: an unknown path is its JSON 404, a wrong method a bare
+    405; anything unexpected is logged and answered as JSON, never an HTML page."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed:
+        return web.Response(status=405)
+    except web.HTTPNotFound as exc:
+        if exc.content_type == "application/json":
+            raise
+        raise _not_found() from None
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("management API error", extra={"path": request.path})
+        return web.json_response(
+            {"error": "internal_error", "reason": "see the broker log"}, status=500
+        )
+
+
+@web.middleware
 async def _no_browser_prompt(request: web.Request, handler: Any) -> web.StreamResponse:
     """The web UI asks with X-Requested-With: a 401 to it carries no WWW-Authenticate,
     or the browser would put up its own login box over the UI's."""
@@ -628,7 +649,7 @@ class ManagementServer:
         self.per_object.register(_BrokerCollector(broker, per_object=True))
         self.per_object.register(RoarCollector(broker, per_object=True))
         self._runner: web.AppRunner | None = None
-        app = web.Application(middlewares=[_no_browser_prompt, self._auth, list_query])
+        app = web.Application(middlewares=[_errors, _no_browser_prompt, self._auth, list_query])
         app.router.add_get("/", self.index)
         app.router.add_static("/ui/", WWW, show_index=False)
         app.router.add_get("/metrics", self.metrics)
@@ -1489,7 +1510,7 @@ class ManagementServer:
         try:
             body = await request.json()
         except ValueError:
-            raise _bad_request("body is not valid JSON") from None
+            raise _bad_request("not_json") from None
         if not isinstance(body, dict):
             raise _bad_request("body must be a JSON object")
         try:

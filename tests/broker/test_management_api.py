@@ -5,6 +5,7 @@ answers, checked against it)."""
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 
@@ -305,3 +306,26 @@ def test_get_counters(b):
         1,
     )
     conn.close()
+
+
+def test_errors_in_rabbitmq_shapes(b):
+    import urllib.error
+    import urllib.request
+
+    assert b.api("POST", "/api/overview") == (405, None)
+    assert b.api("GET", "/api/nonexistent") == (
+        404,
+        {"error": "Object Not Found", "reason": "Not Found"},
+    )
+    request = urllib.request.Request(
+        b.mgmt_url + "/api/queues/%2F/x",
+        method="PUT",
+        data=b"not json",
+        headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q=", "Content-Type": "application/json"},
+    )
+    try:
+        urllib.request.urlopen(request, timeout=10)
+        raise AssertionError("accepted")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 400
+        assert json.loads(exc.read()) == {"error": "bad_request", "reason": "not_json"}
