@@ -1010,12 +1010,22 @@ class ManagementServer:
         queues = vhost.queues.values()
         ready = sum(q.message_count() for q in queues)
         unacked = sum(q.unacked for q in queues)
+        stats = {"publish": 0, "deliver_get": 0, "ack": 0}
+        for q in queues:
+            stats["publish"] += q.stats_published
+            stats["deliver_get"] += q.stats_delivered
+            stats["ack"] += q.stats_acked
         return {
             "name": vhost.name,
+            "description": "",
+            "tags": [],
+            "metadata": {"description": "", "tags": []},
+            "default_queue_type": "classic",
             "tracing": False,
             "messages": ready + unacked,
             "messages_ready": ready,
             "messages_unacknowledged": unacked,
+            "message_stats": stats,
             "cluster_state": {self.broker.cluster_name: "running"},
         }
 

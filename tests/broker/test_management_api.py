@@ -329,3 +329,20 @@ def test_errors_in_rabbitmq_shapes(b):
     except urllib.error.HTTPError as exc:
         assert exc.code == 400
         assert json.loads(exc.read()) == {"error": "bad_request", "reason": "not_json"}
+
+
+def test_vhost_rows(b):
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    ch.queue_declare("vq")
+    ch.basic_publish("", "vq", b"x")
+    ch.queue_declare("vq", passive=True)
+    row = b.api("GET", "/api/vhosts/%2F")[1]
+    assert (row["messages"], row["message_stats"]["publish"]) == (1, 1)
+    assert row["default_queue_type"] == "classic" and row["metadata"] == {
+        "description": "",
+        "tags": [],
+    }
+    conn.close()
