@@ -33,7 +33,15 @@ from .exchange import EXCHANGE_TYPES
 from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
 from .queue import Entry, Queue
 from .routing.headers import erlang_type_name
-from .vhost import REPLY_TO_PREFIX, REPLY_TO_QUEUE, server_named_queue
+from .vhost import (
+    REPLY_TO_PREFIX,
+    REPLY_TO_QUEUE,
+    check_deletable_exchange,
+    check_new_exchange_name,
+    check_new_queue_name,
+    check_not_default,
+    server_named_queue,
+)
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -397,10 +405,6 @@ class Channel:
                 f"'{self.vhost.name}' refused for user '{self.conn.user.name}'",
             )
 
-    def _not_default(self, *names: str) -> None:
-        if "" in names:
-            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
-
     def _check_argument_exchange(
         self, kind: str, name: str, arguments: dict | None, key: str
     ) -> None:
@@ -424,14 +428,10 @@ class Channel:
             # exchange only, the reserved prefix and the alternate exchange.
             if m.type not in EXCHANGE_TYPES:
                 raise connection_error(COMMAND_INVALID, f"unknown exchange type '{m.type}'", 40, 10)
-            self._not_default(m.exchange)
+            check_not_default(m.exchange)
             self._check("configure", "exchange", m.exchange)
             if m.exchange not in self.vhost.exchanges:
-                if m.exchange.startswith("amq."):
-                    raise channel_error(
-                        ACCESS_REFUSED,
-                        f"exchange name '{m.exchange}' contains reserved prefix 'amq.*'",
-                    )
+                check_new_exchange_name(m.exchange)
                 self._check_argument_exchange(
                     "exchange", m.exchange, m.arguments, "alternate-exchange"
                 )
@@ -448,13 +448,7 @@ class Channel:
             self.send_method(spec.ExchangeDeclareOk())
 
     def _exchange_delete(self, m: spec.ExchangeDelete) -> None:
-        self._not_default(m.exchange)
-        if m.exchange.startswith("amq."):
-            raise channel_error(
-                ACCESS_REFUSED,
-                f"deletion of system exchange '{m.exchange}' in vhost '{self.vhost.name}' "
-                "not allowed",
-            )
+        check_deletable_exchange(m.exchange, self.vhost.name)
         self._check("configure", "exchange", m.exchange)
         self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
         if not m.no_wait:
@@ -462,7 +456,7 @@ class Channel:
 
     def _exchange_bind(self, m: spec.ExchangeBind) -> None:
         self._check("write", "exchange", m.destination)
-        self._not_default(m.destination, m.source)
+        check_not_default(m.destination, m.source)
         self._check("read", "exchange", m.source)
         destination = self.vhost.get_exchange(m.destination)
         source = self.vhost.get_exchange(m.source)
@@ -473,7 +467,7 @@ class Channel:
 
     def _exchange_unbind(self, m: spec.ExchangeUnbind) -> None:
         self._check("write", "exchange", m.destination)
-        self._not_default(m.destination, m.source)
+        check_not_default(m.destination, m.source)
         self._check("read", "exchange", m.source)
         destination = self.vhost.exchanges.get(m.destination)
         source = self.vhost.exchanges.get(m.source)
@@ -495,10 +489,8 @@ class Channel:
         if not m.passive:
             if not name:  # named here, so the check sees the name the queue will have
                 name = server_named_queue()
-            elif name.startswith("amq.") and not name.startswith("amq.gen-"):
-                raise channel_error(
-                    ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
-                )
+            else:
+                check_new_queue_name(name)
             self._check("configure", "queue", name)
             if name not in self.vhost.queues:  # dead-lettering reads the queue, writes the DLX
                 self._check_argument_exchange("queue", name, m.arguments, "x-dead-letter-exchange")
@@ -532,7 +524,7 @@ class Channel:
     def _queue_bind(self, m: spec.QueueBind) -> None:
         qname = self._queue_name(m.queue)
         self._check("write", "queue", qname)
-        self._not_default(m.exchange)
+        check_not_default(m.exchange)
         self._check("read", "exchange", m.exchange)
         queue = self.vhost.get_queue(qname, self.conn)
         exchange = self.vhost.get_exchange(m.exchange)
@@ -544,7 +536,7 @@ class Channel:
     def _queue_unbind(self, m: spec.QueueUnbind) -> None:
         qname = self._queue_name(m.queue)
         self._check("write", "queue", qname)
-        self._not_default(m.exchange)
+        check_not_default(m.exchange)
         self._check("read", "exchange", m.exchange)
         # RabbitMQ answers unbind-ok whatever is missing: queue, exchange or binding.
         queue = self.vhost.queues.get(qname)

@@ -114,6 +114,34 @@ def _inequivalent_arg(
     )
 
 
+def check_not_default(*names: str) -> None:
+    """No declare, delete or bind names the default exchange (RabbitMQ's 403)."""
+    if "" in names:
+        raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+
+
+def check_new_exchange_name(name: str) -> None:
+    """`amq.` names are the broker's: a client cannot create one."""
+    if name.startswith("amq."):
+        raise channel_error(
+            ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'"
+        )
+
+
+def check_new_queue_name(name: str) -> None:
+    """`amq.` names are the broker's, but for the server-named `amq.gen-` ones."""
+    if name.startswith("amq.") and not name.startswith("amq.gen-"):
+        raise channel_error(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
+
+
+def check_deletable_exchange(name: str, vhost: str) -> None:
+    check_not_default(name)
+    if name.startswith("amq."):
+        raise channel_error(
+            ACCESS_REFUSED, f"deletion of system exchange '{name}' in vhost '{vhost}' not allowed"
+        )
+
+
 def server_named_queue() -> str:
     """`amq.gen-` and 22 URL-safe base64 characters, as RabbitMQ names them."""
     return "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
@@ -192,18 +220,14 @@ class VirtualHost:
         arguments: dict | None = None,
     ) -> tuple[Exchange, bool]:
         """Declare (or check) an exchange; returns it and whether it was created."""
-        if name == "":
-            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        check_not_default(name)
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
                 raise channel_error(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
             return existing, False
-        if existing is None and name.startswith("amq."):
-            raise channel_error(
-                ACCESS_REFUSED,
-                f"exchange name '{name}' contains reserved prefix 'amq.*'",
-            )
+        if existing is None:
+            check_new_exchange_name(name)
         if existing is not None:
             for key, got, cur in (
                 ("type", type_, existing.type),
@@ -235,13 +259,7 @@ class VirtualHost:
         return exchange, True
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
-        if name == "" or name.startswith("amq."):
-            raise channel_error(
-                ACCESS_REFUSED,
-                "operation not permitted on the default exchange"
-                if name == ""
-                else f"deletion of system exchange '{name}' in vhost '{self.name}' not allowed",
-            )
+        check_deletable_exchange(name, self.name)
         exchange = self.exchanges.get(name)
         if exchange is None:
             # RabbitMQ answers delete-ok for an exchange that does not exist.
@@ -329,10 +347,7 @@ class VirtualHost:
                     raise _inequivalent_arg("queue", name, self.name, key, got, cur)
             existing.touch()
             return existing, False
-        if name.startswith("amq.") and not name.startswith("amq.gen-"):
-            raise channel_error(
-                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
-            )
+        check_new_queue_name(name)
         most = self.broker.limit("vhost", self.name, "max-queues")
         if most is not None and len(self.queues) >= most:
             raise channel_error(
@@ -406,8 +421,7 @@ class VirtualHost:
     def bind_queue(
         self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
     ) -> None:
-        if exchange.name == "":
-            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        check_not_default(exchange.name)
         try:
             added = exchange.bind(key, queue, arguments)
         except ValueError as exc:
@@ -418,8 +432,7 @@ class VirtualHost:
     def unbind_queue(
         self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
     ) -> None:
-        if exchange.name == "":
-            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        check_not_default(exchange.name)
         if exchange.unbind(key, queue, arguments):
             self.broker.persistence.binding_removed(exchange, queue, key, arguments)
             self._maybe_auto_delete(exchange)
@@ -427,8 +440,7 @@ class VirtualHost:
     def bind_exchange(
         self, destination: Exchange, source: Exchange, key: str, arguments: dict | None
     ) -> None:
-        if source.name == "" or destination.name == "":
-            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        check_not_default(source.name, destination.name)
         try:
             added = source.bind(key, destination, arguments)
         except ValueError as exc:
@@ -439,8 +451,7 @@ class VirtualHost:
     def unbind_exchange(
         self, destination: Exchange, source: Exchange, key: str, arguments: dict | None
     ) -> None:
-        if source.name == "" or destination.name == "":
-            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        check_not_default(source.name, destination.name)
         if source.unbind(key, destination, arguments):
             self.broker.persistence.binding_removed(source, destination, key, arguments)
             self._maybe_auto_delete(source)
