@@ -76,17 +76,8 @@ def shape(data: Any, query: Any) -> Any:
     items = data
     total = len(items)
     paged = "page" in query
-    if paged and query.get("name"):
-        text = query["name"]
-        if query.get("use_regex") == "true":
-            try:
-                pattern = re.compile(text, re.IGNORECASE)
-            except re.error as exc:
-                raise _bad("bad_request", f"invalid regular expression: {exc}") from None
-            items = [i for i in items if pattern.search(str(i.get("name", "")))]
-        else:
-            text = text.lower()
-            items = [i for i in items if text in str(i.get("name", "")).lower()]
+    if paged:
+        items = _by_name(items, query, lambda i: str(i.get("name", "")))
     if "sort" in query:
         path = query["sort"].split(".")
         items = sorted(items, key=lambda i: _sort_key(_get(i, path)))
@@ -119,18 +110,7 @@ def paged_objects(
     sort = query.get("sort")
     if "page" not in query or (sort is not None and sort not in sort_keys):
         return None
-    items = objects
-    if query.get("name"):
-        text = query["name"]
-        if query.get("use_regex") == "true":
-            try:
-                pattern = re.compile(text, re.IGNORECASE)
-            except re.error as exc:
-                raise _bad("bad_request", f"invalid regular expression: {exc}") from None
-            items = [o for o in items if pattern.search(name_of(o))]
-        else:
-            text = text.lower()
-            items = [o for o in items if text in name_of(o).lower()]
+    items = _by_name(objects, query, name_of)
     if sort is not None:
         key = sort_keys[sort]
         items = sorted(items, key=lambda o: _sort_key(key(o)))
@@ -143,6 +123,22 @@ def paged_objects(
     envelope["items"] = [_project(r, columns) for r in rows] if columns else rows
     request[SHAPED] = True
     return envelope
+
+
+def _by_name(items: list[Any], query: Any, name_of: Any) -> list[Any]:
+    """RabbitMQ's `name=` filter: a case-insensitive substring, or with `use_regex=true` a
+    case-insensitive regular expression."""
+    text = query.get("name")
+    if not text:
+        return items
+    if query.get("use_regex") == "true":
+        try:
+            pattern = re.compile(text, re.IGNORECASE)
+        except re.error as exc:
+            raise _bad("bad_request", f"invalid regular expression: {exc}") from None
+        return [i for i in items if pattern.search(name_of(i))]
+    text = text.lower()
+    return [i for i in items if text in name_of(i).lower()]
 
 
 def _page_params(query: Any) -> tuple[int, int]:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from roarmq.protocol.errors import ProtocolError
 from roarmq.protocol.frames import ContentHeader
@@ -542,111 +541,15 @@ def _not_found() -> web.HTTPNotFound:
     )
 
 
-class _BrokerCollector:
-    """Reads the broker's counters at scrape time. Per-queue and per-exchange series only
-    with `per_object` (/metrics/per-object): at 100,000 queues they are 700,000 lines."""
-
-    def __init__(self, broker: Broker, per_object: bool = False) -> None:
-        self.broker = broker
-        self.per_object = per_object
-
-    def collect(self) -> Iterator[Any]:
-        b = self.broker
-        yield GaugeMetricFamily(
-            "roarmq_connections", "Open AMQP connections", value=len(b.connections)
-        )
-        yield GaugeMetricFamily(
-            "roarmq_queued_bytes", "Bytes of ready message bodies", value=b.queued_bytes
-        )
-        yield GaugeMetricFamily(
-            "roarmq_memory_alarm",
-            "1 while the memory alarm blocks publishers",
-            value=1 if "memory" in b.alarms else 0,
-        )
-        yield GaugeMetricFamily(
-            "roarmq_disk_alarm",
-            "1 while the disk-free alarm blocks publishers",
-            value=1 if "disk" in b.alarms else 0,
-        )
-        res = b.resources
-        yield GaugeMetricFamily(
-            "roarmq_resident_memory_bytes", "Resident memory at the last sample", value=res.rss
-        )
-        yield GaugeMetricFamily(
-            "roarmq_memory_high_watermark_bytes", "The memory alarm's mark", value=res.high
-        )
-        if res.disk_free is not None:
-            yield GaugeMetricFamily(
-                "roarmq_disk_free_bytes", "Free space on the data directory", value=res.disk_free
-            )
-        yield GaugeMetricFamily(
-            "roarmq_disk_free_limit_bytes", "The disk alarm's mark", value=res.disk_limit
-        )
-        yield GaugeMetricFamily(
-            "roarmq_connections_flow_held",
-            "Connections not read because a queue they publish to is in flow state",
-            value=sum(1 for c in b.connections if c.flow_state() == "flow"),
-        )
-        if b.loop_lag is not None:
-            yield GaugeMetricFamily(
-                "roarmq_event_loop_lag_max_seconds",
-                "Longest event-loop stall since the last scrape ([diagnostics] loop_lag_probe_ms)",
-                value=b.loop_lag.take_max(),
-            )
-        if not self.per_object:
-            return
-        ready = GaugeMetricFamily(
-            "roarmq_queue_messages_ready", "Ready messages", labels=["vhost", "queue"]
-        )
-        unacked = GaugeMetricFamily(
-            "roarmq_queue_messages_unacked", "Unacknowledged messages", labels=["vhost", "queue"]
-        )
-        consumers = GaugeMetricFamily(
-            "roarmq_queue_consumers", "Consumers", labels=["vhost", "queue"]
-        )
-        published = CounterMetricFamily(
-            "roarmq_queue_messages_published", "Messages enqueued", labels=["vhost", "queue"]
-        )
-        delivered = CounterMetricFamily(
-            "roarmq_queue_messages_delivered",
-            "Messages delivered to consumers or basic.get",
-            labels=["vhost", "queue"],
-        )
-        x_in = CounterMetricFamily(
-            "roarmq_exchange_messages_published_in",
-            "Messages published to the exchange",
-            labels=["vhost", "exchange"],
-        )
-        x_unroutable = CounterMetricFamily(
-            "roarmq_exchange_messages_unroutable",
-            "Messages the exchange routed nowhere",
-            labels=["vhost", "exchange"],
-        )
-        for vhost in b.vhosts.values():
-            for q in vhost.queues.values():
-                labels = [vhost.name, q.name]
-                ready.add_metric(labels, q.message_count())
-                unacked.add_metric(labels, q.unacked)
-                consumers.add_metric(labels, q.consumer_count)
-                published.add_metric(labels, q.stats_published)
-                delivered.add_metric(labels, q.stats_delivered)
-            for x in vhost.exchanges.values():
-                x_in.add_metric([vhost.name, x.name], x.stats_in)
-                x_unroutable.add_metric([vhost.name, x.name], x.stats_unroutable)
-        yield from (ready, unacked, consumers, published, delivered, x_in, x_unroutable)
-
-
 class ManagementServer:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.registry = CollectorRegistry()
         self.rates = RateSampler(broker)  # message_stats' *_details.rate, every 5 s
-        self.registry.register(_BrokerCollector(broker))
         self.registry.register(RabbitCollector(broker))
         self.registry.register(RoarCollector(broker))
         self.per_object = CollectorRegistry()  # /metrics/per-object: a series per queue
         self.per_object.register(RabbitCollector(broker, per_object=True))
-        self.per_object.register(_BrokerCollector(broker, per_object=True))
         self.per_object.register(RoarCollector(broker, per_object=True))
         self._runner: web.AppRunner | None = None
         app = web.Application(middlewares=[_errors, _no_browser_prompt, self._auth, list_query])

@@ -107,14 +107,19 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-class RoarCollector:
-    """RoarMQ's own families: the routing cache, bindings, the store's fsyncs, the archive."""
+class _Collector:
+    """Read at scrape time; `per_object` adds a series per queue or exchange."""
 
     def __init__(self, broker: Broker, per_object: bool = False) -> None:
         self.broker = broker
         self.per_object = per_object
 
+
+class RoarCollector(_Collector):
+    """RoarMQ's own families: the routing cache, bindings, the store's fsyncs, the archive."""
+
     def collect(self) -> Iterator[Any]:
+        yield from self._state()
         b = self.broker
         exchanges = [x for v in b.vhosts.values() for x in v.exchanges.values()]
         topics = [x for x in exchanges if hasattr(x.index, "cached_keys")]
@@ -184,13 +189,95 @@ class RoarCollector:
             yield bindings
             yield cached
 
+    def _state(self) -> Iterator[Any]:
+        """Connections, memory, disk, alarms and flow, and (per object) queues and exchanges."""
+        b = self.broker
+        yield GaugeMetricFamily(
+            "roarmq_connections", "Open AMQP connections", value=len(b.connections)
+        )
+        yield GaugeMetricFamily(
+            "roarmq_queued_bytes", "Bytes of ready message bodies", value=b.queued_bytes
+        )
+        yield GaugeMetricFamily(
+            "roarmq_memory_alarm",
+            "1 while the memory alarm blocks publishers",
+            value=1 if "memory" in b.alarms else 0,
+        )
+        yield GaugeMetricFamily(
+            "roarmq_disk_alarm",
+            "1 while the disk-free alarm blocks publishers",
+            value=1 if "disk" in b.alarms else 0,
+        )
+        res = b.resources
+        yield GaugeMetricFamily(
+            "roarmq_resident_memory_bytes", "Resident memory at the last sample", value=res.rss
+        )
+        yield GaugeMetricFamily(
+            "roarmq_memory_high_watermark_bytes", "The memory alarm's mark", value=res.high
+        )
+        if res.disk_free is not None:
+            yield GaugeMetricFamily(
+                "roarmq_disk_free_bytes", "Free space on the data directory", value=res.disk_free
+            )
+        yield GaugeMetricFamily(
+            "roarmq_disk_free_limit_bytes", "The disk alarm's mark", value=res.disk_limit
+        )
+        yield GaugeMetricFamily(
+            "roarmq_connections_flow_held",
+            "Connections not read because a queue they publish to is in flow state",
+            value=sum(1 for c in b.connections if c.flow_state() == "flow"),
+        )
+        if b.loop_lag is not None:
+            yield GaugeMetricFamily(
+                "roarmq_event_loop_lag_max_seconds",
+                "Longest event-loop stall since the last scrape ([diagnostics] loop_lag_probe_ms)",
+                value=b.loop_lag.take_max(),
+            )
+        if not self.per_object:
+            return
+        ready = GaugeMetricFamily(
+            "roarmq_queue_messages_ready", "Ready messages", labels=["vhost", "queue"]
+        )
+        unacked = GaugeMetricFamily(
+            "roarmq_queue_messages_unacked", "Unacknowledged messages", labels=["vhost", "queue"]
+        )
+        consumers = GaugeMetricFamily(
+            "roarmq_queue_consumers", "Consumers", labels=["vhost", "queue"]
+        )
+        published = CounterMetricFamily(
+            "roarmq_queue_messages_published", "Messages enqueued", labels=["vhost", "queue"]
+        )
+        delivered = CounterMetricFamily(
+            "roarmq_queue_messages_delivered",
+            "Messages delivered to consumers or basic.get",
+            labels=["vhost", "queue"],
+        )
+        x_in = CounterMetricFamily(
+            "roarmq_exchange_messages_published_in",
+            "Messages published to the exchange",
+            labels=["vhost", "exchange"],
+        )
+        x_unroutable = CounterMetricFamily(
+            "roarmq_exchange_messages_unroutable",
+            "Messages the exchange routed nowhere",
+            labels=["vhost", "exchange"],
+        )
+        for vhost in b.vhosts.values():
+            for q in vhost.queues.values():
+                labels = [vhost.name, q.name]
+                ready.add_metric(labels, q.message_count())
+                unacked.add_metric(labels, q.unacked)
+                consumers.add_metric(labels, q.consumer_count)
+                published.add_metric(labels, q.stats_published)
+                delivered.add_metric(labels, q.stats_delivered)
+            for x in vhost.exchanges.values():
+                x_in.add_metric([vhost.name, x.name], x.stats_in)
+                x_unroutable.add_metric([vhost.name, x.name], x.stats_unroutable)
+        yield from (ready, unacked, consumers, published, delivered, x_in, x_unroutable)
 
-class RabbitCollector:
+
+class RabbitCollector(_Collector):
     """RabbitMQ's `rabbitmq_*` families, where RoarMQ has the same quantity."""
-
-    def __init__(self, broker: Broker, per_object: bool = False) -> None:
-        self.broker = broker
-        self.per_object = per_object
 
     def collect(self) -> Iterator[Any]:
         b = self.broker

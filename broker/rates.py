@@ -3,8 +3,9 @@
 RabbitMQ samples its statistics every 5 s (`collect_statistics_interval`) and reports each
 counter's rate over the last interval; so does this, from the integers queues, exchanges and
 `Totals` keep anyway. The message path pays nothing: a pass over the queues and exchanges
-every `interval` seconds, only while the management API runs, in slices so that no turn of
-the event loop is held long (100,000 queues: ~0.35 s of work, at most ~20 ms at a time).
+every `interval` seconds, only while the management API runs, in slices of SLICE queues so
+that no turn of the event loop is held long (`bench/management.py`: one whole pass over
+100,000 queues takes 0.066 s).
 """
 
 from __future__ import annotations
