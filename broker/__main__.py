@@ -22,6 +22,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 from . import __version__  # noqa: E402
 from .config import LOG_LEVELS, Config, ConfigError, load_config  # noqa: E402
@@ -56,6 +57,23 @@ def check_config(path: str) -> int:
     return 0
 
 
+def read_connection_start(sock: Any) -> Any:
+    """Send the AMQP protocol header on a connected socket and return the broker's
+    connection.start (ConnectionError if it hangs up first; ProtocolError on garbage)."""
+    from roarmq.protocol import spec
+    from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, MethodFrame
+
+    parser = FrameParser(expect_protocol_header=False)
+    sock.sendall(PROTOCOL_HEADER)
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("closed before connection.start")
+        for ev in parser.feed(data):
+            if isinstance(ev, MethodFrame) and isinstance(ev.method, spec.ConnectionStart):
+                return ev.method
+
+
 def ping(host: str, port: int, timeout: float) -> int:
     """Health check: the broker answers the AMQP protocol header with connection.start.
 
@@ -64,28 +82,19 @@ def ping(host: str, port: int, timeout: float) -> int:
     """
     import socket
 
-    from roarmq.protocol import spec
     from roarmq.protocol.errors import ProtocolError
-    from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, MethodFrame
 
-    parser = FrameParser(expect_protocol_header=False)
     try:
         with socket.create_connection((host, port), timeout) as sock:
             sock.settimeout(timeout)
-            sock.sendall(PROTOCOL_HEADER)
-            while True:
-                data = sock.recv(65536)
-                if not data:
-                    raise ConnectionError("closed before connection.start")
-                for ev in parser.feed(data):
-                    if isinstance(ev, MethodFrame) and isinstance(ev.method, spec.ConnectionStart):
-                        product = ev.method.server_properties.get("product", "?")
-                        version = ev.method.server_properties.get("version", "?")
-                        print(f"{host}:{port}: {product} {version} answered")
-                        return 0
+            start = read_connection_start(sock)
     except (OSError, ProtocolError) as exc:
         print(f"{host}:{port}: no AMQP answer: {exc}", file=sys.stderr)
         return 1
+    product = start.server_properties.get("product", "?")
+    version = start.server_properties.get("version", "?")
+    print(f"{host}:{port}: {product} {version} answered")
+    return 0
 
 
 def _load(args: argparse.Namespace) -> Config:

@@ -27,12 +27,18 @@ def add_user(broker, name: str, configure=".*", write=".*", read=".*", tags=()) 
     broker.set_permission(name, "/", configure, write, read)
 
 
-async def outcome(port: int, user: str, *methods, publish=None) -> list[str]:
-    """What the broker answers, as "Name" or "Name code text", up to the first close."""
+async def confirming(port: int, user: str) -> RawClient:
+    """A user's raw client (password "pw") with channel 1 open in confirm mode."""
     c = await RawClient.connect(port, user=user, password="pw")
     await c.open_channel(1)
     c.send(1, spec.ConfirmSelect())
     await c.expect(spec.ConfirmSelectOk)
+    return c
+
+
+async def outcome(port: int, user: str, *methods, publish=None) -> list[str]:
+    """What the broker answers, as "Name" or "Name code text", up to the first close."""
+    c = await confirming(port, user)
     for m in methods:
         c.send(1, m)
     if publish is not None:
@@ -275,10 +281,7 @@ async def test_expressions_are_searched_not_matched_and_empty_allows_no_name(bro
 
 async def test_a_permission_change_reaches_open_connections(broker):
     add_user(broker.broker, "ch")
-    c = await RawClient.connect(broker.port, user="ch", password="pw")
-    await c.open_channel(1)
-    c.send(1, spec.ConfirmSelect())
-    await c.expect(spec.ConfirmSelectOk)
+    c = await confirming(broker.port, "ch")
     c.publish(1, "amq.topic", "k", b"x")
     assert isinstance(await c.next_method(), spec.BasicAck)
     broker.broker.set_permission("ch", "/", ".*", "^nothing$", ".*")
@@ -387,10 +390,7 @@ async def test_regex_characters_in_the_user_name_are_not_escaped(broker):
 
 async def test_a_topic_permission_change_reaches_open_connections(broker):
     add_user(broker.broker, "tc")
-    c = await RawClient.connect(broker.port, user="tc", password="pw")
-    await c.open_channel(1)
-    c.send(1, spec.ConfirmSelect())
-    await c.expect(spec.ConfirmSelectOk)
+    c = await confirming(broker.port, "tc")
     c.publish(1, "amq.topic", "k", b"x")
     assert isinstance(await c.next_method(), spec.BasicAck)
     broker.broker.set_topic_permission("tc", "/", "amq.topic", "^ok$", ".*")

@@ -28,7 +28,7 @@ from cryptography import x509
 from rawclient import RawClient
 
 from roarmq.broker import tls
-from roarmq.broker.__main__ import check_config
+from roarmq.broker.__main__ import check_config, read_connection_start
 from roarmq.broker.config import (
     AmqpTlsConfig,
     ConfigError,
@@ -40,7 +40,7 @@ from roarmq.broker.config import (
 from roarmq.broker.logs import NOTICE
 from roarmq.broker.testing import BrokerThread, ephemeral_config, running_broker
 from roarmq.protocol import spec
-from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, MethodFrame
+from roarmq.protocol.frames import PROTOCOL_HEADER
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -184,18 +184,8 @@ def kombu_ssl(pki: Pki, cert: str | None = "client") -> dict:
 
 def start_mechanisms(sock: socket.socket) -> list[str]:
     """Send the protocol header and read connection.start's mechanisms."""
-    parser = FrameParser(expect_protocol_header=False)
-    sock.sendall(PROTOCOL_HEADER)
-    while True:
-        data = sock.recv(65536)
-        if not data:
-            raise ConnectionError("closed before connection.start")
-        for ev in parser.feed(data):
-            if isinstance(ev, MethodFrame) and isinstance(ev.method, spec.ConnectionStart):
-                mechanisms = ev.method.mechanisms
-                return (
-                    mechanisms.decode() if isinstance(mechanisms, bytes) else mechanisms
-                ).split()
+    mechanisms = read_connection_start(sock).mechanisms
+    return (mechanisms.decode() if isinstance(mechanisms, bytes) else mechanisms).split()
 
 
 def tls_socket(port: int, ctx: ssl.SSLContext) -> ssl.SSLSocket:
