@@ -244,13 +244,18 @@ class Channel:
         body = msg.body
         if msg.store_id is not None:
             body = self._persisted(entry, body)
+        queue = entry.queue
+        if entry.redelivered and queue is not None:
+            queue.stats_redelivered += 1
         if no_ack:
-            if entry.queue is not None:
-                entry.queue.settle(entry)
+            if queue is not None:
+                queue.stats_no_ack += 1
+                queue.settle(entry)
         else:
             self.unacked[tag] = entry
             self.unacked_bytes += msg.size
-            entry.queue.unacked += 1
+            queue.unacked += 1
+            queue.unacked_bytes += msg.size
             if self._sweep is None and self._shortest_timeout is not None:
                 self._start_sweep()
         return tag, body
@@ -687,8 +692,10 @@ class Channel:
             if consumer is not None:
                 consumer.unacked -= 1
                 entry.consumer = None
-            if entry.queue is not None:
-                entry.queue.unacked -= 1
+            queue = entry.queue
+            if queue is not None:
+                queue.unacked -= 1
+                queue.unacked_bytes -= entry.msg.size
         return entries
 
     def _settle(self, tag: int, multiple: bool, action: Callable[[list[Entry]], None]) -> None:
@@ -715,7 +722,7 @@ class Channel:
         def ack(entries: list[Entry]) -> None:
             for entry in entries:
                 if entry.queue is not None and not entry.queue.deleted:
-                    entry.queue.settle(entry)
+                    entry.queue.ack(entry)
 
         self._settle(m.delivery_tag, m.multiple, ack)
 
@@ -973,6 +980,7 @@ def _requeue_slices(entries: list[Entry], start: int) -> None:
             by_queue.setdefault(entry.queue, []).append(entry)
     for queue, group in by_queue.items():
         queue.unacked -= len(group)
+        queue.unacked_bytes -= sum(e.msg.size for e in group)
         queue.requeue(group)
     start += REQUEUE_SLICE
     if start < len(entries):

@@ -39,6 +39,11 @@ class Clock:
         """Seconds since the epoch (for timestamps clients can read)."""
         return time.time()
 
+    def precise(self) -> float:
+        """Seconds on a monotonic clock finer than the loop's (uvloop's ticks are 1 ms), for
+        measuring short intervals; never for deadlines."""
+        return time.monotonic()
+
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
         return self.loop.call_later(max(0.0, delay), callback, *args)
 
@@ -83,6 +88,9 @@ class VirtualClock(Clock):
 
     def wall(self) -> float:
         return self._now + self._wall_offset
+
+    def precise(self) -> float:
+        return self._now
 
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
         return self.call_at(self._now + max(0.0, delay), callback, *args)

@@ -128,6 +128,11 @@ class Connection(asyncio.Protocol):
         "_confirm_channels",
         "_received",
         "_sent",
+        "connected_at",
+        "recv_oct",
+        "recv_cnt",
+        "send_oct",
+        "send_cnt",
         "_missed",
         "_timer",
         "_cleaned",
@@ -171,6 +176,10 @@ class Connection(asyncio.Protocol):
         self._confirm_channels: list[Channel] = []
         self._received = False
         self._sent = False
+        # Bytes and socket reads/writes, as RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt:
+        # counted per read and per coalesced write, never per message.
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
+        self.connected_at = 0  # ms since the epoch, as RabbitMQ's connected_at
         self._missed = 0
         self._timer: Any = None
         self._cleaned = False
@@ -181,6 +190,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.connected_at = int(self.broker.clock.wall() * 1000)
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.peer = (peer[0], peer[1])
@@ -221,6 +231,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         if self.state == DRAINING:
             return  # what a client sends after our close-ok is read and dropped
         archive = self.broker.archive
@@ -794,11 +806,14 @@ class Connection(asyncio.Protocol):
         if not out:
             return
         self._out = []
-        self._out_bytes = 0
         transport = self.transport
         if transport is None or transport.is_closing():
+            self._out_bytes = 0
             return
         self._sent = True
+        self.send_oct += self._out_bytes
+        self.send_cnt += 1
+        self._out_bytes = 0
         if len(out) == 1:
             transport.write(out[0])
         else:
@@ -806,6 +821,8 @@ class Connection(asyncio.Protocol):
 
     def _write_now(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
+            self.send_oct += len(data)
+            self.send_cnt += 1
             self.transport.write(data)
 
     # -- teardown ---------------------------------------------------------------------

@@ -31,7 +31,7 @@ from .auth import hash_password
 from .exchange import Exchange
 from .explain import explain
 from .message import Message
-from .metrics import RabbitCollector, RoarCollector, churn_counts, global_counts
+from .metrics import RabbitCollector, RoarCollector, churn_counts, global_counts, queue_counts
 from .policy import PolicyError
 from .rates import RateSampler
 from .tls import PLAIN_REPORT, server_context
@@ -470,9 +470,10 @@ def _message_row(
     }
 
 
-def _channel_row(conn: Any, ch: Any) -> dict[str, Any]:
+def _channel_row(conn: Any, ch: Any, rates: RateSampler) -> dict[str, Any]:
     peer = conn.peer or (None, None)
     return {
+        **rates.idle_since(ch),
         "name": f"{conn.name} ({ch.id})",
         "number": ch.id,
         "user": conn.user.name if conn.user is not None else None,
@@ -796,6 +797,8 @@ class ManagementServer:
         entry = queue.get()
         if entry is None or entry.msg.body != b"test":
             return web.json_response({"status": "failed", "reason": "no message"}, status=503)
+        queue.stats_get_no_ack += 1
+        queue.stats_no_ack += 1
         queue.settle(entry)
         return web.json_response({"status": "ok"})
 
@@ -1053,6 +1056,7 @@ class ManagementServer:
             entry = q.get()
             if entry is None:
                 break
+            q.stats_get += 1  # RabbitMQ's management get is a basic.get with manual ack
             taken.append(entry)
             msg = entry.msg
             data = msg.body if msg.body is not None else self.broker.store.body(msg)
@@ -1061,7 +1065,7 @@ class ManagementServer:
             )
         if ackmode == "ack_requeue_false":
             for entry in taken:
-                q.settle(entry)
+                q.ack(entry)
         elif ackmode == "reject_requeue_false":
             for entry in taken:
                 q.reject(entry, requeue=False)
@@ -1175,22 +1179,9 @@ class ManagementServer:
             if c.queue is q
         ]
 
-    def _unacked_bytes(self, q: Any) -> dict[str, int]:
-        unacked = sum(
-            e.msg.size
-            for conn in self.broker.connections
-            for ch in conn.channels.values()
-            for e in ch.unacked.values()
-            if e.queue is q
-        )
-        return {
-            "message_bytes_unacknowledged": unacked,
-            "message_bytes": q.ready_bytes + unacked,
-        }
-
     def _queue_info(self, q: Any, detailed: bool = False) -> dict[str, Any]:
         """A queue as GET /api/queues lists it; `detailed` (one queue's page) adds what
-        needs a pass over the channels: consumer details and unacknowledged bytes."""
+        needs a pass over the channels: consumer details."""
         return {
             "name": q.name,
             "vhost": q.vhost.name,
@@ -1204,29 +1195,23 @@ class ManagementServer:
             "messages": q.message_count() + q.unacked,
             **self.rates.depth(q),
             "message_bytes_ready": q.ready_bytes,
+            "message_bytes_unacknowledged": q.unacked_bytes,
+            "message_bytes": q.ready_bytes + q.unacked_bytes,
+            "messages_persistent": q.persistent,
+            "message_bytes_persistent": q.persistent_bytes,
+            "consumer_utilisation": self.rates.utilisation(q),
+            "consumer_capacity": self.rates.utilisation(q),
+            **self.rates.idle_since(q),
             "consumers": q.consumer_count,
             "state": "running",
             "node": self.broker.cluster_name,
             "exclusive_consumer_tag": None,
             "memory": q.ready_bytes if q.store is None else 0,  # bodies held in memory
             "consumer_details": [] if not detailed else self._consumer_details(q),
-            **({} if not detailed else self._unacked_bytes(q)),
             "policy": q.policy.name if q.policy is not None else None,
             "operator_policy": q.operator_policy.name if q.operator_policy is not None else None,
             "effective_policy_definition": q.effective_policy,
-            "message_stats": _stats(
-                self.rates,
-                q,
-                {
-                    "publish": q.stats_published,
-                    "deliver_get": q.stats_delivered,
-                    "ack": q.stats_acked,
-                    "redeliver": q.stats_requeued,
-                    "get": q.stats_get,
-                    "get_no_ack": q.stats_get_no_ack,
-                    "get_empty": q.stats_get_empty,
-                },
-            ),
+            "message_stats": _stats(self.rates, q, queue_counts(q)),
         }
 
     async def queues(self, request: web.Request) -> web.Response:
@@ -1272,7 +1257,7 @@ class ManagementServer:
 
     async def channels(self, request: web.Request) -> web.Response:
         return web.json_response(
-            [_channel_row(conn, ch) for conn, ch in self._own_channels(request)]
+            [_channel_row(conn, ch, self.rates) for conn, ch in self._own_channels(request)]
         )
 
     async def consumers(self, request: web.Request) -> web.Response:
@@ -1377,6 +1362,11 @@ class ManagementServer:
             "client_properties": _json_safe(c.client_properties),
             "auth_mechanism": c.auth_mechanism,
             **(c.tls.report() if c.tls is not None else PLAIN_REPORT),
+            "connected_at": c.connected_at,
+            "recv_cnt": c.recv_cnt,
+            "send_cnt": c.send_cnt,
+            "send_pend": transport.get_write_buffer_size() if transport is not None else 0,
+            **_stats(self.rates, c, {"recv_oct": c.recv_oct, "send_oct": c.send_oct}),
         }
 
     async def connections(self, request: web.Request) -> web.Response:
@@ -1400,13 +1390,15 @@ class ManagementServer:
 
     async def connection_channels(self, request: web.Request) -> web.Response:
         conn = self._connection_named(request)
-        return web.json_response([_channel_row(conn, ch) for ch in conn.channels.values()])
+        return web.json_response(
+            [_channel_row(conn, ch, self.rates) for ch in conn.channels.values()]
+        )
 
     async def channel(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         for conn, ch in self._own_channels(request):
             if f"{conn.name} ({ch.id})" == name:
-                return web.json_response(_channel_row(conn, ch))
+                return web.json_response(_channel_row(conn, ch, self.rates))
         raise _not_found()
 
     def _sees_connection(self, request: web.Request, conn: Any) -> bool:

@@ -15,6 +15,7 @@ import os
 import resource
 import time
 from collections.abc import Iterator
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
@@ -33,6 +34,14 @@ if TYPE_CHECKING:
     from .server import Broker
 
 
+#: A queue's message counters (broker/queue.py), kept past its deletion by `Totals`.
+QUEUE_COUNTERS = (
+    "stats_published", "stats_delivered", "stats_acked", "stats_dead_lettered",
+    "stats_requeued", "stats_get", "stats_get_no_ack", "stats_get_empty",
+    "stats_redelivered", "stats_no_ack",
+)  # fmt: skip
+
+
 class Totals:
     """Counters of churn, and what deleted queues and exchanges had counted."""
 
@@ -47,22 +56,42 @@ class Totals:
         self.returned = 0
         self.received = 0  # of deleted exchanges
         self.unroutable = 0
-        self.delivered = 0  # of deleted queues
-        self.acknowledged = 0
-        self.routed_to_queues = 0
-        self.dead_lettered = 0
-        self.requeued = 0
+        self.retired = dict.fromkeys(QUEUE_COUNTERS, 0)  # of deleted queues
 
     def retire_exchange(self, x: Exchange) -> None:
         self.received += x.stats_in
         self.unroutable += x.stats_unroutable
 
     def retire_queue(self, q: Queue) -> None:
-        self.delivered += q.stats_delivered
-        self.acknowledged += q.stats_acked
-        self.routed_to_queues += q.stats_published
-        self.dead_lettered += q.stats_dead_lettered
-        self.requeued += q.stats_requeued
+        retired = self.retired
+        for name in QUEUE_COUNTERS:
+            retired[name] += getattr(q, name)
+
+
+def queue_counts(q: Any) -> dict[str, int]:
+    """A queue's (or `queue_sums`') `message_stats`, as RabbitMQ splits them: deliveries to
+    consumers and basic.get, each by ack mode, with `deliver_get` their sum."""
+    delivered = q.stats_delivered  # every consumer delivery and every basic.get answered
+    return {
+        "publish": q.stats_published,
+        "deliver_get": delivered,
+        "deliver": delivered - q.stats_get - q.stats_no_ack,
+        "deliver_no_ack": q.stats_no_ack - q.stats_get_no_ack,
+        "ack": q.stats_acked,
+        "redeliver": q.stats_redelivered,
+        "get": q.stats_get,
+        "get_no_ack": q.stats_get_no_ack,
+        "get_empty": q.stats_get_empty,
+    }
+
+
+class QueueSums:
+    """Every queue's counters added up, deleted queues' included: `queue_counts` reads it as
+    it reads one queue."""
+
+    def __init__(self, broker: Broker, queues: list[Queue]) -> None:
+        for name, retired in broker.totals.retired.items():
+            setattr(self, name, retired + sum(map(attrgetter(name), queues)))
 
 
 def global_counts(broker: Broker) -> dict[str, int]:
@@ -73,13 +102,13 @@ def global_counts(broker: Broker) -> dict[str, int]:
     exchanges = [x for v in vhosts for x in v.exchanges.values()]
     received = t.received + sum(x.stats_in for x in exchanges)
     unroutable = t.unroutable + sum(x.stats_unroutable for x in exchanges)
+    counts = queue_counts(QueueSums(broker, queues))
     return {
         "publish": received,
         "confirm": t.confirmed,
         "return_unroutable": t.returned,
         "drop_unroutable": max(unroutable - t.returned, 0),
-        "deliver_get": t.delivered + sum(q.stats_delivered for q in queues),
-        "ack": t.acknowledged + sum(q.stats_acked for q in queues),
+        **{k: v for k, v in counts.items() if k != "publish"},  # "publish" is into queues
     }
 
 
@@ -344,26 +373,20 @@ class RabbitCollector(_Collector):
             max(unroutable - t.returned, 0),
         )
         yield _counter(g + "confirmed", "Messages confirmed to publishers", t.confirmed)
-        yield _counter(
-            g + "delivered",
-            "Messages delivered to consumers and basic.get",
-            t.delivered + sum(q.stats_delivered for q in queues),
-        )
-        yield _counter(
-            g + "acknowledged",
-            "Messages settled: acked by consumers, or taken with auto-ack",
-            t.acknowledged + sum(q.stats_acked for q in queues),
-        )
-        yield _counter(
-            g + "redelivered",
-            "Messages requeued, to be delivered again with the redelivered flag",
-            t.requeued + sum(q.stats_requeued for q in queues),
-        )
-        yield _counter(
-            g + "dead_lettered",
-            "Messages dead-lettered",
-            t.dead_lettered + sum(q.stats_dead_lettered for q in queues),
-        )
+        sums = QueueSums(b, queues)
+        counts = queue_counts(sums)
+        for name, doc, value in (
+            ("delivered", "Messages delivered to consumers and basic.get", counts["deliver_get"]),
+            ("delivered_consume_manual_ack", "Deliveries to be acked", counts["deliver"]),
+            ("delivered_consume_auto_ack", "Deliveries with auto-ack", counts["deliver_no_ack"]),
+            ("delivered_get_manual_ack", "basic.get answered, to be acked", counts["get"]),
+            ("delivered_get_auto_ack", "basic.get answered with auto-ack", counts["get_no_ack"]),
+            ("get_empty", "basic.get answered empty", counts["get_empty"]),
+            ("acknowledged", "Messages acknowledged by consumers", counts["ack"]),
+            ("redelivered", "Deliveries flagged redelivered", counts["redeliver"]),
+            ("dead_lettered", "Messages dead-lettered", sums.stats_dead_lettered),
+        ):
+            yield _counter(g + name, doc, value)
         usage = resource.getrusage(resource.RUSAGE_SELF)
         yield _gauge(
             "rabbitmq_process_resident_memory_bytes",

@@ -98,6 +98,7 @@ class Queue:
         "ready",
         "ready_bytes",
         "unacked",
+        "unacked_bytes",
         "_groups",
         "consumer_count",
         "_seq",
@@ -116,6 +117,10 @@ class Queue:
         "stats_get",
         "stats_get_no_ack",
         "stats_get_empty",
+        "stats_redelivered",
+        "stats_no_ack",
+        "persistent",
+        "persistent_bytes",
         "store",
         "store_id",
         "memory_limit",
@@ -128,6 +133,8 @@ class Queue:
         "operator_policy",
         "effective_policy",
         "_saturated",
+        "_blocked_at",
+        "blocked_seconds",
     )
 
     def __init__(
@@ -160,6 +167,7 @@ class Queue:
         )
         self.ready_bytes = 0
         self.unacked = 0
+        self.unacked_bytes = 0  # body bytes of the unacknowledged ones
         self._groups: list[_ConsumerGroup] = []
         self.consumer_count = 0
         self._seq = 0
@@ -178,15 +186,24 @@ class Queue:
         self.stats_get = 0  # basic.get answered, by ack mode, and found empty (the API's
         self.stats_get_no_ack = 0  # message_stats; never counted per consumer delivery)
         self.stats_get_empty = 0
+        self.stats_redelivered = 0  # deliveries (and gets) flagged redelivered
+        self.stats_no_ack = 0  # deliveries and gets settled as they were sent (no-ack)
+        # Messages held in the message store for this queue, and their body bytes
+        # (RabbitMQ's messages_persistent: persistent messages of a durable queue).
+        self.persistent = 0
+        self.persistent_bytes = 0
         self.store = None
         self.store_id: int | None = None  # row id of a durable queue in the definitions store
-        self.memory_limit = vhost.broker.config.storage.queue_memory_limit
         self._account = vhost.broker.account_bytes
         self.throttled: set | None = None  # publisher connections paused for this queue
         # No consumer had credit at the last dispatch: a publish need not look again
         # (O(1), not O(consumers)); any explicit dispatch() -- an ack, a new consumer,
         # a socket drained, qos -- looks again.
         self._saturated = False
+        # Time with messages ready that no consumer had credit for (consumer_utilisation);
+        # read only at those transitions, never per message.
+        self._blocked_at = 0.0
+        self.blocked_seconds = 0.0
         self.touch()
 
     def __repr__(self) -> str:
@@ -281,6 +298,10 @@ class Queue:
         # Seconds a delivery from this queue may stay unacknowledged (None: forever).
         self.consumer_timeout: float | None = timeout / 1000.0 if timeout else None
         self._reject_overflow = self.overflow != "drop-head"
+        # queue-mode "lazy" (RabbitMQ: keep messages on disk as early as possible): the
+        # persistent messages of a durable queue are paged out once any are queued.
+        lazy = resolve("queue-mode", args.queue_mode, policy) == "lazy"
+        self.memory_limit = 0 if lazy else self.vhost.broker.config.storage.queue_memory_limit
         self._limited = self.max_length is not None or self.max_length_bytes is not None
 
     def apply_policy(self, policy: Policy | None, operator: Policy | None) -> None:
@@ -379,14 +400,18 @@ class Queue:
         """Hand ready messages to consumers with credit, in order, up to one batch."""
         ready = self.ready
         if not ready.n or not self.consumer_count or self.deleted:
+            if self._saturated:
+                self._unblock()
             return
         now = self.vhost.clock.monotonic() if self._timed else None
         delivered = 0
-        self._saturated = False
+        if self._saturated:
+            self._unblock()
         while ready.n:
             consumer = self._next_consumer()
             if consumer is None:
                 self._saturated = True
+                self._blocked_at = self.vhost.clock.monotonic()
                 break
             entry = self._take()
             if now is not None and entry.expires_at is not None and entry.expires_at <= now:
@@ -400,6 +425,21 @@ class Queue:
         self.stats_delivered += delivered
         if self.throttled is not None and ready.n < FLOW_LOW:
             self.release_publishers()
+
+    def _unblock(self) -> None:
+        self._saturated = False
+        self.blocked_seconds += self.vhost.clock.monotonic() - self._blocked_at
+
+    @property
+    def consumers_blocked(self) -> bool:
+        """Messages are ready and no consumer has credit for them."""
+        return self._saturated
+
+    def blocked_time(self, now: float) -> float:
+        """Seconds so far that ready messages waited for consumer credit."""
+        if self._saturated:
+            return self.blocked_seconds + now - self._blocked_at
+        return self.blocked_seconds
 
     def _schedule_dispatch(self) -> None:
         if not self._dispatch_scheduled:
@@ -437,12 +477,27 @@ class Queue:
             return entry
         return None
 
+    def ack(self, entry: Entry) -> None:
+        """A consumer acknowledged the message (RabbitMQ's `ack` counts only these)."""
+        self.stats_acked += 1
+        self.settle(entry)
+
     def settle(self, entry: Entry) -> None:
         """The message is done with (acked, delivered with no-ack, dropped or dead-lettered)."""
-        self.stats_acked += 1
-        store_id = entry.msg.store_id
-        if store_id is not None and self.store is not None:
-            self.store.settled(self, store_id)
+        msg = entry.msg
+        if msg.store_id is not None and self.store is not None:
+            self.unstore(msg.store_id, msg.size)
+
+    def stored(self, size: int) -> None:
+        """The message store now holds a message of `size` body bytes for this queue."""
+        self.persistent += 1
+        self.persistent_bytes += size
+
+    def unstore(self, store_id: int, size: int) -> None:
+        """This queue is done with a stored message: the store may drop its record."""
+        self.persistent -= 1
+        self.persistent_bytes -= size
+        self.store.settled(self, store_id)  # type: ignore[union-attr]
 
     def restore_stored(
         self, msg_id: int, size: int, priority: int, expiration_ms: int | None, redelivered: bool
@@ -458,6 +513,7 @@ class Queue:
             self._timed += 1
         self.ready.push_stored(self._seq, msg_id, priority, expires_at, redelivered)
         self.ready_bytes += size  # bodies are on disk: nothing to account as memory
+        self.stored(size)
 
     def restored(self) -> None:
         """Recovery is over: load the first messages and start the expiry timer."""
@@ -503,20 +559,24 @@ class Queue:
     def purge(self) -> int:
         if self.throttled is not None:
             self.release_publishers()
+        ready_bytes = self.ready_bytes
         cleared = self.ready.clear()
         self._timed = 0
         self.ready_bytes = 0
-        self._forget(cleared)
+        self._forget(cleared, ready_bytes)
         for entry in cleared.entries:
             self.settle(entry)
         return len(cleared)
 
-    def _forget(self, cleared: Cleared) -> None:
-        """Account for a cleared ready list: packed messages are settled by counting."""
+    def _forget(self, cleared: Cleared, ready_bytes: int) -> None:
+        """Account for a cleared ready list of `ready_bytes`: packed messages are settled by
+        counting, packed stored ones by id (their sizes are what the rest does not explain)."""
         in_memory = sum(e.msg.size for e in cleared.entries if e.msg.body is not None)
         self._account(-(in_memory + cleared.packed_bytes))
-        self.stats_acked += cleared.packed + len(cleared.stored)
         if cleared.stored and self.store is not None:
+            unpacked = sum(e.msg.size for e in cleared.entries)
+            self.persistent -= len(cleared.stored)
+            self.persistent_bytes -= ready_bytes - unpacked - cleared.packed_bytes
             settled = self.store.settled
             for msg_id in cleared.stored:
                 settled(self, msg_id)
@@ -607,9 +667,10 @@ class Queue:
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None
+        ready_bytes = self.ready_bytes
         cleared = self.ready.clear()
         self._timed = 0
-        self._forget(cleared)
+        self._forget(cleared, ready_bytes)
         self.ready_bytes = 0
         self._groups.clear()
         self.consumer_count = 0
@@ -638,6 +699,7 @@ class QueueArguments:
         "single_active",
         "delivery_limit",
         "consumer_timeout",
+        "queue_mode",
     )
 
     @classmethod
@@ -741,4 +803,18 @@ class QueueArguments:
                 f"'{vhost}': {{unacceptable_type,{type(sac).__name__}}}",
             )
         self.single_active = sac
+        mode = args.get("x-queue-mode")
+        if mode is not None and not isinstance(mode, str):
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-queue-mode' for queue '{name}' in vhost '{vhost}': "
+                f"{{unacceptable_type,{type(mode).__name__}}}",
+            )
+        if mode is not None and mode not in ("default", "lazy"):
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-queue-mode' for queue '{name}' in vhost '{vhost}': "
+                f"\"unsupported queue mode '{mode}'\"",
+            )
+        self.queue_mode = mode
         return self

@@ -483,12 +483,14 @@ class VirtualHost:
                     q.ready_bytes > q.memory_limit for q in durable
                 )
                 token = store.persist(msg, durable, page_out)
+                for queue in durable:
+                    queue.stored(msg.size)
         ok = True
         for queue in queues:
             if not queue.publish(msg):
                 ok = False
                 if queue.store is not None and msg.store_id is not None:
-                    store.settled(queue, msg.store_id)  # type: ignore[union-attr]
+                    queue.unstore(msg.store_id, msg.size)
         return ok, token
 
     # -- dead-lettering -------------------------------------------------------------

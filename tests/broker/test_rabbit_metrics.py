@@ -61,8 +61,11 @@ def test_rabbitmq_families(tmp_path):
         assert value(s, "rabbitmq_global_messages_unroutable_returned_total") == 1
         assert value(s, "rabbitmq_global_messages_confirmed_total") == 6
         assert value(s, "rabbitmq_global_messages_delivered_total") == 2
-        # RoarMQ counts every settlement, the auto-ack basic.get's too (RabbitMQ: manual only).
-        assert value(s, "rabbitmq_global_messages_acknowledged_total") == 2
+        # Acks by consumers only, as RabbitMQ: the auto-ack basic.get is not one.
+        assert value(s, "rabbitmq_global_messages_acknowledged_total") == 1
+        assert value(s, "rabbitmq_global_messages_delivered_get_manual_ack_total") == 1
+        assert value(s, "rabbitmq_global_messages_delivered_get_auto_ack_total") == 1
+        assert value(s, "rabbitmq_global_messages_delivered_consume_auto_ack_total") == 0
         assert value(s, "rabbitmq_connections_opened_total") == 1
         assert value(s, "rabbitmq_channels_opened_total") == 1
         assert (

@@ -251,3 +251,34 @@ def test_long_queue_pages_bodies_to_the_log(tmp_path):
             assert got == struct.pack(">I", i) + body
             ch.basic_ack(method.delivery_tag)
         conn.close()
+
+
+@pytest.mark.parametrize("how", ["x-queue-mode", "policy"])
+def test_lazy_queue_pages_bodies_out_at_once(tmp_path, how):
+    """queue-mode "lazy" (an x-argument or a policy): persistent bodies go to disk at once."""
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "data"))) as b:
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        if how == "policy":
+            body = {"pattern": "^lazy$", "definition": {"queue-mode": "lazy"}}
+            b.call(lambda: b.broker.set_policy("/", "lazy", body))
+            ch.queue_declare("lazy", durable=True)
+        else:
+            ch.queue_declare("lazy", durable=True, arguments={"x-queue-mode": "lazy"})
+        for i in range(20):
+            ch.basic_publish("", "lazy", b"%04d" % i, PERSISTENT)
+        assert ch.queue_declare("lazy", passive=True).method.message_count == 20
+        queue = b.broker.vhosts["/"].queues["lazy"]
+        paged = b.call(lambda: sum(1 for e in queue.iter_ready() if e.msg.body is None))
+        assert paged == 19  # all but the first, which met an empty queue
+        for i in range(20):
+            _, _, got = ch.basic_get("lazy", auto_ack=True)
+            assert got == b"%04d" % i
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare("bad", arguments={"x-queue-mode": "weird"})
+        assert err.value.args == (
+            406,
+            "PRECONDITION_FAILED - invalid arg 'x-queue-mode' for queue 'bad' in vhost '/': "
+            "\"unsupported queue mode 'weird'\"",
+        )
+        conn.close()
