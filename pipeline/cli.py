@@ -131,8 +131,18 @@ def run(args: argparse.Namespace) -> int:
             f"{summary['rows_unknown_exchange']:,} messages were published to exchanges the "
             f"definitions do not declare: {', '.join(summary['unknown_exchanges'][:5])}"
         )
-    for problem in summary["unreadable"]:
-        _warn(f"could not read {problem}")
+    unread = summary["unreadable"]
+    if unread or not summary["rows_read"]:
+        # The driver listed files that the executors could not open: on a cluster, an
+        # archive that only the driver's machine sees. A report of nothing is no answer.
+        if unread:
+            what = f"could not read {len(unread)} of {summary['files_read']} files ({unread[0]})"
+        else:
+            what = f"read no rows from {summary['files_read']} files under {job['scan'].root}"
+        raise PipelineError(
+            f"the executors {what}: --archive must be on storage every executor can read, "
+            f"at the same path (see {summary['outputs'][-1]})"
+        )
     if summary["rows_read"] != summary["rows_in_files"]:
         _warn(
             f"{summary['rows_in_files'] - summary['rows_read']:,} rows of the listed files "

@@ -100,8 +100,12 @@ def check_file(path: Path) -> tuple[list[int], str | None]:
 def scan_archive(
     root: str | Path, since: str | None = None, until: str | None = None
 ) -> ArchiveScan:
-    """The readable files of hours ``since``..``until`` (inclusive, UTC) under ``root``."""
-    root = Path(root)
+    """The readable files of hours ``since``..``until`` (inclusive, UTC) under ``root``.
+
+    Paths are made absolute here, on the driver: executors on a cluster run in working
+    directories of their own, where a relative path names nothing.
+    """
+    root = Path(root).resolve()
     if not root.exists():
         raise PipelineError(f"archive directory not found: {root}")
     if not root.is_dir():

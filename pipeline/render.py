@@ -80,14 +80,25 @@ def _summary(summary: dict[str, Any], keys: Sequence[str]) -> str:
 
 
 def _skipped(summary: dict[str, Any]) -> str:
+    """Files the driver skipped (unreadable or of another schema) and files the executors
+    could not read (the run then also fails, see `pipeline.cli`)."""
+    parts = []
     skipped = summary.get("files_skipped") or []
-    if not skipped:
-        return ""
-    items = "".join(
-        f"<li><code>{html.escape(s['path'])}</code>: {html.escape(s['reason'])}</li>"
-        for s in skipped[:MAX_ROWS]
-    )
-    return f"<h2>Skipped files</h2><ul>{items}</ul>"
+    if skipped:
+        items = "".join(
+            f"<li><code>{html.escape(s['path'])}</code>: {html.escape(s['reason'])}</li>"
+            for s in skipped[:MAX_ROWS]
+        )
+        parts.append(f"<h2>Skipped files</h2><ul>{items}</ul>")
+    unreadable = summary.get("unreadable") or []
+    if unreadable:
+        items = "".join(f"<li><code>{html.escape(u)}</code></li>" for u in unreadable[:MAX_ROWS])
+        parts.append(
+            "<h2>Files the executors could not read</h2>"
+            '<p class="note">The counts on this page leave these files out.</p>'
+            f"<ul>{items}</ul>"
+        )
+    return "".join(parts)
 
 
 def _save(fig: Any, out: Path, name: str) -> str:

@@ -429,3 +429,34 @@ def test_window_filters_hours(spark, recorded, tmp_path, capsys):
     assert {r["hour"] for r in _rows(out / "traffic.parquet")} == {hours[1]}
     rows = [r for r in ref.read_rows(recorded / "archive") if r["hour"] == hours[1]]
     assert json.loads((out / "summary.json").read_text())["rows_read"] == len(rows)
+
+
+def test_files_the_executors_cannot_read_fail_the_run(
+    spark, recorded, tmp_path, capsys, monkeypatch
+):
+    """What a cluster does with an archive only the driver sees: the driver lists the files,
+    the executors cannot open them. One line, exit code 2, and the page lists the files."""
+    import roarmq.pipeline.cli as cli
+
+    archive = tmp_path / "archive"
+    shutil.copytree(recorded / "archive", archive)
+    listed = cli.prepare
+
+    def prepare_then_lose_files(args):
+        job = listed(args)
+        for path in job["scan"].files[:2]:
+            path.unlink()  # gone between the driver's listing and the executors' reads
+        return job
+
+    monkeypatch.setattr(cli, "prepare", prepare_then_lose_files)
+    out = tmp_path / "report"
+    monkeypatch.chdir(tmp_path)
+    code = main(
+        ["report", "--archive", "archive", "--definitions", str(recorded / "current.json")]
+        + ["--out", str(out)]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "could not read 2 of" in err[0], err
+    assert str(archive) in err[0]  # the relative --archive was resolved on the driver
+    assert "Files the executors could not read" in (out / "report.html").read_text()
