@@ -55,22 +55,84 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def local_conf(cores: int | None) -> dict[str, str]:
-    """Settings for the embedded local mode (not applied under spark-submit)."""
+def _quiet_driver_logs() -> str:
+    """The driver JVM option that points log4j at `log4j2_properties` (written to a file)."""
     log_config = Path(tempfile.gettempdir()) / "roarmq-pipeline-log4j2.properties"
     text = log4j2_properties()
     if not log_config.exists() or log_config.read_text() != text:
         tmp = log_config.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, log_config)
+    return f"-Dlog4j2.configurationFile=file:{log_config}"
+
+
+def local_conf(cores: int | None) -> dict[str, str]:
+    """Settings for the embedded local mode (not applied under spark-submit)."""
     parallelism = cores or os.cpu_count() or 2
     return {
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log_config}",
+        "spark.driver.extraJavaOptions": _quiet_driver_logs(),
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": str(max(2, 2 * parallelism)),
     }
+
+
+#: What the executors' Python must have installed besides RoarMQ's own code (shipped).
+EXECUTOR_REQUIREMENTS = ("pyarrow", "pyroaring")
+
+
+def code_zip(directory: str | Path | None = None) -> Path:
+    """A zip of the ``roarmq`` package (broker, protocol, pipeline) for executors that do not
+    have RoarMQ installed: Spark puts it on their ``sys.path`` (``addPyFile``).
+
+    Built from the modules this driver imports, named by a hash of their contents so that
+    repeated runs reuse it; it goes to ``directory`` (default: the system temp directory),
+    never into the working tree.
+    """
+    import hashlib
+    import zipfile
+
+    import roarmq
+
+    sources: list[tuple[str, Path]] = [("roarmq/__init__.py", Path(roarmq.__file__))]
+    for name in ("broker", "protocol", "pipeline"):
+        package = __import__(f"roarmq.{name}", fromlist=["__path__"])
+        base = Path(package.__path__[0])
+        for path in sorted(base.rglob("*")):
+            if path.suffix in (".py", ".xml") and "__pycache__" not in path.parts:
+                sources.append((f"roarmq/{name}/{path.relative_to(base).as_posix()}", path))
+    digest = hashlib.sha256()
+    for arcname, path in sources:
+        digest.update(arcname.encode() + b"\0" + path.read_bytes())
+    target = Path(directory or tempfile.gettempdir()) / f"roarmq-{digest.hexdigest()[:16]}.zip"
+    if not target.exists():
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+            for arcname, path in sources:
+                zf.write(path, arcname)
+        os.replace(tmp, target)
+    return target
+
+
+def _cluster_python() -> str:
+    """The Python the executors run: PYSPARK_PYTHON if set, else this interpreter's path
+    (right for a cluster on this machine; on other machines that path must exist)."""
+    python = os.environ.get("PYSPARK_PYTHON") or sys.executable
+    os.environ["PYSPARK_PYTHON"] = python
+    print(
+        f"roarmq.pipeline: executors run {python} (set PYSPARK_PYTHON to change); it needs "
+        f"{' and '.join(EXECUTOR_REQUIREMENTS)}; RoarMQ's own code is shipped to them",
+        file=sys.stderr,
+        flush=True,
+    )
+    return python
+
+
+def cluster_conf() -> dict[str, str]:
+    """Settings for a cluster master started from here (not under spark-submit): the same
+    quiet logging as local mode; the UI stays on (a cluster's users look at it)."""
+    return {"spark.driver.extraJavaOptions": _quiet_driver_logs()}
 
 
 def _cores(master: str) -> int | None:
@@ -112,6 +174,9 @@ def get_spark(
                     p for p in (str(PROJECT_ROOT), path) if p
                 )
             settings.update(local_conf(_cores(master)))
+        else:
+            _cluster_python()
+            settings.update(cluster_conf())
         builder = builder.master(master)
     elif master:
         builder = builder.master(master)
@@ -119,6 +184,9 @@ def get_spark(
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if not spark.sparkContext.master.startswith("local"):
+        # Executors elsewhere import roarmq.pipeline to route: ship this code to them.
+        spark.sparkContext.addPyFile(str(code_zip()))
     if under_spark_submit():
         spark.sparkContext.setLogLevel("WARN")
         if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):

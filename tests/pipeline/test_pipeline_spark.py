@@ -26,6 +26,7 @@ import pipeline_reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
+REPO = Path(__file__).resolve().parents[2]
 HOURS = 3
 START = 1_717_200_000.0  # 2024-06-01T00:00:00Z
 
@@ -460,3 +461,132 @@ def test_files_the_executors_cannot_read_fail_the_run(
     assert len(err) == 1 and "could not read 2 of" in err[0], err
     assert str(archive) in err[0]  # the relative --archive was resolved on the driver
     assert "Files the executors could not read" in (out / "report.html").read_text()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """A Spark standalone master and one worker from the installed pyspark, on loopback
+    (the PyPI pyspark has no start-master.sh: `spark-class` runs the two daemons)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    if shutil.which("java") is None:
+        pytest.skip("no Java runtime: Spark's standalone daemons need one (make test installs it)")
+    import pyspark
+
+    spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
+    work = tmp_path_factory.mktemp("standalone")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(work / "w")}
+    env["SPARK_HOME"] = str(spark_class.parent.parent)
+    port, ui, worker_ui = _free_port(), _free_port(), _free_port()
+    master = subprocess.Popen(
+        [str(spark_class), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
+        + ["--port", str(port), "--webui-port", str(ui)],
+        env=env,
+        stdout=open(work / "master.log", "wb"),  # noqa: SIM115 - closed with the process
+        stderr=subprocess.STDOUT,
+    )
+    url = f"spark://127.0.0.1:{port}"
+    worker = subprocess.Popen(
+        [str(spark_class), "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1"]
+        + ["--cores", "2", "--memory", "2g", "--webui-port", str(worker_ui)],
+        env=env,
+        stdout=open(work / "worker.log", "wb"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
+                    if json.loads(r.read())["aliveworkers"] >= 1:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail(
+                "the standalone master and worker did not come up:\n"
+                + (work / "master.log").read_text()[-2000:]
+            )
+        # The executors' Python: this venv's, with RoarMQ's installation hidden, so that the
+        # job can only work if the command ships RoarMQ's code to them itself.
+        hide = work / "hide"
+        hide.mkdir()
+        (hide / "sitecustomize.py").write_text(
+            "import sys\n"
+            "sys.meta_path[:] = [f for f in sys.meta_path\n"
+            "                    if '__editable__' not in getattr(f, '__module__', '')]\n"
+            "sys.path_hooks[:] = [h for h in sys.path_hooks\n"
+            "                     if '__editable__' not in getattr(h, '__module__', '')]\n"
+            f"sys.path[:] = [p for p in sys.path if p.rstrip('/') != {str(REPO)!r}]\n"
+        )
+        python = work / "executor-python"
+        python.write_text(f'#!/bin/sh\nPYTHONPATH={hide} exec {sys.executable} "$@"\n')
+        python.chmod(0o755)
+        yield url, str(python)
+    finally:
+        for proc in (worker, master):
+            proc.terminate()
+        for proc in (worker, master):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_cluster_mode_ships_its_code_and_equals_local(spark, recorded, standalone, tmp_path):
+    """`--master spark://…` on a standalone cluster whose executors do not have RoarMQ: the
+    command ships its own code, and both jobs write what local mode writes."""
+    import os
+    import subprocess
+    import sys
+
+    url, python = standalone
+    env = {**os.environ, "PYSPARK_PYTHON": python, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("PYTHONPATH", None)
+    for command in ("report", "whatif"):
+        extra = ["--candidate", str(recorded / "candidate.json")] if command == "whatif" else []
+        args = [command, "--archive", str(recorded / "archive")]
+        args += ["--definitions", str(recorded / "current.json"), *extra]
+        local_out, cluster_out = tmp_path / f"{command}-local", tmp_path / f"{command}-cluster"
+        assert main([*args, "--out", str(local_out)]) == 0
+        proc = subprocess.run(
+            [sys.executable, "-m", "roarmq.pipeline", *args, "--out", str(cluster_out)]
+            + ["--master", url, "--conf", "spark.sql.shuffle.partitions=2"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"executors run {python}" in proc.stderr
+        assert "ModuleNotFoundError" not in proc.stderr
+        for table in sorted(local_out.glob("*.parquet")):
+            if table.is_dir():  # written by the executors: row order is theirs
+                continue
+            key = lambda r: json.dumps(r, sort_keys=True, default=str)  # noqa: E731
+            local_rows = sorted(_rows(table), key=key)
+            assert sorted(_rows(cluster_out / table.name), key=key) == local_rows, table.name
+        if command == "report":
+            key = lambda r: json.dumps(r, sort_keys=True, default=str)  # noqa: E731
+            assert sorted(_rows(cluster_out / "traffic.parquet"), key=key) == sorted(
+                _rows(local_out / "traffic.parquet"), key=key
+            )
+        local = json.loads((local_out / "summary.json").read_text())
+        remote = json.loads((cluster_out / "summary.json").read_text())
+        for field in ("rows_read", "rows_routed", "agree_rate", "unreadable"):
+            if field in local:
+                assert remote[field] == local[field], field
