@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PipelineError
+from .session import LOG_LEVELS
 
 PROG = "python -m roarmq.pipeline"
 
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sp.add_argument("--since", help="first hour to read, UTC (e.g. 2024-05-01T13)")
         sp.add_argument("--until", help="last hour to read, inclusive, UTC")
+        sp.add_argument(
+            "--log-level",
+            default="warn",
+            choices=LOG_LEVELS,
+            help="Spark's log level (default warn: its INFO chatter stays off)",
+        )
         sp.add_argument(
             "--conf",
             action="append",
@@ -113,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     job = prepare(args)
     from .session import get_spark
 
-    spark, created = get_spark(args.master, conf=job["conf"])
+    spark, created = get_spark(args.master, conf=job["conf"], log_level=args.log_level)
     try:
         if args.command == "report":
             from .report import run_report

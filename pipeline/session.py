@@ -33,10 +33,14 @@ _QUIET = {
 }
 
 
-def log4j2_properties() -> str:
+#: --log-level choices; "warn" (the default) keeps Spark's INFO chatter off.
+LOG_LEVELS = ("error", "warn", "info", "debug")
+
+
+def log4j2_properties(level: str = "warn") -> str:
     lines = [
         "status = error",
-        "rootLogger.level = warn",
+        f"rootLogger.level = {level}",
         "rootLogger.appenderRef.console.ref = console",
         "appender.console.type = Console",
         "appender.console.name = console",
@@ -45,8 +49,9 @@ def log4j2_properties() -> str:
         "appender.console.layout.alwaysWriteExceptions = false",
         "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n",
     ]
-    for i, (name, level) in enumerate(sorted(_QUIET.items())):
-        lines += [f"logger.q{i}.name = {name}", f"logger.q{i}.level = {level}"]
+    quiet = _QUIET if level in ("error", "warn") else {}  # asked for more: all of it
+    for i, (name, quiet_level) in enumerate(sorted(quiet.items())):
+        lines += [f"logger.q{i}.name = {name}", f"logger.q{i}.level = {quiet_level}"]
     return "\n".join(lines) + "\n"
 
 
@@ -55,10 +60,10 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def _quiet_driver_logs() -> str:
+def _driver_logs(level: str) -> str:
     """The driver JVM option that points log4j at `log4j2_properties` (written to a file)."""
-    log_config = Path(tempfile.gettempdir()) / "roarmq-pipeline-log4j2.properties"
-    text = log4j2_properties()
+    log_config = Path(tempfile.gettempdir()) / f"roarmq-pipeline-log4j2-{level}.properties"
+    text = log4j2_properties(level)
     if not log_config.exists() or log_config.read_text() != text:
         tmp = log_config.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
@@ -66,11 +71,11 @@ def _quiet_driver_logs() -> str:
     return f"-Dlog4j2.configurationFile=file:{log_config}"
 
 
-def local_conf(cores: int | None) -> dict[str, str]:
+def local_conf(cores: int | None, log_level: str = "warn") -> dict[str, str]:
     """Settings for the embedded local mode (not applied under spark-submit)."""
     parallelism = cores or os.cpu_count() or 2
     return {
-        "spark.driver.extraJavaOptions": _quiet_driver_logs(),
+        "spark.driver.extraJavaOptions": _driver_logs(log_level),
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.ui.enabled": "false",
@@ -129,10 +134,10 @@ def _cluster_python() -> str:
     return python
 
 
-def cluster_conf() -> dict[str, str]:
+def cluster_conf(log_level: str = "warn") -> dict[str, str]:
     """Settings for a cluster master started from here (not under spark-submit): the same
     quiet logging as local mode; the UI stays on (a cluster's users look at it)."""
-    return {"spark.driver.extraJavaOptions": _quiet_driver_logs()}
+    return {"spark.driver.extraJavaOptions": _driver_logs(log_level)}
 
 
 def _cores(master: str) -> int | None:
@@ -145,7 +150,10 @@ def _cores(master: str) -> int | None:
 
 
 def get_spark(
-    master: str | None = None, app_name: str = "roarmq-pipeline", conf: dict[str, str] | None = None
+    master: str | None = None,
+    app_name: str = "roarmq-pipeline",
+    conf: dict[str, str] | None = None,
+    log_level: str = "warn",
 ) -> tuple[Any, bool]:
     """``(session, created)``: an active session is reused (tests, spark-submit, notebooks)."""
     from pyspark.sql import SparkSession
@@ -173,10 +181,10 @@ def get_spark(
                 os.environ["PYTHONPATH"] = os.pathsep.join(
                     p for p in (str(PROJECT_ROOT), path) if p
                 )
-            settings.update(local_conf(_cores(master)))
+            settings.update(local_conf(_cores(master), log_level))
         else:
             _cluster_python()
-            settings.update(cluster_conf())
+            settings.update(cluster_conf(log_level))
         builder = builder.master(master)
     elif master:
         builder = builder.master(master)
@@ -188,7 +196,7 @@ def get_spark(
         # Executors elsewhere import roarmq.pipeline to route: ship this code to them.
         spark.sparkContext.addPyFile(str(code_zip()))
     if under_spark_submit():
-        spark.sparkContext.setLogLevel("WARN")
+        spark.sparkContext.setLogLevel(log_level.upper())
         if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
             # The shuffles here carry counters, not rows: Spark's 200 would be 200 tiny tasks.
             parallelism = spark.sparkContext.defaultParallelism

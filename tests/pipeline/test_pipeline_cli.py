@@ -237,3 +237,20 @@ def test_unconverted_journals_are_listed(tmp_path, archive):
     journal.write_bytes(b"")  # what a broker that died mid-partition leaves
     scan = scan_archive(archive)
     assert scan.journals == [journal] and scan.rows == 3
+
+
+def test_log_level_controls_sparks_chatter():
+    from roarmq.pipeline.session import log4j2_properties
+
+    quiet = log4j2_properties()
+    assert "rootLogger.level = warn" in quiet
+    assert "org.apache.spark.scheduler.DAGScheduler" in quiet  # one-line failures instead
+    chatty = log4j2_properties("info")
+    assert "rootLogger.level = info" in chatty and "DAGScheduler" not in chatty
+    code = subprocess.run(
+        [sys.executable, "-m", "roarmq.pipeline", "report", "--log-level", "loud"]
+        + ["--archive", "a", "--definitions", "d", "--out", "o"],
+        capture_output=True,
+        text=True,
+    )
+    assert code.returncode == 2 and "--log-level: invalid choice: 'loud'" in code.stderr

@@ -574,6 +574,7 @@ def test_cluster_mode_ships_its_code_and_equals_local(spark, recorded, standalon
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert f"executors run {python}" in proc.stderr
         assert "ModuleNotFoundError" not in proc.stderr
+        assert " INFO " not in proc.stderr  # Spark's chatter is off unless --log-level info
         for table in sorted(local_out.glob("*.parquet")):
             if table.is_dir():  # written by the executors: row order is theirs
                 continue
