@@ -17,6 +17,21 @@ import pyarrow as pa
 MAX_ROWS = 50
 MAX_BARS = 20
 
+#: The default exchange's one name on every page, chart and table (RabbitMQ's UI says so too).
+DEFAULT_EXCHANGE = "(AMQP default)"
+#: Columns that hold an exchange name, shown as DEFAULT_EXCHANGE when empty.
+_EXCHANGE_COLUMNS = frozenset({"exchange", "source"})
+#: One colour per meaning across both pages: what the broker recorded, what the current and
+#: the candidate definitions route, what the candidate adds and loses.
+COLOURS = {
+    "actually received": "#7f7f7f",
+    "current": "#1f77b4",
+    "candidate": "#9467bd",
+    "added": "#2ca02c",
+    "lost": "#d62728",
+}
+_DEFAULT_COLOUR = "#1f77b4"
+
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
@@ -56,6 +71,8 @@ def _table(table: pa.Table, columns: Sequence[str] | None = None, limit: int = M
         cells = []
         for c in columns:
             v = row[c]
+            if c in _EXCHANGE_COLUMNS and v == "":
+                v = DEFAULT_EXCHANGE
             num = isinstance(v, int | float) and not isinstance(v, bool)
             cells.append(
                 f'<td class="n">{_fmt(v)}</td>'
@@ -110,9 +127,25 @@ def _save(fig: Any, out: Path, name: str) -> str:
     return f'<img src="charts/{name}" alt="{html.escape(name)}">'
 
 
-def _label(*parts: str) -> str:
-    text = " ".join(p if p else "(default)" for p in parts)
-    return text if len(text) <= 60 else text[:57] + "..."
+def _short(text: str, limit: int = 70) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _key_label(vhost: str, exchange: str, key: str | None = None) -> str:
+    """ "exchange 'logs', key 'app.info' (vhost /)": each part named, none read as a path."""
+    text = f"exchange '{exchange}'" if exchange else DEFAULT_EXCHANGE
+    if key is not None:
+        text += f", key '{key}'"
+    return _short(f"{text} (vhost {vhost})")
+
+
+def _binding_label(r: dict[str, Any]) -> str:
+    source = f"'{r['source']}'" if r["source"] else DEFAULT_EXCHANGE
+    return _short(f"{source} → {r['destination']}, key '{r['routing_key']}' (vhost {r['vhost']})")
+
+
+def _queue_label(vhost: str, queue: str) -> str:
+    return _short(f"{queue} (vhost {vhost})")
 
 
 def _barh(
@@ -123,7 +156,11 @@ def _barh(
     n = len(series)
     height = 0.8 / max(n, 1)
     for i, (legend, values) in enumerate(series.items()):
-        ax.barh([y + i * height for y in range(len(labels))], values, height=height, label=legend)
+        ys = [y + i * height for y in range(len(labels))]
+        colour = COLOURS.get(legend, _DEFAULT_COLOUR)
+        bars = ax.barh(ys, values, height=height, label=legend, color=colour)
+        ax.bar_label(bars, labels=[_fmt(v) for v in values], fontsize=7, padding=2)
+    ax.margins(x=0.12)  # room for the longest bar's label
     ax.set_yticks([y + height * (n - 1) / 2 for y in range(len(labels))])
     ax.set_yticklabels(labels, fontsize=8)
     ax.invert_yaxis()
@@ -174,23 +211,27 @@ def render_report(out: Path, tables: dict[str, pa.Table], summary: dict[str, Any
     hourly = tables["hourly"]
     parts.append("<h2>Messages per hour</h2>")
     if hourly.num_rows:
+        # Bars, one group per hour: a window of one hour is one group, not a lone dot.
         fig, ax = plt.subplots(figsize=(10, 3.5))
         hours = sorted(set(hourly["hour"].to_pylist()))
-        for vhost in sorted(set(hourly["vhost"].to_pylist())):
+        vhosts = sorted(set(hourly["vhost"].to_pylist()))
+        width = 0.8 / len(vhosts)
+        for i, vhost in enumerate(vhosts):
             rows = [r for r in hourly.to_pylist() if r["vhost"] == vhost]
             counts = {r["hour"]: r["messages"] for r in rows}
-            ax.plot(
-                range(len(hours)),
+            ax.bar(
+                [x + (i - (len(vhosts) - 1) / 2) * width for x in range(len(hours))],
                 [counts.get(h, 0) for h in hours],
-                marker="o",
+                width=width,
                 label=f"vhost {vhost}",
             )
         step = max(1, len(hours) // 12)
         ax.set_xticks(range(0, len(hours), step))
         ax.set_xticklabels(hours[::step], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("messages")
-        ax.set_ylim(bottom=0)
-        ax.set_title("Messages per hour (UTC)")
+        ax.set_title(
+            "Messages per hour (UTC)" if len(hours) > 1 else f"Messages in one hour: {hours[0]}"
+        )
         ax.legend()
         parts.append(_save(fig, out, "hourly.png"))
 
@@ -203,7 +244,7 @@ def render_report(out: Path, tables: dict[str, pa.Table], summary: dict[str, Any
                 out,
                 "top_keys.png",
                 "Top routing keys",
-                [_label(r["vhost"], r["exchange"], r["routing_key"]) for r in best],
+                [_key_label(r["vhost"], r["exchange"], r["routing_key"]) for r in best],
                 {"messages": [r["messages"] for r in best]},
                 "messages",
             )
@@ -218,9 +259,13 @@ def render_report(out: Path, tables: dict[str, pa.Table], summary: dict[str, Any
         for r in fan.to_pylist():
             totals[r["queues"]] = totals.get(r["queues"], 0) + r["messages"]
         xs = sorted(totals)
-        ax.bar([str(x) for x in xs], [totals[x] for x in xs], color="#4a7")
+        bars = ax.bar([str(x) for x in xs], [totals[x] for x in xs], color=_DEFAULT_COLOUR)
+        # Every bar carries its count: a bar too small to see still says how many.
+        ax.bar_label(bars, labels=[_fmt(totals[x]) for x in xs], fontsize=8, padding=2)
+        ax.margins(y=0.15)
         ax.set_xlabel("queues reached (0 = unroutable)")
         ax.set_ylabel("messages")
+        ax.set_title("Messages by number of queues reached")
         parts.append(_save(fig, out, "fanout.png"))
         parts.append(_table(fan))
 
@@ -233,7 +278,7 @@ def render_report(out: Path, tables: dict[str, pa.Table], summary: dict[str, Any
                 out,
                 "unroutable.png",
                 "Unroutable rate by exchange (busiest first)",
-                [_label(r["vhost"], r["exchange"]) for r in best],
+                [_key_label(r["vhost"], r["exchange"]) for r in best],
                 {"unroutable rate": [r["unroutable_rate"] for r in best]},
                 "unroutable / messages",
             )
@@ -250,10 +295,7 @@ def render_report(out: Path, tables: dict[str, pa.Table], summary: dict[str, Any
                 out,
                 "bindings.png",
                 "Most used bindings",
-                [
-                    _label(r["vhost"], r["source"], "->", r["destination"], repr(r["routing_key"]))
-                    for r in best
-                ],
+                [_binding_label(r) for r in best],
                 {"hits": [r["hits"] for r in best]},
                 "messages matched",
             )
@@ -307,7 +349,7 @@ def render_whatif(out: Path, tables: dict[str, pa.Table], summary: dict[str, Any
     parts.append(f"<h2>Queues whose traffic changes ({changed.num_rows:,} of {q.num_rows:,})</h2>")
     if changed.num_rows:
         rows = sorted(changed.to_pylist(), key=lambda r: -(r["added"] + r["lost"]))[:MAX_BARS]
-        labels = [_label(r["vhost"], r["queue"]) for r in rows]
+        labels = [_queue_label(r["vhost"], r["queue"]) for r in rows]
         parts.append(
             _barh(
                 out,
@@ -346,10 +388,7 @@ def render_whatif(out: Path, tables: dict[str, pa.Table], summary: dict[str, Any
                 out,
                 "bindings.png",
                 "Hits of added / removed bindings",
-                [
-                    _label(r["vhost"], r["source"], "->", r["destination"], repr(r["routing_key"]))
-                    for r in rows
-                ],
+                [_binding_label(r) for r in rows],
                 {
                     "current": [r["hits_current"] for r in rows],
                     "candidate": [r["hits_candidate"] for r in rows],
