@@ -87,13 +87,13 @@ def explain(vhost: Any, exchange: Exchange, routing_key: str, headers: Mapping |
 
 
 def _row(source: Exchange, dest: Any, key: str, args: Any, routed_key: str) -> dict[str, Any]:
-    from .management import _json_safe
+    from .management.rows import json_safe
 
     return {
         "source": source.name,
         "destination": dest.name,
         "destination_type": "exchange" if isinstance(dest, Exchange) else "queue",
         "routing_key": key,
-        "arguments": _json_safe(args or {}),
+        "arguments": json_safe(args or {}),
         "matched_key": routed_key,
     }

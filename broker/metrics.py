@@ -329,7 +329,7 @@ class RabbitCollector(_Collector):
         yield InfoMetricFamily(
             "rabbitmq_identity",
             "Node and cluster names",
-            value={"rabbitmq_node": b.cluster_name, "rabbitmq_cluster": b.cluster_name},
+            value={"rabbitmq_node": b.node_name, "rabbitmq_cluster": b.cluster_name},
         )
         yield _gauge("rabbitmq_connections", "Connections currently open", len(b.connections))
         yield _gauge("rabbitmq_channels", "Channels currently open", channels)

@@ -24,7 +24,6 @@ from .store.definitions import BindingDef, DefinitionStore, ExchangeDef, Permiss
 if TYPE_CHECKING:
     from .queue import Queue
     from .server import Broker
-    from .vhost import VirtualHost
 
 log = logging.getLogger("roarmq.persistence")
 
@@ -217,9 +216,6 @@ class Persistence:
         b = self._binding(source, dest, key, args)
         if b is not None:
             self.definitions.delete_binding(b)
-
-    def vhost_created(self, vhost: VirtualHost) -> None:
-        self.definitions.put_vhost(vhost.name)
 
     def vhost_deleted(self, name: str) -> None:
         self.definitions.delete_vhost(name)

@@ -200,8 +200,8 @@ class Queue:
         # (O(1), not O(consumers)); any explicit dispatch() -- an ack, a new consumer,
         # a socket drained, qos -- looks again.
         self._saturated = False
-        # Time with messages ready that no consumer had credit for (consumer_utilisation);
-        # read only at those transitions, never per message.
+        # Time with messages ready that no consumer had credit for (consumer_utilisation), on
+        # the clock's `precise` scale; read only at those transitions, never per message.
         self._blocked_at = 0.0
         self.blocked_seconds = 0.0
         self.touch()
@@ -411,7 +411,7 @@ class Queue:
             consumer = self._next_consumer()
             if consumer is None:
                 self._saturated = True
-                self._blocked_at = self.vhost.clock.monotonic()
+                self._blocked_at = self.vhost.clock.precise()
                 break
             entry = self._take()
             if now is not None and entry.expires_at is not None and entry.expires_at <= now:
@@ -428,7 +428,7 @@ class Queue:
 
     def _unblock(self) -> None:
         self._saturated = False
-        self.blocked_seconds += self.vhost.clock.monotonic() - self._blocked_at
+        self.blocked_seconds += self.vhost.clock.precise() - self._blocked_at
 
     @property
     def consumers_blocked(self) -> bool:

@@ -92,8 +92,7 @@ class RateSampler:
 
     def _steps(self) -> Iterator[bool]:
         clock = self.broker.clock
-        now = clock.monotonic()  # the queues' blocked time is on this clock
-        stamp = clock.precise()
+        now = clock.precise()  # the interval, and the queues' blocked time, on this clock
         totals = global_counts(self.broker)
         churn = churn_counts(self.broker)
         current: dict[Any, tuple[Any, tuple[str, ...], tuple[float, ...]]] = {
@@ -129,8 +128,8 @@ class RateSampler:
                 activity = (ch.stats_published + ch.delivery_tag,)
                 current[id(ch)] = (ch, CHANNEL_FIELDS, activity)
         current["depth"] = (None, DEPTH_FIELDS, (ready_all, unacked_all))
-        self._elapsed = None if self._at is None else stamp - self._at
-        self._at = stamp
+        self._elapsed = None if self._at is None else now - self._at
+        self._at = now
         self._note_idle(current, clock.wall())
         self._before, self._last = self._last, current
 

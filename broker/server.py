@@ -53,9 +53,12 @@ class Broker:
         sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
         self.config = config or Config()
         self.clock = clock or Clock()
-        self.cluster_name = f"roarmq@{socket.gethostname()}"
+        self.node_name = f"roarmq@{socket.gethostname()}"
         self.persistence = Persistence(self, self.config.storage.data_dir)
         self.persistence.seed_from_config()
+        settings = self.persistence.definitions.settings()
+        #: RabbitMQ's cluster name: the node's name until set (PUT /api/cluster-name).
+        self.cluster_name: str = settings.get("cluster_name", self.node_name)
         self.auth: Authenticator = self.persistence.load_auth()
         #: RabbitMQ's vhost and user limits: ("vhost" | "user", name) -> {limit: value}.
         self.limits: dict[tuple[str, str], dict[str, int]] = {}
@@ -64,6 +67,9 @@ class Broker:
         self.vhosts: dict[str, VirtualHost] = {
             name: VirtualHost(self, name) for name in self.persistence.vhost_names()
         }
+        for name, metadata in self.persistence.definitions.vhost_metadata().items():
+            if name in self.vhosts:
+                self.vhosts[name].metadata.update(metadata)
         self._load_policies()
         self.totals = Totals()  # broker/metrics.py: churn and what deleted objects counted
         self.persistence.restore()
@@ -273,12 +279,22 @@ class Broker:
 
     # -- users, vhosts, permissions (management API) --------------------------------------
 
-    def add_vhost(self, name: str) -> bool:
-        if name in self.vhosts:
-            return False
-        self.vhosts[name] = VirtualHost(self, name)
-        self.persistence.vhost_created(self.vhosts[name])
-        return True
+    def add_vhost(self, name: str, metadata: dict[str, Any] | None = None) -> bool:
+        """Create a vhost (True), or update an existing one's metadata (description, tags,
+        default queue type) when given, as RabbitMQ's PUT does."""
+        vhost = self.vhosts.get(name)
+        created = vhost is None
+        if vhost is None:
+            vhost = self.vhosts[name] = VirtualHost(self, name)
+        if metadata is not None:
+            vhost.metadata.update(metadata)
+        if created or metadata is not None:
+            self.persistence.definitions.put_vhost(name, vhost.metadata)
+        return created
+
+    def set_cluster_name(self, name: str) -> None:
+        self.cluster_name = name
+        self.persistence.definitions.put_setting("cluster_name", name)
 
     def delete_vhost(self, name: str) -> bool:
         vhost = self.vhosts.pop(name, None)

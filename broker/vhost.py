@@ -151,6 +151,12 @@ class VirtualHost:
     def __init__(self, broker: Broker, name: str) -> None:
         self.broker = broker
         self.name = name
+        #: What PUT /api/vhosts stores beside the name (RabbitMQ's vhost metadata).
+        self.metadata: dict[str, Any] = {
+            "description": "",
+            "tags": [],
+            "default_queue_type": "classic",
+        }
         self.clock: Clock = broker.clock
         self.cache_keys = broker.config.routing.cache_keys
         #: Policies and operator policies by name (broker/policy.py); set before any

@@ -17,6 +17,8 @@ from roarmq.protocol.tables import decode_table, encode_table
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS vhosts (name TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS vhost_metadata (name TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS users (
     name TEXT PRIMARY KEY, password_hash TEXT NOT NULL, tags TEXT NOT NULL, loopback_only INTEGER NOT NULL
 );
@@ -142,8 +144,29 @@ class DefinitionStore:
 
     # -- vhosts, users, permissions ------------------------------------------------
 
-    def put_vhost(self, name: str) -> None:
-        self._run("INSERT OR IGNORE INTO vhosts (name) VALUES (?)", name)
+    def put_vhost(self, name: str, metadata: dict[str, Any] | None = None) -> None:
+        """A vhost, and its description, tags and default queue type when given."""
+        with self.db:
+            self._run("INSERT OR IGNORE INTO vhosts (name) VALUES (?)", name)
+            if metadata is not None:
+                self._run(
+                    "INSERT OR REPLACE INTO vhost_metadata (name, body) VALUES (?, ?)",
+                    name,
+                    json.dumps(metadata),
+                )
+
+    def vhost_metadata(self) -> dict[str, dict[str, Any]]:
+        rows = self._run("SELECT name, body FROM vhost_metadata")
+        return {name: json.loads(body) for name, body in rows}
+
+    def put_setting(self, name: str, value: Any) -> None:
+        """A broker-wide setting changed at run time (e.g. the cluster name)."""
+        self._run(
+            "INSERT OR REPLACE INTO settings (name, value) VALUES (?, ?)", name, json.dumps(value)
+        )
+
+    def settings(self) -> dict[str, Any]:
+        return {name: json.loads(value) for name, value in self._run("SELECT * FROM settings")}
 
     def delete_vhost(self, name: str) -> None:
         with self.db:
@@ -152,6 +175,7 @@ class DefinitionStore:
                 self._run(f"DELETE FROM {table} WHERE vhost = ?", name)
             self._run("DELETE FROM limits WHERE kind = 'vhost' AND owner = ?", name)
             self._run("DELETE FROM vhosts WHERE name = ?", name)
+            self._run("DELETE FROM vhost_metadata WHERE name = ?", name)
 
     def vhosts(self) -> list[str]:
         return [r[0] for r in self._run("SELECT name FROM vhosts ORDER BY name")]

@@ -1,7 +1,7 @@
 // RoarMQ's web UI: plain JS over the management API, no build step, nothing from a CDN.
 "use strict";
 
-const state = { auth: sessionStorage.getItem("roarmq-auth"), timer: null, history: [] };
+const state = { auth: sessionStorage.getItem("roarmq-auth"), timer: null, shown: 0, charts: {} };
 const $ = (sel, root = document) => root.querySelector(sel);
 const enc = encodeURIComponent;
 const size = n => n == null ? "?" : n >= 1 << 30 ? (n / (1 << 30)).toFixed(1) + " GiB" : n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MiB" : n + " B";
@@ -85,28 +85,20 @@ const rate = (r, key) => r.message_stats && r.message_stats[key + "_details"] ? 
 
 const pages = {
   async ""() {
-    const o = await api("GET", "/overview");
-    const t = o.object_totals, q = o.queue_totals, m = o.message_stats || {};
-    state.history.push({ publish: rate(o, "publish"), deliver: rate(o, "deliver_get"), ack: rate(o, "ack") });
-    state.history = state.history.slice(-60);
-    $("#view").innerHTML = `<h2>Overview</h2>
-      <div class="totals">
-        ${[["Connections", t.connections], ["Channels", t.channels], ["Exchanges", t.exchanges], ["Queues", t.queues], ["Consumers", t.consumers],
-           ["Messages", q.messages], ["Ready", q.messages_ready], ["Unacked", q.messages_unacknowledged]]
-          .map(([k, v]) => `<div class="total" data-total="${esc(k)}"><b>${esc(v)}</b>${esc(k)}</div>`).join("")}
-      </div>
-      <div class="card"><h3>Message rates (per second, sampled every 5 s)</h3>
-        <canvas id="rates" width="900" height="180"></canvas>
-        <div class="legend"><span><i class="swatch" style="background:#1565c0"></i>publish ${esc(rate(o, "publish"))}/s</span>
-        <span><i class="swatch" style="background:#2e7d32"></i>deliver/get ${esc(rate(o, "deliver_get"))}/s</span>
-        <span><i class="swatch" style="background:#ef6c00"></i>ack ${esc(rate(o, "ack"))}/s</span></div>
-        <p>Totals: published ${esc(m.publish)}, delivered ${esc(m.deliver_get)}, acked ${esc(m.ack)}, confirmed ${esc(m.confirm)},
-        returned ${esc(m.return_unroutable)}, dropped unroutable ${esc(m.drop_unroutable)}.</p></div>
-      <div class="card"><h3>Node</h3><p>${esc(o.product_name)} ${esc(o.product_version)} on ${esc(o.node)} ·
-        memory ${esc(size(o.mem_used))} of ${esc(size(o.mem_limit))} · disk free ${esc(size(o.disk_free))} (limit ${esc(size(o.disk_free_limit))}) ·
-        alarms: ${o.memory_alarm || o.disk_free_alarm ? '<span class="error">set</span>' : "none"}</p>
-        <p>Listeners: ${o.listeners.map(l => esc(l.protocol + " " + l.port)).join(", ")}</p></div>`;
-    drawRates($("#rates"), state.history);
+    $("#view").innerHTML = `<h2>Overview</h2><div id="live"></div>`;
+    return live(() => api("GET", "/overview"), (box, o) => {
+      const t = o.object_totals, q = o.queue_totals, m = o.message_stats || {};
+      box.innerHTML = totals([["Connections", t.connections], ["Channels", t.channels], ["Exchanges", t.exchanges], ["Queues", t.queues],
+          ["Consumers", t.consumers], ["Messages", q.messages], ["Ready", q.messages_ready], ["Unacked", q.messages_unacknowledged]])
+        + `<div class="charts"></div><div class="card"><h3>Node</h3><p>${esc(o.product_name)} ${esc(o.product_version)} on ${esc(o.node)} ·
+          memory ${esc(size(o.mem_used))} of ${esc(size(o.mem_limit))} · disk free ${esc(size(o.disk_free))} (limit ${esc(size(o.disk_free_limit))}) ·
+          alarms: ${o.memory_alarm || o.disk_free_alarm ? '<span class="error">set</span>' : "none"}</p>
+          <p>Listeners: ${o.listeners.map(l => esc(l.protocol + " " + l.port)).join(", ")}</p></div>`;
+      showCharts($(".charts", box), "overview", o, [depthChart(o => o.queue_totals),
+        rateChart([["publish", BLUE, "publish"], ["deliver/get", GREEN, "deliver_get"], ["ack", ORANGE, "ack"]],
+          `Totals: published ${m.publish}, delivered ${m.deliver_get}, acked ${m.ack}, confirmed ${m.confirm}, `
+          + `returned ${m.return_unroutable}, dropped unroutable ${m.drop_unroutable}.`)]);
+    });
   },
   async connections() {
     const rows = await api("GET", "/connections");
@@ -156,12 +148,12 @@ const pages = {
       { key: "x", title: "", html: r => `<button data-del-user="${esc(r.name)}">Delete</button>` }])
       + `<form class="card" id="add-user"><h3>Add a user</h3><label>Name <input name="name" required></label>
          <label>Password <input name="password" type="password" required></label><label>Tags <input name="tags" placeholder="administrator, monitoring"></label>
-         <button>Add user</button></form>` + (await permissionsCard());
+         <button>Add user</button></form>` + (await grantCard(GRANTS[0])) + (await grantCard(GRANTS[1]));
     $("#add-user").onsubmit = submit(async f => api("PUT", "/users/" + enc(f.name.value), { password: f.password.value, tags: f.tags.value }));
     for (const b of document.querySelectorAll("[data-del-user]")) {
       b.onclick = async () => { if (confirm(`Delete user ${b.dataset.delUser}?`)) { await api("DELETE", "/users/" + enc(b.dataset.delUser)); route(); } };
     }
-    bindPermissionForm();
+    GRANTS.forEach(bindGrantCard);
   },
   async vhosts() {
     const rows = await api("GET", "/vhosts");
@@ -206,19 +198,21 @@ const pages = {
     $("#upload").onsubmit = submit(async f => api("POST", "/definitions", JSON.parse(await f.file.files[0].text())));
   },
   async queue(vhost, name) {
-    const q = await api("GET", `/queues/${enc(vhost)}/${enc(name)}`);
     const base = `/queues/${enc(vhost)}/${enc(name)}`;
-    $("#view").innerHTML = `<h2>Queue ${esc(q.name)} <small>in ${esc(q.vhost)}</small></h2>
-      <div class="totals">${[["Ready", q.messages_ready], ["Unacked", q.messages_unacknowledged], ["Total", q.messages], ["Consumers", q.consumers]]
-        .map(([k, v]) => `<div class="total" data-total="${esc(k)}"><b>${esc(v)}</b>${esc(k)}</div>`).join("")}</div>
-      <div class="card"><h3>Details</h3><pre>${esc(JSON.stringify({ durable: q.durable, auto_delete: q.auto_delete, exclusive: q.exclusive, type: q.type,
-        arguments: q.arguments, policy: q.policy, effective_policy_definition: q.effective_policy_definition }, null, 2))}</pre>
-        ${table(q.consumer_details, [{ key: "consumer_tag", title: "Consumer" }, { key: "prefetch_count", title: "Prefetch" }, { key: "ack_required", title: "Ack required" }])}</div>
+    $("#view").innerHTML = `<h2>Queue ${esc(name)} <small>in ${esc(vhost)}</small></h2><div id="live"></div>
       <form class="card" id="get"><h3>Get messages</h3><label>Count <input name="count" type="number" value="1"></label>
         <label>Ack mode <select name="ackmode"><option value="ack_requeue_true">Nack, requeue</option><option value="ack_requeue_false">Ack, remove</option>
         <option value="reject_requeue_false">Reject, dead-letter</option></select></label><button>Get</button><div id="got"></div></form>
       <form class="card" id="publish"><h3>Publish a message</h3><label>Payload <textarea name="payload"></textarea></label><button>Publish</button></form>
       <div class="card"><button id="purge">Purge messages</button> <button id="delete">Delete queue</button> <span id="result"></span></div>`;
+    const update = await live(() => api("GET", base), (box, q) => {
+      box.innerHTML = totals([["Ready", q.messages_ready], ["Unacked", q.messages_unacknowledged], ["Total", q.messages], ["Consumers", q.consumers]])
+        + `<div class="charts"></div><div class="card"><h3>Details</h3><pre>${esc(JSON.stringify({ durable: q.durable, auto_delete: q.auto_delete, exclusive: q.exclusive, type: q.type,
+          arguments: q.arguments, policy: q.policy, effective_policy_definition: q.effective_policy_definition }, null, 2))}</pre>
+          ${table(q.consumer_details, [{ key: "consumer_tag", title: "Consumer" }, { key: "prefetch_count", title: "Prefetch" }, { key: "ack_required", title: "Ack required" }])}</div>`;
+      showCharts($(".charts", box), `queue ${vhost} ${name}`, q, [depthChart(q => q),
+        rateChart([["publish", BLUE, "publish"], ["deliver/get", GREEN, "deliver_get"], ["ack", ORANGE, "ack"], ["redelivered", PURPLE, "redeliver"]])]);
+    });
     $("#get").onsubmit = submit(async f => {
       const msgs = await api("POST", base + "/get", { count: Number(f.count.value), ackmode: f.ackmode.value, encoding: "auto" });
       $("#got").innerHTML = msgs.map(m => `<pre>${esc(m.routing_key)}: ${esc(m.payload)}</pre>`).join("") || "<p>Queue is empty</p>";
@@ -227,11 +221,13 @@ const pages = {
       { routing_key: name, payload: f.payload.value, payload_encoding: "string", properties: {} }));
     $("#purge").onclick = async () => { await api("DELETE", base + "/contents"); route(); };
     $("#delete").onclick = async () => { await api("DELETE", base); location.hash = "#/queues"; };
+    return update;
   },
   async exchange(vhost, name) {
-    const x = await api("GET", `/exchanges/${enc(vhost)}/${enc(name)}`);
-    const bindings = name === "amq.default" ? [] : await api("GET", `/exchanges/${enc(vhost)}/${enc(name)}/bindings/source`);
-    $("#view").innerHTML = `<h2>Exchange ${esc(x.name || "(AMQP default)")} <small>${esc(x.type)} in ${esc(x.vhost)}</small></h2>
+    const base = `/exchanges/${enc(vhost)}/${enc(name)}`;
+    const x = await api("GET", base);
+    const bindings = name === "amq.default" ? [] : await api("GET", base + "/bindings/source");
+    $("#view").innerHTML = `<h2>Exchange ${esc(x.name || "(AMQP default)")} <small>${esc(x.type)} in ${esc(x.vhost)}</small></h2><div id="live"></div>
       <div class="card"><h3>Bindings from here</h3>${table(bindings, [{ key: "destination", title: "To" }, { key: "destination_type", title: "Type" },
         { key: "routing_key", title: "Routing key" }, { key: "arguments", title: "Arguments", value: r => JSON.stringify(r.arguments) }])}</div>
       <form class="card" id="explain"><h3>Route explain</h3><p>Where a message would go, and why, without publishing it.</p>
@@ -239,6 +235,9 @@ const pages = {
         <button>Explain</button><div id="explained"></div></form>
       <form class="card" id="publish"><h3>Publish a message</h3><label>Routing key <input name="key"></label>
         <label>Payload <textarea name="payload"></textarea></label><button>Publish</button><span id="routed"></span></form>`;
+    const update = await live(() => api("GET", base), (box, x) => {
+      showCharts(box, `exchange ${vhost} ${name}`, x, [rateChart([["publish in", BLUE, "publish_in"], ["publish out", PINK, "publish_out"]])]);
+    });
     $("#explain").onsubmit = submit(async f => {
       const body = { routing_key: f.key.value };
       if (f.headers.value) body.headers = JSON.parse(f.headers.value);
@@ -248,51 +247,122 @@ const pages = {
         + r.notes.map(n => `<p>${esc(n)}</p>`).join("");
     }, false);
     $("#publish").onsubmit = submit(async f => {
-      const r = await api("POST", `/exchanges/${enc(vhost)}/${enc(name)}/publish`, { routing_key: f.key.value, payload: f.payload.value, payload_encoding: "string", properties: {} });
+      const r = await api("POST", base + "/publish", { routing_key: f.key.value, payload: f.payload.value, payload_encoding: "string", properties: {} });
       $("#routed").textContent = r.routed ? " Routed." : " Not routed.";
     }, false);
+    return update;
   },
 };
 
-async function permissionsCard() {
-  const rows = await api("GET", "/permissions");
-  return `<div class="card"><h3>Permissions</h3>${table(rows, [{ key: "user", title: "User" }, { key: "vhost", title: "Vhost" },
-    { key: "configure", title: "Configure" }, { key: "write", title: "Write" }, { key: "read", title: "Read" }])}
-    <form id="set-permission"><label>User <input name="user" required></label><label>Vhost <input name="vhost" value="/"></label>
-    <label>Configure <input name="configure" value=".*"></label><label>Write <input name="write" value=".*"></label>
-    <label>Read <input name="read" value=".*"></label><button>Set permission</button></form></div>`;
+// What a user may do in a vhost, as the users page lists, sets and clears it: permissions (one
+// per user and vhost) and topic permissions (one per user, vhost and topic exchange).
+const GRANTS = [
+  { path: "permissions", title: "Permissions", set: "Set permission", fields: [["configure", ".*"], ["write", ".*"], ["read", ".*"]] },
+  { path: "topic-permissions", title: "Topic permissions", set: "Set topic permission", clearAll: "Clear all of this user in this vhost",
+    fields: [["exchange", "amq.topic"], ["write", ".*"], ["read", ".*"]],
+    about: `On a topic exchange, the routing keys a user may publish with (write) and bind with (read); {username} and
+      {vhost} in them stand for the user's and the vhost's names. Without one on an exchange, a user may use any key there.` },
+];
+const capital = word => word[0].toUpperCase() + word.slice(1);
+// The API path of one user's grant in a vhost (and, for a topic permission, on one exchange).
+const grantPath = (grant, r) => `/${grant.path}/${enc(r.vhost)}/${enc(r.user)}` + (r.exchange === undefined ? "" : "/" + enc(r.exchange));
+
+async function grantCard(grant) {
+  const rows = await api("GET", "/" + grant.path);
+  const columns = [["user"], ["vhost"], ...grant.fields].map(([key]) => ({ key, title: capital(key) }));
+  columns.push({ key: "x", title: "", html: r => `<button type="button" data-clear="${esc(grantPath(grant, r))}">Clear</button>` });
+  return `<form class="card" id="set-${grant.path}"><h3>${esc(grant.title)}</h3>${grant.about ? `<p>${esc(grant.about)}</p>` : ""}
+    ${table(rows, columns)}<label>User <input name="user" required></label><label>Vhost <input name="vhost" value="/"></label>
+    ${grant.fields.map(([key, value]) => `<label>${capital(key)} <input name="${key}" value="${esc(value)}"></label>`).join("")}
+    <button>${esc(grant.set)}</button>${grant.clearAll ? ` <button type="button" data-clear-all>${esc(grant.clearAll)}</button>` : ""}</form>`;
 }
 
-function bindPermissionForm() {
-  $("#set-permission").onsubmit = submit(async f => api("PUT", `/permissions/${enc(f.vhost.value)}/${enc(f.user.value)}`,
-    { configure: f.configure.value, write: f.write.value, read: f.read.value }));
+function bindGrantCard(grant) {
+  const form = $(`#set-${grant.path}`), who = f => ({ vhost: f.vhost.value, user: f.user.value });
+  form.onsubmit = submit(f => api("PUT", grantPath(grant, who(f)), Object.fromEntries(grant.fields.map(([key]) => [key, f[key].value]))));
+  for (const b of form.querySelectorAll("[data-clear]")) b.onclick = () => attempt(form, () => api("DELETE", b.dataset.clear));
+  for (const b of form.querySelectorAll("[data-clear-all]")) b.onclick = () => attempt(form, f => api("DELETE", grantPath(grant, who(f))));
 }
 
-// A form's submit handler: run the action, then show the error or redraw the page.
+// A form's submit handler: attempt() its action.
 function submit(action, redraw = true) {
-  return async ev => {
-    ev.preventDefault();
-    const form = ev.target;
-    for (const old of form.querySelectorAll(".error")) old.remove();
-    try { await action(form); if (redraw) route(); } catch (err) {
-      if (err.message !== "unauthorised") form.insertAdjacentHTML("beforeend", `<p class="error">${esc(err.message)}</p>`);
-    }
-  };
+  return ev => { ev.preventDefault(); return attempt(ev.target, action, redraw); };
 }
 
-function drawRates(canvas, history) {
-  const ctx = canvas.getContext("2d"), w = canvas.width, h = canvas.height;
-  ctx.clearRect(0, 0, w, h);
-  const top = Math.max(1, ...history.flatMap(p => [p.publish, p.deliver, p.ack]));
-  ctx.fillStyle = "#666"; ctx.fillText(top.toFixed(1) + "/s", 4, 12);
-  for (const [key, colour] of [["publish", "#1565c0"], ["deliver", "#2e7d32"], ["ack", "#ef6c00"]]) {
-    ctx.strokeStyle = colour; ctx.lineWidth = 2; ctx.beginPath();
-    history.forEach((p, i) => {
-      const x = history.length < 2 ? w : (i / (history.length - 1)) * w, y = h - (p[key] / top) * (h - 16);
-      i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
-    });
-    ctx.stroke();
+// Run a form's action, then show its error in the form, or redraw the page.
+async function attempt(form, action, redraw = true) {
+  for (const old of form.querySelectorAll(".error")) old.remove();
+  try { await action(form); if (redraw) route(); } catch (err) {
+    if (err.message !== "unauthorised") form.insertAdjacentHTML("beforeend", `<p class="error">${esc(err.message)}</p>`);
   }
+}
+
+const totals = pairs => `<div class="totals">${pairs.map(([k, v]) => `<div class="total" data-total="${esc(k)}"><b>${esc(v)}</b>${esc(k)}</div>`).join("")}</div>`;
+
+// A page's changing part, `#live`: drawn from what `load` fetches now, and again every 5 s while
+// the page is shown (the page returns the update; route() keeps the timer).
+async function live(load, draw) {
+  const update = async () => {
+    const box = $("#live"), data = await load();
+    if (box.isConnected) draw(box, data);
+  };
+  await update();
+  return update;
+}
+
+// One colour a meaning, on every page.
+const BLUE = "#1565c0", GREEN = "#2e7d32", ORANGE = "#ef6c00", PURPLE = "#6a1b9a", PINK = "#ad1457", TEAL = "#00897b", BROWN = "#8d6e63", GREY = "#616161";
+// The two kinds of chart: an object's message counts (`counts` picks where they are), and its
+// message_stats rates ([label, colour, counter]); the overview, a queue and an exchange show them.
+const depthChart = counts => ({ id: "messages", title: "Queued messages", unit: "", series: [["ready", TEAL, o => counts(o).messages_ready],
+  ["unacked", BROWN, o => counts(o).messages_unacknowledged], ["total", GREY, o => counts(o).messages]] });
+const rateChart = (series, note) => ({ id: "rates", title: "Message rates (per second, sampled every 5 s)", unit: "/s", note,
+  series: series.map(([label, colour, counter]) => [label, colour, o => rate(o, counter)]) });
+// The charts' memory: the API reports only the latest figures (rates over the last 5 s sample), so
+// each refresh of a page adds a point per chart, kept for CHART_SPAN while the tab is open.
+const CHART_SPAN = 5 * 60 * 1000;
+
+// Cards in `into`, a line chart each of an object's figures over time. A spec is {id, title,
+// unit, series: [[label, colour, figure of obj]], note}; `key` names the object in state.charts.
+function showCharts(into, key, obj, specs) {
+  const now = Date.now();
+  const charts = specs.map(spec => {
+    const values = spec.series.map(([, , figure]) => Number(figure(obj)) || 0);
+    const points = (state.charts[`${key} ${spec.id}`] || []).filter(p => p.t > now - CHART_SPAN).concat([{ t: now, values }]);
+    state.charts[`${key} ${spec.id}`] = points;
+    return { spec, values, points };
+  });
+  const legend = ({ spec, values }) => spec.series.map(([label, colour], i) =>
+    `<span data-series="${esc(label)}"><i class="swatch" style="background:${colour}"></i>${esc(label)} <b>${esc(values[i])}</b>${esc(spec.unit)}</span>`);
+  into.innerHTML = charts.map(chart => `<div class="card chart" id="chart-${esc(chart.spec.id)}"><h3>${esc(chart.spec.title)}</h3>
+    <canvas width="900" height="180"></canvas><div class="legend">${legend(chart).join("")}</div>
+    ${chart.spec.note ? `<p>${esc(chart.spec.note)}</p>` : ""}</div>`).join("");
+  charts.forEach(({ spec, points }, i) => drawChart(into.querySelectorAll("canvas")[i], points, spec));
+}
+
+// One line a series, from the oldest point kept (left) to now (right), with a dot at the latest.
+function drawChart(canvas, points, spec) {
+  canvas.width = canvas.clientWidth || canvas.width;  // as wide as it is shown: text not stretched
+  const ctx = canvas.getContext("2d"), w = canvas.width, h = canvas.height, pad = 16;
+  const now = points[points.length - 1].t, span = Math.max(now - points[0].t, 1);
+  const top = Math.max(1, ...points.flatMap(p => p.values));
+  const x = p => w - 4 - ((now - p.t) / span) * (w - 8), y = v => h - pad - (v / top) * (h - 2 * pad);
+  ctx.fillStyle = "#666";
+  ctx.textAlign = "left";
+  ctx.fillText((Number.isInteger(top) ? top : top.toFixed(1)) + spec.unit, 4, 12);
+  ctx.fillText(span < 1000 ? "" : span < 120000 ? `${Math.round(span / 1000)} s ago` : `${Math.round(span / 60000)} min ago`, 4, h - 4);
+  ctx.textAlign = "right";
+  ctx.fillText("now", w - 4, h - 4);
+  spec.series.forEach(([, colour], i) => {
+    ctx.strokeStyle = ctx.fillStyle = colour;
+    ctx.lineWidth = 2;
+    ctx.beginPath();
+    points.forEach((p, j) => (j ? ctx.lineTo(x(p), y(p.values[i])) : ctx.moveTo(x(p), y(p.values[i]))));
+    ctx.stroke();
+    ctx.beginPath();
+    ctx.arc(x(points[points.length - 1]), y(points[points.length - 1].values[i]), 3, 0, 2 * Math.PI);
+    ctx.fill();
+  });
 }
 
 async function route() {
@@ -302,10 +372,13 @@ async function route() {
   const page = pages[parts[0] || ""];
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.getAttribute("href") === "#/" + (parts[0] || ""));
   if (!page) { $("#view").innerHTML = "<p>Not found.</p>"; return; }
-  try { await page(...parts.slice(1)); } catch (err) {
+  const shown = ++state.shown;
+  let update;
+  try { update = await page(...parts.slice(1)); } catch (err) {
     if (err.message !== "unauthorised") $("#view").innerHTML = `<p class="error">${esc(err.message)}</p>`;
   }
-  if (!parts[0]) state.timer = setInterval(() => pages[""]().catch(() => {}), 5000);
+  // A page with figures that change returns how to update them: every 5 s, as the broker samples.
+  if (typeof update === "function" && shown === state.shown) state.timer = setInterval(() => update().catch(() => {}), 5000);
 }
 
 window.addEventListener("hashchange", route);

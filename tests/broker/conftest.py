@@ -1,9 +1,11 @@
-"""Fixtures shared by the raw-socket tests of this directory."""
+"""Fixtures shared by the tests of this directory."""
 
 from __future__ import annotations
 
 import pytest
 from rawclient import RawClient
+
+from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 
 @pytest.fixture
@@ -13,3 +15,10 @@ async def raw(broker):
     await client.open_channel(1)
     yield client
     await client.close()
+
+
+@pytest.fixture
+def mgmt_broker(tmp_path):
+    """A broker on its own thread with the management API on (user guest/guest)."""
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
+        yield b

@@ -166,7 +166,7 @@ def test_utilisation_falls_when_consumers_lack_credit(b):
     time.sleep(0.3)
     sample(b)
     q = b.api("GET", "/api/queues/%2F/slow")[1]
-    assert q["consumer_utilisation"] == 0.0
+    assert q["consumer_utilisation"] < 0.05  # blocked the whole interval
     conn.close()
 
 

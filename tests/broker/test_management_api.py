@@ -346,3 +346,32 @@ def test_vhost_rows(b):
         "tags": [],
     }
     conn.close()
+
+
+def test_vhost_metadata_and_cluster_name_survive_a_restart(tmp_path):
+    cfg = ephemeral_config(data_dir=str(tmp_path / "d"))
+    body = {"description": "Staging, EU", "tags": "a,b", "default_queue_type": "quorum"}
+    with BrokerThread(cfg, management=True) as b:
+        assert b.api("PUT", "/api/vhosts/staging", body)[0] == 201
+        assert b.api("PUT", "/api/cluster-name", {"name": "shop-prod"})[0] == 204
+        status, refused = b.api("PUT", "/api/vhosts/staging", {"tracing": True})
+        assert status == 400 and "tracing" in refused["reason"]
+        exported = b.api("GET", "/api/definitions")[1]["vhosts"]
+    assert {"name": "staging", "description": "Staging, EU", "tags": ["a", "b"]}.items() <= next(
+        v for v in exported if v["name"] == "staging"
+    ).items()
+    with BrokerThread(cfg, management=True) as b:
+        row = b.api("GET", "/api/vhosts/staging")[1]
+        assert (row["description"], row["tags"], row["default_queue_type"]) == (
+            "Staging, EU",
+            ["a", "b"],
+            "quorum",
+        )
+        assert row["metadata"] == {"description": "Staging, EU", "tags": ["a", "b"]}
+        assert b.api("GET", "/api/cluster-name")[1] == {"name": "shop-prod"}
+        overview = b.api("GET", "/api/overview")[1]
+        assert overview["cluster_name"] == "shop-prod" and overview["node"] != "shop-prod"
+        # As RabbitMQ 3.10.8: a PUT replaces the description and tags, absent ones too.
+        assert b.api("PUT", "/api/vhosts/staging", {})[0] == 204
+        row = b.api("GET", "/api/vhosts/staging")[1]
+        assert (row["description"], row["tags"]) == ("", [])

@@ -1,0 +1,209 @@
+"""The node as a whole: overview, nodes, health checks, aliveness, parameters, extensions,
+and the Prometheus scrape."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from roarmq.protocol.frames import ContentHeader
+from roarmq.protocol.properties import BasicProperties
+
+from .. import __version__
+from ..message import Message
+from ..metrics import churn_counts, global_counts
+from .context import SERVER, broker_of, not_found, rates_of, sees_vhost, vhosts_of
+from .definitions import RABBITMQ_API_VERSION, export_definitions
+
+#: GET /api/overview's exchange_types, RabbitMQ's descriptions.
+EXCHANGE_TYPE_TEXTS = {
+    "direct": "AMQP direct exchange, as per the AMQP specification",
+    "fanout": "AMQP fanout exchange, as per the AMQP specification",
+    "headers": "AMQP headers exchange, as per the AMQP specification",
+    "topic": "AMQP topic exchange, as per the AMQP specification",
+}
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """/metrics (aggregated families) and /metrics/per-object (a series per queue)."""
+    server = request.app[SERVER]
+    return web.Response(
+        body=generate_latest(
+            server.per_object if request.path.endswith("/per-object") else server.registry
+        ),
+        content_type="text/plain",
+        charset="utf-8",
+    )
+
+
+async def overview(request: web.Request) -> web.Response:
+    b, rates = broker_of(request), rates_of(request)
+    queues = [q for v in b.vhosts.values() for q in v.queues.values()]
+    ready = sum(q.message_count() for q in queues)
+    unacked = sum(q.unacked for q in queues)
+    return web.json_response(
+        {
+            "product_name": "RoarMQ",
+            "product_version": __version__,
+            "management_version": __version__,
+            # The RabbitMQ API level this one follows (tools branch on it).
+            "rabbitmq_version": RABBITMQ_API_VERSION,
+            "cluster_name": b.cluster_name,
+            "node": b.node_name,
+            "message_stats": rates.stats("global", global_counts(b)),
+            "churn_rates": rates.stats("churn", churn_counts(b)),
+            "exchange_types": [
+                {"name": t, "description": EXCHANGE_TYPE_TEXTS[t], "enabled": True}
+                for t in ("direct", "fanout", "headers", "topic")
+            ],
+            "queue_totals": {
+                "messages": ready + unacked,
+                "messages_ready": ready,
+                "messages_unacknowledged": unacked,
+                **rates.depth("depth"),
+            },
+            "object_totals": {
+                "channels": sum(len(c.channels) for c in b.connections),
+                "connections": len(b.connections),
+                "queues": len(queues),
+                "exchanges": sum(len(v.exchanges) for v in b.vhosts.values()),
+                "consumers": sum(q.consumer_count for q in queues),
+            },
+            "listeners": _listeners(b),
+            "memory_alarm": "memory" in b.alarms,
+            "disk_free_alarm": "disk" in b.alarms,
+            "mem_used": b.resources.rss,
+            "mem_limit": b.resources.high,
+            "disk_free": b.resources.disk_free,
+            "disk_free_limit": b.resources.disk_limit,
+        }
+    )
+
+
+def _listeners(b: Any) -> list[dict[str, Any]]:
+    rows = [
+        {"node": b.node_name, "protocol": "amqp", "ip_address": host, "port": port}
+        for port in b.ports
+        for host in (b.bound or ["127.0.0.1"])
+    ]
+    if b.tls is not None:
+        rows += [
+            {
+                "node": b.node_name,
+                "protocol": "amqp/ssl",
+                "ip_address": h,
+                "port": b.tls.port,
+            }
+            for h in (b.tls.bound or ["127.0.0.1"])
+        ]
+    scheme = "https" if b.config.management.tls.enabled else "http"
+    rows.append(
+        {
+            "node": b.node_name,
+            "protocol": scheme,
+            "ip_address": b.config.management.bind,
+            "port": b.mgmt_port,
+        }
+    )
+    return rows
+
+
+async def nodes(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    res = b.resources
+    node = {
+        "name": b.node_name,
+        "type": "disc",
+        "running": True,
+        "mem_used": res.rss,
+        "mem_limit": res.high,
+        "mem_alarm": "memory" in b.alarms,
+        "disk_free": res.disk_free,
+        "disk_free_limit": res.disk_limit,
+        "disk_free_alarm": "disk" in b.alarms,
+        "uptime": int((time.time() - b.totals.started) * 1000),
+        "processors": os.cpu_count(),
+    }
+    if "name" in request.match_info:
+        if request.match_info["name"] != b.node_name:
+            raise not_found()
+        return web.json_response(node)
+    return web.json_response([node])
+
+
+async def aliveness(request: web.Request) -> web.Response:
+    """RabbitMQ's aliveness test: declare a queue, publish to it and get the message."""
+    vhost = vhosts_of(request)[0]
+    queue, _ = vhost.declare_queue("aliveness-test", None, durable=False)
+    props = BasicProperties()
+    msg = Message("", queue.name, ContentHeader.from_properties(props, body_size=4), b"test")
+    vhost.enqueue(msg, [queue])
+    entry = queue.get()
+    if entry is None or entry.msg.body != b"test":
+        return web.json_response({"status": "failed", "reason": "no message"}, status=503)
+    queue.stats_get_no_ack += 1
+    queue.stats_no_ack += 1
+    queue.settle(entry)
+    return web.json_response({"status": "ok"})
+
+
+async def health_ok(request: web.Request) -> web.Response:
+    # A single node with nothing mirrored or replicated: these checks always pass.
+    return web.json_response({"status": "ok"})
+
+
+async def alarms(request: web.Request) -> web.Response:
+    if broker_of(request).blocked:
+        return web.json_response({"status": "failed", "reason": "memory alarm"}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def port_listener(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    port = request.match_info["port"]
+    listening = [str(p) for p in b.ports]
+    if b.tls is not None:
+        listening.append(str(b.tls.port))
+    listening.append(str(b.mgmt_port))
+    if port in listening:
+        return web.json_response({"status": "ok", "port": int(port)})
+    reason = f"No active listener on port {port}"
+    return web.json_response({"status": "failed", "reason": reason}, status=503)
+
+
+async def protocol_listener(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    protocol = request.match_info["protocol"]
+    have = {"amqp": bool(b.ports), "amqp/ssl": b.tls is not None}
+    have["amqps"] = have["amqp/ssl"]
+    have["http"] = True
+    if have.get(protocol):
+        return web.json_response({"status": "ok", "protocol": protocol})
+    reason = f"No active listener for protocol {protocol}"
+    return web.json_response({"status": "failed", "reason": reason}, status=503)
+
+
+async def extensions(request: web.Request) -> web.Response:
+    return web.json_response([])
+
+
+async def parameters(request: web.Request) -> web.Response:
+    """Runtime parameters: RoarMQ's only component is vhost-limits (as RabbitMQ lists it)."""
+    component = request.match_info.get("component")
+    vhost = request.match_info.get("vhost")
+    rows = [
+        p
+        for p in export_definitions(broker_of(request))["parameters"]
+        if (component is None or p["component"] == component)
+        and (vhost is None or p["vhost"] == vhost)
+        and sees_vhost(request, p["vhost"])
+    ]
+    return web.json_response(rows)
+
+
+async def global_parameters(request: web.Request) -> web.Response:
+    return web.json_response([{"name": "cluster_name", "value": broker_of(request).cluster_name}])

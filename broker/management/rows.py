@@ -1,0 +1,297 @@
+"""The JSON rows the API lists objects as, in RabbitMQ's field names and order.
+
+Pure functions of the broker's objects (and the rate sampler for `*_details`), so a
+list, a single object's page and a paged list build a row the same way.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.parse
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from roarmq.protocol.properties import BasicProperties
+
+from ..exchange import Exchange
+from ..metrics import queue_counts
+from ..tls import PLAIN_REPORT
+
+if TYPE_CHECKING:
+    from ..rates import RateSampler
+    from ..server import Broker
+
+
+def json_safe(value: Any) -> Any:
+    """AMQP field values as JSON can hold them: bytes as text, anything else odd as str."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def stats(rates: RateSampler | None, key: Any, counts: dict[str, int]) -> dict[str, Any]:
+    """Counters with their rates where a sampler keeps them."""
+    if rates is None:
+        return dict(counts)
+    return rates.stats(key, counts)
+
+
+def exchange_row(x: Any, rates: RateSampler | None = None) -> dict[str, Any]:
+    return {
+        "name": x.name,
+        "vhost": x.vhost.name,
+        "type": x.type,
+        "durable": x.durable,
+        "auto_delete": x.auto_delete,
+        "internal": x.internal,
+        "arguments": json_safe(x.arguments),
+        "policy": x.policy.name if x.policy is not None else None,
+        "user_who_performed_action": "rmq-internal" if x.builtin else None,
+        "message_stats": stats(
+            rates, x, {"publish_in": x.stats_in, "publish_out": x.stats_in - x.stats_unroutable}
+        ),
+    }
+
+
+def queue_row(q: Any, broker: Broker, rates: RateSampler, detailed: bool = False) -> dict[str, Any]:
+    """A queue as GET /api/queues lists it; `detailed` (one queue's page) adds what
+    needs a pass over the channels: consumer details."""
+    return {
+        "name": q.name,
+        "vhost": q.vhost.name,
+        "durable": q.durable,
+        "auto_delete": q.auto_delete,
+        "exclusive": q.exclusive_owner is not None,
+        "arguments": json_safe(q.arguments),
+        "type": q.queue_type,
+        "messages_ready": q.message_count(),
+        "messages_unacknowledged": q.unacked,
+        "messages": q.message_count() + q.unacked,
+        **rates.depth(q),
+        "message_bytes_ready": q.ready_bytes,
+        "message_bytes_unacknowledged": q.unacked_bytes,
+        "message_bytes": q.ready_bytes + q.unacked_bytes,
+        "messages_persistent": q.persistent,
+        "message_bytes_persistent": q.persistent_bytes,
+        "consumer_utilisation": rates.utilisation(q),
+        "consumer_capacity": rates.utilisation(q),
+        **rates.idle_since(q),
+        "consumers": q.consumer_count,
+        "state": "running",
+        "node": broker.node_name,
+        "exclusive_consumer_tag": None,
+        "memory": q.ready_bytes if q.store is None else 0,  # bodies held in memory
+        "consumer_details": [] if not detailed else consumer_details(broker, q),
+        "policy": q.policy.name if q.policy is not None else None,
+        "operator_policy": q.operator_policy.name if q.operator_policy is not None else None,
+        "effective_policy_definition": q.effective_policy,
+        "message_stats": stats(rates, q, queue_counts(q)),
+    }
+
+
+def _quote_key(text: str) -> str:
+    """RabbitMQ's quote for a properties key: form-encoding (space as "+") that leaves only
+    letters, digits and ".-_" bare, so the key holds no "/" and no "~"."""
+    return urllib.parse.quote_plus(text, safe=".-_").replace("~", "%7E")
+
+
+def arguments_hash(arguments: dict[str, Any]) -> str:
+    """A short, stable name for a binding's arguments (RabbitMQ's `args_hash` is Erlang's
+    phash2; clients treat it as opaque): base64url of a 32-bit CRC of their canonical JSON."""
+    canonical = json.dumps(json_safe(arguments), sort_keys=True, separators=(",", ":"))
+    crc = zlib.crc32(canonical.encode()).to_bytes(4, "big")
+    return base64.urlsafe_b64encode(crc).decode().rstrip("=")
+
+
+def properties_key(key: str, arguments: dict[str, Any] | None) -> str:
+    """What names one binding among those between two ends, as RabbitMQ 3.10 packs it: the
+    quoted routing key, then "~" and the arguments' hash if there are arguments ("~" alone
+    for an empty key without them). Two bindings that differ only in arguments differ here."""
+    if not arguments:
+        return _quote_key(key) if key else "~"
+    return f"{_quote_key(key)}~{_quote_key(arguments_hash(arguments))}"
+
+
+def matches_properties_key(props: str, key: str, arguments: dict[str, Any] | None) -> bool:
+    """Whether a request's properties key names this binding. As in RabbitMQ, the key part
+    is unquoted first, so a raw routing key (what some clients send) names it too."""
+    quoted, tilde, wanted_hash = props.partition("~")
+    if urllib.parse.unquote_plus(quoted) != key:
+        return False
+    if not arguments:
+        return not wanted_hash
+    return bool(tilde) and urllib.parse.unquote_plus(wanted_hash) == arguments_hash(arguments)
+
+
+def binding_row(vhost: str, source: str, dest: Any, key: str, args: Any) -> dict[str, Any]:
+    return {
+        "source": source,
+        "vhost": vhost,
+        "destination": dest.name,
+        "destination_type": "exchange" if isinstance(dest, Exchange) else "queue",
+        "routing_key": key,
+        "arguments": json_safe(args or {}),
+        "properties_key": properties_key(key, args),
+    }
+
+
+def message_row(
+    msg: Any, data: bytes, redelivered: bool, left: int, body: dict[str, Any], truncate: int | None
+) -> dict[str, Any]:
+    """A message as POST /api/queues/{vhost}/{name}/get answers it; `body` is that request's
+    (its `encoding`)."""
+    props = msg.properties
+    shown = data[:truncate] if truncate is not None else data
+    encoding = "string"
+    if body.get("encoding") == "base64":
+        payload, encoding = base64.b64encode(shown).decode(), "base64"
+    else:
+        try:
+            payload = shown.decode()
+        except UnicodeDecodeError:
+            payload, encoding = base64.b64encode(shown).decode(), "base64"
+    return {
+        "payload_bytes": len(data),
+        "redelivered": redelivered,
+        "exchange": msg.exchange,
+        "routing_key": msg.routing_key,
+        "message_count": left,
+        "properties": json_safe(
+            {
+                k: getattr(props, k)
+                for k in BasicProperties.__slots__
+                if getattr(props, k) is not None
+            }
+        ),
+        "payload": payload,
+        "payload_encoding": encoding,
+    }
+
+
+def vhost_row(vhost: Any, broker: Broker) -> dict[str, Any]:
+    queues = vhost.queues.values()
+    ready = sum(q.message_count() for q in queues)
+    unacked = sum(q.unacked for q in queues)
+    counts = {"publish": 0, "deliver_get": 0, "ack": 0}
+    for q in queues:
+        counts["publish"] += q.stats_published
+        counts["deliver_get"] += q.stats_delivered
+        counts["ack"] += q.stats_acked
+    return {
+        "name": vhost.name,
+        "description": vhost.metadata["description"],
+        "tags": list(vhost.metadata["tags"]),
+        "metadata": {
+            "description": vhost.metadata["description"],
+            "tags": list(vhost.metadata["tags"]),
+        },
+        "default_queue_type": vhost.metadata["default_queue_type"],
+        "tracing": False,
+        "messages": ready + unacked,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked,
+        "message_stats": counts,
+        "cluster_state": {broker.node_name: "running"},
+    }
+
+
+def connection_row(c: Any, broker: Broker, rates: RateSampler) -> dict[str, Any]:
+    transport = c.transport
+    local = transport.get_extra_info("sockname") if transport is not None else None
+    return {
+        "name": c.name,
+        "node": broker.node_name,
+        "type": "network",
+        "protocol": "AMQP 0-9-1",
+        "user": getattr(c.user, "name", None),
+        "vhost": getattr(c.vhost, "name", None),
+        "state": c.flow_state(),
+        "channels": len(c.channels),
+        "channel_max": c.channel_max,
+        "frame_max": c.frame_max,
+        "timeout": c.heartbeat,
+        "peer_host": c.peer[0] if c.peer else None,
+        "peer_port": c.peer[1] if c.peer else None,
+        "host": local[0] if isinstance(local, tuple) else None,
+        "port": local[1] if isinstance(local, tuple) else None,
+        "client_properties": json_safe(c.client_properties),
+        "auth_mechanism": c.auth_mechanism,
+        **(c.tls.report() if c.tls is not None else PLAIN_REPORT),
+        "connected_at": c.connected_at,
+        "recv_cnt": c.recv_cnt,
+        "send_cnt": c.send_cnt,
+        "send_pend": transport.get_write_buffer_size() if transport is not None else 0,
+        **stats(rates, c, {"recv_oct": c.recv_oct, "send_oct": c.send_oct}),
+    }
+
+
+def channel_name(conn: Any, ch: Any) -> str:
+    """A channel's name in the API, as RabbitMQ's: its connection's, then its number."""
+    return f"{conn.name} ({ch.id})"
+
+
+def channel_row(conn: Any, ch: Any, rates: RateSampler) -> dict[str, Any]:
+    peer = conn.peer or (None, None)
+    return {
+        **rates.idle_since(ch),
+        "name": channel_name(conn, ch),
+        "number": ch.id,
+        "user": conn.user.name if conn.user is not None else None,
+        "vhost": conn.vhost.name if conn.vhost is not None else None,
+        "connection_details": {"name": conn.name, "peer_host": peer[0], "peer_port": peer[1]},
+        "consumer_count": len(ch.consumers),
+        "messages_unacknowledged": len(ch.unacked),
+        "prefetch_count": ch.prefetch_count,
+        "global_prefetch_count": ch.prefetch_global,
+        "confirm": bool(ch.confirm),
+        "transactional": ch.tx is not None,
+        "state": "running",
+    }
+
+
+def _channel_details(conn: Any, ch: Any) -> dict[str, Any]:
+    return {
+        "name": channel_name(conn, ch),
+        "number": ch.id,
+        "connection_name": conn.name,
+        "user": conn.user.name,
+    }
+
+
+def consumer_row(conn: Any, ch: Any, c: Any) -> dict[str, Any]:
+    """A consumer as GET /api/consumers lists it."""
+    return {
+        "consumer_tag": c.tag,
+        "queue": {"name": c.queue.name, "vhost": conn.vhost.name},
+        "channel_details": _channel_details(conn, ch),
+        "ack_required": not c.no_ack,
+        "prefetch_count": c.prefetch,
+        "exclusive": bool(getattr(c, "exclusive", False)),
+        "arguments": {},
+    }
+
+
+def consumer_details(broker: Broker, q: Any) -> list[dict[str, Any]]:
+    """A queue's consumers, as its own page lists them."""
+    return [
+        {
+            "consumer_tag": c.tag,
+            "channel_details": _channel_details(conn, ch),
+            "ack_required": not c.no_ack,
+            "prefetch_count": c.prefetch,
+            "exclusive": bool(c.exclusive),
+            "arguments": json_safe(c.arguments or {}),
+            "active": True,
+        }
+        for conn in broker.connections
+        for ch in conn.channels.values()
+        for c in ch.consumers.values()
+        if c.queue is q
+    ]
