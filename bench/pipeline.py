@@ -118,8 +118,14 @@ def key_pool(bindings: int, keys: int) -> tuple[list[str], list[str], list[list[
     return exchanges, routing_keys, queues
 
 
-def make_archive(root: Path, rows: int, bindings: int, keys: int, hours: int = 24) -> float:
-    """Write ``rows`` archive rows (the broker's schema and layout); returns seconds taken."""
+def make_archive(
+    root: Path, rows: int, bindings: int, keys: int, hours: int = 24, zipf: float = 0.0
+) -> float:
+    """Write ``rows`` archive rows (the broker's schema and layout); returns seconds taken.
+
+    Keys are drawn uniformly from the pool, or with ``zipf`` > 0 by Zipf's law (the key of
+    rank r with weight 1 / r**zipf), as real traffic has a few hot keys and a long tail.
+    """
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -132,6 +138,11 @@ def make_archive(root: Path, rows: int, bindings: int, keys: int, hours: int = 2
     pool_key = pa.array(routing_keys, pa.string())
     pool_q = pa.array(queues, pa.list_(pa.string()))
     rng = np.random.default_rng(11)
+    weights = None
+    if zipf > 0:
+        weights = 1.0 / np.arange(1, keys + 1) ** zipf
+        weights /= weights.sum()
+        rng.shuffle(weights)  # hot keys spread over every kind of envelope
     per_hour = -(-rows // hours)
     written = 0
     seq = 0
@@ -139,7 +150,8 @@ def make_archive(root: Path, rows: int, bindings: int, keys: int, hours: int = 2
         n = min(per_hour, rows - written)
         if n <= 0:
             break
-        idx = pa.array(rng.integers(0, keys, n))
+        drawn = rng.choice(keys, n, p=weights) if weights is not None else rng.integers(0, keys, n)
+        idx = pa.array(drawn)
         ts = (START_HOUR + h) * 3_600_000_000 + np.sort(rng.integers(0, 3_600_000_000, n))
         trace = rng.random(n) < 0.10
         # {"trace": int32}: u32 length 11, key length 5, "trace", type 'I', value

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,6 +44,9 @@ from .reader import ArchiveScan
 from .router import Router
 
 ALL = -1  # "which" of counters that do not depend on the definitions
+#: What a worker's time is split into: reading Parquet, grouping identical envelopes (Arrow),
+#: the report's traffic table (Arrow), routing each distinct envelope (Python, the index).
+STAGES = ("read", "group", "traffic", "route")
 
 OUTPUT_SCHEMA = (
     "kind STRING, vhost STRING, exchange STRING, routing_key STRING, hour BIGINT, which INT, "
@@ -278,7 +282,8 @@ def analyse_units(
     ``unreadable`` (name = file and error); per definitions: ``routed`` and
     ``unknown_exchange`` (name = exchange) rows, ``binding`` hits (id = binding id), ``agree``
     (routed to exactly the recorded queues), and per queue ``added`` (routed there, not
-    recorded), ``lost`` (recorded, not routed there) and ``unchanged`` (both).
+    recorded), ``lost`` (recorded, not routed there) and ``unchanged`` (both); and
+    ``microseconds`` (name = stage: read, group, traffic, route) each worker spent per stage.
     """
     routers = [router_for(d) for d in defs_list]
     fingerprints = tuple(d.fingerprint for d in defs_list)
@@ -286,9 +291,12 @@ def analyse_units(
     counts: dict[tuple, int] = defaultdict(int)
     traffic = _Partials(_TRAFFIC, ["bytes", "unroutable", "deliveries"])
     columns = _COLUMNS if with_traffic else _COLUMNS[1:5] + ["queues"]
+    spent = dict.fromkeys(STAGES, 0.0)  # seconds of this worker per stage
+    clock = time.perf_counter
     for spec in units:
         envelopes: dict[str, _Partials] = {}  # by the separator joining queue names
         for path, groups in spec:
+            t0 = clock()
             try:
                 table = pq.ParquetFile(path).read_row_groups(
                     groups, columns=list(dict.fromkeys(columns)), use_threads=False
@@ -297,10 +305,14 @@ def analyse_units(
                 why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 counts[(ALL, "unreadable", "", f"{path}: {why}", 0)] += 1
                 continue
+            t1 = clock()
+            spent["read"] += t1 - t0
             keyed, sep = _keyed(table, sensitive_names)
             if sep not in envelopes:
                 envelopes[sep] = _Partials(_KEYS, [])
             envelopes[sep].add_rows(keyed)
+            t2 = clock()
+            spent["group"] += t2 - t1
             if with_traffic:
                 traffic.add_rows(
                     pa.table(
@@ -315,8 +327,19 @@ def analyse_units(
                         }
                     )
                 )
-        for sep, partials in envelopes.items():
-            _counters(partials.result(), sep, routers, fingerprints, counts)
+                spent["traffic"] += clock() - t2
+        t0 = clock()
+        distinct = [(sep, partials.result()) for sep, partials in envelopes.items()]
+        t1 = clock()
+        spent["group"] += t1 - t0
+        for sep, table in distinct:
+            _counters(table, sep, routers, fingerprints, counts)
+        spent["route"] += clock() - t1
+    t0 = clock()
+    traffic_rows = traffic.result() if with_traffic and traffic.tables else None
+    spent["traffic"] += clock() - t0
+    for stage, seconds in spent.items():
+        counts[(ALL, "microseconds", "", stage, 0)] += round(seconds * 1e6)
     if counts:
         rows = list(counts.items())
         n = len(rows)
@@ -338,8 +361,8 @@ def analyse_units(
             },
             schema=_OUTPUT,
         )
-    if with_traffic and traffic.tables:
-        t = traffic.result()
+    if traffic_rows is not None:
+        t = traffic_rows
         n = t.num_rows
         nulls = {
             name: pa.nulls(n, _OUTPUT.field(name).type)
@@ -419,6 +442,15 @@ def analyse(
         )
         analysis.persisted = summed
     return analysis
+
+
+def stage_seconds(analysis: Analysis) -> dict[str, float]:
+    """Seconds the workers spent per stage (``STAGES``), added up over all of them."""
+    spent = analysis.get(ALL, "microseconds")
+    return {
+        stage: sum(n for (_, name, _), n in spent.items() if name == stage) / 1e6
+        for stage in STAGES
+    }
 
 
 def unreadable(analysis: Analysis) -> list[str]:

@@ -20,6 +20,7 @@ the definitions do not describe the window.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .definitions import Definitions
-from .jobs import ALL, Analysis, analyse, unreadable
+from .jobs import ALL, Analysis, analyse, stage_seconds, unreadable
 from .reader import ArchiveScan
 
 TOP_KEYS = 25
@@ -146,7 +147,9 @@ def run_report(
     from .render import render_report
 
     out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     counters = analyse(spark, scan, [defs], with_traffic=True)
+    analysed = time.perf_counter()
     try:
         # Written by the executors: a row per vhost, exchange, key and hour can be millions.
         traffic_path = out / "traffic.parquet"
@@ -189,6 +192,11 @@ def run_report(
         ),
     }
     html = render_report(out, tables, summary)
+    summary["seconds"] = {
+        "analyse": analysed - started,  # the Spark job: read, group, route, sum
+        "output": time.perf_counter() - analysed,  # tables, charts, page
+        "workers": stage_seconds(counters),  # inside the analysis, all workers added up
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     summary["outputs"] = [str(p) for p in (*paths, out / "summary.json", html)]
     return summary

@@ -304,6 +304,10 @@ def test_report_equals_reference(spark, recorded, tmp_path, capsys):
     assert summary["agree_rate"] == 1.0
     assert summary["unroutable"] == sum(r["unroutable"] for r in rows)
     assert summary["bindings_never_matched"] == 1
+    workers = summary["seconds"]["workers"]  # where the time went, for bench/pipeline_scale.py
+    assert set(workers) == {"read", "group", "traffic", "route"}
+    assert all(seconds > 0 for seconds in workers.values())
+    assert summary["seconds"]["analyse"] > 0 and summary["seconds"]["output"] > 0
     page = (out / "report.html").read_text()
     for chart in ("hourly.png", "top_keys.png", "fanout.png", "unroutable.png", "bindings.png"):
         assert f"charts/{chart}" in page
