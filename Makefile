@@ -52,7 +52,9 @@ node-deps:
 
 # RabbitMQ's own CLI, rabbitmqadmin (one Python file), for tests/broker/test_rabbitmqadmin.py:
 # taken out of Debian's rabbitmq-server package with dpkg-deb, RabbitMQ itself not installed.
-tools: .tools/rabbitmqadmin
+# Prometheus (Debian's 2.42) for tests/broker/test_grafana_dashboards.py, likewise taken out
+# of its package: the binary alone, no service, no user, nothing else installed.
+tools: .tools/rabbitmqadmin .tools/prometheus
 
 .tools/rabbitmqadmin:
 	@mkdir -p .tools
@@ -65,6 +67,18 @@ tools: .tools/rabbitmqadmin
 	    || echo "note: could not extract rabbitmqadmin; its test will say so"; \
 	  rm -rf .tools/deb; \
 	else echo "note: no apt-get; tests/broker/test_rabbitmqadmin.py will say so"; fi
+
+.tools/prometheus:
+	@mkdir -p .tools
+	@if command -v prometheus >/dev/null 2>&1; then cp "$$(command -v prometheus)" $@; \
+	elif command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then \
+	  (cd .tools && rm -rf prom-deb && mkdir prom-deb && cd prom-deb \
+	    && (apt-get download prometheus >/dev/null 2>&1 \
+	        || (apt-get update -qq >/dev/null 2>&1 && apt-get download prometheus >/dev/null 2>&1)) \
+	    && dpkg-deb -x prometheus_*.deb x && cp x/usr/bin/prometheus ../prometheus) \
+	    || echo "note: could not extract prometheus; tests/broker/test_grafana_dashboards.py will say so"; \
+	  rm -rf .tools/prom-deb; \
+	else echo "note: no apt-get; tests/broker/test_grafana_dashboards.py will say so"; fi
 
 test: $(DEV_STAMP) system-deps node-deps tools
 	$(PY) -m pytest

@@ -483,6 +483,7 @@ class Connection(asyncio.Protocol):
         if self.channels.get(channel.id) is channel:
             del self.channels[channel.id]
             self.closed_channels.add(channel.id)
+            self.broker.totals.retire_channel(channel)
 
     def _channel_exception(self, channel_id: int, exc: SoftError) -> None:
         ch = self.channels.get(channel_id)
@@ -841,6 +842,7 @@ class Connection(asyncio.Protocol):
         for ch in list(self.channels.values()):
             ch.release()
             ch.state = CLOSED_CHANNEL  # late confirms and the like are never sent
+            self.broker.totals.retire_channel(ch)
         self.channels.clear()
 
     def _cleanup(self) -> None:

@@ -4,9 +4,12 @@ Nothing here runs per message. Message totals are sums, at scrape time, of the i
 exchanges and queues keep anyway (`stats_in`, `stats_delivered`...), plus what deleted ones
 had counted (`Totals.retire_*`), so every `_total` only ever grows; connection, channel and
 queue churn is counted where it happens, which is never on the message path.
+Families, labels and types follow RabbitMQ 3.10's rabbitmq_prometheus, so its published
+Grafana dashboards work unchanged (tests/broker/test_grafana_dashboards.py runs the
+RabbitMQ-Overview dashboard's queries through a real Prometheus).
 `/metrics` carries the aggregated families (as RabbitMQ's `/metrics`), `/metrics/per-object`
-adds one series per queue (as RabbitMQ's `/metrics/per-object`), which costs a line per
-queue and so is asked for explicitly.
+has one series per queue and per channel instead (as RabbitMQ's `/metrics/per-object`),
+which costs a line per queue and so is asked for explicitly.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import resource
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +45,20 @@ QUEUE_COUNTERS = (
     "stats_redelivered", "stats_no_ack",
 )  # fmt: skip
 
+#: RabbitMQ 3.10's `queue_type` label of its per-queue-type global counters: one series per
+#: type, whether or not such queues exist (as RabbitMQ, which creates all three at boot).
+RABBIT_QUEUE_TYPES = {
+    "classic": "rabbit_classic_queue",
+    "quorum": "rabbit_quorum_queue",
+    "stream": "rabbit_stream_queue",
+}
+
+#: The `protocol` label of RabbitMQ's global counters; AMQP 0-9-1 is the only one here.
+PROTOCOL = "amqp091"
+
+#: `rabbitmq_build_info`'s `prometheus_client_version`: the client library serving /metrics.
+CLIENT_VERSION = metadata.version("prometheus_client")
+
 
 class Totals:
     """Counters of churn, and what deleted queues and exchanges had counted."""
@@ -54,18 +72,25 @@ class Totals:
         self.queues_at_start = 0
         self.confirmed = 0
         self.returned = 0
+        self.received_confirm = 0  # of closed channels
         self.received = 0  # of deleted exchanges
         self.unroutable = 0
-        self.retired = dict.fromkeys(QUEUE_COUNTERS, 0)  # of deleted queues
+        # of deleted queues, by queue type (RabbitMQ's delivery counters are per type)
+        self.retired = {t: dict.fromkeys(QUEUE_COUNTERS, 0) for t in RABBIT_QUEUE_TYPES}
 
     def retire_exchange(self, x: Exchange) -> None:
         self.received += x.stats_in
         self.unroutable += x.stats_unroutable
 
     def retire_queue(self, q: Queue) -> None:
-        retired = self.retired
+        retired = self.retired.setdefault(q.queue_type, dict.fromkeys(QUEUE_COUNTERS, 0))
         for name in QUEUE_COUNTERS:
             retired[name] += getattr(q, name)
+
+    def retire_channel(self, ch: Any) -> None:
+        """A channel is gone: keep its count of publishes in confirm mode (`publish_seq`,
+        the confirm sequence it keeps anyway) for `messages_received_confirm`."""
+        self.received_confirm += ch.publish_seq
 
 
 def queue_counts(q: Any) -> dict[str, int]:
@@ -87,11 +112,15 @@ def queue_counts(q: Any) -> dict[str, int]:
 
 class QueueSums:
     """Every queue's counters added up, deleted queues' included: `queue_counts` reads it as
-    it reads one queue."""
+    it reads one queue. With `queue_type`, `queues` are that type's and only that type's
+    deleted queues are added."""
 
-    def __init__(self, broker: Broker, queues: list[Queue]) -> None:
-        for name, retired in broker.totals.retired.items():
-            setattr(self, name, retired + sum(map(attrgetter(name), queues)))
+    def __init__(self, broker: Broker, queues: list[Queue], queue_type: str | None = None) -> None:
+        retired = broker.totals.retired
+        kinds = list(retired.values()) if queue_type is None else [retired.get(queue_type, {})]
+        for name in QUEUE_COUNTERS:
+            past = sum(k.get(name, 0) for k in kinds)
+            setattr(self, name, past + sum(map(attrgetter(name), queues)))
 
 
 def global_counts(broker: Broker) -> dict[str, int]:
@@ -134,6 +163,13 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+def _by_protocol(kind: type, name: str, doc: str, value: float) -> Any:
+    """One of RabbitMQ's global families, whose one series is `protocol="amqp091"`."""
+    family = kind(name, doc, labels=["protocol"])
+    family.add_metric([PROTOCOL], value)
+    return family
 
 
 class _Collector:
@@ -306,7 +342,9 @@ class RoarCollector(_Collector):
 
 
 class RabbitCollector(_Collector):
-    """RabbitMQ's `rabbitmq_*` families, where RoarMQ has the same quantity."""
+    """RabbitMQ's `rabbitmq_*` families, where RoarMQ has the same quantity, with RabbitMQ
+    3.10's labels: `protocol` on the global counters, `protocol` and `queue_type` on the
+    delivery ones (a series per queue type, zeros included, as RabbitMQ)."""
 
     def collect(self) -> Iterator[Any]:
         b = self.broker
@@ -314,28 +352,22 @@ class RabbitCollector(_Collector):
         vhosts = list(b.vhosts.values())
         queues = [q for v in vhosts for q in v.queues.values()]
         exchanges = [x for v in vhosts for x in v.exchanges.values()]
-        channels = sum(len(c.channels) for c in b.connections)
+        channels = [ch for c in b.connections for ch in c.channels.values()]
         consumers = sum(q.consumer_count for q in queues)
         ready = sum(q.message_count() for q in queues)
         unacked = sum(q.unacked for q in queues)
         received = t.received + sum(x.stats_in for x in exchanges)
         unroutable = t.unroutable + sum(x.stats_unroutable for x in exchanges)
 
-        yield InfoMetricFamily(
-            "rabbitmq_build",
-            "RoarMQ's version, in RabbitMQ's build_info family",
-            value={"rabbitmq_version": __version__, "product_name": "RoarMQ"},
-        )
-        yield InfoMetricFamily(
-            "rabbitmq_identity",
-            "Node and cluster names",
-            value={"rabbitmq_node": b.node_name, "rabbitmq_cluster": b.cluster_name},
-        )
+        yield from self._identity()
         yield _gauge("rabbitmq_connections", "Connections currently open", len(b.connections))
-        yield _gauge("rabbitmq_channels", "Channels currently open", channels)
+        yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
         yield _gauge("rabbitmq_consumers", "Consumers currently connected", consumers)
         yield _gauge("rabbitmq_queues", "Queues available", len(queues))
-        if not self.per_object:  # per-object mode has them per queue instead
+        if self.per_object:  # per-object mode has them per queue and per channel instead
+            yield from self._per_queue(queues)
+            yield self._per_channel(b)
+        else:
             yield _gauge("rabbitmq_queue_messages_ready", "Messages ready to be delivered", ready)
             yield _gauge(
                 "rabbitmq_queue_messages_unacked", "Messages delivered, not yet acked", unacked
@@ -344,6 +376,12 @@ class RabbitCollector(_Collector):
                 "rabbitmq_queue_messages", "Ready and unacknowledged messages", ready + unacked
             )
             yield _gauge("rabbitmq_queue_consumers", "Consumers on queues", consumers)
+            # The Overview dashboard's "Publishers" is rabbitmq_channels minus this.
+            yield _gauge(
+                "rabbitmq_channel_consumers",
+                "Consumers on channels",
+                sum(len(ch.consumers) for ch in channels),
+            )
         yield _counter("rabbitmq_connections_opened", "Connections opened", t.connections_opened)
         yield _counter(
             "rabbitmq_connections_closed",
@@ -352,7 +390,9 @@ class RabbitCollector(_Collector):
         )
         yield _counter("rabbitmq_channels_opened", "Channels opened", t.channels_opened)
         yield _counter(
-            "rabbitmq_channels_closed", "Channels closed", max(t.channels_opened - channels, 0)
+            "rabbitmq_channels_closed",
+            "Channels closed",
+            max(t.channels_opened - len(channels), 0),
         )
         yield _counter("rabbitmq_queues_declared", "Queues declared", t.queues_declared)
         yield _counter("rabbitmq_queues_created", "Queues created", t.queues_created)
@@ -361,33 +401,85 @@ class RabbitCollector(_Collector):
             "Queues deleted",
             max(t.queues_at_start + t.queues_created - len(queues), 0),
         )
-        g = "rabbitmq_global_messages_"
-        yield _counter(g + "received", "Messages received from publishers", received)
-        yield _counter(g + "routed", "Messages routed to at least one queue", received - unroutable)
-        yield _counter(
-            g + "unroutable_returned", "Unroutable messages returned to publishers", t.returned
-        )
-        yield _counter(
-            g + "unroutable_dropped",
-            "Unroutable messages dropped",
-            max(unroutable - t.returned, 0),
-        )
-        yield _counter(g + "confirmed", "Messages confirmed to publishers", t.confirmed)
-        sums = QueueSums(b, queues)
-        counts = queue_counts(sums)
+        g = "rabbitmq_global_"
         for name, doc, value in (
-            ("delivered", "Messages delivered to consumers and basic.get", counts["deliver_get"]),
-            ("delivered_consume_manual_ack", "Deliveries to be acked", counts["deliver"]),
-            ("delivered_consume_auto_ack", "Deliveries with auto-ack", counts["deliver_no_ack"]),
-            ("delivered_get_manual_ack", "basic.get answered, to be acked", counts["get"]),
-            ("delivered_get_auto_ack", "basic.get answered with auto-ack", counts["get_no_ack"]),
-            ("get_empty", "basic.get answered empty", counts["get_empty"]),
-            ("acknowledged", "Messages acknowledged by consumers", counts["ack"]),
-            ("redelivered", "Deliveries flagged redelivered", counts["redeliver"]),
-            ("dead_lettered", "Messages dead-lettered", sums.stats_dead_lettered),
+            ("messages_received", "Messages received from publishers", received),
+            (
+                "messages_received_confirm",
+                "Messages received from publishers expecting confirmations",
+                t.received_confirm + sum(ch.publish_seq for ch in channels),
+            ),
+            ("messages_routed", "Messages routed to at least one queue", received - unroutable),
+            ("messages_unroutable_returned", "Unroutable messages returned", t.returned),
+            ("messages_unroutable_dropped", "Unroutable messages dropped", unroutable - t.returned),
+            ("messages_confirmed", "Messages confirmed to publishers", t.confirmed),
         ):
-            yield _counter(g + name, doc, value)
+            yield _by_protocol(CounterMetricFamily, g + name, doc, max(value, 0))
+        publishers = sum(1 for ch in channels if ch.stats_published)
+        yield _by_protocol(GaugeMetricFamily, g + "publishers", "Publishing channels", publishers)
+        yield _by_protocol(GaugeMetricFamily, g + "consumers", "Consumers", consumers)
+        yield from self._per_queue_type(queues)
+        yield from self._process(b)
+
+    def _identity(self) -> Iterator[Any]:
+        """`rabbitmq_build_info` and `rabbitmq_identity_info`, whose `rabbitmq_node` and
+        `rabbitmq_cluster` labels every dashboard panel joins on. RabbitMQ's `erlang_version`
+        label is left out (no Erlang here), as is `rabbitmq_cluster_permanent_id` (RoarMQ keeps
+        no cluster id apart from its name)."""
+        b = self.broker
+        yield InfoMetricFamily(
+            "rabbitmq_build",
+            "RoarMQ's version, in RabbitMQ's build_info family",
+            value={
+                "rabbitmq_version": __version__,
+                "product_name": "RoarMQ",
+                "product_version": __version__,
+                "prometheus_plugin_version": __version__,  # /metrics is RoarMQ's own code
+                "prometheus_client_version": CLIENT_VERSION,
+            },
+        )
+        yield InfoMetricFamily(
+            "rabbitmq_identity",
+            "Node and cluster names",
+            value={"rabbitmq_node": b.node_name, "rabbitmq_cluster": b.cluster_name},
+        )
+
+    def _per_queue_type(self, queues: list[Queue]) -> Iterator[Any]:
+        """The delivery counters, per queue type, deleted queues' counts included."""
+        by_type: dict[str, list[Queue]] = {t: [] for t in RABBIT_QUEUE_TYPES}
+        others = [q for q in queues if q.queue_type != "classic"]  # usually none: one pass
+        by_type["classic"] = [q for q in queues if q.queue_type == "classic"] if others else queues
+        for q in others:
+            by_type.setdefault(q.queue_type, []).append(q)
+        sums = {t: QueueSums(self.broker, qs, t) for t, qs in by_type.items()}
+        counts = {RABBIT_QUEUE_TYPES.get(t, t): queue_counts(s) for t, s in sums.items()}
+        g = "rabbitmq_global_messages_"
+        for name, doc, key in (
+            ("delivered", "Messages delivered to consumers and basic.get", "deliver_get"),
+            ("delivered_consume_manual_ack", "Deliveries to be acked", "deliver"),
+            ("delivered_consume_auto_ack", "Deliveries with auto-ack", "deliver_no_ack"),
+            ("delivered_get_manual_ack", "basic.get answered, to be acked", "get"),
+            ("delivered_get_auto_ack", "basic.get answered with auto-ack", "get_no_ack"),
+            ("get_empty", "basic.get answered empty", "get_empty"),
+            ("acknowledged", "Messages acknowledged by consumers", "ack"),
+            ("redelivered", "Deliveries flagged redelivered", "redeliver"),
+        ):
+            family = CounterMetricFamily(g + name, doc, labels=["protocol", "queue_type"])
+            for queue_type, c in counts.items():
+                family.add_metric([PROTOCOL, queue_type], c[key])
+            yield family
+        # RoarMQ's one total; RabbitMQ 3.10 splits dead-lettering by reason and strategy.
+        yield _counter(
+            g + "dead_lettered",
+            "Messages dead-lettered",
+            sum(s.stats_dead_lettered for s in sums.values()),
+        )
+
+    @staticmethod
+    def _process(b: Broker) -> Iterator[Any]:
+        """The node's resources, in RabbitMQ's `node_metrics` families."""
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        max_fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         yield _gauge(
             "rabbitmq_process_resident_memory_bytes",
             "Memory used in bytes (resident set)",
@@ -422,10 +514,16 @@ class RabbitCollector(_Collector):
         except OSError:
             fds = 0
         yield _gauge("rabbitmq_process_open_fds", "Open file descriptors", fds)
+        yield _gauge("rabbitmq_process_max_fds", "File descriptor limit", max_fds)
+        # RabbitMQ counts client sockets against a budget of its own; RoarMQ's budget is
+        # `[limits] max_connections`, or, when that is 0, the descriptor limit they share.
         yield _gauge(
-            "rabbitmq_process_max_fds",
-            "File descriptor limit",
-            resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            "rabbitmq_process_open_tcp_sockets", "Open AMQP client sockets", len(b.connections)
+        )
+        yield _gauge(
+            "rabbitmq_process_max_tcp_sockets",
+            "AMQP client sockets limit ([limits] max_connections, else the descriptor limit)",
+            b.config.limits.max_connections or max_fds,
         )
         yield _counter(
             "rabbitmq_process_cpu_seconds",
@@ -435,10 +533,20 @@ class RabbitCollector(_Collector):
         yield _gauge(
             "rabbitmq_erlang_uptime_seconds",
             "Seconds since the broker started (RabbitMQ's family; no Erlang here)",
-            time.time() - t.started,
+            time.time() - b.totals.started,
         )
-        if self.per_object:
-            yield from self._per_queue(queues)
+
+    @staticmethod
+    def _per_channel(b: Broker) -> GaugeMetricFamily:
+        """`rabbitmq_channel_consumers` per channel, labelled with the API's channel name
+        (RabbitMQ labels it with the channel's Erlang pid)."""
+        family = GaugeMetricFamily(
+            "rabbitmq_channel_consumers", "Consumers on a channel", labels=["channel"]
+        )
+        for c in b.connections:
+            for ch in c.channels.values():
+                family.add_metric([f"{c.name} ({ch.id})"], len(ch.consumers))
+        return family
 
     @staticmethod
     def _per_queue(queues: list[Queue]) -> Iterator[Any]:

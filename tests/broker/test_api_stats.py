@@ -80,8 +80,9 @@ def test_global_acknowledged_and_redelivered(b):
     assert overview["ack"] == 0
     with urllib.request.urlopen(b.mgmt_url + "/metrics", timeout=10) as resp:
         metrics = resp.read().decode()
-    assert "rabbitmq_global_messages_acknowledged_total 0.0" in metrics
-    assert "rabbitmq_global_messages_redelivered_total 0.0" in metrics
+    classic = '{protocol="amqp091",queue_type="rabbit_classic_queue"} 0.0'
+    assert "rabbitmq_global_messages_acknowledged_total" + classic in metrics
+    assert "rabbitmq_global_messages_redelivered_total" + classic in metrics
     conn.close()
 
 
