@@ -140,6 +140,12 @@ class Channel:
 
     # -- plumbing ---------------------------------------------------------------------
 
+    @property
+    def name(self) -> str:
+        """The channel's name in the API and metrics, as RabbitMQ's: its connection's, then
+        its number."""
+        return f"{self.conn.name} ({self.id})"
+
     def send_method(self, method: Any) -> None:
         self.conn.send_method(self.id, method)
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 #: A queue's message counters (broker/queue.py), kept past its deletion by `Totals`.
 QUEUE_COUNTERS = (
     "stats_published", "stats_delivered", "stats_acked", "stats_dead_lettered",
-    "stats_requeued", "stats_get", "stats_get_no_ack", "stats_get_empty",
+    "stats_get", "stats_get_no_ack", "stats_get_empty",
     "stats_redelivered", "stats_no_ack",
 )  # fmt: skip
 
@@ -545,7 +545,7 @@ class RabbitCollector(_Collector):
         )
         for c in b.connections:
             for ch in c.channels.values():
-                family.add_metric([f"{c.name} ({ch.id})"], len(ch.consumers))
+                family.add_metric([ch.name], len(ch.consumers))
         return family
 
     @staticmethod

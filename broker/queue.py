@@ -113,7 +113,6 @@ class Queue:
         "stats_delivered",
         "stats_acked",
         "stats_dead_lettered",
-        "stats_requeued",
         "stats_get",
         "stats_get_no_ack",
         "stats_get_empty",
@@ -182,7 +181,6 @@ class Queue:
         self.stats_delivered = 0
         self.stats_acked = 0
         self.stats_dead_lettered = 0
-        self.stats_requeued = 0
         self.stats_get = 0  # basic.get answered, by ack mode, and found empty (the API's
         self.stats_get_no_ack = 0  # message_stats; never counted per consumer delivery)
         self.stats_get_empty = 0
@@ -545,7 +543,6 @@ class Queue:
             keep.append(entry)
         if not keep:
             return
-        self.stats_requeued += len(keep)  # each comes back with redelivered set
         self.ready.requeue(keep)
         self.ready_bytes += sum(e.msg.size for e in keep)
         self._account(sum(e.msg.size for e in keep if e.msg.body is not None))

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from .context import USER, broker_of, not_authorised, not_found, rates_of, vhosts_of
-from .rows import channel_name, channel_row, connection_row, consumer_row
+from .rows import channel_row, connection_row, consumer_row
 
 
 def _sees_connection(request: web.Request, conn: Any) -> bool:
@@ -81,7 +81,7 @@ async def channels(request: web.Request) -> web.Response:
 async def channel(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     for conn, ch in _own_channels(request):
-        if channel_name(conn, ch) == name:
+        if ch.name == name:
             return web.json_response(channel_row(conn, ch, rates_of(request)))
     raise not_found()
 

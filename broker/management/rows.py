@@ -232,16 +232,11 @@ def connection_row(c: Any, broker: Broker, rates: RateSampler) -> dict[str, Any]
     }
 
 
-def channel_name(conn: Any, ch: Any) -> str:
-    """A channel's name in the API, as RabbitMQ's: its connection's, then its number."""
-    return f"{conn.name} ({ch.id})"
-
-
 def channel_row(conn: Any, ch: Any, rates: RateSampler) -> dict[str, Any]:
     peer = conn.peer or (None, None)
     return {
         **rates.idle_since(ch),
-        "name": channel_name(conn, ch),
+        "name": ch.name,
         "number": ch.id,
         "user": conn.user.name if conn.user is not None else None,
         "vhost": conn.vhost.name if conn.vhost is not None else None,
@@ -258,7 +253,7 @@ def channel_row(conn: Any, ch: Any, rates: RateSampler) -> dict[str, Any]:
 
 def _channel_details(conn: Any, ch: Any) -> dict[str, Any]:
     return {
-        "name": channel_name(conn, ch),
+        "name": ch.name,
         "number": ch.id,
         "connection_name": conn.name,
         "user": conn.user.name,

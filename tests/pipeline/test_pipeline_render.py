@@ -6,9 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-pytest.importorskip("matplotlib")
-
-from roarmq.pipeline import render  # noqa: E402
+from roarmq.pipeline import render
 
 
 @pytest.fixture

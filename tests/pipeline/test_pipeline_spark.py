@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import aio_pika
+import pipeline_reference as ref
 import pyarrow.parquet as pq
 import pytest
 
@@ -20,9 +21,6 @@ from roarmq.broker.clock import VirtualClock
 from roarmq.broker.management import export_definitions
 from roarmq.broker.testing import ephemeral_config, running_broker
 from roarmq.pipeline.cli import main
-
-pytest.importorskip("pyspark")
-import pipeline_reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
