@@ -23,6 +23,7 @@ import math
 import re
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -388,11 +389,20 @@ class Prometheus:
             found = re.search(
                 r'msg="Listening on" address=(127\.0\.0\.1:\d+)', self.log.read_text()
             )
-            if found:
+            if found and self._ready("http://" + found.group(1)):
                 return "http://" + found.group(1)
             assert self.proc.poll() is None, self.log.read_text()[-2000:]
             time.sleep(0.05)
-        raise AssertionError("prometheus did not listen: " + self.log.read_text()[-2000:])
+        raise AssertionError("prometheus did not get ready: " + self.log.read_text()[-2000:])
+
+    @staticmethod
+    def _ready(url: str) -> bool:
+        """Prometheus listens before its TSDB opens and answers 503 until then: `/-/ready`."""
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def get(self, path: str, **params: str) -> object:
         query = urllib.parse.urlencode(params)
