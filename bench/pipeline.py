@@ -130,7 +130,7 @@ def make_archive(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from roarmq.broker.archive import SCHEMA, hour_name
+    from roarmq.broker.archive import FILE_ROWS, PARQUET_OPTIONS, ROW_GROUP_ROWS, SCHEMA, hour_name
 
     started = time.monotonic()
     exchanges, routing_keys, queues = key_pool(bindings, keys)
@@ -178,13 +178,14 @@ def make_archive(
         )
         directory = root / "vhost=%2F" / f"hour={hour_name(START_HOUR + h)}"
         directory.mkdir(parents=True, exist_ok=True)
-        seq += 1
-        pq.write_table(
-            table,
-            directory / f"part-{SESSION}-{seq:08d}.parquet",
-            compression="zstd",
-            row_group_size=256 * 1024,
-        )
+        for start in range(0, n, FILE_ROWS):  # as the broker writes: files, row groups, encodings
+            seq += 1
+            pq.write_table(
+                table.slice(start, FILE_ROWS),
+                directory / f"part-{SESSION}-{seq:08d}.parquet",
+                row_group_size=ROW_GROUP_ROWS,
+                **PARQUET_OPTIONS,
+            )
         written += n
     return time.monotonic() - started
 
@@ -219,10 +220,10 @@ def route_worker(args: argparse.Namespace) -> int:
             }
         )
     t0 = time.monotonic()
-    report = analyse(spark, scan, [defs], with_traffic=True)
-    traffic_rows = report.traffic.count()  # what report then writes
+    with tempfile.TemporaryDirectory(prefix="roarmq-bench-traffic-") as traffic_dir:
+        report = analyse(spark, scan, [defs], traffic_dir=Path(traffic_dir) / "traffic.parquet")
+    traffic_rows = report.traffic_rows  # what report writes
     report_s = time.monotonic() - t0
-    report.release()
     spark.stop()
     print(
         json.dumps(

@@ -13,10 +13,10 @@ process, on every master of ``--masters``: ``local[1]``, ``local[2]``, and ``sta
 Spark standalone master and two one-core workers started here from the installed pyspark, on
 loopback). Reported per run: wall time (process start to exit: JVM start, Parquet read,
 grouping, routing, Spark's aggregation, output), rows/s and rows/s per core, and where the time
-goes: the seconds the workers spent reading Parquet, grouping envelopes, building the traffic
-table and routing (``summary.json``'s ``seconds.workers``, added up over the workers), the
-analysis's wall time, and the output's (tables, charts, page). Each stage's rate is rows / its
-worker-seconds, i.e. rows/s on one core.
+goes: the seconds the workers spent loading the definitions, reading Parquet, grouping
+envelopes, building and writing the traffic table, and routing (``summary.json``'s
+``seconds.workers``, added up over the workers), the analysis's wall time, and the output's
+(tables, charts, page). Each stage's rate is rows / its worker-seconds, i.e. rows/s on one core.
 
 ``--quick``: 2 million rows, 100,000 keys; a few minutes.
 """
@@ -160,9 +160,9 @@ def run_command(
 
 def table(result: dict[str, Any]) -> str:
     lines = [
-        "| master | command | cores | wall s | rows/s | rows/s per core | read | group | "
+        "| master | command | cores | wall s | rows/s | rows/s per core | setup s | read | group | "
         "traffic | route | analysis s | output s |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in result["runs"]:
         if "error" in r:
@@ -173,11 +173,13 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"| {r['master']} | {r['command']} | {r['cores']} | {r['wall_s']:.1f} | "
             f"{r['rows'] / r['wall_s']:,.0f} | {r['rows'] / r['wall_s'] / r['cores']:,.0f} | "
-            f"{rate['read']} | {rate['group']} | {rate['traffic']} | {rate['route']} | "
+            f"{w['setup']:.1f} | {rate['read']} | {rate['group']} | {rate['traffic']} | "
+            f"{rate['route']} | "
             f"{r['seconds']['analyse']:.1f} | {r['seconds']['output']:.1f} |"
         )
     lines.append("")
     lines.append(
+        "setup: seconds the workers spent loading the definitions and building their indexes; "
         "read / group / traffic / route: rows per second of one worker's time in that stage "
         "(rows / worker-seconds)."
     )

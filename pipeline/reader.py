@@ -50,6 +50,9 @@ class ArchiveScan:
     root: Path
     files: list[Path] = field(default_factory=list)
     row_groups: dict[Path, list[int]] = field(default_factory=dict)  # rows of each row group
+    #: each file's partition, ``(vhost, hour)``: the broker splits what it archives by the vhost
+    #: and the hour of each message's timestamp, so these hold for every row of the file
+    partition: dict[Path, tuple[str, str]] = field(default_factory=dict)
     rows: int = 0  # by the footers
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     journals: list[Path] = field(default_factory=list)  # not yet rolled into data files
@@ -126,6 +129,7 @@ def scan_archive(
             rows = sum(groups)
             scan.files.append(path)
             scan.row_groups[path] = groups
+            scan.partition[path] = (vhost, hour)
             scan.rows += rows
             if rows:
                 hours.add(hour)

@@ -3,7 +3,8 @@
 Tables (Parquet, in the output directory):
 
 * ``traffic.parquet``  vhost, exchange, routing_key, hour, messages, bytes, unroutable, deliveries
-  (a directory of part files: Spark's executors write it, it can have millions of rows)
+  (a directory of part files, one per unit of work, written by the executors' workers;
+  it can have millions of rows)
 * ``hourly.parquet``   vhost, hour, messages, bytes, unroutable
 * ``top_keys.parquet`` vhost, rank, exchange, routing_key, messages, bytes (top N per vhost)
 * ``exchanges.parquet`` vhost, exchange, messages, unroutable, unroutable_rate
@@ -67,48 +68,53 @@ def _sorted(table: pa.Table, keys: list[tuple[str, str]]) -> pa.Table:
     return table.sort_by(keys) if table.num_rows else table
 
 
-def derive(traffic: Any, top: int = TOP_KEYS) -> dict[str, pa.Table]:
-    """hourly, top_keys and exchanges, aggregated by Spark from the traffic DataFrame."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    def total(c: str) -> Any:
-        return F.sum(c).cast("long").alias(c)
-
-    hourly = (
-        traffic.groupBy("vhost", "hour")
-        .agg(total("messages"), total("bytes"), total("unroutable"))
-        .orderBy("vhost", "hour")
+def derive(analysis: Analysis, top: int = TOP_KEYS) -> dict[str, pa.Table]:
+    """hourly, top_keys and exchanges, from the per-hour and per-key totals Spark summed."""
+    hourly = _sorted(analysis.hours, [("vhost", "ascending"), ("hour", "ascending")])
+    keys = analysis.keys
+    ranked = _sorted(
+        keys,
+        [
+            ("vhost", "ascending"),
+            ("messages", "descending"),
+            ("exchange", "ascending"),
+            ("routing_key", "ascending"),
+        ],
     )
-    keys = traffic.groupBy("vhost", "exchange", "routing_key").agg(
-        total("messages"), total("bytes")
+    # The first `top` rows of each vhost's run (the table is sorted by vhost first).
+    vhosts = ranked["vhost"].to_pylist() if ranked.num_rows else []
+    picked, ranks, rank, previous = [], [], 0, None
+    for i, vhost in enumerate(vhosts):
+        rank = rank + 1 if vhost == previous else 1
+        previous = vhost
+        if rank <= top:
+            picked.append(i)
+            ranks.append(rank)
+    chosen = ranked.take(pa.array(picked, pa.int64()))
+    top_keys = pa.table(
+        {
+            "vhost": chosen["vhost"],
+            "rank": pa.array(ranks, pa.int32()),
+            "exchange": chosen["exchange"],
+            "routing_key": chosen["routing_key"],
+            "messages": chosen["messages"],
+            "bytes": chosen["bytes"],
+        }
     )
-    rank = Window.partitionBy("vhost").orderBy(F.desc("messages"), "exchange", "routing_key")
-    top_keys = (
-        keys.withColumn("rank", F.row_number().over(rank))
-        .filter(F.col("rank") <= top)
-        .select("vhost", "rank", "exchange", "routing_key", "messages", "bytes")
-        .orderBy("vhost", "rank")
+    per_exchange = (
+        keys.group_by(["vhost", "exchange"], use_threads=False)
+        .aggregate([("messages", "sum"), ("unroutable", "sum")])
+        .rename_columns(["vhost", "exchange", "messages", "unroutable"])
     )
-    exchanges = (
-        traffic.groupBy("vhost", "exchange")
-        .agg(total("messages"), total("unroutable"))
-        .withColumn("unroutable_rate", F.col("unroutable") / F.col("messages"))
-        .orderBy("vhost", F.desc("messages"), "exchange")
+    exchanges = per_exchange.append_column(
+        "unroutable_rate",
+        pc.divide(per_exchange["unroutable"].cast(pa.float64()), per_exchange["messages"]),
     )
-    return {
-        name: _plain(df.toArrow())
-        for name, df in (("hourly", hourly), ("top_keys", top_keys), ("exchanges", exchanges))
-    }
-
-
-def _plain(table: pa.Table) -> pa.Table:
-    """Spark's Arrow strings are ``large_string``; the tables use plain ``string``."""
-    fields = [
-        pa.field(f.name, pa.string() if pa.types.is_large_string(f.type) else f.type)
-        for f in table.schema
-    ]
-    return table.cast(pa.schema(fields))
+    exchanges = _sorted(
+        exchanges,
+        [("vhost", "ascending"), ("messages", "descending"), ("exchange", "ascending")],
+    )
+    return {"hourly": hourly, "top_keys": top_keys, "exchanges": exchanges}
 
 
 def counter_tables(counters: Analysis) -> dict[str, pa.Table]:
@@ -148,19 +154,16 @@ def run_report(
 
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    counters = analyse(spark, scan, [defs], with_traffic=True)
+    # The workers write traffic.parquet themselves, a part per unit: it has a row per vhost,
+    # exchange, key and hour (millions over days) and never passes through the driver.
+    traffic_path = out / "traffic.parquet"
+    counters = analyse(spark, scan, [defs], traffic_dir=traffic_path)
     analysed = time.perf_counter()
-    try:
-        # Written by the executors: a row per vhost, exchange, key and hour can be millions.
-        traffic_path = out / "traffic.parquet"
-        counters.traffic.write.mode("overwrite").parquet(f"file://{traffic_path.resolve()}")
-        tables = {
-            **derive(counters.traffic, top),
-            **counter_tables(counters),
-            "bindings": bindings_table(defs, counters, 0),
-        }
-    finally:
-        counters.release()
+    tables = {
+        **derive(counters, top),
+        **counter_tables(counters),
+        "bindings": bindings_table(defs, counters, 0),
+    }
     paths = [traffic_path]
     for name, table in tables.items():
         path = out / f"{name}.parquet"
@@ -180,6 +183,7 @@ def run_report(
         "unreadable": unreadable(counters),
         "rows_in_files": scan.rows,
         "rows_read": rows,
+        "traffic_rows": counters.traffic_rows,
         "rows_routed": counters.total(0, "routed"),
         "rows_unknown_exchange": counters.total(0, "unknown_exchange"),
         "unroutable": unroutable,

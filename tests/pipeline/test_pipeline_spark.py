@@ -130,6 +130,8 @@ async def _publish_hour(t: dict, ch2: aio_pika.abc.AbstractChannel, d2, hour: in
             await t["amq"].publish(msg(b"a"), routing_key="unbound", mandatory=False)
         if i % 2 == 0:
             await d2.publish(msg(b"v2"), routing_key=["x", "y"][(i // 2) % 2], mandatory=False)
+            # The same exchange name and keys as in "/", routed by v2's own bindings.
+            await t["main.v2"].publish(msg(b"v2"), routing_key=key, mandatory=False)
 
 
 async def _record(root: Path) -> None:
@@ -153,6 +155,8 @@ async def _record(root: Path) -> None:
         d2 = await ch2.declare_exchange("d2", "direct")
         q2 = await ch2.declare_queue("q2")
         await q2.bind(d2, "x")
+        t["main.v2"] = await ch2.declare_exchange("main", "direct")
+        await q2.bind(t["main.v2"], "k2")
         for hour in range(HOURS):
             await _publish_hour(t, ch2, d2, hour)
             clock.advance(3600)
@@ -303,7 +307,7 @@ def test_report_equals_reference(spark, recorded, tmp_path, capsys):
     assert summary["unroutable"] == sum(r["unroutable"] for r in rows)
     assert summary["bindings_never_matched"] == 1
     workers = summary["seconds"]["workers"]  # where the time went, for bench/pipeline_scale.py
-    assert set(workers) == {"read", "group", "traffic", "route"}
+    assert set(workers) == {"setup", "read", "group", "traffic", "route"}
     assert all(seconds > 0 for seconds in workers.values())
     assert summary["seconds"]["analyse"] > 0 and summary["seconds"]["output"] > 0
     page = (out / "report.html").read_text()
