@@ -17,6 +17,9 @@ one queue, one consumer):
   topic-1000  topic exchange, 1,000 wildcard bindings, consumer no-ack
   topic-1000-lead  the same with patterns that start with a wildcard (*.e{i}.# / #.o{i}),
                    which no prefix of the key can prune
+  topic-100k  topic exchange, 100,000 wildcard bindings, 1,000 distinct keys (all cached)
+  topic-100k-distinct  the same bindings, 100,000 distinct keys: ten times RoarMQ's routing
+                   cache, so most keys are routed by a trie walk (the cold path)
 
 Topic setup: the one queue is bound with ``s{i}.*.x`` (even i) and ``s{i}.#``
 (odd i) for i < N; the publisher cycles through ``--topic-keys`` distinct keys
@@ -87,6 +90,7 @@ class Scenario:
     confirms: bool = False
     bindings: int = 1
     shape: str = "prefixed"  # topic patterns: see _amqp_load.topology
+    topic_keys: int = 0  # distinct routing keys; 0: --topic-keys
 
 
 SCENARIOS = [
@@ -120,6 +124,24 @@ SCENARIOS = [
         5_000,
         bindings=1000,
         shape="leading",
+    ),
+    Scenario(
+        "topic-100k",
+        "topic, 100,000 wildcard bindings, 1,000 keys (cached), no-ack",
+        "topic",
+        50_000,
+        5_000,
+        bindings=100_000,
+        topic_keys=1_000,
+    ),
+    Scenario(
+        "topic-100k-distinct",
+        "topic, 100,000 wildcard bindings, 100,000 distinct keys (mostly uncached), no-ack",
+        "topic",
+        50_000,
+        5_000,
+        bindings=100_000,
+        topic_keys=100_000,
     ),
 ]
 BROKERS = ("roarmq", "rabbitmq")
@@ -461,7 +483,7 @@ def run_scenario(
         "batch": args.batch,
         "bindings": sc.bindings,
         "shape": sc.shape,
-        "topic_keys": args.topic_keys,
+        "topic_keys": sc.topic_keys or args.topic_keys,
         "timeout": args.timeout,
     }
     blob = json.dumps(settings)

@@ -264,7 +264,47 @@ def test_clock_keeps_a_hot_key() -> None:
     for i in range(50):
         idx.route("hot")
         idx.route(f"cold{i}")
-    assert "hot" in idx._cache
+    assert idx.is_cached("hot")
+
+
+def test_one_off_keys_do_not_evict_a_full_caches_keys() -> None:
+    """Admission: once full, a key goes in on its second miss within a window, so a stream
+    of distinct keys (Celery's per-delay keys, say) costs its trie walks and nothing else."""
+    idx = TopicIndex(cache_keys=4)
+    idx.bind("#", "q")
+    hot = [f"hot{i}" for i in range(4)]
+    for key in hot:
+        idx.route(key)  # room: in at once
+    for i in range(100):
+        assert idx.route(f"once{i}") == {"q"}
+    assert all(idx.is_cached(k) for k in hot)
+    assert idx.misses == 104 and idx.hits == 0
+    idx.check_invariants()
+
+
+def test_a_key_that_misses_twice_is_admitted() -> None:
+    idx = TopicIndex(cache_keys=2)
+    idx.bind("a.#", "q")
+    idx.route("a.1")
+    idx.route("a.2")  # full now
+    assert idx.route("a.3") == {"q"} and not idx.is_cached("a.3")
+    assert idx.route("a.3") == {"q"} and idx.is_cached("a.3")  # the second miss: admitted
+    assert idx.cached_keys() == 2
+    idx.bind("a.3", "lit")  # patched like any cached key
+    assert idx.route("a.3") == {"q", "lit"}
+    idx.check_invariants()
+
+
+def test_the_admission_window_forgets_one_off_keys() -> None:
+    idx = TopicIndex(cache_keys=2)
+    idx.bind("#", "q")
+    idx.route("a")
+    idx.route("b")
+    idx.route("c")  # a candidate
+    for i in range(2):
+        idx.route(f"x{i}")  # the window of 2 candidates fills and starts again
+    idx.route("c")
+    assert not idx.is_cached("c")  # its first miss was forgotten
 
 
 def test_no_cache() -> None:

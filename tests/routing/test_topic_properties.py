@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from roarmq.broker.routing import TopicIndex, topic
+from roarmq.broker.routing import TopicIndex, key_cache
 
 from .reference import amqp_match, mqtt_match, mqtt_valid
 
@@ -155,11 +155,11 @@ class FlushingTopicMachine(TopicMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self._saved = (topic.PATCH_BUDGET, topic.VERIFY_BUDGET)
-        topic.PATCH_BUDGET, topic.VERIFY_BUDGET = 1, 0
+        self._saved = (key_cache.PATCH_BUDGET, key_cache.VERIFY_BUDGET)
+        key_cache.PATCH_BUDGET, key_cache.VERIFY_BUDGET = 1, 0
 
     def teardown(self) -> None:
-        topic.PATCH_BUDGET, topic.VERIFY_BUDGET = self._saved
+        key_cache.PATCH_BUDGET, key_cache.VERIFY_BUDGET = self._saved
 
 
 FlushingTopicMachine.TestCase.settings = settings(
