@@ -259,7 +259,7 @@ def run_worker(alg: str, n: int, quick: bool) -> dict:
 
     if alg == "ours":
         # Cold: the first sight of each distinct key, in the order the traffic first shows it;
-        # once CACHE_KEYS are cached every cold lookup also evicts one (CLOCK).
+        # once CACHE_KEYS are cached a key goes in on its second miss (admission), evicting one.
         first_seen = list(dict.fromkeys(traffic + pool))
         cold_keys = first_seen[: 2000 if quick else len(first_seen)]
         mean, count, times = per_call(index.route, cold_keys, op_budget * 4)
@@ -271,7 +271,7 @@ def run_worker(alg: str, n: int, quick: bool) -> dict:
         }
         # Steady state: replay the Zipf traffic so CLOCK keeps the popular keys, then count the
         # hits of one more replay, then time lookups of the keys that are cached.
-        cache = index._cache
+        cache = index.cache.by_key
         for k in traffic:
             index.route(k)
         hits = 0

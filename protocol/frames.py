@@ -17,6 +17,7 @@ connection without a code).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from struct import Struct
 from struct import error as StructError
 from typing import Any, NamedTuple
@@ -176,6 +177,34 @@ class ContentHeader:
 _DISCARD: Any = object()  # in place of the chunk list: this content's body frames are dropped
 
 
+def _too_big(kind: int, channel: int, size: int, frame_max: int, max_payload: int) -> FrameError:
+    return FrameError(
+        f"frame of type {kind} on channel {channel} has a {size}-byte payload, larger "
+        f"than the negotiated frame_max {frame_max} allows ({max_payload} bytes)"
+    )
+
+
+def _bad_end(kind: int, channel: int, octet: int) -> FrameError:
+    return FrameError(
+        f"frame of type {kind} on channel {channel} ends with 0x{octet:02x}, expected 0xce"
+    )
+
+
+def _unknown_method(index: int) -> CommandInvalid:
+    return CommandInvalid(
+        f"unknown method: class {index >> 16}, method {index & 0xFFFF}",
+        class_id=index >> 16,
+        method_id=index & 0xFFFF,
+    )
+
+
+def _check_heartbeat(channel: int, size: int) -> None:
+    if channel != 0:
+        raise FrameError(f"heartbeat frame on channel {channel}; heartbeats belong on channel 0")
+    if size:
+        raise FrameError(f"heartbeat frame with a {size}-byte payload; it must be empty")
+
+
 class FrameParser:
     """Incremental, sans-IO frame parser: ``feed(bytes)`` returns the complete events.
 
@@ -258,19 +287,13 @@ class FrameParser:
                     break
                 kind, channel, size = _unpack_frame_header(data, pos)
                 if size > max_payload:
-                    raise FrameError(
-                        f"frame of type {kind} on channel {channel} has a {size}-byte payload, larger "
-                        f"than the negotiated frame_max {frame_max} allows ({max_payload} bytes)"
-                    )
+                    raise _too_big(kind, channel, size, frame_max, max_payload)
                 nxt = pos + size + 8
                 if nxt > end:
                     need = size + 8
                     break
                 if data[nxt - 1] != 0xCE:  # FRAME_END; literals beat globals in this loop
-                    raise FrameError(
-                        f"frame of type {kind} on channel {channel} ends with 0x{data[nxt - 1]:02x}, "
-                        f"expected 0xce"
-                    )
+                    raise _bad_end(kind, channel, data[nxt - 1])
                 if kind == 1:  # FRAME_METHOD
                     if size < 4:
                         raise FrameError(
@@ -281,11 +304,7 @@ class FrameParser:
                     index = _unpack_u32(data, pos + 7)[0]
                     decode = _DECODERS.get(index)
                     if decode is None:
-                        raise CommandInvalid(
-                            f"unknown method: class {index >> 16}, method {index & 0xFFFF}",
-                            class_id=index >> 16,
-                            method_id=index & 0xFFFF,
-                        )
+                        raise _unknown_method(index)
                     method = decode(data, pos + 11, nxt - 1)  # no payload slice
                     if index not in CONTENT_METHODS:
                         append(_tuple_new(MethodFrame, (channel, method)))
@@ -344,94 +363,11 @@ class FrameParser:
                                         continue
                     pending[channel] = [method, None, 0, None]
                 elif kind == 3:  # FRAME_BODY
-                    state = pending.get(channel)
-                    if state is None or state[1] is None:
-                        raise self._out_of_order(channel, "body")
-                    remaining = state[2] - size
-                    if remaining < 0:
-                        method = state[0]
-                        raise FrameError(
-                            f"content body frame of {size} bytes exceeds the remaining content size "
-                            f"of {state[2]} bytes",
-                            class_id=method.CLASS_ID,
-                            method_id=method.METHOD_ID,
-                        )
-                    chunks = state[3]
-                    if remaining == 0 and chunks is None:  # the whole body in one frame
-                        del pending[channel]
-                        append(
-                            _tuple_new(
-                                ContentMessage,
-                                (channel, state[0], state[1], data[pos + 7 : nxt - 1]),
-                            )
-                        )
-                    elif chunks is _DISCARD:
-                        if remaining:
-                            state[2] = remaining
-                        else:
-                            del pending[channel]
-                    else:
-                        if chunks is None:
-                            chunks = state[3] = []
-                        chunks.append(data[pos + 7 : nxt - 1])
-                        if remaining:
-                            state[2] = remaining
-                        else:
-                            del pending[channel]
-                            append(
-                                _tuple_new(
-                                    ContentMessage, (channel, state[0], state[1], b"".join(chunks))
-                                )
-                            )
+                    self._body_frame(channel, data, pos, nxt, append)
                 elif kind == 2:  # FRAME_HEADER
-                    state = pending.get(channel)
-                    if state is None or state[1] is not None:
-                        raise self._out_of_order(channel, "header")
-                    if size < 12:
-                        raise FrameError(
-                            f"content header frame payload of {size} bytes is shorter than 12"
-                        )
-                    method = state[0]
-                    class_id, weight, body_size = _unpack_content_header(data, pos + 7)
-                    if class_id != method.CLASS_ID:
-                        raise UnexpectedFrame(
-                            f"expected content header for class {method.CLASS_ID}, "
-                            f"got one for class {class_id} instead",
-                            class_id=method.CLASS_ID,
-                            method_id=method.METHOD_ID,
-                        )
-                    if weight:
-                        raise UnexpectedFrame(
-                            f"content header weight must be 0, got {weight}",
-                            class_id=method.CLASS_ID,
-                            method_id=method.METHOD_ID,
-                        )
-                    header = ContentHeader(class_id, body_size, data[pos + 19 : nxt - 1])
-                    if body_size == 0:
-                        del pending[channel]
-                        append(_tuple_new(ContentMessage, (channel, method, header, b"")))
-                    else:
-                        state[1] = header
-                        state[2] = body_size
-                        if max_body is not None and body_size > max_body:
-                            state[3] = _DISCARD
-                            self._keep(data, nxt, 0)
-                            raise SoftError(
-                                PRECONDITION_FAILED,
-                                f"message size {body_size} is larger than configured max size {max_body}",
-                                channel=channel,
-                                class_id=method.CLASS_ID,
-                                method_id=method.METHOD_ID,
-                            )
+                    self._header_frame(channel, data, pos, nxt, append)
                 elif kind == 8:  # FRAME_HEARTBEAT
-                    if channel != 0:
-                        raise FrameError(
-                            f"heartbeat frame on channel {channel}; heartbeats belong on channel 0"
-                        )
-                    if size:
-                        raise FrameError(
-                            f"heartbeat frame with a {size}-byte payload; it must be empty"
-                        )
+                    _check_heartbeat(channel, size)
                     append(_HEARTBEAT)
                 else:
                     raise FrameError(f"unknown frame type {kind} on channel {channel}")
@@ -447,6 +383,88 @@ class FrameParser:
             self._tail = bytearray(memoryview(data)[pos:])
             self._need = need
         return events
+
+    def _body_frame(
+        self, channel: int, data: bytes, pos: int, nxt: int, append: Callable[[Any], None]
+    ) -> None:
+        """A body frame outside the fast path: one of several, or after a lone header."""
+        state = self._pending.get(channel)
+        if state is None or state[1] is None:
+            raise self._out_of_order(channel, "body")
+        size = nxt - pos - 8
+        remaining = state[2] - size
+        if remaining < 0:
+            method = state[0]
+            raise FrameError(
+                f"content body frame of {size} bytes exceeds the remaining content size "
+                f"of {state[2]} bytes",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
+        chunks = state[3]
+        if remaining == 0 and chunks is None:  # the whole body in one frame
+            del self._pending[channel]
+            append(
+                _tuple_new(ContentMessage, (channel, state[0], state[1], data[pos + 7 : nxt - 1]))
+            )
+        elif chunks is _DISCARD:
+            if remaining:
+                state[2] = remaining
+            else:
+                del self._pending[channel]
+        else:
+            if chunks is None:
+                chunks = state[3] = []
+            chunks.append(data[pos + 7 : nxt - 1])
+            if remaining:
+                state[2] = remaining
+            else:
+                del self._pending[channel]
+                append(_tuple_new(ContentMessage, (channel, state[0], state[1], b"".join(chunks))))
+
+    def _header_frame(
+        self, channel: int, data: bytes, pos: int, nxt: int, append: Callable[[Any], None]
+    ) -> None:
+        """A content header outside the fast path (its body not yet in, or something odd)."""
+        state = self._pending.get(channel)
+        if state is None or state[1] is not None:
+            raise self._out_of_order(channel, "header")
+        size = nxt - pos - 8
+        if size < 12:
+            raise FrameError(f"content header frame payload of {size} bytes is shorter than 12")
+        method = state[0]
+        class_id, weight, body_size = _unpack_content_header(data, pos + 7)
+        if class_id != method.CLASS_ID:
+            raise UnexpectedFrame(
+                f"expected content header for class {method.CLASS_ID}, "
+                f"got one for class {class_id} instead",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
+        if weight:
+            raise UnexpectedFrame(
+                f"content header weight must be 0, got {weight}",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
+        header = ContentHeader(class_id, body_size, data[pos + 19 : nxt - 1])
+        if body_size == 0:
+            del self._pending[channel]
+            append(_tuple_new(ContentMessage, (channel, method, header, b"")))
+            return
+        state[1] = header
+        state[2] = body_size
+        max_body = self.max_body_size
+        if max_body is not None and body_size > max_body:
+            state[3] = _DISCARD  # its body frames are skipped as they come
+            self._keep(data, nxt, 0)
+            raise SoftError(
+                PRECONDITION_FAILED,
+                f"message size {body_size} is larger than configured max size {max_body}",
+                channel=channel,
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
 
     def _keep(self, data: bytes, pos: int, need: int) -> None:
         """Buffer the unparsed ``data[pos:]``; parse again when it holds ``need`` bytes."""
