@@ -1,0 +1,99 @@
+"""What a topic route costs by how often its routing key recurs: cached, cold, one-off keys.
+
+    .venv/bin/python bench/topic_keys.py [--bindings 100000] [--routes 200000]
+                                         [--json bench/results/topic_keys.json]
+
+A benchmark, not a test. ``TopicIndex`` in this process, with ``--bindings`` wildcard patterns
+(``s{i}.*.x`` for even i, ``s{i}.#`` for odd i, as bench/throughput.py binds them) plus 1,000
+literal ones, the broker's default 10,000-key cache, and ``--routes`` routes of each traffic
+shape, each on a fresh index: 1,000 keys (all cached after their first miss); 100,000 keys
+drawn uniformly (ten times the cache: mostly misses); one-off keys that never repeat; half
+one-off keys and half 1,000 hot keys; and the walk alone (``cache_keys = 0``). Reported: CPU
+time per route (``time.process_time_ns``), and the index's hit and miss counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _machine import machine_info  # noqa: E402
+
+from roarmq.broker.routing import TopicIndex  # noqa: E402
+
+
+def build(bindings: int, cache_keys: int = 10_000) -> TopicIndex:
+    index = TopicIndex(cache_keys=cache_keys)
+    for i in range(bindings):
+        index.bind(f"s{i}.*.x" if i % 2 == 0 else f"s{i}.#", "q")
+    for i in range(1000):
+        index.bind(f"lit{i}", "q")
+    return index
+
+
+def drawn(routes: int, distinct: int, bindings: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    pool = [f"s{rng.randrange(bindings)}.w{j}.{'x' if j % 2 else 'y'}" for j in range(distinct)]
+    return [pool[rng.randrange(distinct)] for _ in range(routes)]
+
+
+def timed(index: TopicIndex, keys: list[str]) -> dict[str, float]:
+    route = index.route
+    started = time.process_time_ns()
+    for key in keys:
+        route(key)
+    spent = time.process_time_ns() - started
+    return {"us_per_route": spent / len(keys) / 1000, "hits": index.hits, "misses": index.misses}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bindings", type=int, default=100_000)
+    p.add_argument("--routes", type=int, default=200_000)
+    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "topic_keys.json")
+    args = p.parse_args()
+    n, b = args.routes, args.bindings
+    hot = drawn(n, 1000, b, 1)
+    one_off = [f"s{i % b}.u{i}.x" for i in range(n)]
+    shapes = {
+        "1,000 keys (cached)": (10_000, hot),
+        "100,000 keys, uniform": (10_000, drawn(n, 100_000, b, 2)),
+        "one-off keys": (10_000, one_off),
+        "50% one-off + 50% of 1,000 hot keys": (
+            10_000,
+            [hot[i] if i % 2 else one_off[i] for i in range(n)],
+        ),
+        "no cache (the walk alone)": (0, drawn(n, 100_000, b, 2)),
+    }
+    rows = []
+    for name, (cache_keys, keys) in shapes.items():
+        result = timed(build(b, cache_keys), keys)
+        rows.append({"traffic": name, "cache_keys": cache_keys, **result})
+        print(
+            f"{name:40s} {result['us_per_route']:6.2f} us/route  "
+            f"hits {result['hits']:,}  misses {result['misses']:,}",
+            flush=True,
+        )
+    print()
+    print("| traffic | µs per route | hits | misses |")
+    print("|---|--:|--:|--:|")
+    for r in rows:
+        print(f"| {r['traffic']} | {r['us_per_route']:.2f} | {r['hits']:,} | {r['misses']:,} |")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps({"machine": machine_info(), "bindings": b, "routes": n, "rows": rows}, indent=2)
+        + "\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
