@@ -20,6 +20,7 @@ one queue, one consumer):
   topic-100k  topic exchange, 100,000 wildcard bindings, 1,000 distinct keys (all cached)
   topic-100k-distinct  the same bindings, 100,000 distinct keys: ten times RoarMQ's routing
                    cache, so most keys are routed by a trie walk (the cold path)
+  topic-100k-lead-distinct  100,000 bindings led by wildcards, 100,000 distinct keys
 
 Topic setup: the one queue is bound with ``s{i}.*.x`` (even i) and ``s{i}.#``
 (odd i) for i < N; the publisher cycles through ``--topic-keys`` distinct keys
@@ -141,6 +142,16 @@ SCENARIOS = [
         50_000,
         5_000,
         bindings=100_000,
+        topic_keys=100_000,
+    ),
+    Scenario(
+        "topic-100k-lead-distinct",
+        "topic, 100,000 bindings led by wildcards, 100,000 distinct keys, no-ack",
+        "topic",
+        20_000,
+        2_000,
+        bindings=100_000,
+        shape="leading",
         topic_keys=100_000,
     ),
 ]
