@@ -1,18 +1,38 @@
-"""Throughput benchmark: RoarMQ against RabbitMQ, end to end over AMQP, in one run.
+"""Throughput benchmark: RoarMQ against RabbitMQ and GarageMQ, end to end over AMQP, in one run.
 
-    .venv/bin/python bench/throughput.py [--broker roarmq|rabbitmq|both] [--quick]
+    .venv/bin/python bench/throughput.py [--broker roarmq|rabbitmq|garagemq|both|all]
+                                         [--scenarios direct,fanout,...] [--quick]
                                          [--json bench/results/throughput.json]
 
 A benchmark, not a test. For each broker and scenario a broker instance is
 started pinned to one core (``taskset -c 0``), then a consumer process and a
 publisher process pinned to the other (``taskset -c 1``), both speaking AMQP
 through our own ``protocol/`` codec on uvloop (``bench/_amqp_load.py``; aio-pika
-is too slow to load a broker). Scenarios (16-byte bodies, transient messages,
-one queue, one consumer):
+is too slow to load a broker). Brokers (``--broker``; default ``all``, ``both``
+is RoarMQ and RabbitMQ):
+
+  roarmq      this repository, management off, its own data dir
+  rabbitmq    RabbitMQ (Debian's rabbitmq-server, 3.10), its own node, ports and dirs
+  garagemq    GarageMQ (Debian's garagemq, a Go AMQP 0-9-1 broker), its own config file
+              (Debian's settings plus TCP_NODELAY), loopback ports and badger data dir
+
+RabbitMQ and GarageMQ are ``apt-get install``ed when missing and we are root;
+otherwise their rows say skipped. A scenario a broker cannot run says
+``failed: <reason>`` (or times out) in its row. Scenarios (16-byte bodies,
+transient messages, one queue and one consumer unless said otherwise):
 
   direct      direct exchange, one binding, consumer no-ack (autoack)
   confirms    as direct, plus publisher confirms (at most 1,000 unconfirmed)
               and manual acks (one basic.ack per delivery), prefetch 100
+  fanout      fanout exchange bound to 10 queues, one no-ack consumer per queue (10
+              consumers on one channel of one consumer process, which walks frames
+              instead of parsing them, so it is not the bottleneck: see its CPU %),
+              publisher unthrottled; reported as deliveries/s (10 per message)
+  latency-10k as direct, but the publisher is paced at 10,000 msg/s (bursts of 10 against
+              a monotonic schedule; 100,000 messages, 10 s): p50/p99 publish -> deliver
+              latency of a broker that is not saturated, and the achieved rate. This
+              publisher runs on asyncio's own loop: uvloop defers each write to the end
+              of a loop iteration, which alone made p99 0.55 ms for every broker
   topic-10    topic exchange, 10 wildcard bindings, consumer no-ack
   topic-1000  topic exchange, 1,000 wildcard bindings, consumer no-ack
   topic-1000-lead  the same with patterns that start with a wildcard (*.e{i}.# / #.o{i}),
@@ -28,19 +48,25 @@ Topic setup: the one queue is bound with ``s{i}.*.x`` (even i) and ``s{i}.#``
 one binding. The default of 50,000 keys exceeds RoarMQ's default 10,000-key
 routing cache, so most lookups walk the trie.
 
-msg/s is messages received / (last receive - send time of the first message);
-latency is receive - send per message, via CLOCK_MONOTONIC in the body. The
-publisher is unthrottled, so latency is latency under saturation (time spent
-queued in the broker included), not the latency of an idle broker.
+deliveries/s (``msgs_per_s`` in the JSON) is messages received by all consumers /
+(last receive - send time of the first message): msg/s with one queue. Latency
+is receive - send per message, via CLOCK_MONOTONIC in the body. Except in
+latency-10k the publisher is unthrottled, so latency is latency under
+saturation (time spent queued in the broker included), not the latency of an
+idle broker. The consumer's CPU % over its receive window is reported, to show
+whether the load side (publisher and consumer share a core) kept up.
 
 Full run: each scenario 3 times (``--repeat``) per broker, a fresh broker
-instance each time, RoarMQ and RabbitMQ alternating so both see similar
-background load; the row is the median run by msg/s. Broker CPU time per
-message is reported too: on a shared machine it is steadier than msg/s.
+instance each time, the brokers alternating so all see similar background
+load; the row is the median run by deliveries/s (by p99 latency for the paced
+latency-10k). Broker CPU time per delivery
+is reported too: on a shared machine it is steadier than deliveries/s.
 ``--quick`` (far fewer messages, one run, one instance per broker, a fresh
-auto-delete queue and exchange per scenario) finishes in under a minute. Every scenario is bounded in time: on timeout the
-row reports what was measured. All processes started here are stopped on
-every exit path.
+auto-delete queue and exchange per scenario, and 10,000 instead of 100,000
+bindings in the topic-100k* scenarios, which RabbitMQ needs ~20 s and GarageMQ
+~50 s to create) finishes in about a minute. Every scenario is bounded in time
+(``--timeout``, set-up included): on timeout the row reports what was
+measured. All processes started here are stopped on every exit path.
 """
 
 from __future__ import annotations
@@ -79,6 +105,11 @@ MARKER = "ROARBENCH_INSTANCE"  # env var tagging every process we start, for the
 RABBIT_CANDIDATES = ("/usr/lib/rabbitmq/bin/rabbitmq-server",)
 
 
+# --quick binds the 100k-binding scenarios with this many patterns: RabbitMQ takes ~20 s and
+# GarageMQ ~50 s (quadratic) to create 100,000 bindings, longer than a quick run's timeout
+QUICK_BINDINGS = 10_000
+
+
 @dataclass
 class Scenario:
     name: str
@@ -92,6 +123,10 @@ class Scenario:
     bindings: int = 1
     shape: str = "prefixed"  # topic patterns: see _amqp_load.topology
     topic_keys: int = 0  # distinct routing keys; 0: --topic-keys
+    queues: int = 1  # queues bound to the exchange, one consumer each (fanout)
+    rate: int = 0  # publisher pace, msg/s; 0: unthrottled
+    scan: bool = False  # the consumer's frame scanner instead of FrameParser (_amqp_load)
+    quick_bindings: int = 0  # bindings with --quick; 0: as bindings
 
 
 SCENARIOS = [
@@ -105,6 +140,23 @@ SCENARIOS = [
         manual_ack=True,
         prefetch=100,
         confirms=True,
+    ),
+    Scenario(
+        "fanout",
+        "fanout to 10 queues, one no-ack consumer each",
+        "fanout",
+        100_000,
+        10_000,
+        queues=10,
+        scan=True,
+    ),
+    Scenario(
+        "latency-10k",
+        "direct 1->1, no-ack, publisher paced at 10,000 msg/s",
+        "direct",
+        100_000,
+        10_000,
+        rate=10_000,
     ),
     Scenario(
         "topic-10", "topic, 10 wildcard bindings, no-ack", "topic", 100_000, 10_000, bindings=10
@@ -133,6 +185,7 @@ SCENARIOS = [
         50_000,
         5_000,
         bindings=100_000,
+        quick_bindings=QUICK_BINDINGS,
         topic_keys=1_000,
     ),
     Scenario(
@@ -142,6 +195,7 @@ SCENARIOS = [
         50_000,
         5_000,
         bindings=100_000,
+        quick_bindings=QUICK_BINDINGS,
         topic_keys=100_000,
     ),
     Scenario(
@@ -151,12 +205,47 @@ SCENARIOS = [
         20_000,
         2_000,
         bindings=100_000,
+        quick_bindings=QUICK_BINDINGS,
         shape="leading",
         topic_keys=100_000,
     ),
 ]
-BROKERS = ("roarmq", "rabbitmq")
-LABEL = {"roarmq": "RoarMQ", "rabbitmq": "RabbitMQ"}
+BROKERS = ("roarmq", "rabbitmq")  # --broker both (bench/overload.py and persistence.py too)
+ALL_BROKERS = (*BROKERS, "garagemq")
+LABEL = {"roarmq": "RoarMQ", "rabbitmq": "RabbitMQ", "garagemq": "GarageMQ"}
+GARAGEMQ_CANDIDATES = ("/usr/bin/garagemq",)
+# GarageMQ's config as Debian ships it (/etc/garagemq/config.yaml), but our own loopback
+# ports and data dir, and TCP_NODELAY on: the shipped "nodelay: false" turns Nagle on,
+# which adds up to 40 ms (delayed ACK) to a paced message; RabbitMQ and asyncio set
+# TCP_NODELAY by default. "guest" is the md5 of the password guest.
+GARAGEMQ_CONFIG = """\
+proto: amqp-rabbit
+users:
+  - username: guest
+    password: 084e0343a0486ff05530df6c705c8bb4
+tcp:
+  ip: 127.0.0.1
+  port: {port}
+  nodelay: true
+  readBufSize: 196608
+  writeBufSize: 196608
+admin:
+  ip: 127.0.0.1
+  port: {admin}
+queue:
+  shardSize: 8192
+  maxMessagesInRam: 131072
+db:
+  defaultPath: {data}
+  engine: badger
+vhost:
+  defaultPath: /
+security:
+  passwordCheck: md5
+connection:
+  channelsMax: 4096
+  frameMaxSize: 65536
+"""
 
 
 class BrokerUnavailable(Exception):
@@ -361,26 +450,32 @@ def rabbit_server() -> str | None:
     return shutil.which("rabbitmq-server")
 
 
-def ensure_rabbitmq() -> str:
-    path = rabbit_server()
+def _apt_install(package: str, find: Any) -> str:
+    """``find()``, else (as root) ``apt-get install -y package`` and ``find()`` again."""
+    path = find()
     if path:
         return path
     if os.geteuid() != 0:
-        raise BrokerUnavailable("skipped: rabbitmq-server not installed")
-    print("rabbitmq-server not installed: apt-get install -y rabbitmq-server ...", flush=True)
+        raise BrokerUnavailable(f"skipped: {package} not installed")
+    print(f"{package} not installed: apt-get install -y {package} ...", flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    ok = subprocess.call(["apt-get", "install", "-y", "rabbitmq-server"], env=env) == 0
+    ok = subprocess.call(["apt-get", "install", "-y", package], env=env) == 0
     if not ok:
         subprocess.call(["apt-get", "update"], env=env)
-        ok = subprocess.call(["apt-get", "install", "-y", "rabbitmq-server"], env=env) == 0
-    # the package may start a system node: we run our own instance on our own ports
+        ok = subprocess.call(["apt-get", "install", "-y", package], env=env) == 0
+    # the package may start a system service (just installed by us): we run our own
+    # instance on our own ports
     subprocess.call(
-        ["service", "rabbitmq-server", "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ["service", package, "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    path = rabbit_server()
+    path = find()
     if not ok or not path:
-        raise BrokerUnavailable("skipped: rabbitmq-server not installed (apt-get failed)")
+        raise BrokerUnavailable(f"skipped: {package} not installed (apt-get failed)")
     return path
+
+
+def ensure_rabbitmq() -> str:
+    return _apt_install("rabbitmq-server", rabbit_server)
 
 
 def start_rabbitmq(procs: Procs, tmp: Path, cpu: int | None, attempts: int = 2) -> Running:
@@ -436,6 +531,71 @@ def start_rabbitmq(procs: Procs, tmp: Path, cpu: int | None, attempts: int = 2) 
     raise AssertionError("unreachable")
 
 
+def garagemq_server() -> str | None:
+    for path in GARAGEMQ_CANDIDATES:
+        if os.access(path, os.X_OK):
+            return path
+    return shutil.which("garagemq")
+
+
+def garagemq_package_version() -> str | None:
+    """The Debian package's version (GarageMQ itself says only "0.1")."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", "garagemq"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return None
+
+
+def start_garagemq(procs: Procs, tmp: Path, cpu: int | None, attempts: int = 2) -> Running:
+    """GarageMQ on free loopback ports (AMQP; admin HTTP, which cannot be turned off).
+
+    Its own config file and data dir (badger; transient messages only spill there
+    beyond ``maxMessagesInRam`` per queue). It sets GOMAXPROCS to its CPU count,
+    which ``taskset`` makes 1.
+    """
+    server = _apt_install("garagemq", garagemq_server)
+    package = garagemq_package_version()
+    for attempt in range(attempts):
+        base = tmp / f"garagemq{attempt}"
+        base.mkdir(parents=True)
+        port, admin = free_port(), free_port()
+        cfg = base / "config.yaml"
+        cfg.write_text(GARAGEMQ_CONFIG.format(port=port, admin=admin, data=base / "db"))
+        log = base / "garagemq.log"
+        instance = uuid.uuid4().hex
+        cmd = [server, "--config", str(cfg), "--log-level", "info", "--log-file", "stdout"]
+        with open(log, "wb") as out:
+            proc = procs.start(
+                pinned(cpu, cmd), instance=instance, stdout=out, stderr=subprocess.STDOUT
+            )
+        try:
+            port, props = _wait_ready(proc, lambda p=port: p, log, 30)
+        except RuntimeError:
+            procs.stop(proc, grace=5)
+            sweep(instance)
+            if attempt + 1 == attempts:
+                raise
+            continue
+        except BaseException:
+            procs.stop(proc, grace=5)
+            sweep(instance)
+            raise
+        version = str(props.get("version", "?"))
+        if package:
+            version += f" (Debian {package})"
+        return Running("garagemq", port, version, proc, instance, log)
+    raise AssertionError("unreachable")
+
+
+STARTERS = {"roarmq": start_roarmq, "rabbitmq": start_rabbitmq, "garagemq": start_garagemq}
+
+
 def stop_broker(procs: Procs, broker: Running) -> None:
     procs.stop(broker.proc, grace=20)
     sweep(broker.instance)
@@ -446,7 +606,7 @@ def broker_instance(kind: str, procs: Procs, cpu: int | None) -> Iterator[Runnin
     tmp = Path(tempfile.mkdtemp(prefix=f"roarbench-{kind}-"))
     broker = None
     try:
-        broker = (start_roarmq if kind == "roarmq" else start_rabbitmq)(procs, tmp, cpu)
+        broker = STARTERS[kind](procs, tmp, cpu)
         yield broker
     finally:
         if broker is not None:
@@ -482,6 +642,7 @@ def run_scenario(
     """
     port = broker.port
     messages = args.messages or (sc.quick_messages if args.quick else sc.messages)
+    bindings = sc.quick_bindings if args.quick and sc.quick_bindings else sc.bindings
     settings = {
         "exchange": f"bench.{sc.name}.{tag}",
         "queue": f"bench.q.{sc.name}.{tag}",
@@ -492,9 +653,12 @@ def run_scenario(
         "confirms": sc.confirms,
         "window": args.window,
         "batch": args.batch,
-        "bindings": sc.bindings,
+        "bindings": bindings,
         "shape": sc.shape,
         "topic_keys": sc.topic_keys or args.topic_keys,
+        "queues": sc.queues,
+        "rate": sc.rate,
+        "scan": sc.scan,
         "timeout": args.timeout,
     }
     blob = json.dumps(settings)
@@ -514,7 +678,12 @@ def run_scenario(
         threading.Thread(target=_reader, args=(cons, cons_lines), daemon=True).start()
         ready = _next_line(cons_lines, hard_deadline)
         if not ready or not ready.get("ready"):
-            return {"status": f"error: consumer not ready: {ready}", "messages": 0}
+            why = (
+                ready.get("error", ready)
+                if ready
+                else f"no ready line within {args.timeout + 20:.0f} s (declare, bind, consume)"
+            )
+            return {"status": f"failed: consumer not ready: {why}", "messages": 0}
         load = loadavg()
         cpu0 = group_cpu_s(broker.proc.pid)
         pub = procs.start(
@@ -533,7 +702,8 @@ def run_scenario(
                 procs.stop(proc, grace=5)
         sweep(instance)
     if not consumed or "received" not in consumed:
-        return {"status": f"error: consumer: {consumed}", "messages": 0, "publisher": published}
+        why = consumed.get("error", consumed) if consumed else "no answer"
+        return {"status": f"failed: consumer: {why}", "messages": 0, "publisher": published}
     status = "ok"
     if consumed["timed_out"]:
         status = f"timeout after {args.timeout:.0f} s"
@@ -545,15 +715,18 @@ def run_scenario(
         status += f"; {published['nacked']} nacked"
     return {
         "status": status,
-        "messages": consumed["received"],
-        "expected": messages,
-        "msgs_per_s": consumed["msgs_per_s"],
+        "messages": consumed["received"],  # deliveries: messages x queues
+        "expected": messages * sc.queues,
+        "bindings": bindings,
+        "msgs_per_s": consumed["msgs_per_s"],  # deliveries/s
         "p50_ms": consumed["p50_ms"],
         "p99_ms": consumed["p99_ms"],
         "broker_cpu_us_per_msg": broker_cpu / consumed["received"] * 1e6
         if consumed["received"]
         else None,
         "loadavg": load,
+        "consumer_cpu_pct": consumed.get("cpu_pct"),
+        "publish_rate": published.get("publish_rate") if published and sc.rate else None,
         "publisher": published,
     }
 
@@ -573,38 +746,48 @@ def fmt(value: float | None, digits: int) -> str:
     return f"{value:,.{digits}f}"
 
 
-def table(rows: list[dict[str, Any]], repeat: int) -> str:
+def table(rows: list[dict[str, Any]], repeat: int, quick: bool = False) -> str:
+    others = [k for k in ALL_BROKERS[1:] if any(r["broker"] == k for r in rows)]
     head = [
         "scenario",
         "broker",
-        "msg/s",
+        "deliveries/s",
         "p50 ms",
         "p99 ms",
-        "messages",
-        "RoarMQ/RabbitMQ",
-        "broker CPU us/msg",
+        "received",
+        *(f"RoarMQ/{LABEL[k]}" for k in others),
+        "broker CPU us/delivery",
+        "consumer CPU %",
     ]
-    runs = f"median of {repeat} runs (by msg/s); " if repeat > 1 else ""
+    runs = f"median of {repeat} runs (by deliveries/s; latency-10k by p99); " if repeat > 1 else ""
     out = [
-        f"{runs}Latency is publish -> deliver under saturation (unthrottled publisher; time queued "
-        "in the broker included).",
-        "Broker CPU us/msg: the broker's user+system CPU time over the scenario / messages "
-        "(largely independent of other load on its core).",
+        f"{runs}deliveries/s: messages received by all consumers / (last receive - first "
+        "send); with one queue that is msg/s, with fanout 10 deliveries per message published.",
+        "Latency is publish -> deliver; under saturation (time queued in the broker included) "
+        "except latency-10k, whose publisher is paced (achieved rate under received).",
+        "Broker CPU us/delivery: the broker's user+system CPU time over the scenario / "
+        "deliveries (largely independent of other load on its core). Consumer CPU %: the "
+        "consumer process's CPU time over its receive window (it shares a core with the "
+        "publisher).",
+        *(
+            [f"Quick run: the topic-100k* scenarios bind {QUICK_BINDINGS:,} patterns, not 100,000."]
+            if quick
+            else []
+        ),
         "",
         "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] * 2 + ["---:"] * 6) + "|",
+        "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|",
     ]
     rate = {(r["scenario"], r["broker"]): r.get("msgs_per_s") for r in rows}
     for r in rows:
-        ratio = ""
-        if r["broker"] == "roarmq":
-            ours, theirs = (
-                rate.get((r["scenario"], "roarmq")),
-                rate.get((r["scenario"], "rabbitmq")),
-            )
-            if ours and theirs:
-                ratio = f"{ours / theirs:.2f}x"
+        ratios = []
+        for kind in others:
+            ours, theirs = rate.get((r["scenario"], "roarmq")), rate.get((r["scenario"], kind))
+            ok = r["broker"] == "roarmq" and ours and theirs and not r.get("publish_rate")
+            ratios.append(f"{ours / theirs:.2f}x" if ok else "")
         msgs = f"{r['messages']:,}" if r.get("messages") is not None else "-"
+        if r.get("publish_rate"):
+            msgs += f" (paced {r['publish_rate']:,.0f}/s)"
         if r.get("status", "ok") != "ok":
             msgs += f" ({r['status']})"
         out.append(
@@ -614,11 +797,12 @@ def table(rows: list[dict[str, Any]], repeat: int) -> str:
                     r["scenario"],
                     LABEL[r["broker"]],
                     fmt(r.get("msgs_per_s"), 0),
-                    fmt(r.get("p50_ms"), 1),
-                    fmt(r.get("p99_ms"), 1),
+                    fmt(r.get("p50_ms"), 2 if r["scenario"] == "latency-10k" else 1),
+                    fmt(r.get("p99_ms"), 2 if r["scenario"] == "latency-10k" else 1),
                     msgs,
-                    ratio,
+                    *ratios,
                     fmt(r.get("broker_cpu_us_per_msg"), 1),
+                    fmt(r.get("consumer_cpu_pct"), 0),
                 ]
             )
             + " |"
@@ -636,11 +820,19 @@ def machine(versions: dict[str, str]) -> dict[str, Any]:
     return machine_info(uvloop=uv, **{f"{k}_version": v for k, v in versions.items()})
 
 
-def summarize(scenario: str, kind: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row from a scenario's runs: the median run by msg/s (lower middle if even)."""
+def summarize(
+    scenario: str, kind: str, results: list[dict[str, Any]], paced: bool = False
+) -> dict[str, Any]:
+    """One row from a scenario's runs: the median run (lower middle if even) by msg/s.
+
+    Paced scenarios (the rate is fixed) take the median run by p99 latency instead.
+    """
     measured = sorted(
         (r for r in results if _num(r.get("msgs_per_s")) is not None), key=lambda r: r["msgs_per_s"]
     )
+    if paced:
+        measured = [r for r in measured if _num(r.get("p99_ms")) is not None]
+        measured.sort(key=lambda r: r["p99_ms"])
     pick = measured[(len(measured) - 1) // 2] if measured else results[-1]
     cpus = sorted(c for r in measured if (c := _num(r.get("broker_cpu_us_per_msg"))) is not None)
     return {
@@ -652,7 +844,11 @@ def summarize(scenario: str, kind: str, results: list[dict[str, Any]]) -> dict[s
         "messages": pick.get("messages"),
         "status": pick["status"],
         "broker_cpu_us_per_msg": cpus[(len(cpus) - 1) // 2] if cpus else None,
+        "consumer_cpu_pct": _num(pick.get("consumer_cpu_pct")),
+        "publish_rate": _num(pick.get("publish_rate")),  # paced scenarios only
         "runs_msgs_per_s": [_num(r.get("msgs_per_s")) for r in results],
+        "runs_p50_ms": [_num(r.get("p50_ms")) for r in results],
+        "runs_p99_ms": [_num(r.get("p99_ms")) for r in results],
         "runs_loadavg_1m": [_num(r.get("loadavg")) for r in results],
     }
 
@@ -665,10 +861,29 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description="RoarMQ vs RabbitMQ throughput and latency.")
-    p.add_argument("--broker", choices=["roarmq", "rabbitmq", "both"], default="both")
-    p.add_argument("--quick", action="store_true", help="far fewer messages; under a minute")
-    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "throughput.json")
+    p = argparse.ArgumentParser(
+        description="RoarMQ vs RabbitMQ vs GarageMQ throughput and latency.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="scenarios:\n"
+        + "\n".join(f"  {s.name:25} {s.description}" for s in SCENARIOS)
+        + "\n\nRabbitMQ and GarageMQ are apt-get installed when missing (as root), "
+        "else their rows say skipped.",
+    )
+    p.add_argument(
+        "--broker",
+        choices=["roarmq", "rabbitmq", "garagemq", "both", "all"],
+        default="all",
+        help="both: roarmq and rabbitmq; all (default): roarmq, rabbitmq and garagemq",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="far fewer messages, one run; about a minute"
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=REPO / "bench" / "results" / "throughput.json",
+        help="where the results go (default bench/results/throughput.json)",
+    )
     p.add_argument(
         "--scenarios",
         default=",".join(s.name for s in SCENARIOS),
@@ -686,8 +901,10 @@ def main() -> int:
     )
     p.add_argument("--window", type=int, default=1000, help="unconfirmed messages, confirms")
     p.add_argument("--batch", type=int, default=200, help="messages per transport.write")
-    p.add_argument("--broker-cpu", type=int, default=0)
-    p.add_argument("--load-cpu", type=int, default=1)
+    p.add_argument("--broker-cpu", type=int, default=0, help="core the broker is pinned to")
+    p.add_argument(
+        "--load-cpu", type=int, default=1, help="core the publisher and consumer are pinned to"
+    )
     p.add_argument(
         "--repeat",
         type=int,
@@ -703,10 +920,14 @@ def main() -> int:
     args.timeout = args.timeout or (10.0 if args.quick else 60.0)
     args.repeat = args.repeat or (1 if args.quick else 3)
     reuse = args.reuse_broker or args.quick
-    chosen = [s for s in SCENARIOS if s.name in args.scenarios.split(",")]
+    wanted = [name for name in args.scenarios.split(",") if name]
+    unknown = set(wanted) - {s.name for s in SCENARIOS}
+    if unknown:
+        p.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    chosen = [s for s in SCENARIOS if s.name in wanted]
     if not chosen:
         p.error("no scenario selected")
-    brokers = BROKERS if args.broker == "both" else (args.broker,)
+    brokers = {"both": BROKERS, "all": ALL_BROKERS}.get(args.broker, (args.broker,))
     if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         print("warning: no taskset or a single CPU: broker and load are NOT pinned", flush=True)
         args.broker_cpu = args.load_cpu = None
@@ -727,12 +948,14 @@ def main() -> int:
     def record(kind: str, sc: Scenario, result: dict[str, Any]) -> None:
         runs.setdefault((sc.name, kind), []).append(result)
         print(
-            f"  {kind:9} {sc.name:11} {fmt(_num(result.get('msgs_per_s')), 0):>9} msg/s  "
-            f"p50 {fmt(_num(result.get('p50_ms')), 1):>7} ms  "
-            f"p99 {fmt(_num(result.get('p99_ms')), 1):>7} ms  "
-            f"{result.get('messages') or 0:,} msgs  "
-            f"broker {fmt(_num(result.get('broker_cpu_us_per_msg')), 1)} us/msg  "
-            f"load {fmt(_num(result.get('loadavg')), 2)}  {result['status']}",
+            f"  {kind:9} {sc.name:11} {fmt(_num(result.get('msgs_per_s')), 0):>9} dlv/s  "
+            f"p50 {fmt(_num(result.get('p50_ms')), 2):>8} ms  "
+            f"p99 {fmt(_num(result.get('p99_ms')), 2):>8} ms  "
+            f"{result.get('messages') or 0:,} dlvs  "
+            f"broker {fmt(_num(result.get('broker_cpu_us_per_msg')), 1)} us/dlv  "
+            f"consumer {fmt(_num(result.get('consumer_cpu_pct')), 0)}% CPU  "
+            + (f"paced {fmt(_num(result.get('publish_rate')), 0)}/s  " if sc.rate else "")
+            + f"load {fmt(_num(result.get('loadavg')), 2)}  {result['status']}",
             flush=True,
         )
 
@@ -741,7 +964,7 @@ def main() -> int:
             unavailable[kind] = str(exc)
             return {"status": str(exc), "messages": None}
         print(f"{kind}: {exc}", file=sys.stderr, flush=True)  # a broker that would not start
-        unavailable[kind] = f"error: {str(exc).splitlines()[0]}"
+        unavailable[kind] = f"failed: broker did not start: {str(exc).splitlines()[0]}"
         return {"status": unavailable[kind], "messages": None}
 
     try:
@@ -762,7 +985,7 @@ def main() -> int:
                     for sc in chosen:
                         if (sc.name, kind) not in runs:
                             record(kind, sc, result)
-        else:  # a fresh instance per run; brokers interleaved so both see similar background load
+        else:  # a fresh instance per run; brokers interleaved so all see similar background load
             for sc in chosen:
                 for _ in range(args.repeat):
                     for kind in brokers:
@@ -782,11 +1005,15 @@ def main() -> int:
     finally:
         procs.stop_all()
 
-    rows = [summarize(name, kind, results) for (name, kind), results in runs.items()]
+    rate = {s.name: s.rate for s in SCENARIOS}
+    rows = [
+        summarize(name, kind, results, paced=bool(rate[name]))
+        for (name, kind), results in runs.items()
+    ]
     order = {s.name: i for i, s in enumerate(SCENARIOS)}
-    rows.sort(key=lambda r: (order[r["scenario"]], BROKERS.index(r["broker"])))
+    rows.sort(key=lambda r: (order[r["scenario"]], ALL_BROKERS.index(r["broker"])))
     print()
-    print(table(rows, args.repeat))
+    print(table(rows, args.repeat, args.quick))
     info = machine(versions)
     result = {
         "benchmark": "throughput",
