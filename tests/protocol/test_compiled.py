@@ -1,0 +1,86 @@
+"""The compiled codec (setup.py) and its switch: which build runs, and a stale one is never used.
+
+`make test` runs the whole suite with the codec compiled (when a C compiler is present,
+ROARMQ_EXPECT_COMPILED=1 makes the build's absence a failure here) and the codec's and
+the clients' tests again with ROARMQ_NO_EXTENSIONS=1, on the Python source.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+import roarmq
+from roarmq.protocol import frames
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_codec_runs_the_build_this_run_asked_for() -> None:
+    origin = frames.__file__ or ""
+    if roarmq.NO_EXTENSIONS:
+        assert origin.endswith(".py"), origin
+        assert "roarmq.protocol.frames" not in roarmq.compiled_modules()
+    elif os.environ.get("ROARMQ_EXPECT_COMPILED"):
+        assert origin.endswith(tuple(EXTENSION_SUFFIXES)), (
+            f"{origin}: the codec is not compiled although a C compiler is present; "
+            "see `make install`'s output for setup.py's reason"
+        )
+        assert roarmq.compiled_modules() == ["roarmq.protocol.frames"]
+
+
+def _origin(env: dict[str, str]) -> str:
+    code = "import roarmq.protocol.frames as f; print(f.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code],
+        env={**os.environ, **env},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_no_extensions_imports_the_source() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ROARMQ_NO_EXTENSIONS"}
+    assert _origin({**env, "ROARMQ_NO_EXTENSIONS": "1"}).endswith("frames.py")
+
+
+def _pair(tmp_path: Path, compiled_newer: bool) -> None:
+    source = tmp_path / "widget.py"
+    built = tmp_path / f"widget{EXTENSION_SUFFIXES[0]}"
+    source.write_text("VALUE = 1\n")
+    built.write_bytes(b"not really a shared object")
+    older, newer = (source, built) if compiled_newer else (built, source)
+    os.utime(older, (1_000_000, 1_000_000))
+    os.utime(newer, (2_000_000, 2_000_000))
+
+
+def test_a_compiled_module_older_than_its_source_is_bypassed(tmp_path: Path, recwarn) -> None:
+    _pair(tmp_path, compiled_newer=False)
+    spec = roarmq._SourceFirst.find_spec("roarmq.widget", [str(tmp_path)])
+    if roarmq.NO_EXTENSIONS:
+        assert spec is not None and spec.origin == str(tmp_path / "widget.py")
+        return
+    assert spec is not None and spec.origin == str(tmp_path / "widget.py")
+    assert any("is older than" in str(w.message) for w in recwarn.list)
+
+
+def test_a_fresh_compiled_module_is_left_to_the_usual_import(tmp_path: Path) -> None:
+    _pair(tmp_path, compiled_newer=True)
+    spec = roarmq._SourceFirst.find_spec("roarmq.widget", [str(tmp_path)])
+    if roarmq.NO_EXTENSIONS:
+        assert spec is not None and spec.origin == str(tmp_path / "widget.py")
+    else:
+        assert spec is None  # the path finder then picks the extension module
+
+
+def test_modules_outside_roarmq_are_not_touched(tmp_path: Path) -> None:
+    _pair(tmp_path, compiled_newer=False)
+    assert roarmq._SourceFirst.find_spec("widget", [str(tmp_path)]) is None
+    assert roarmq._SourceFirst.find_spec("roarmq.widget", None) is None
