@@ -33,6 +33,7 @@ from roarmq.protocol.frames import PROTOCOL_HEADER, encode_content, encode_metho
 from roarmq.protocol.properties import BasicProperties  # noqa: E402
 
 CHUNK = 2000  # publishes per data_received call, like a busy socket read
+SETUP: dict = {}  # the consumer's connection, for the acks scenario
 
 
 class NullTransport:
@@ -91,7 +92,10 @@ def setup(broker: Broker, scenario: str) -> tuple[Connection, bytes]:
     queues = 3 if scenario == "fanout-3" else 1
     for i in range(queues):
         send(encode_method(1, spec.QueueDeclare(queue=f"q{i}")))
-        send(encode_method(1, spec.BasicConsume(queue=f"q{i}", consumer_tag=f"c{i}", no_ack=True)))
+        no_ack = scenario != "acks"
+        send(
+            encode_method(1, spec.BasicConsume(queue=f"q{i}", consumer_tag=f"c{i}", no_ack=no_ack))
+        )
     if scenario.startswith("topic"):
         exchange, key = "t", "s500.w1.x"
         send(encode_method(1, spec.ExchangeDeclare(exchange="t", type="topic")))
@@ -102,8 +106,9 @@ def setup(broker: Broker, scenario: str) -> tuple[Connection, bytes]:
         exchange, key = "amq.fanout", ""
         for i in range(queues):
             send(encode_method(1, spec.QueueBind(queue=f"q{i}", exchange="amq.fanout")))
-    if scenario == "confirms":
+    if scenario in ("confirms", "acks"):
         publisher.data_received(encode_method(1, spec.ConfirmSelect()))
+    SETUP["consumer"] = consumer
     props = BasicProperties(content_type="application/octet-stream")
     one = encode_content(
         1, spec.BasicPublish(exchange=exchange, routing_key=key), props, b"x" * 16, 131072
@@ -129,16 +134,32 @@ async def _measure(broker: Broker, scenario: str, messages: int, profile: bool) 
     gc.set_threshold(20_000, 50, 100)
     profiler = cProfile.Profile() if profile else None
     rounds = max(1, messages // CHUNK)
+    consumer = SETUP["consumer"]
+    acks = None
+    if scenario == "acks":  # one basic.ack per delivery, as a consumer sends them, pre-encoded
+        acks = [
+            b"".join(
+                encode_method(1, spec.BasicAck(delivery_tag=tag))
+                for tag in range(r * CHUNK + 1, (r + 1) * CHUNK + 1)
+            )
+            for r in range(rounds)
+        ]
     started = time.process_time()
     loop_started = time.thread_time()
     if profiler:
         profiler.enable()
-    for _ in range(rounds):
+    for r in range(rounds):
         publisher.data_received(chunk)
         broker._flush_dirty()  # what the loop does once per iteration
         while getattr(publisher, "_backlog", None) is not None:  # next turns: READ_BUDGET each
             publisher._continue()
             broker._flush_dirty()
+        if acks is not None:
+            consumer.data_received(acks[r])
+            broker._flush_dirty()
+            while getattr(consumer, "_backlog", None) is not None:
+                consumer._continue()
+                broker._flush_dirty()
     loop_elapsed = time.thread_time() - loop_started
     archive = broker.archive
     if archive is not None:
@@ -167,7 +188,7 @@ def main() -> int:
     parser.add_argument("--profile", metavar="SCENARIO", help="cProfile one scenario instead")
     parser.add_argument(
         "--scenarios",
-        default="direct,direct+archive,confirms,fanout-3,topic-1000-cached",
+        default="direct,direct+archive,confirms,acks,fanout-3,topic-1000-cached",
         help="comma-separated, run in this order",
     )
     parser.add_argument("--repeat", type=int, default=1, help="run the list this many times")

@@ -725,12 +725,40 @@ class Channel:
                 queue.dispatch()
 
     def _basic_ack(self, m: spec.BasicAck) -> None:
+        if not m.multiple and self.tx is None:
+            self._ack_one(m.delivery_tag)
+            return
+
         def ack(entries: list[Entry]) -> None:
             for entry in entries:
                 if entry.queue is not None and not entry.queue.deleted:
                     entry.queue.ack(entry)
 
         self._settle(m.delivery_tag, m.multiple, ack)
+
+    def _ack_one(self, tag: int) -> None:
+        """One basic.ack, not multiple, outside a transaction: what a consumer that acks each
+        delivery sends, once per message. `_take_unacked` + `_settle` for one entry, without
+        the list, the closure and the loops (bench/hotpath.py acks: docs/benchmarks.md)."""
+        entry = self.unacked.pop(tag, None)
+        if entry is None:
+            raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
+        size = entry.msg.size
+        self.unacked_bytes -= size
+        consumer = entry.consumer
+        if consumer is not None:
+            consumer.unacked -= 1
+            entry.consumer = None
+        queue = entry.queue
+        if queue is not None:
+            queue.unacked -= 1
+            queue.unacked_bytes -= size
+            if not queue.deleted:
+                queue.ack(entry)
+        if self.prefetch_global or self.prefetch_size:
+            self._redispatch()  # credit is shared by the channel's consumers
+        elif queue is not None:
+            queue.dispatch()
 
     def _reject_entries(self, entries: list[Entry], requeue: bool) -> None:
         if requeue:

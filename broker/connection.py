@@ -42,6 +42,7 @@ from roarmq.protocol.frames import (
 from . import __version__
 from .auth import EXTERNAL, MECHANISMS, AuthError, MalformedResponse
 from .channel import CLOSED as CLOSED_CHANNEL
+from .channel import OPEN as OPEN_CHANNEL
 from .channel import Channel
 from .errors import connection_error
 from .flow import (
@@ -55,6 +56,8 @@ from .flow import (
     FlowControl,
 )
 from .tls import TlsSession, session_of
+
+BasicAck = spec.BasicAck  # the consumer ack fast path in Connection._process
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -365,6 +368,16 @@ class Connection(asyncio.Protocol):
                         if alarms and ALARM not in reasons:
                             self._block()
                     elif type(ev) is MethodFrame:
+                        method = ev.method
+                        if type(method) is BasicAck and self.state == OPEN:
+                            # a consumer's ack of one delivery, as frequent as publishes:
+                            # straight to its handler when the channel is open
+                            ch = channels.get(ev.channel)
+                            if ch is not None and ch.state == OPEN_CHANNEL:
+                                ch._basic_ack(method)
+                                if reasons:
+                                    return i
+                                continue
                         if self.state in _CLOSING_STATES:
                             self._closing_method(ev.method)
                         elif ev.channel == 0:

@@ -102,6 +102,28 @@ async def test_frames_on_a_closed_channel_are_dropped_until_it_reopens(broker):
     await c.close()
 
 
+async def test_acks_on_a_channel_the_broker_is_closing_are_dropped(broker):
+    """The consumer-ack fast path (Connection._process) keeps the channel's closing rules:
+    after the broker's channel.close only close/close-ok count, and its unacked go back."""
+    c = await RawClient.connect(broker.port)
+    await c.open_channel(1)
+    c.send(1, spec.QueueDeclare(queue="acks-closing"))
+    await c.expect(spec.QueueDeclareOk)
+    c.publish(1, "", "acks-closing", b"m")
+    c.send(1, spec.BasicGet(queue="acks-closing"))
+    tag = (await c.expect(spec.BasicGetOk)).delivery_tag
+    c.send(1, spec.BasicAck(delivery_tag=tag + 41))  # unknown: the broker closes the channel
+    close = await c.expect(spec.ChannelClose)
+    assert close.reply_code == 406
+    c.send(1, spec.BasicAck(delivery_tag=tag))  # in flight: dropped, not applied
+    c.send(1, spec.BasicAck(delivery_tag=tag + 41))  # dropped, not a second error
+    c.send(1, spec.ChannelCloseOk())
+    await c.open_channel(1)
+    c.send(1, spec.QueueDeclare(queue="acks-closing", passive=True))
+    assert (await c.expect(spec.QueueDeclareOk)).message_count == 1  # requeued, not acked
+    await c.close()
+
+
 # -- 2. nothing on a channel after its close-ok ----------------------------------------
 
 
