@@ -422,13 +422,17 @@ async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
     await client.call(
         spec.ExchangeDeclare(exchange=exchange, type=sc["exchange_type"]), spec.ExchangeDeclareOk
     )
+    bind_s = 0.0  # time from the first queue.bind sent to the last bind-ok received
     for name in queues:
         # auto-delete: gone with this consumer, so a reused broker keeps no leftovers
         await client.call(spec.QueueDeclare(queue=name, auto_delete=True), spec.QueueDeclareOk)
+        bind_started = time.perf_counter()
         for pattern in patterns:  # pipelined: all binds out, then all bind-oks in
             client.send(CHANNEL, spec.QueueBind(queue=name, exchange=exchange, routing_key=pattern))
         for _ in patterns:
             await client.reply(spec.QueueBindOk)
+        bind_s += time.perf_counter() - bind_started
+    binds = len(patterns) * len(queues)
     no_ack = not sc["manual_ack"]
     if sc["prefetch"]:
         await client.call(spec.BasicQos(prefetch_count=sc["prefetch"]), spec.BasicQosOk)
@@ -519,6 +523,8 @@ async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
         if window > 0.01
         else None,
         "error": client.error,
+        "binds": binds,
+        "binds_per_s": binds / bind_s if bind_s > 0 else None,
     }
     client.transport.close()  # type: ignore[union-attr]
     return result

@@ -37,6 +37,7 @@ transient messages, one queue and one consumer unless said otherwise):
   topic-1000  topic exchange, 1,000 wildcard bindings, consumer no-ack
   topic-1000-lead  the same with patterns that start with a wildcard (*.e{i}.# / #.o{i}),
                    which no prefix of the key can prune
+  topic-10k   topic exchange, 10,000 wildcard bindings, 1,000 distinct keys (all cached)
   topic-100k  topic exchange, 100,000 wildcard bindings, 1,000 distinct keys (all cached)
   topic-100k-distinct  the same bindings, 100,000 distinct keys: ten times RoarMQ's routing
                    cache, so most keys are routed by a trie walk (the cold path)
@@ -66,7 +67,9 @@ auto-delete queue and exchange per scenario, and 10,000 instead of 100,000
 bindings in the topic-100k* scenarios, which RabbitMQ needs ~20 s and GarageMQ
 ~50 s to create) finishes in about a minute. Every scenario is bounded in time
 (``--timeout``, set-up included): on timeout the row reports what was
-measured. All processes started here are stopped on every exit path.
+measured. Scenarios with 1,000 bindings or more also report the rate at which each broker
+took them (binds/s: the consumer pipelines every queue.bind, then reads the bind-oks).
+All processes started here are stopped on every exit path.
 """
 
 from __future__ import annotations
@@ -177,6 +180,15 @@ SCENARIOS = [
         5_000,
         bindings=1000,
         shape="leading",
+    ),
+    Scenario(
+        "topic-10k",
+        "topic, 10,000 wildcard bindings, 1,000 keys (cached), no-ack",
+        "topic",
+        50_000,
+        5_000,
+        bindings=10_000,
+        topic_keys=1_000,
     ),
     Scenario(
         "topic-100k",
@@ -726,6 +738,7 @@ def run_scenario(
         else None,
         "loadavg": load,
         "consumer_cpu_pct": consumed.get("cpu_pct"),
+        "binds_per_s": consumed.get("binds_per_s"),  # pipelined queue.bind, declaring the topology
         "publish_rate": published.get("publish_rate") if published and sc.rate else None,
         "publisher": published,
     }
@@ -807,6 +820,22 @@ def table(rows: list[dict[str, Any]], repeat: int, quick: bool = False) -> str:
             )
             + " |"
         )
+    binding = [r for r in rows if (r.get("bindings") or 0) >= 1000]
+    if binding:  # how fast each broker took the scenario's bindings (pipelined queue.bind)
+        out += [
+            "",
+            "queue.bind rate: the consumer sends all of a scenario's binds, then reads all "
+            "bind-oks (median of the runs).",
+            "",
+            "| scenario | broker | bindings | binds/s |",
+            "|---|---|---:|---:|",
+        ]
+        for r in binding:
+            rates = sorted(v for v in r.get("runs_binds_per_s") or [] if v is not None)
+            rate = rates[(len(rates) - 1) // 2] if rates else None
+            out.append(
+                f"| {r['scenario']} | {LABEL[r['broker']]} | {r['bindings']:,} | {fmt(rate, 0)} |"
+            )
     return "\n".join(out)
 
 
@@ -845,6 +874,8 @@ def summarize(
         "status": pick["status"],
         "broker_cpu_us_per_msg": cpus[(len(cpus) - 1) // 2] if cpus else None,
         "consumer_cpu_pct": _num(pick.get("consumer_cpu_pct")),
+        "bindings": pick.get("bindings"),
+        "runs_binds_per_s": [_num(r.get("binds_per_s")) for r in results],
         "publish_rate": _num(pick.get("publish_rate")),  # paced scenarios only
         "runs_msgs_per_s": [_num(r.get("msgs_per_s")) for r in results],
         "runs_p50_ms": [_num(r.get("p50_ms")) for r in results],
