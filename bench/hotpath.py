@@ -33,7 +33,6 @@ from roarmq.protocol.frames import PROTOCOL_HEADER, encode_content, encode_metho
 from roarmq.protocol.properties import BasicProperties  # noqa: E402
 
 CHUNK = 2000  # publishes per data_received call, like a busy socket read
-SETUP: dict = {}  # the consumer's connection, for the acks scenario
 
 
 class NullTransport:
@@ -85,7 +84,8 @@ def open_connection(broker: Broker) -> Connection:
     return conn
 
 
-def setup(broker: Broker, scenario: str) -> tuple[Connection, bytes]:
+def setup(broker: Broker, scenario: str) -> tuple[Connection, Connection, bytes]:
+    """(publisher, consumer, one chunk of pre-encoded publishes) for ``scenario``."""
     consumer, publisher = open_connection(broker), open_connection(broker)
     send = consumer.data_received
     exchange, key = "", "q0"
@@ -108,12 +108,11 @@ def setup(broker: Broker, scenario: str) -> tuple[Connection, bytes]:
             send(encode_method(1, spec.QueueBind(queue=f"q{i}", exchange="amq.fanout")))
     if scenario in ("confirms", "acks"):
         publisher.data_received(encode_method(1, spec.ConfirmSelect()))
-    SETUP["consumer"] = consumer
     props = BasicProperties(content_type="application/octet-stream")
     one = encode_content(
         1, spec.BasicPublish(exchange=exchange, routing_key=key), props, b"x" * 16, 131072
     )
-    return publisher, one * CHUNK
+    return publisher, consumer, one * CHUNK
 
 
 async def measure(scenario: str, messages: int, profile: bool) -> dict:
@@ -128,13 +127,12 @@ async def measure(scenario: str, messages: int, profile: bool) -> dict:
 
 
 async def _measure(broker: Broker, scenario: str, messages: int, profile: bool) -> dict:
-    publisher, chunk = setup(broker, scenario)
+    publisher, consumer, chunk = setup(broker, scenario)
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 50, 100)
     profiler = cProfile.Profile() if profile else None
     rounds = max(1, messages // CHUNK)
-    consumer = SETUP["consumer"]
     acks = None
     if scenario == "acks":  # one basic.ack per delivery, as a consumer sends them, pre-encoded
         acks = [

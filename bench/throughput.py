@@ -455,11 +455,38 @@ def start_roarmq(procs: Procs, tmp: Path, cpu: int | None) -> Running:
     return Running("roarmq", port, str(props.get("version", "?")), proc, instance, log)
 
 
-def rabbit_server() -> str | None:
-    for path in RABBIT_CANDIDATES:
+def _started(
+    procs: Procs,
+    proc: subprocess.Popen,
+    instance: str,
+    port: int,
+    log: Path,
+    timeout: float,
+    grace: float,
+    last: bool,
+) -> tuple[int, dict] | None:
+    """Wait for a peer broker on its known port; if it fails, stop it and sweep its
+    processes, then None (try again) unless this was the ``last`` attempt (raise)."""
+    try:
+        return _wait_ready(proc, lambda: port, log, timeout)
+    except BaseException as exc:
+        procs.stop(proc, grace=grace)
+        sweep(instance)
+        if last or not isinstance(exc, RuntimeError):
+            raise
+        return None
+
+
+def _installed(candidates: tuple[str, ...], command: str) -> str | None:
+    """The first executable of ``candidates``, else ``command`` on PATH."""
+    for path in candidates:
         if os.access(path, os.X_OK):
             return path
-    return shutil.which("rabbitmq-server")
+    return shutil.which(command)
+
+
+def rabbit_server() -> str | None:
+    return _installed(RABBIT_CANDIDATES, "rabbitmq-server")
 
 
 def _apt_install(package: str, find: Any) -> str:
@@ -527,27 +554,16 @@ def start_rabbitmq(procs: Procs, tmp: Path, cpu: int | None, attempts: int = 2) 
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        try:
-            port, props = _wait_ready(proc, lambda p=port: p, log, 90)
-        except RuntimeError:
-            procs.stop(proc, grace=15)
-            sweep(instance)
-            if attempt + 1 == attempts:
-                raise
+        started = _started(procs, proc, instance, port, log, 90, 15, attempt + 1 == attempts)
+        if started is None:
             continue
-        except BaseException:
-            procs.stop(proc, grace=15)
-            sweep(instance)
-            raise
+        port, props = started
         return Running("rabbitmq", port, str(props.get("version", "?")), proc, instance, log)
     raise AssertionError("unreachable")
 
 
 def garagemq_server() -> str | None:
-    for path in GARAGEMQ_CANDIDATES:
-        if os.access(path, os.X_OK):
-            return path
-    return shutil.which("garagemq")
+    return _installed(GARAGEMQ_CANDIDATES, "garagemq")
 
 
 def garagemq_package_version() -> str | None:
@@ -586,18 +602,10 @@ def start_garagemq(procs: Procs, tmp: Path, cpu: int | None, attempts: int = 2) 
             proc = procs.start(
                 pinned(cpu, cmd), instance=instance, stdout=out, stderr=subprocess.STDOUT
             )
-        try:
-            port, props = _wait_ready(proc, lambda p=port: p, log, 30)
-        except RuntimeError:
-            procs.stop(proc, grace=5)
-            sweep(instance)
-            if attempt + 1 == attempts:
-                raise
+        started = _started(procs, proc, instance, port, log, 30, 5, attempt + 1 == attempts)
+        if started is None:
             continue
-        except BaseException:
-            procs.stop(proc, grace=5)
-            sweep(instance)
-            raise
+        port, props = started
         version = str(props.get("version", "?"))
         if package:
             version += f" (Debian {package})"

@@ -680,7 +680,7 @@ class Channel:
             entries = list(unacked.values())
             unacked.clear()
         elif tag not in unacked:
-            raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
+            raise _unknown_tag(tag)
         elif multiple:
             # Tags are ascending in the dict: walk only the ones settled, never copy it all.
             tags = []
@@ -693,22 +693,27 @@ class Channel:
         else:
             entries = [unacked.pop(tag)]
         for entry in entries:
-            self.unacked_bytes -= entry.msg.size
-            consumer = entry.consumer
-            if consumer is not None:
-                consumer.unacked -= 1
-                entry.consumer = None
-            queue = entry.queue
-            if queue is not None:
-                queue.unacked -= 1
-                queue.unacked_bytes -= entry.msg.size
+            self._release(entry)
         return entries
+
+    def _release(self, entry: Entry) -> None:
+        """An entry taken out of `unacked`: its consumer's, queue's and our counts drop."""
+        size = entry.msg.size
+        self.unacked_bytes -= size
+        consumer = entry.consumer
+        if consumer is not None:
+            consumer.unacked -= 1
+            entry.consumer = None
+        queue = entry.queue
+        if queue is not None:
+            queue.unacked -= 1
+            queue.unacked_bytes -= size
 
     def _settle(self, tag: int, multiple: bool, action: Callable[[list[Entry]], None]) -> None:
         if self.tx is not None:
             # Validate now (unknown tags fail at once, as in RabbitMQ), apply at commit.
             if not (multiple and tag == 0) and tag not in self.unacked:
-                raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
+                raise _unknown_tag(tag)
             self.tx.append(lambda: action(self._take_unacked(tag, multiple)))
             return
         entries = self._take_unacked(tag, multiple)
@@ -742,19 +747,11 @@ class Channel:
         the list, the closure and the loops (bench/hotpath.py acks: docs/benchmarks.md)."""
         entry = self.unacked.pop(tag, None)
         if entry is None:
-            raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
-        size = entry.msg.size
-        self.unacked_bytes -= size
-        consumer = entry.consumer
-        if consumer is not None:
-            consumer.unacked -= 1
-            entry.consumer = None
+            raise _unknown_tag(tag)
+        self._release(entry)
         queue = entry.queue
-        if queue is not None:
-            queue.unacked -= 1
-            queue.unacked_bytes -= size
-            if not queue.deleted:
-                queue.ack(entry)
+        if queue is not None and not queue.deleted:
+            queue.ack(entry)
         if self.prefetch_global or self.prefetch_size:
             self._redispatch()  # credit is shared by the channel's consumers
         elif queue is not None:
@@ -1039,6 +1036,11 @@ def _strip_bcc(msg: Message) -> Message:
     props = copy_properties(msg.properties)
     props.headers = {k: v for k, v in props.headers.items() if k != "BCC"}
     return msg.with_properties(props)
+
+
+def _unknown_tag(tag: int) -> SoftError:
+    """406 for an ack, nack or reject of a delivery tag the channel does not hold."""
+    return channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
 
 
 _HANDLERS: dict[type, Callable[[Channel, Any], None]] = {

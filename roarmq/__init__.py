@@ -73,10 +73,12 @@ if NO_EXTENSIONS or _CHECKOUT:
 def compiled_modules() -> list[str]:
     """The ``roarmq`` modules imported so far that run compiled (setup.py's extensions)."""
     import sys
+    from importlib.machinery import EXTENSION_SUFFIXES
 
+    suffixes = tuple(EXTENSION_SUFFIXES)
     return sorted(
         name
         for name, module in list(sys.modules.items())
         if name.startswith("roarmq.")
-        and str(getattr(module, "__file__", "") or "").endswith((".so", ".pyd"))
+        and str(getattr(module, "__file__", "") or "").endswith(suffixes)
     )
