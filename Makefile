@@ -33,7 +33,7 @@ run: $(RUN_STAMP)
 # headless Chromium with its driver (tests/ui/test_web_ui.py drives the web UI).
 # Installed through apt when we can; otherwise the tests that need them say why they did
 # not run.
-APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless) $(if $(shell command -v openssl),,openssl) $(if $(shell command -v chromedriver),,chromium chromium-driver)
+APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless) $(if $(shell command -v openssl),,openssl) $(if $(shell command -v chromedriver),,chromium chromium-driver) $(if $(shell command -v strace),,strace)
 
 system-deps:
 	@if [ -n "$(strip $(APT_PACKAGES))" ]; then \

@@ -29,6 +29,8 @@ DISK = "disk"
 MEMORY_CHECK = 0.1
 #: Seconds between free-disk samples.
 DISK_CHECK = 2.0
+#: Bytes the message store writes before the next free-disk sample, at the least.
+DISK_STEP_MIN = 1 << 20
 #: Bodies queued between two samples that make us check the estimate at once.
 QUEUED_STEP = 4 * 1024 * 1024
 #: The memory alarm clears under this fraction of the high watermark.
@@ -137,6 +139,13 @@ class ResourceMonitor:
 
     # -- disk -----------------------------------------------------------------------------
 
+    def check_disk_now(self) -> None:
+        """Sample free disk space now (a write failed, or much was written since)."""
+        timer = self._timers.pop(DISK, None)
+        if timer is not None:
+            timer.cancel()
+        self._check_disk()
+
     def _check_disk(self) -> None:
         broker = self.broker
         try:
@@ -145,6 +154,13 @@ class ResourceMonitor:
             self._later(DISK, DISK_CHECK, self._check_disk)
             return
         self.disk_free = free = st.f_bavail * st.f_frsize
+        store = broker.store
+        if store is not None:
+            # Between samples the store's own writes are what eat the disk: sample again
+            # as soon as it has written half the room left above the limit, so publishers
+            # are blocked before the disk is full even when it fills within one period.
+            room = max(free - self.disk_limit, 0)
+            store.disk_check_at = store.log.bytes_written + max(room // 2, DISK_STEP_MIN)
         alarmed = DISK in broker.alarms
         if not alarmed and free < self.disk_limit:
             broker.set_alarm(DISK, True, used=free, limit=self.disk_limit)

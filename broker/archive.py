@@ -25,6 +25,14 @@ Memory is bounded: at most ``max_pending_batches`` full batches wait for the wri
 behind, the oldest waiting batch is dropped and counted (``dropped_batches``/``dropped_rows``)
 rather than slowing the broker. The schema is ``SCHEMA``; docs/benchmarks.md "## Pipeline" has
 the cost.
+
+A full or failing disk (ENOSPC, EIO) costs the archive, never the broker: a batch whose journal
+append fails is dropped and counted (``failed_batches``/``failed_rows``, in /metrics as
+``roarmq_archive_batches_dropped_total{reason="write_failed"}``), the journal it tore is cut back
+to its whole batches and converted, and the next batch starts a new journal, so the archive
+resumes with the first write that succeeds. A conversion that fails is retried every
+``RETRY_SECONDS`` from its journal, which still holds every row. The log gets one warning per
+episode (``_Faults``). Only the writer thread touches the disk once the broker serves.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from roarmq.protocol.properties import BasicProperties
 from roarmq.protocol.tables import timestamp_to_wire
 
 from .clock import Clock
+from .logs import NOTICE
 
 if TYPE_CHECKING:
     from .config import ArchiveConfig
@@ -69,6 +78,10 @@ FLUSH_SECONDS = 1.0
 FILE_ROWS = 4 * 1024 * 1024
 #: Rows per row group of the data files (also one conversion step).
 ROW_GROUP_ROWS = 64 * 1024
+#: A conversion that failed on the disk is tried again after this long.
+RETRY_SECONDS = 5.0
+#: While the disk keeps failing, a reminder in the log at most this often.
+WARN_EVERY = 60.0
 
 #: Dictionary pages only for columns that repeat, statistics only for the time (what readers
 #: prune on): half the encoding cost of pyarrow's defaults (measured 257 -> 126 ns a row) and
@@ -424,7 +437,12 @@ def split_partitions(table: pa.Table) -> Iterator[tuple[str, int, pa.Table]]:
 
 
 def read_journal(path: Path) -> Iterator[pa.RecordBatch]:
-    """The complete batches of a journal, in order; a torn tail ends it quietly."""
+    """The complete batches of a journal, in order; a torn tail ends it quietly.
+
+    A read the disk fails (an ``OSError`` with an errno, EIO) is raised rather than taken for
+    a torn tail: the conversion is then retried, instead of writing a file short of rows and
+    deleting the journal that holds them.
+    """
     try:
         with pa.OSFile(str(path), "rb") as f:
             reader = pa.ipc.open_stream(f)
@@ -433,7 +451,11 @@ def read_journal(path: Path) -> Iterator[pa.RecordBatch]:
                     yield reader.read_next_batch()
                 except StopIteration:
                     return
-    except (OSError, pa.ArrowException):
+    except FileNotFoundError:
+        return
+    except (OSError, pa.ArrowException) as exc:
+        if isinstance(exc, OSError) and exc.errno:
+            raise
         return  # torn mid-batch (or before the schema): what was whole has been yielded
 
 
@@ -442,6 +464,8 @@ class _Conversion:
 
     The writer thread takes a step only when no batch is waiting, so converting never holds
     up the journal; the work is mostly Arrow and Parquet code that runs without the GIL.
+    A step that fails on the disk (``OSError``: ENOSPC, EIO) is ``retry``-ed from the start a
+    while later: the journal still holds every row, so a full disk delays the file, nothing more.
     """
 
     def __init__(self, journal: Path, target: Path) -> None:
@@ -451,9 +475,15 @@ class _Conversion:
         self.batches = read_journal(journal)
         self.writer: Any = None
         self.rows = 0
+        self.failures = 0  # failed attempts so far
+        self.not_before = 0.0  # time.monotonic() of the next attempt
 
     def step(self) -> bool:
         """Convert up to a row group; True once the data file is in place."""
+        if self.writer is None and self.rows == 0 and self.target.exists():
+            # a retry after the rename: only the journal's unlink failed last time
+            self.journal.unlink(missing_ok=True)
+            return True
         buffered: list[pa.RecordBatch] = []
         pending = 0
         for batch in self.batches:
@@ -483,13 +513,25 @@ class _Conversion:
         return self.rows
 
     def abandon(self) -> None:
-        """After an error: the journal stays, to be converted at the next start."""
+        """After an error: the journal stays (converted at a retry or at the next start)."""
         if self.writer is not None:
             try:
                 self.writer.close()
             except Exception:  # noqa: BLE001 - already failing
                 pass
-        self.tmp.unlink(missing_ok=True)
+            self.writer = None
+        try:
+            self.tmp.unlink(missing_ok=True)
+        except OSError:  # the next start deletes temporaries
+            pass
+
+    def retry(self, delay: float) -> None:
+        """After a disk error: drop the partial file and start again in ``delay`` seconds."""
+        self.abandon()
+        self.batches = read_journal(self.journal)
+        self.rows = 0
+        self.failures += 1
+        self.not_before = time.monotonic() + delay
 
 
 def _use_jemalloc() -> None:
@@ -510,9 +552,15 @@ def _use_jemalloc() -> None:
 
 
 class _Partition:
-    """An open partition: the journal its batches are appended to."""
+    """An open partition: the journal its batches are appended to.
 
-    __slots__ = ("directory", "vhost", "hour", "opened", "name", "journal_file", "journal", "rows")
+    ``size`` is the journal's length after its last whole batch: when an append fails half
+    way (ENOSPC, EIO), the journal is cut back to it, so no torn record stays on disk.
+    """
+
+    __slots__ = (
+        "directory", "vhost", "hour", "opened", "name", "journal_file", "journal", "rows", "size",
+    )  # fmt: skip
 
     def __init__(self, directory: Path, vhost: str, hour: int, opened: float, name: str) -> None:
         self.directory = directory
@@ -520,9 +568,15 @@ class _Partition:
         self.hour = hour
         self.opened = opened  # wall time of its first batch
         self.name = name  # part-<session>-<seq>
-        self.journal_file = pa.OSFile(str(self.journal_path), "wb")
-        self.journal = pa.ipc.new_stream(self.journal_file, JOURNAL_SCHEMA)
         self.rows = 0
+        self.size = 0
+        self.journal_file = pa.OSFile(str(self.journal_path), "wb")
+        try:
+            self.journal = pa.ipc.new_stream(self.journal_file, JOURNAL_SCHEMA)
+        except BaseException:
+            self.journal_file.close()
+            self.delete()
+            raise
 
     @property
     def journal_path(self) -> Path:
@@ -535,6 +589,7 @@ class _Partition:
     def append(self, table: pa.Table) -> None:
         self.journal.write_table(table)  # unbuffered file: in the OS once this returns
         self.rows += table.num_rows
+        self.size = self.journal_file.tell()
 
     def close(self) -> None:
         for closer in (self.journal.close, self.journal_file.close):
@@ -542,6 +597,81 @@ class _Partition:
                 closer()
             except Exception:  # noqa: BLE001 - a torn tail is what a crash leaves anyway
                 pass
+
+    def cut_back(self) -> None:
+        """Truncate the journal to its whole batches (a failed append may have left part of one;
+        readers would stop there anyway, this only keeps the file clean)."""
+        try:
+            os.truncate(self.journal_path, self.size)
+        except OSError:
+            pass
+
+    def delete(self) -> None:
+        try:
+            self.journal_path.unlink(missing_ok=True)
+        except OSError:  # the next start converts (or drops) an empty journal
+            pass
+
+
+class _Faults:
+    """The archive's disk faults, for the log: one warning per episode, not one per batch.
+
+    An episode starts at the first failed write (a warning naming the error) and ends when
+    writes succeed again (a notice with what was dropped); a disk that stays full gets a
+    reminder at most every ``WARN_EVERY`` seconds with the count dropped since, so a full disk
+    costs a few log lines, not one per batch. Only the writer thread calls it.
+    """
+
+    def __init__(self) -> None:
+        self.failing = False
+        self.started = 0.0
+        self.last_warning = -WARN_EVERY
+        self.since_warning = [0, 0, 0]  # batches, rows dropped, errors since the last warning
+        self.episode = [0, 0, 0]
+
+    def failure(self, op: str, exc: BaseException, batches: int = 0, rows: int = 0) -> None:
+        now = time.monotonic()
+        for counts in (self.since_warning, self.episode):
+            counts[0] += batches
+            counts[1] += rows
+            counts[2] += 1
+        first = not self.failing
+        if first:
+            self.failing, self.started = True, now
+        if now - self.last_warning < WARN_EVERY:
+            return
+        batches, rows, errors = self.since_warning
+        self.last_warning, self.since_warning = now, [0, 0, 0]
+        log.warning(
+            "archive cannot write: dropping what cannot be written until writes succeed again"
+            if first
+            else "archive writes still failing",
+            exc_info=None if isinstance(exc, OSError) else exc,  # not the disk: a bug to see
+            extra={
+                "op": op,
+                "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                "dropped_batches": batches,
+                "dropped_rows": rows,
+                "errors": errors,
+            },
+        )
+
+    def recovered(self) -> None:
+        """Writes succeed again: end the episode (a no-op when none is under way)."""
+        if not self.failing:
+            return
+        batches, rows, errors = self.episode
+        self.failing, self.episode, self.since_warning = False, [0, 0, 0], [0, 0, 0]
+        log.log(
+            NOTICE,
+            "archive writing again",
+            extra={
+                "dropped_batches": batches,
+                "dropped_rows": rows,
+                "errors": errors,
+                "seconds": round(time.monotonic() - self.started, 1),
+            },
+        )
 
 
 class Archive:
@@ -590,7 +720,10 @@ class Archive:
         self.written_rows = 0
         self.written_files = 0
         self.recovered_rows = 0
+        self.failed_batches = 0  # dropped because they could not be written (disk full, EIO)
         self.failed_rows = 0
+        self.write_errors = 0  # failed writes of journals and data files, retried ones too
+        self._faults = _Faults()
         self._last_drop_log = 0.0
         self.record = self._recorder()  # type: ignore[method-assign]
         try:
@@ -717,7 +850,9 @@ class Archive:
             "recovered_rows": self.recovered_rows,
             "dropped_batches": self.dropped_batches,
             "dropped_rows": self.dropped_rows,
+            "failed_batches": self.failed_batches,
             "failed_rows": self.failed_rows,
+            "write_errors": self.write_errors,
             "pending_batches": len(self._pending),
         }
 
@@ -735,34 +870,71 @@ class Archive:
 
     def _run(self) -> None:
         self._warm_up()
-        last_flush = time.monotonic()
-        while True:
-            self._wake.wait(0 if self._conversions else FLUSH_SECONDS)
-            self._wake.clear()
-            closing = self._closing
-            while True:
-                with self._lock:
-                    batch = self._pending.popleft() if self._pending else None
-                if batch is None:
-                    break
-                self._write_batch(batch)
-                last_flush = time.monotonic()
-            if closing:
-                break
-            if time.monotonic() - last_flush >= FLUSH_SECONDS:
-                self._request_flush()
-                last_flush = time.monotonic()
-            self._maintain(self._wall(), final=False)
-            if self._conversions:
-                self._convert_step()
-        self._maintain(self._wall(), final=True)
-        while self._conversions:
-            self._convert_step()
+        self._last_flush = time.monotonic()
+        while not self._cycle():
+            pass
+        try:
+            self._maintain(self._wall(), final=True)
+            while self._conversions:
+                self._convert_step(self._conversions[0], final=True)
+        except Exception:
+            log.exception("archive writer failed while closing")
 
-    def _convert_step(self) -> None:
-        conversion = self._conversions[0]
+    def _cycle(self) -> bool:
+        """One wake-up of the writer thread; True when it is to stop.
+
+        An unexpected error is logged and the thread carries on: a writer thread that died
+        would leave the archive off, silently, until the broker restarts.
+        """
+        try:
+            return self._cycle_once()
+        except Exception:
+            log.exception("archive writer error; carrying on")
+            self._wake.wait(1.0)  # no hot loop if the error repeats
+            return self._closing
+
+    def _cycle_once(self) -> bool:
+        self._wake.wait(0 if self._ready_conversion() else FLUSH_SECONDS)
+        self._wake.clear()
+        closing = self._closing
+        while True:
+            with self._lock:
+                batch = self._pending.popleft() if self._pending else None
+            if batch is None:
+                break
+            self._write_batch(batch)
+            self._last_flush = time.monotonic()
+        if closing:
+            return True
+        if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            self._request_flush()
+            self._last_flush = time.monotonic()
+        self._maintain(self._wall(), final=False)
+        conversion = self._ready_conversion()
+        if conversion is not None:
+            self._convert_step(conversion)
+        return False
+
+    def _ready_conversion(self) -> _Conversion | None:
+        """The first conversion not waiting to be retried (a full disk defers them)."""
+        now = time.monotonic()
+        for conversion in self._conversions:
+            if conversion.not_before <= now:
+                return conversion
+        return None
+
+    def _convert_step(self, conversion: _Conversion, final: bool = False) -> None:
+        """One step; a disk error defers the conversion (at close: leaves it to the next start)."""
         try:
             done = conversion.step()
+        except OSError as exc:
+            self.write_errors += 1
+            self._faults.failure("convert", exc)
+            if not final:
+                conversion.retry(RETRY_SECONDS)
+                return
+            conversion.abandon()
+            done = True
         except Exception:
             log.exception(
                 "archive conversion failed; the journal is kept for the next start",
@@ -773,8 +945,14 @@ class Archive:
         else:
             if done:
                 self.written_files += 1
+                self._succeeded()
         if done:
-            self._conversions.popleft()
+            self._conversions.remove(conversion)
+
+    def _succeeded(self) -> None:
+        """A write went through: the fault episode ends, unless conversions still wait on it."""
+        if self._faults.failing and not any(c.failures for c in self._conversions):
+            self._faults.recovered()
 
     def _warm_up(self) -> None:
         """Convert and encode a tiny batch once: pyarrow's first use costs ~0.3 s of CPU, paid
@@ -794,15 +972,34 @@ class Archive:
             log.exception("archive warm-up failed")
 
     def _write_batch(self, rows: list[Any]) -> None:
+        """Append a batch to its partitions' journals; what cannot be written is dropped.
+
+        Dropped, not retried: on a full or failing disk the batches would only pile up in
+        memory, and the broker's traffic must not wait on its archive.
+        """
         n = len(rows) // self._stride
         try:
-            table = rows_to_journal(rows, bool(self._max_body))
-            for vhost, hour, part in split_partitions(table):
-                self._write_part(vhost, hour, part)
-            self.written_rows += n
-        except Exception:
-            self.failed_rows += n
-            log.exception("archive batch not written", extra={"rows": n})
+            parts = list(split_partitions(rows_to_journal(rows, bool(self._max_body))))
+        except Exception as exc:  # not the disk: a batch the conversion cannot take
+            self._drop("encode", exc, n)
+            return
+        lost, error = 0, None
+        for vhost, hour, table in parts:
+            try:
+                self._write_part(vhost, hour, table)
+            except Exception as exc:
+                lost, error = lost + table.num_rows, exc
+        self.written_rows += n - lost
+        if error is not None:
+            self.write_errors += 1
+            self._drop("journal", error, lost)
+        else:
+            self._succeeded()
+
+    def _drop(self, op: str, exc: BaseException, rows: int) -> None:
+        self.failed_batches += 1
+        self.failed_rows += rows
+        self._faults.failure(op, exc, 1, rows)
 
     def _write_part(self, vhost: str, hour: int, table: pa.Table) -> None:
         key = (vhost, hour)
@@ -819,11 +1016,24 @@ class Archive:
         try:
             part.append(table)
         except Exception:
-            self._open.pop(key, None)
-            part.close()
+            self._set_aside(part)
             raise
         if part.rows >= FILE_ROWS:
             self._roll(part)
+
+    def _set_aside(self, part: _Partition) -> None:
+        """A journal whose append failed takes no more batches: cut back to its whole batches,
+        it is converted like a rolled one (or deleted if it holds none), and the partition's
+        next batch starts a new journal. The writer's state may not match the file any more
+        (a dictionary it believes written), so appending to it again could corrupt it.
+        """
+        self._open.pop((part.vhost, part.hour), None)
+        part.close()
+        if part.rows == 0:
+            part.delete()
+            return
+        part.cut_back()
+        self._conversions.append(_Conversion(part.journal_path, part.path))
 
     def _maintain(self, now: float, final: bool) -> None:
         """Roll the partitions that are due (all of them when closing)."""
@@ -856,9 +1066,25 @@ class Archive:
                 if target.exists():  # converted; the crash came before the journal was deleted
                     entry.unlink(missing_ok=True)
                     continue
-                rows = _Conversion(entry, target).run()
-                if rows:
-                    self.recovered_rows += rows
-                    log.warning(
-                        "archive journal replayed", extra={"file": str(target), "rows": rows}
-                    )
+                self._replay(_Conversion(entry, target))
+
+    def _replay(self, conversion: _Conversion) -> None:
+        """Convert one journal at start-up; on a full or failing disk, the writer thread
+        retries it later (the broker starts all the same)."""
+        try:
+            rows = conversion.run()
+        except OSError as exc:
+            self.write_errors += 1
+            self._faults.failure("recover", exc)
+            conversion.retry(RETRY_SECONDS)
+            self._conversions.append(conversion)
+            return
+        except Exception:
+            conversion.abandon()
+            log.exception("archive journal not replayed", extra={"file": str(conversion.journal)})
+            return
+        if rows:
+            self.recovered_rows += rows
+            log.warning(
+                "archive journal replayed", extra={"file": str(conversion.target), "rows": rows}
+            )

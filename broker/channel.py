@@ -893,7 +893,7 @@ class Channel:
             return
         if msg.flags & FLAG_HEADERS and "BCC" in msg.headers:
             msg = _strip_bcc(msg)
-        ok, token = self.vhost.enqueue(msg, queues)
+        ok, token = self.vhost.enqueue(msg, queues, self.confirm)
         for queue in queues:
             if queue.throttled is not None:
                 self.conn.throttle(queue)
@@ -931,6 +931,11 @@ class Channel:
         """Called when the batch holding `seq` was fsynced; the caller then flushes."""
         if self._acks_waiting.pop(seq, 0) is None:
             self._acks_ready.append(seq)
+
+    def disk_failed(self, seq: int) -> None:
+        """The store could not make `seq` durable: nack it (confirms' "not taken")."""
+        if self._acks_waiting.pop(seq, 0) is None:
+            self._confirmed(seq, False)
 
     def flush_confirms(self) -> None:
         """Send the fewest acks that cover what is confirmed.

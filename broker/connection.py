@@ -55,6 +55,7 @@ from .flow import (
     WRITES,
     FlowControl,
 )
+from .store.definitions import DefinitionsWriteFailed
 from .tls import TlsSession, session_of
 
 BasicAck = spec.BasicAck  # the consumer ack fast path in Connection._process
@@ -398,6 +399,9 @@ class Connection(asyncio.Protocol):
                 _blame(exc, ev)
                 self.close_with_error(exc)
                 return n
+            except DefinitionsWriteFailed as exc:
+                self._store_failed(exc, ev)
+                return n
             except Exception:
                 log.exception("internal error while handling a frame", extra={"conn": self.name})
                 self.close_with_error(
@@ -407,6 +411,14 @@ class Connection(asyncio.Protocol):
             if reasons:
                 return i
         return i if self.state != CLOSED else n
+
+    def _store_failed(self, exc: DefinitionsWriteFailed, event: Any) -> None:
+        """A durable change the definitions store could not write (nothing of it was
+        applied): RabbitMQ's 541 naming what failed, and one error line, no traceback."""
+        exc.log_to(log, conn=self.name)
+        error = connection_error(INTERNAL_ERROR, exc.reply_text)
+        _blame(error, event)
+        self.close_with_error(error)
 
     def _after_batch(self) -> None:
         if self._confirm_channels:

@@ -172,6 +172,24 @@ def _by_protocol(kind: type, name: str, doc: str, value: float) -> Any:
     return family
 
 
+def _archive_drops(archive: Any) -> Iterator[Any]:
+    """What the archive could not keep, by reason: its writer was behind (`writer_behind`), or
+    the disk refused the write (`write_failed`: full, EIO), plus every failed write."""
+    for unit, doc, behind, failed in (
+        ("batches", "Archive batches dropped", archive.dropped_batches, archive.failed_batches),
+        ("rows", "Envelopes dropped from the archive", archive.dropped_rows, archive.failed_rows),
+    ):
+        family = CounterMetricFamily(f"roarmq_archive_{unit}_dropped", doc, labels=["reason"])
+        family.add_metric(["writer_behind"], behind)
+        family.add_metric(["write_failed"], failed)
+        yield family
+    yield _counter(
+        "roarmq_archive_write_errors",
+        "Archive writes (journal appends, data files) that failed; conversions are retried",
+        archive.write_errors,
+    )
+
+
 class _Collector:
     """Read at scrape time; `per_object` adds a series per queue or exchange."""
 
@@ -223,6 +241,32 @@ class RoarCollector(_Collector):
                 sum_value=log.fsync_seconds,
             )
             yield histogram
+            status = b.store_status()
+            yield _gauge(
+                "roarmq_store_failed",
+                "1 while the message store cannot write (persistent publishes are nacked)",
+                int(status["state"] == "failed"),
+            )
+            yield _counter(
+                "roarmq_store_failures",
+                "Times a message store write or fsync failed",
+                status["failures"],
+            )
+            yield _counter(
+                "roarmq_store_resumes",
+                "Times the message store recovered in place",
+                status["resumes"],
+            )
+            yield _counter(
+                "roarmq_store_publishes_nacked",
+                "Publishes nacked because the store failed while they waited for an fsync",
+                status["nacked"],
+            )
+            yield _counter(
+                "roarmq_store_publishes_refused",
+                "Persistent publishes that found the message store failed",
+                status["refused"],
+            )
         archive = b.archive
         if archive is not None:
             yield _counter(
@@ -231,11 +275,7 @@ class RoarCollector(_Collector):
             yield _counter(
                 "roarmq_archive_rows_written", "Envelopes written to Parquet", archive.written_rows
             )
-            yield _counter(
-                "roarmq_archive_rows_dropped",
-                "Envelopes dropped because the writer was behind",
-                archive.dropped_rows,
-            )
+            yield from _archive_drops(archive)
         if self.per_object:
             labels = ["vhost", "exchange"]
             bindings = GaugeMetricFamily(

@@ -1,7 +1,7 @@
 """What survives a restart: the glue between the live broker and broker/store/.
 
 Durable exchanges, queues and bindings, and all users, vhosts and permissions
-are written to SQLite as they change and restored at start; transient ones are
+are written to SQLite before they change in memory, and restored at start; transient ones are
 never written, so they are gone after a restart, as in RabbitMQ. Users, vhosts
 and permissions named in config.toml (or ROARMQ_DEFAULT_USER/_PASS) seed a new
 data dir only, as RabbitMQ's default_user: after that the store is the truth,
@@ -52,7 +52,7 @@ class Persistence:
         # Stores older than the mark: seeded if they hold anything at all.
         held = self.definitions.users() or self.definitions.vhosts()
         if held:
-            db.execute(f"PRAGMA user_version = {SEEDED}")
+            self.definitions.set_user_version(SEEDED)
         return not held
 
     def close(self) -> None:
@@ -66,9 +66,7 @@ class Persistence:
         if not self.new:
             self._note_config_users_not_applied()
             return
-        db = store.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with store.writing("seed the definitions from the config"):
             for v in cfg.vhosts:
                 store.put_vhost(v.name)
             for u in cfg.users:
@@ -77,13 +75,7 @@ class Persistence:
                 )
             for p in cfg.permissions:
                 store.put_permission(PermissionDef(p.user, p.vhost, p.configure, p.write, p.read))
-            db.execute(f"PRAGMA user_version = {SEEDED}")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        if db.in_transaction:
-            db.execute("COMMIT")
+            store.set_user_version(SEEDED)
         self.new = False
 
     def _note_config_users_not_applied(self) -> None:
@@ -172,6 +164,9 @@ class Persistence:
             self.restoring = False
 
     # -- changes ----------------------------------------------------------------------
+    #
+    # The vhost calls these *before* it changes its memory: a write that raises
+    # DefinitionsWriteFailed leaves the broker as it was, on disk and in memory.
 
     def exchange_created(self, x: Exchange) -> None:
         if x.durable and not x.builtin and not self.restoring:
@@ -180,7 +175,7 @@ class Persistence:
             )
 
     def exchange_deleted(self, x: Exchange) -> None:
-        if x.durable and not x.builtin:
+        if x.durable and not x.builtin and not x.vhost.deleted:
             self.definitions.delete_exchange(x.vhost.name, x.name)
 
     def queue_created(self, q: Queue) -> None:
@@ -191,13 +186,15 @@ class Persistence:
             q.store = self.broker.store
 
     def queue_deleted(self, q: Queue) -> None:
-        if q.store_id is not None:
+        if q.store_id is not None and not q.vhost.deleted:
             self.definitions.delete_queue(q.vhost.name, q.name)
 
     def _binding(
         self, source: Exchange, dest: Any, key: str, args: dict | None
     ) -> BindingDef | None:
-        if self.restoring or not source.durable or source.builtin and source.name == "":
+        if self.restoring or source.vhost.deleted:
+            return None
+        if not source.durable or source.builtin and source.name == "":
             return None
         if not isinstance(dest, Exchange):
             if dest.store_id is None:
@@ -213,9 +210,11 @@ class Persistence:
             self.definitions.put_binding(b)
 
     def binding_removed(self, source: Exchange, dest: Any, key: str, args: dict | None) -> None:
+        """Deleting a binding that is not stored is harmless: it changes nothing on disk."""
         b = self._binding(source, dest, key, args)
         if b is not None:
             self.definitions.delete_binding(b)
 
     def vhost_deleted(self, name: str) -> None:
+        """The vhost and all it holds, in one transaction (the vhost's memory goes after)."""
         self.definitions.delete_vhost(name)

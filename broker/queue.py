@@ -354,7 +354,7 @@ class Queue:
             if self.throttled is not None:
                 self.release_publishers()
             if self.auto_delete and self._had_consumers and not self.deleted:
-                self.vhost.delete_queue(self, reason="auto_delete")
+                self.vhost.delete_queue_by_server(self, "auto_delete")
                 return
             self.touch()
         elif self.single_active:
@@ -653,7 +653,7 @@ class Queue:
     def _on_idle(self) -> None:
         self._idle_timer = None
         if not self.deleted and not self.consumer_count:
-            self.vhost.delete_queue(self, reason="expired")
+            self.vhost.delete_queue_by_server(self, "expired")
 
     def on_deleted(self) -> list[Entry]:
         """Called by the vhost once the queue is gone: stop timers, hand back ready entries."""

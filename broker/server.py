@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from roarmq.protocol.tables import RECURSION_LIMIT
 
 from . import __version__
-from .alarms import LoopLag, ResourceMonitor
+from .alarms import DISK, LoopLag, ResourceMonitor
 from .auth import NO_PERMISSION, Authenticator
 from .clock import Clock
 from .config import Config
@@ -44,6 +44,9 @@ def _host(address: str) -> str:
 
 #: Seconds between message-log compaction passes.
 COMPACT_EVERY = 30.0
+#: Seconds before a failed message store is tried again, doubling up to the most.
+STORE_RETRY_FIRST = 0.05
+STORE_RETRY_MAX = 5.0
 
 
 class Broker:
@@ -95,6 +98,9 @@ class Broker:
         self.recovery: dict[str, int] = {}
         self.archive: Any = None  # broker/archive.py's Archive when [archive] enabled
         self._compaction_timer: Any = None
+        self._store_retry: Any = None  # the next attempt to resume a failed message store
+        self._store_retry_delay = STORE_RETRY_FIRST
+        self._store_resumed_at = float("-inf")
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -221,7 +227,60 @@ class Broker:
             },
         )
         self.recovery = counts
+        self.store.on_failure = self._store_failed
+        self.store.on_disk_check = self.resources.check_disk_now
         self._compaction_timer = self.clock.call_later(COMPACT_EVERY, self._compact)
+
+    # -- the message store failing and resuming --------------------------------------------
+
+    def _store_failed(self, exc: BaseException) -> None:
+        """A store write failed (its waiting publishes are nacked): look at the disk, resume.
+
+        On ENOSPC the free-disk sample is taken at once, so the disk alarm blocks publishers
+        now; the store resumes when the alarm clears (set_alarm). Any other error is tried
+        again at once, then less and less often, while consumers go on being served.
+        """
+        self.resources.check_disk_now()
+        now = self.clock.loop.time()
+        if now - self._store_resumed_at > STORE_RETRY_MAX * 4:
+            self._store_retry_delay = STORE_RETRY_FIRST  # a new fault: try at once
+            self._schedule_store_resume(0.0)
+        else:  # failed again soon after resuming: the fault persists, back off
+            self._store_retry_delay = min(self._store_retry_delay * 2, STORE_RETRY_MAX)
+            self._schedule_store_resume(self._store_retry_delay)
+
+    def _schedule_store_resume(self, delay: float) -> None:
+        if self._store_retry is not None:
+            self._store_retry.cancel()
+        self._store_retry = self.clock.loop.call_later(delay, self._resume_store)
+
+    def _resume_store(self) -> None:
+        self._store_retry = None
+        store = self.store
+        if store is None or store.failed is None:
+            return
+        if DISK in self.alarms:
+            return  # set_alarm(DISK, False) tries again when space is back
+        if store.resume():
+            self._store_resumed_at = self.clock.loop.time()
+        else:
+            self._store_retry_delay = min(self._store_retry_delay * 2, STORE_RETRY_MAX)
+            self._schedule_store_resume(self._store_retry_delay)
+
+    def store_status(self) -> dict[str, Any]:
+        """The message store's health, for management, /metrics and health checks."""
+        store = self.store
+        if store is None:
+            return {"state": "closed"}
+        failed = store.failed
+        return {
+            "state": "ok" if failed is None else "failed",
+            "error": None if failed is None else str(failed),
+            "failures": store.failures,
+            "resumes": store.log.resumes,
+            "nacked": store.nacked,
+            "refused": store.refused,
+        }
 
     def _compact(self) -> None:
         if self.store is None:
@@ -262,6 +321,9 @@ class Broker:
             self._management = None
         if self._compaction_timer is not None:
             self._compaction_timer.cancel()
+        if self._store_retry is not None:
+            self._store_retry.cancel()
+            self._store_retry = None
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -285,27 +347,33 @@ class Broker:
         vhost = self.vhosts.get(name)
         created = vhost is None
         if vhost is None:
-            vhost = self.vhosts[name] = VirtualHost(self, name)
-        if metadata is not None:
-            vhost.metadata.update(metadata)
+            vhost = VirtualHost(self, name)
         if created or metadata is not None:
-            self.persistence.definitions.put_vhost(name, vhost.metadata)
+            # stored first: the vhost is made, or its metadata changed, once it is on disk
+            stored = {**vhost.metadata, **(metadata or {})}
+            self.persistence.definitions.put_vhost(name, stored)
+            vhost.metadata = stored
+        self.vhosts[name] = vhost
         return created
 
     def set_cluster_name(self, name: str) -> None:
-        self.cluster_name = name
         self.persistence.definitions.put_setting("cluster_name", name)
+        self.cluster_name = name
 
     def delete_vhost(self, name: str) -> bool:
-        vhost = self.vhosts.pop(name, None)
+        """Delete a vhost: from the store first, in one transaction, then from memory (its
+        queues and exchanges then write nothing more: `VirtualHost.deleted`)."""
+        vhost = self.vhosts.get(name)
         if vhost is None:
             return False
+        self.persistence.vhost_deleted(name)
+        vhost.deleted = True
+        del self.vhosts[name]
         for conn in list(self.connections):
             if conn.vhost is vhost:
                 conn.force_close(f"vhost '{name}' is deleted")
         for queue in list(vhost.queues.values()):
             vhost.delete_queue(queue, reason="vhost deleted")
-        self.persistence.vhost_deleted(name)
         self.limits.pop(("vhost", name), None)
         self.reload_auth()
         return True
@@ -384,10 +452,10 @@ class Broker:
 
     def clear_policy(self, vhost: str, name: str, operator: bool = False) -> bool:
         host = self.vhosts.get(vhost)
-        if host is None or not host.clear_policy(name, operator):
+        if host is None or name not in (host.operator_policies if operator else host.policies):
             return False
         self.persistence.definitions.delete_policy(vhost, name, operator)
-        return True
+        return host.clear_policy(name, operator)
 
     # -- limits (rabbitmqctl set_vhost_limits / set_user_limits) ---------------------------
 
@@ -475,4 +543,6 @@ class Broker:
         if was_blocked and not self.alarms:
             for conn in list(self.connections):
                 conn.unblock()
+        if alarm == DISK and not on and self.store is not None and self.store.failed is not None:
+            self._schedule_store_resume(0.0)  # space is back: the store goes on
         # While set, each connection is blocked when it next publishes (Connection._block).

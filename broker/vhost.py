@@ -3,6 +3,11 @@
 Declarations, deletions and bindings are checked here with RabbitMQ's rules
 and reply texts, and routing follows exchange-to-exchange bindings and
 alternate exchanges without cycles, delivering once per queue.
+
+A durable change is stored first (broker/persistence.py, one SQLite transaction) and
+made in memory only once that has committed: if the store raises
+DefinitionsWriteFailed, the client's operation fails with nothing of it applied, and
+a delete the broker itself decided (auto-delete, x-expires) is logged and left undone.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from .message import FLAG_HEADERS, Message, copy_properties
 from .policy import Policy, best
 from .queue import Queue
 from .routing.graph import route_key, route_message
+from .store.definitions import DefinitionsWriteFailed
+from .store.segments import LogFailed
 
 if TYPE_CHECKING:
     from .clock import Clock
@@ -163,6 +170,9 @@ class VirtualHost:
         #: exchange or queue exists, since each looks its policy up when made.
         self.policies: dict[str, Policy] = {}
         self.operator_policies: dict[str, Policy] = {}
+        #: Set once the vhost's definitions are deleted from the store (all in one
+        #: transaction), so tearing down its queues and exchanges writes nothing more.
+        self.deleted = False
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         self.queues: dict[str, Queue] = {}
         for xname, xtype in BUILTIN_EXCHANGES:
@@ -260,8 +270,8 @@ class VirtualHost:
             arguments=arguments,
             cache_keys=self.cache_keys,
         )
-        self.exchanges[name] = exchange
         self.broker.persistence.exchange_created(exchange)
+        self.exchanges[name] = exchange
         return exchange, True
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
@@ -277,17 +287,23 @@ class VirtualHost:
         self._remove_exchange(exchange)
 
     def _remove_exchange(self, exchange: Exchange) -> None:
+        self.broker.persistence.exchange_deleted(exchange)
         exchange.deleted = True
         self.exchanges.pop(exchange.name, None)
         self.broker.totals.retire_exchange(exchange)
-        self.broker.persistence.exchange_deleted(exchange)
         for other in list(self.exchanges.values()):
             if other.exchange_dests and other.remove_destination(exchange):
                 self._maybe_auto_delete(other)
 
     def _maybe_auto_delete(self, exchange: Exchange) -> None:
+        """Delete an auto-delete exchange left without bindings; the broker's own decision,
+        so a store that cannot write it is logged and the exchange kept (it is tried again
+        when its next binding goes)."""
         if exchange.auto_delete and not exchange.deleted and not exchange.index.has_bindings():
-            self._remove_exchange(exchange)
+            try:
+                self._remove_exchange(exchange)
+            except DefinitionsWriteFailed as exc:
+                exc.log_to(log, "; the auto-delete exchange stays", vhost=self.name)
 
     # -- queues ---------------------------------------------------------------------
 
@@ -369,10 +385,14 @@ class VirtualHost:
             auto_delete=auto_delete,
             arguments=arguments,
         )
+        try:
+            self.broker.persistence.queue_created(queue)
+        except DefinitionsWriteFailed:
+            queue.on_deleted()  # its x-expires timer, started by the constructor
+            raise
         self.queues[name] = queue
         if exclusive:
             connection.exclusive_queues.append(queue)
-        self.broker.persistence.queue_created(queue)
         self.broker.totals.queues_created += 1
         return queue, True
 
@@ -404,6 +424,7 @@ class VirtualHost:
                 PRECONDITION_FAILED, f"queue '{queue.name}' in vhost '{self.name}' is not empty"
             )
         count = queue.message_count()
+        self.broker.persistence.queue_deleted(queue)
         if reply is not None:
             reply(count)
         for consumer in queue.consumers():
@@ -419,8 +440,17 @@ class VirtualHost:
         owner = queue.exclusive_owner
         if owner is not None and queue in owner.exclusive_queues:
             owner.exclusive_queues.remove(queue)
-        self.broker.persistence.queue_deleted(queue)
         return count
+
+    def delete_queue_by_server(self, queue: Queue, reason: str) -> None:
+        """A delete the broker decided (auto-delete, x-expires): if the store cannot write
+        it, log that and keep the queue, whole and stored, with its x-expires countdown
+        started again; the delete is tried again when its condition next arises."""
+        try:
+            self.delete_queue(queue, reason=reason)
+        except DefinitionsWriteFailed as exc:
+            exc.log_to(log, f"; the queue stays ({reason})", vhost=self.name)
+            queue.touch()
 
     # -- bindings -------------------------------------------------------------------
 
@@ -428,38 +458,52 @@ class VirtualHost:
         self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
     ) -> None:
         check_not_default(exchange.name)
-        try:
-            added = exchange.bind(key, queue, arguments)
-        except ValueError as exc:
-            raise channel_error(PRECONDITION_FAILED, str(exc)) from None
-        if added:
-            self.broker.persistence.binding_added(exchange, queue, key, arguments)
+        self._bind(exchange, queue, key, arguments)
 
     def unbind_queue(
         self, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
     ) -> None:
         check_not_default(exchange.name)
-        if exchange.unbind(key, queue, arguments):
-            self.broker.persistence.binding_removed(exchange, queue, key, arguments)
-            self._maybe_auto_delete(exchange)
+        self._unbind(exchange, queue, key, arguments)
 
     def bind_exchange(
         self, destination: Exchange, source: Exchange, key: str, arguments: dict | None
     ) -> None:
         check_not_default(source.name, destination.name)
-        try:
-            added = source.bind(key, destination, arguments)
-        except ValueError as exc:
-            raise channel_error(PRECONDITION_FAILED, str(exc)) from None
-        if added:
-            self.broker.persistence.binding_added(source, destination, key, arguments)
+        self._bind(source, destination, key, arguments)
 
     def unbind_exchange(
         self, destination: Exchange, source: Exchange, key: str, arguments: dict | None
     ) -> None:
         check_not_default(source.name, destination.name)
-        if source.unbind(key, destination, arguments):
-            self.broker.persistence.binding_removed(source, destination, key, arguments)
+        self._unbind(source, destination, key, arguments)
+
+    def _bind(self, source: Exchange, dest: Any, key: str, arguments: dict | None) -> None:
+        """Bind in memory, store the binding if it is new, and undo the bind if that fails.
+
+        Why not store first: the index's bind is what validates the arguments (x-match,
+        topic patterns) and knows whether the binding is new under its own idea of equal
+        arguments; asking beforehand would repeat that. Nothing sees the binding between
+        bind and undo: the loop is single-threaded and the SQLite write synchronous, and
+        unbind is bind's exact inverse (the routing-key cache may be colder, no more).
+        """
+        try:
+            added = source.bind(key, dest, arguments)
+        except ValueError as exc:
+            raise channel_error(PRECONDITION_FAILED, str(exc)) from None
+        if not added:
+            return
+        try:
+            self.broker.persistence.binding_added(source, dest, key, arguments)
+        except DefinitionsWriteFailed:
+            source.unbind(key, dest, arguments)
+            raise
+
+    def _unbind(self, source: Exchange, dest: Any, key: str, arguments: dict | None) -> None:
+        """Delete the stored binding, then the one in memory: deleting a binding that
+        is not stored (or not there at all) changes nothing on disk."""
+        self.broker.persistence.binding_removed(source, dest, key, arguments)
+        if source.unbind(key, dest, arguments):
             self._maybe_auto_delete(source)
 
     # -- routing --------------------------------------------------------------------
@@ -473,10 +517,15 @@ class VirtualHost:
     def _route_key(self, exchange: Exchange, key: str, headers: dict | None) -> Collection[Queue]:
         return route_key(exchange, key, headers, self.exchanges.get)
 
-    def enqueue(self, msg: Message, queues: Collection[Queue]) -> tuple[bool, int | None]:
+    def enqueue(
+        self, msg: Message, queues: Collection[Queue], confirming: bool = False
+    ) -> tuple[bool, int | None]:
         """Hand a routed message to its queues, persisting it first when it must survive.
 
         Returns (accepted by every queue, store token to wait for before confirming).
+        While the message store is failed (LogFailed) a publisher that asked for confirms
+        gets (False, None) and the message goes nowhere: it is nacked, "not taken". Without
+        confirms nothing was promised, so the message is queued in memory only.
         """
         token = None
         store = self.broker.store
@@ -488,9 +537,15 @@ class VirtualHost:
                 page_out = len(durable) == len(queues) and any(
                     q.ready_bytes > q.memory_limit for q in durable
                 )
-                token = store.persist(msg, durable, page_out)
-                for queue in durable:
-                    queue.stored(msg.size)
+                try:
+                    token = store.persist(msg, durable, page_out)
+                except LogFailed:
+                    store.refused += 1
+                    if confirming:
+                        return False, None
+                else:
+                    for queue in durable:
+                        queue.stored(msg.size)
         ok = True
         for queue in queues:
             if not queue.publish(msg):

@@ -80,6 +80,7 @@ async def overview(request: web.Request) -> web.Response:
             "mem_limit": b.resources.high,
             "disk_free": b.resources.disk_free,
             "disk_free_limit": b.resources.disk_limit,
+            "message_store": b.store_status(),
         }
     )
 
@@ -125,6 +126,7 @@ async def nodes(request: web.Request) -> web.Response:
         "disk_free": res.disk_free,
         "disk_free_limit": res.disk_limit,
         "disk_free_alarm": "disk" in b.alarms,
+        "message_store": b.store_status(),
         "uptime": int((time.time() - b.totals.started) * 1000),
         "processors": os.cpu_count(),
     }
@@ -157,8 +159,14 @@ async def health_ok(request: web.Request) -> web.Response:
 
 
 async def alarms(request: web.Request) -> web.Response:
-    if broker_of(request).blocked:
-        return web.json_response({"status": "failed", "reason": "memory alarm"}, status=503)
+    """RabbitMQ's alarms check, and a message store that cannot write counts as one."""
+    b = broker_of(request)
+    reasons = [f"{name} alarm" for name in sorted(b.alarms)]
+    store = b.store_status()
+    if store["state"] == "failed":
+        reasons.append(f"message store failed: {store['error']}")
+    if reasons:
+        return web.json_response({"status": "failed", "reason": "; ".join(reasons)}, status=503)
     return web.json_response({"status": "ok"})
 
 

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from ..api_query import list_query
 from ..metrics import RabbitCollector, RoarCollector
 from ..rates import RateSampler
+from ..store.definitions import DefinitionsWriteFailed
 from ..tls import server_context
 from . import access, clients, definitions, node, objects
 from .context import SERVER, USER, broker_of, not_authorised, not_found
@@ -84,7 +85,8 @@ def _refusal(method: str, path: str, tags: Any) -> str | None:
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Errors in RabbitMQ's shapes: an unknown path is its JSON 404, a wrong method a bare
-    405; anything unexpected is logged and answered as JSON, never an HTML page."""
+    405; a definition the store could not write a 500 saying so; anything unexpected is
+    logged and answered as JSON, never an HTML page."""
     try:
         return await handler(request)
     except web.HTTPMethodNotAllowed:
@@ -95,6 +97,9 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         raise not_found() from None
     except web.HTTPException:
         raise
+    except DefinitionsWriteFailed as exc:  # the disk, not a bug: one line, no traceback
+        exc.log_to(log, method=request.method, path=request.path)
+        return web.json_response({"error": "internal_error", "reason": str(exc)}, status=500)
     except Exception:
         log.exception("management API error", extra={"path": request.path})
         return web.json_response(

@@ -3,12 +3,23 @@
 Definitions change rarely and must survive kill -9 exactly, which is what a
 SQLite transaction in WAL mode gives us; arguments are stored as AMQP field
 tables (our own encoder) so every RabbitMQ field type round-trips unchanged.
+
+Every write goes through `DefinitionStore.writing()`: one transaction that either
+commits or raises `DefinitionsWriteFailed` with nothing of it left behind, in the
+database or on disk, and the connection reopened so the store recovers by itself
+once the disk does. The broker changes its memory only after the commit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import logging
+import os
 import sqlite3
+import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +128,58 @@ class LimitDef:
     value: int
 
 
+#: The errno an SQLite error comes from, by its primary code (extended codes such as
+#: SQLITE_IOERR_FSYNC or SQLITE_READONLY_DBMOVED share their primary's). SQLite keeps the
+#: OS's errno to itself, so this is the nearest we can say.
+SQLITE_ERRNO = {
+    "SQLITE_FULL": "ENOSPC",
+    "SQLITE_IOERR": "EIO",
+    "SQLITE_READONLY": "EROFS",
+    "SQLITE_PERM": "EACCES",
+}
+
+
+def errno_of(sqlite_name: str) -> str:
+    """The errno name an SQLite error name comes from ("EIO" for SQLITE_IOERR_FSYNC); EIO
+    for the rest (SQLITE_CANTOPEN, SQLITE_CORRUPT...), whose sqlite name is logged too."""
+    for prefix, name in SQLITE_ERRNO.items():
+        if sqlite_name == prefix or sqlite_name.startswith(prefix + "_"):
+            return name
+    return "EIO"
+
+
+class DefinitionsWriteFailed(OSError):
+    """A change to the definitions SQLite could not commit; none of it took effect.
+
+    An OSError (errno EIO, ENOSPC, EROFS... as `errno_of` maps SQLite's error) naming the
+    file and what was being done, so the AMQP side can answer 541 with RabbitMQ's kind of
+    text and the management API a 500, each logging one line instead of a traceback.
+    """
+
+    def __init__(self, path: Path, operation: str, error: BaseException) -> None:
+        self.sqlite_name = getattr(error, "sqlite_errorname", None) or type(error).__name__
+        self.errno_name = errno_of(self.sqlite_name)
+        self.operation = operation
+        self.reason = str(error)
+        super().__init__(getattr(errno, self.errno_name), self.reason, str(path))
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return self.reply_text
+
+    @property
+    def reply_text(self) -> str:
+        """e.g. cannot store queue 'q' in vhost '/': definitions.sqlite3: disk I/O error
+        (SQLITE_IOERR_FSYNC); ProtocolError.close_text adds the INTERNAL_ERROR prefix."""
+        return f"cannot {self.operation}: {self.path.name}: {self.reason} ({self.sqlite_name})"
+
+    def log_to(self, logger: logging.Logger, note: str = "", **extra: Any) -> None:
+        """The one error line a failure gets (no traceback: the cause is the disk, and
+        the fields say which file and which error)."""
+        fields = {"file": str(self.path), "errno": self.errno_name, "sqlite": self.sqlite_name}
+        logger.error(f"cannot {self.operation}: {self.reason}{note}", extra={**extra, **fields})
+
+
 def _table(args: dict[str, Any] | None) -> bytes:
     return encode_table(args or {})
 
@@ -125,28 +188,136 @@ def _untable(blob: bytes) -> dict[str, Any]:
     return decode_table(blob, 0)[0]
 
 
+#: Bytes of a WAL file's header, and of each frame's header before its page.
+WAL_HEADER = 32
+WAL_FRAME_HEADER = 24
+
+
 class DefinitionStore:
-    """One SQLite file; every change is its own committed transaction."""
+    """One SQLite file; every change is its own committed transaction (see `writing`)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(SCHEMA)
+        self._db: sqlite3.Connection | None = None
+        self._depth = 0  # writing() blocks open: the outermost one commits
+        self._db = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(SCHEMA)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        return self._open("open the definitions store")
+
+    def _open(self, operation: str) -> sqlite3.Connection:
+        """The connection, reopened first if a failed write could not reopen it (the disk
+        was still failing), so reads and writes alike recover once the disk does."""
+        if self._db is None:
+            try:
+                self._db = self._connect()
+            except sqlite3.Error as exc:
+                raise DefinitionsWriteFailed(self.path, operation, exc) from None
+        return self._db
 
     def close(self) -> None:
-        self.db.close()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
     def _run(self, sql: str, *params: Any) -> sqlite3.Cursor:
         return self.db.execute(sql, params)
+
+    # -- the one way to write ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def writing(self, operation: str) -> Iterator[None]:
+        """BEGIN IMMEDIATE, the block's statements, COMMIT: all of it or nothing.
+
+        On any SQLite error the transaction is rolled back, frames it left in the WAL are
+        cut off, the connection reopened, and `DefinitionsWriteFailed` raised naming
+        `operation` ("store queue 'q' in vhost '/'"). Blocks nest: an inner one joins the
+        outer's transaction (the config's seed is one transaction of many puts).
+        """
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        db = self._open(operation)
+        self._depth = 1
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            yield
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._recover()
+            raise DefinitionsWriteFailed(self.path, operation, exc) from None
+        except BaseException:
+            self._rollback()
+            raise
+        finally:
+            self._depth = 0
+
+    def _rollback(self) -> None:
+        db = self._db
+        if db is not None and db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+
+    def _recover(self) -> None:
+        """After a failed write: roll back, drop its WAL frames, reopen the connection.
+
+        If reopening fails too (the disk is still gone), `db` tries again on next use.
+        """
+        self._rollback()
+        self._drop_uncommitted_frames()
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+        self._db = None
+        with contextlib.suppress(sqlite3.Error):
+            self._db = self._connect()
+
+    def _drop_uncommitted_frames(self) -> None:
+        """Cut the WAL back to its last frame SQLite counts as committed.
+
+        When only the commit's fdatasync fails, the transaction's frames, commit frame
+        included, are in the WAL already (in the page cache, which outlives a kill -9):
+        the next opener's recovery, ours on reopen or a restarted broker's, would find
+        them valid and apply the change we reported as failed. SQLite moves the
+        wal-index's mxFrame (the -shm file's header) only after a commit has synced, so
+        the WAL ends, as far as anything committed goes, at that frame.
+        """
+        wal, shm = Path(f"{self.path}-wal"), Path(f"{self.path}-shm")
+        try:
+            with open(shm, "rb") as f:
+                header = f.read(48)
+            if len(header) < 48 or header[12] != 1:  # isInit: a header SQLite wrote
+                return
+            page_size, max_frame = struct.unpack_from("=HI", header, 14)
+            page_size = 65536 if page_size == 1 else page_size
+            end = WAL_HEADER + max_frame * (page_size + WAL_FRAME_HEADER)
+            if wal.stat().st_size > end:
+                os.truncate(wal, end)
+        except OSError:
+            pass  # nothing to cut (no WAL, no -shm) or the disk refuses even that
 
     # -- vhosts, users, permissions ------------------------------------------------
 
     def put_vhost(self, name: str, metadata: dict[str, Any] | None = None) -> None:
         """A vhost, and its description, tags and default queue type when given."""
-        with self.db:
+        with self.writing(f"store vhost '{name}'"):
             self._run("INSERT OR IGNORE INTO vhosts (name) VALUES (?)", name)
             if metadata is not None:
                 self._run(
@@ -161,15 +332,18 @@ class DefinitionStore:
 
     def put_setting(self, name: str, value: Any) -> None:
         """A broker-wide setting changed at run time (e.g. the cluster name)."""
-        self._run(
-            "INSERT OR REPLACE INTO settings (name, value) VALUES (?, ?)", name, json.dumps(value)
-        )
+        with self.writing(f"store setting '{name}'"):
+            self._run(
+                "INSERT OR REPLACE INTO settings (name, value) VALUES (?, ?)",
+                name,
+                json.dumps(value),
+            )
 
     def settings(self) -> dict[str, Any]:
         return {name: json.loads(value) for name, value in self._run("SELECT * FROM settings")}
 
     def delete_vhost(self, name: str) -> None:
-        with self.db:
+        with self.writing(f"delete vhost '{name}'"):
             tables = ("exchanges", "queues", "bindings", "permissions", "topic_permissions")
             for table in (*tables, "policies"):
                 self._run(f"DELETE FROM {table} WHERE vhost = ?", name)
@@ -181,17 +355,18 @@ class DefinitionStore:
         return [r[0] for r in self._run("SELECT name FROM vhosts ORDER BY name")]
 
     def put_user(self, user: UserDef) -> None:
-        self._run(
-            "INSERT OR REPLACE INTO users (name, password_hash, tags, loopback_only) "
-            "VALUES (?, ?, ?, ?)",
-            user.name,
-            user.password_hash,
-            ",".join(user.tags),
-            int(user.loopback_only),
-        )
+        with self.writing(f"store user '{user.name}'"):
+            self._run(
+                "INSERT OR REPLACE INTO users (name, password_hash, tags, loopback_only) "
+                "VALUES (?, ?, ?, ?)",
+                user.name,
+                user.password_hash,
+                ",".join(user.tags),
+                int(user.loopback_only),
+            )
 
     def delete_user(self, name: str) -> None:
-        with self.db:
+        with self.writing(f"delete user '{name}'"):
             self._run("DELETE FROM permissions WHERE user = ?", name)
             self._run("DELETE FROM topic_permissions WHERE user = ?", name)
             self._run("DELETE FROM limits WHERE kind = 'user' AND owner = ?", name)
@@ -206,18 +381,20 @@ class DefinitionStore:
         ]
 
     def put_permission(self, perm: PermissionDef) -> None:
-        self._run(
-            "INSERT OR REPLACE INTO permissions (user, vhost, configure, write, read) "
-            "VALUES (?, ?, ?, ?, ?)",
-            perm.user,
-            perm.vhost,
-            perm.configure,
-            perm.write,
-            perm.read,
-        )
+        with self.writing(f"store permissions of user '{perm.user}' in vhost '{perm.vhost}'"):
+            self._run(
+                "INSERT OR REPLACE INTO permissions (user, vhost, configure, write, read) "
+                "VALUES (?, ?, ?, ?, ?)",
+                perm.user,
+                perm.vhost,
+                perm.configure,
+                perm.write,
+                perm.read,
+            )
 
     def delete_permission(self, user: str, vhost: str) -> None:
-        self._run("DELETE FROM permissions WHERE user = ? AND vhost = ?", user, vhost)
+        with self.writing(f"delete permissions of user '{user}' in vhost '{vhost}'"):
+            self._run("DELETE FROM permissions WHERE user = ? AND vhost = ?", user, vhost)
 
     def permissions(self) -> list[PermissionDef]:
         return [
@@ -228,15 +405,17 @@ class DefinitionStore:
         ]
 
     def put_topic_permission(self, perm: TopicPermissionDef) -> None:
-        self._run(
-            "INSERT OR REPLACE INTO topic_permissions (user, vhost, exchange, write, read) "
-            "VALUES (?, ?, ?, ?, ?)",
-            perm.user,
-            perm.vhost,
-            perm.exchange,
-            perm.write,
-            perm.read,
-        )
+        what = f"topic permissions of user '{perm.user}' in vhost '{perm.vhost}'"
+        with self.writing(f"store {what}"):
+            self._run(
+                "INSERT OR REPLACE INTO topic_permissions (user, vhost, exchange, write, read) "
+                "VALUES (?, ?, ?, ?, ?)",
+                perm.user,
+                perm.vhost,
+                perm.exchange,
+                perm.write,
+                perm.read,
+            )
 
     def delete_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> int:
         """Remove a user's topic permissions in a vhost (on one exchange, or all); how many."""
@@ -245,7 +424,8 @@ class DefinitionStore:
         else:
             sql = "DELETE FROM topic_permissions WHERE user = ? AND vhost = ? AND exchange = ?"
             params = (exchange,)
-        return self._run(sql, user, vhost, *params).rowcount
+        with self.writing(f"delete topic permissions of user '{user}' in vhost '{vhost}'"):
+            return self._run(sql, user, vhost, *params).rowcount
 
     def topic_permissions(self) -> list[TopicPermissionDef]:
         return [
@@ -258,21 +438,23 @@ class DefinitionStore:
 
     def put_policy(self, vhost: str, name: str, operator: bool, body: dict[str, Any]) -> None:
         """A policy as its API body (pattern, apply-to, priority, definition), in JSON."""
-        self._run(
-            "INSERT OR REPLACE INTO policies (vhost, name, operator, body) VALUES (?, ?, ?, ?)",
-            vhost,
-            name,
-            int(operator),
-            json.dumps(body, sort_keys=True),
-        )
+        with self.writing(f"store policy '{name}' in vhost '{vhost}'"):
+            self._run(
+                "INSERT OR REPLACE INTO policies (vhost, name, operator, body) VALUES (?, ?, ?, ?)",
+                vhost,
+                name,
+                int(operator),
+                json.dumps(body, sort_keys=True),
+            )
 
     def delete_policy(self, vhost: str, name: str, operator: bool) -> None:
-        self._run(
-            "DELETE FROM policies WHERE vhost = ? AND name = ? AND operator = ?",
-            vhost,
-            name,
-            int(operator),
-        )
+        with self.writing(f"delete policy '{name}' in vhost '{vhost}'"):
+            self._run(
+                "DELETE FROM policies WHERE vhost = ? AND name = ? AND operator = ?",
+                vhost,
+                name,
+                int(operator),
+            )
 
     def policies(self) -> list[tuple[str, str, bool, dict[str, Any]]]:
         """(vhost, name, operator, body) of every stored policy."""
@@ -284,18 +466,20 @@ class DefinitionStore:
         ]
 
     def put_limit(self, limit: LimitDef) -> None:
-        self._run(
-            "INSERT OR REPLACE INTO limits (kind, owner, name, value) VALUES (?, ?, ?, ?)",
-            limit.kind,
-            limit.owner,
-            limit.name,
-            limit.value,
-        )
+        with self.writing(f"store {limit.kind} limit '{limit.name}' of '{limit.owner}'"):
+            self._run(
+                "INSERT OR REPLACE INTO limits (kind, owner, name, value) VALUES (?, ?, ?, ?)",
+                limit.kind,
+                limit.owner,
+                limit.name,
+                limit.value,
+            )
 
     def delete_limit(self, kind: str, owner: str, name: str) -> int:
-        return self._run(
-            "DELETE FROM limits WHERE kind = ? AND owner = ? AND name = ?", kind, owner, name
-        ).rowcount
+        with self.writing(f"delete {kind} limit '{name}' of '{owner}'"):
+            return self._run(
+                "DELETE FROM limits WHERE kind = ? AND owner = ? AND name = ?", kind, owner, name
+            ).rowcount
 
     def limits(self) -> list[LimitDef]:
         return [
@@ -303,22 +487,28 @@ class DefinitionStore:
             for row in self._run("SELECT kind, owner, name, value FROM limits ORDER BY 1, 2, 3")
         ]
 
+    def set_user_version(self, version: int) -> None:
+        """SQLite's user_version, which marks a store the config has seeded."""
+        with self.writing("mark the definitions store as seeded"):
+            self._run(f"PRAGMA user_version = {int(version)}")
+
     # -- exchanges, queues, bindings -------------------------------------------------
 
     def put_exchange(self, x: ExchangeDef) -> None:
-        self._run(
-            "INSERT OR REPLACE INTO exchanges (vhost, name, type, auto_delete, internal, arguments) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            x.vhost,
-            x.name,
-            x.type,
-            int(x.auto_delete),
-            int(x.internal),
-            _table(x.arguments),
-        )
+        with self.writing(f"store exchange '{x.name}' in vhost '{x.vhost}'"):
+            self._run(
+                "INSERT OR REPLACE INTO exchanges "
+                "(vhost, name, type, auto_delete, internal, arguments) VALUES (?, ?, ?, ?, ?, ?)",
+                x.vhost,
+                x.name,
+                x.type,
+                int(x.auto_delete),
+                int(x.internal),
+                _table(x.arguments),
+            )
 
     def delete_exchange(self, vhost: str, name: str) -> None:
-        with self.db:
+        with self.writing(f"delete exchange '{name}' in vhost '{vhost}'"):
             self._run("DELETE FROM exchanges WHERE vhost = ? AND name = ?", vhost, name)
             self._run(
                 "DELETE FROM bindings WHERE vhost = ? AND (source = ? OR "
@@ -339,22 +529,23 @@ class DefinitionStore:
 
     def put_queue(self, vhost: str, name: str, auto_delete: bool, arguments: dict[str, Any]) -> int:
         """Store a durable queue; returns its small integer id (used in the message log)."""
-        row = self._run(
-            "SELECT id FROM queues WHERE vhost = ? AND name = ?", vhost, name
-        ).fetchone()
-        if row is not None:
-            return row[0]
-        cur = self._run(
-            "INSERT INTO queues (vhost, name, auto_delete, arguments) VALUES (?, ?, ?, ?)",
-            vhost,
-            name,
-            int(auto_delete),
-            _table(arguments),
-        )
-        return int(cur.lastrowid)
+        with self.writing(f"store queue '{name}' in vhost '{vhost}'"):
+            row = self._run(
+                "SELECT id FROM queues WHERE vhost = ? AND name = ?", vhost, name
+            ).fetchone()
+            if row is not None:
+                return int(row[0])
+            cur = self._run(
+                "INSERT INTO queues (vhost, name, auto_delete, arguments) VALUES (?, ?, ?, ?)",
+                vhost,
+                name,
+                int(auto_delete),
+                _table(arguments),
+            )
+            return int(cur.lastrowid)  # type: ignore[arg-type]
 
     def delete_queue(self, vhost: str, name: str) -> None:
-        with self.db:
+        with self.writing(f"delete queue '{name}' in vhost '{vhost}'"):
             self._run("DELETE FROM queues WHERE vhost = ? AND name = ?", vhost, name)
             self._run(
                 "DELETE FROM bindings WHERE vhost = ? AND destination = ? AND "
@@ -372,28 +563,30 @@ class DefinitionStore:
         ]
 
     def put_binding(self, b: BindingDef) -> None:
-        self._run(
-            "INSERT OR IGNORE INTO bindings (vhost, source, destination, destination_type, "
-            "routing_key, arguments) VALUES (?, ?, ?, ?, ?, ?)",
-            b.vhost,
-            b.source,
-            b.destination,
-            b.destination_type,
-            b.routing_key,
-            _table(b.arguments),
-        )
+        with self.writing(f"store {_binding_text(b)}"):
+            self._run(
+                "INSERT OR IGNORE INTO bindings (vhost, source, destination, destination_type, "
+                "routing_key, arguments) VALUES (?, ?, ?, ?, ?, ?)",
+                b.vhost,
+                b.source,
+                b.destination,
+                b.destination_type,
+                b.routing_key,
+                _table(b.arguments),
+            )
 
     def delete_binding(self, b: BindingDef) -> None:
-        self._run(
-            "DELETE FROM bindings WHERE vhost = ? AND source = ? AND destination = ? AND "
-            "destination_type = ? AND routing_key = ? AND arguments = ?",
-            b.vhost,
-            b.source,
-            b.destination,
-            b.destination_type,
-            b.routing_key,
-            _table(b.arguments),
-        )
+        with self.writing(f"delete {_binding_text(b)}"):
+            self._run(
+                "DELETE FROM bindings WHERE vhost = ? AND source = ? AND destination = ? AND "
+                "destination_type = ? AND routing_key = ? AND arguments = ?",
+                b.vhost,
+                b.source,
+                b.destination,
+                b.destination_type,
+                b.routing_key,
+                _table(b.arguments),
+            )
 
     def bindings(self) -> list[BindingDef]:
         return [
@@ -403,3 +596,11 @@ class DefinitionStore:
                 "FROM bindings ORDER BY rowid"
             )
         ]
+
+
+def _binding_text(b: BindingDef) -> str:
+    """As RabbitMQ names a binding: from exchange 'x' to queue 'q' in vhost '/'."""
+    return (
+        f"binding from exchange '{b.source}' to {b.destination_type} '{b.destination}' "
+        f"with routing key '{b.routing_key}' in vhost '{b.vhost}'"
+    )

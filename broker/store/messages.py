@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.frames import ContentHeader
 
-from .segments import Location, SegmentLog
+from ..logs import NOTICE
+from .segments import Location, LogFailed, SegmentLog
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -222,7 +223,14 @@ class _Replayed:
 
 
 class MessageStore:
-    """Persistent messages: the segment log plus the index of who still needs which record."""
+    """Persistent messages: the segment log plus the index of who still needs which record.
+
+    When the log fails (a write or fsync error), nobody is left waiting: every publish
+    waiting for its fsync is nacked at once, `persist` raises LogFailed (the channel nacks,
+    or keeps the message in memory only for a publisher that asked for no confirms), and
+    acks and delivery markers wait in memory. `resume()` brings the log back in place
+    (SegmentLog.resume) and writes those markers; the broker calls it again until it works.
+    """
 
     def __init__(
         self, directory: str | Path, *, segment_size: int, sync_interval_ms: int, loop: Any
@@ -248,6 +256,18 @@ class MessageStore:
         self._waiting: deque[tuple[int, Channel, int]] = deque()
         self._sync_requested = False
         self.failed: BaseException | None = None
+        #: Ack and delivery markers made while the log was failed: (kind, queue id, msg id,
+        #: segment of the message's publish record), written by resume().
+        self._pending_marks: list[tuple[bytes, int, int, int]] = []
+        self.failures = 0  # times the log failed
+        self.nacked = 0  # publishes nacked because their fsync failed
+        self.refused = 0  # persistent publishes that found the store failed
+        #: log.bytes_written at which the broker wants free disk space sampled again
+        #: (ResourceMonitor sets it; `on_disk_check` samples).
+        self.disk_check_at = 1 << 62
+        self.on_disk_check: Any = None
+        #: Called on the loop with the error when the log fails (the broker's reaction).
+        self.on_failure: Any = None
         self._lock = threading.Lock()
 
     # -- writes (event loop) ---------------------------------------------------------
@@ -276,11 +296,23 @@ class MessageStore:
         self._waiting.append((token, channel, seq))
 
     def _tombstone(self, kind: bytes, queue: Queue, msg_id: int) -> None:
-        loc, _ = self.log.append(_MARK.pack(kind, queue.store_id, msg_id))
+        seg = self._seg_of.get(msg_id)
+        if seg is None:
+            seg = self.index.location(msg_id).segment
+        if self.failed is not None:
+            self._pending_marks.append((kind, queue.store_id, msg_id, seg))  # type: ignore[arg-type]
+            return
+        try:
+            self._write_mark(kind, queue.store_id, msg_id, seg)  # type: ignore[arg-type]
+        except LogFailed:  # the writer failed since; the loop hears of it soon
+            self._pending_marks.append((kind, queue.store_id, msg_id, seg))  # type: ignore[arg-type]
+
+    def _write_mark(self, kind: bytes, qid: int, msg_id: int, seg: int) -> None:
+        """Append an ack/delivered record, live until the publish's segment `seg` is gone."""
+        loc, _ = self.log.append(_MARK.pack(kind, qid, msg_id))
         tombs = self._tombs.get(msg_id)
         if tombs is None:
             tombs = self._tombs[msg_id] = []
-            seg = self.index.location(msg_id).segment
             self._seg_of[msg_id] = seg
             self._tomb_seg.setdefault(seg, set()).add(msg_id)
         tombs.append(loc)
@@ -344,10 +376,52 @@ class MessageStore:
             channel.conn.flush()
         if self.log.last_token > token:
             self._want_sync()
+        if self.log.bytes_written >= self.disk_check_at and self.on_disk_check is not None:
+            self.disk_check_at = 1 << 62
+            self.on_disk_check()
 
     def _failed(self, exc: BaseException) -> None:
+        """The writer failed: nack every publish waiting for an fsync, then tell the broker."""
         self.failed = exc
-        log.critical("message store failed; persistent messages are no longer confirmed: %s", exc)
+        self.failures += 1
+        self._sync_requested = False
+        waiting, self._waiting = self._waiting, deque()
+        channels: dict[Channel, None] = {}
+        for _, channel, seq in waiting:
+            channel.disk_failed(seq)
+            channels[channel] = None
+        self.nacked += len(waiting)
+        for channel in channels:
+            channel.conn.flush()
+        log.error(
+            "message store write failed; %d publishes waiting for it were nacked, and "
+            "persistent messages are refused until it resumes: %s",
+            len(waiting),
+            exc,
+            extra={"directory": str(self.dir), "errno": getattr(exc, "errno", None)},
+        )
+        if self.on_failure is not None:
+            self.on_failure(exc)
+
+    def resume(self) -> bool:
+        """Try to bring a failed log back (SegmentLog.resume); True once it is back.
+
+        Raises nothing: a failure is logged and the store stays failed for the next try.
+        """
+        if self.failed is None:
+            return True
+        try:
+            self.log.resume(self._relocated)
+            marks, self._pending_marks = self._pending_marks, []
+            for kind, qid, msg_id, seg in marks:
+                self._write_mark(kind, qid, msg_id, seg)
+        except (OSError, LogFailed) as exc:
+            log.warning("message store could not resume yet: %s", exc)
+            return False
+        self.failed = None
+        self._want_sync()
+        log.log(NOTICE, "message store resumed", extra={"directory": str(self.dir)})
+        return True
 
     def _segment_deleted(self, segment: int) -> None:
         for msg_id in self._tomb_seg.pop(segment, ()):
@@ -359,7 +433,8 @@ class MessageStore:
 
     def compact(self) -> None:
         """Copy live records out of mostly-dead segments (run off the hot path)."""
-        self.log.compact(self._relocated)
+        if self.failed is None:
+            self.log.compact(self._relocated)
 
     def _relocated(self, old: Location, new: Location, payload: bytes) -> None:
         kind = payload[:1]
@@ -499,6 +574,8 @@ class MessageStore:
         return min(props.priority or 0, 255)
 
     def close(self) -> None:
+        if self.failed is not None:
+            self.resume()  # one last try, so the acks made meanwhile reach the disk
         try:
             self.log.close()
         finally:

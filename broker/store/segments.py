@@ -39,9 +39,21 @@ writer thread doing every write, fsync, unlink and directory fsync:
   thread: they must be quick and must not call `sync_now` or `close` (refused
   with RuntimeError: it would deadlock). Exceptions they raise are logged.
 * An I/O error in the writer (ENOSPC, EIO, ...) is logged, stored in `error`,
-  reported through ``on_error(exc)`` and stops the writer for good (after a
-  failed fsync the page cache can no longer be trusted): later `append` and
-  `sync_now` calls raise `LogFailed`, and nothing more is confirmed.
+  reported through ``on_error(exc)`` and stops the writer: later `append`,
+  `sync_now` and `compact` calls raise `LogFailed`, and nothing more is
+  confirmed. Before reporting, the writer cuts what the failed batch wrote back
+  off its files, so no half-written record is left for recovery to find.
+* `resume(relocate)` (owner thread) recovers in place, as PostgreSQL learned
+  to after "fsyncgate": a failed fsync means the page cache can no longer be
+  trusted, so nothing written since the last good fsync is believed, and no
+  fsync is retried on the same pages. A batch's buffers are kept until its fsync
+  succeeds, so every record since the last good fsync is still intact in
+  memory; resume cuts the files back to the last good fsync, starts a new
+  segment, appends the live records of that tail to it (telling the owner with
+  ``relocate``, as compaction does) and starts a new writer. Those records are
+  durable again once the new segment's first fsync succeeds. If the cut or the
+  new segment fails, resume raises and the log stays failed; call it again
+  later (after ENOSPC: once space is back).
 * `buffered_bytes` is what is appended but not yet durable; the owner should
   apply flow control on it (nothing here bounds it).
 * The writer is a daemon thread: call `close()` (or use ``with``) at shutdown,
@@ -404,11 +416,18 @@ class SegmentLog:
         self._rfds: dict[int, int] = {}  # read fds, oldest first
         self._wfd: int | None = None  # writer's fd (writer thread only)
         self._wseg = -1
+        #: Where the batch that failed started writing in each segment it touched: the
+        #: files are cut back there (everything before it was fsynced by earlier batches).
+        self._failed_from: dict[int, int] = {}
+        self.bytes_written = 0  # payload and headers written (writer thread; for disk checks)
+        self.resumes = 0  # times resume() brought the log back after a failure
 
-        self._thread = threading.Thread(
-            target=self._writer_main, name="roarmq-store-writer", daemon=True
-        )
-        self._thread.start()
+        self._thread = self._start_writer()
+
+    def _start_writer(self) -> threading.Thread:
+        thread = threading.Thread(target=self._writer_main, name="roarmq-store-writer", daemon=True)
+        thread.start()
+        return thread
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], **options) -> SegmentLog:  # type: ignore[no-untyped-def]
@@ -539,6 +558,92 @@ class SegmentLog:
             os.close(self._lock_fd)  # releases the directory lock
             self._sealed.clear()
             self._pool.clear()
+
+    # ------------------------------------------------------------------ recovery in place
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None and not self._closed
+
+    def resume(self, relocate: Callable[[Location, Location, bytes], object]) -> int:
+        """After a writer failure: cut back, copy the untrusted tail to a new segment, go on.
+
+        See the module doc. Returns how many live records were copied; raises OSError (and
+        the log stays failed) if a file cannot be cut back. Owner thread only.
+        """
+        self._not_from_writer("resume")
+        with self._lock:
+            if self._closed:
+                raise LogClosed("segment log closed")
+            if self.error is None:
+                return 0
+        self._thread.join()
+        for seg_id, start in self._failed_from.items():
+            path = os.path.join(self.directory, segment_name(seg_id))
+            self._truncate(path, start, strict=True)
+        with self._lock:
+            records = self._restart_locked()
+        moved = 0
+        for old, payload in records:
+            new, _ = self.append(payload)
+            try:
+                relocate(old, new, payload)
+            except Exception:
+                log.exception("relocate callback failed during resume")
+            moved += 1
+        self.schedule_sync()
+        self.resumes += 1
+        log.warning(
+            "segment log resumed after a write failure: %d records since the last good fsync "
+            "copied to segment %d",
+            moved,
+            self._seg.id,
+            extra={"directory": self.directory, "records": moved, "segment": self._seg.id},
+        )
+        return moved
+
+    def _restart_locked(self) -> list[tuple[Location, bytes]]:
+        """Take the untrusted tail's live records, seal its segments, start afresh."""
+        self._seal_locked()
+        chunks, self._inflight, self._sealed = self._inflight + self._sealed, [], []
+        starts = dict(self._failed_from)
+        for seg_id, base, _, _ in chunks:
+            starts[seg_id] = min(base, starts.get(seg_id, base))
+        records = []
+        for seg_id, base, data, used in chunks:
+            seg = self._segments.get(seg_id)
+            pos = 0
+            while pos < used:
+                _, n, _ = _unpack_from(data, pos)
+                off = base + pos
+                if seg is not None and off in seg.live:
+                    seg.live.remove(off, n)
+                    loc = _new_location(Location, (seg_id, off, n))
+                    records.append((loc, bytes(data[pos + HEADER_SIZE : pos + HEADER_SIZE + n])))
+                pos += HEADER_SIZE + n
+            if len(data) == self._bufsize and len(self._pool) < _POOL_MAX:
+                self._pool.append(data)
+        old = self._seg
+        old.size = self._size
+        for seg_id, start in starts.items():
+            seg = self._segments.get(seg_id)
+            if seg is not None:
+                seg.size = start
+        for seg in {old, *(self._segments.get(i) for i in starts)} - {None}:
+            seg.state = _SEALED  # type: ignore[union-attr]
+            if not seg.live:  # type: ignore[union-attr]
+                self._doom_locked(seg)  # type: ignore[arg-type]
+        self._seg = _Segment(old.id + 1, _ACTIVE)
+        self._segments[self._seg.id] = self._seg
+        self._seg_id, self._live = self._seg.id, self._seg.live
+        self._buf_base = self._size = 0
+        self._durable_below = self._seg.id
+        self._failed_from = {}
+        self.error = None
+        self._refusing = self._want = False
+        self._limit = min(self._segment_size, len(self._buf))
+        self._thread = self._start_writer()
+        return records
 
     @property
     def last_token(self) -> int:
@@ -698,17 +803,32 @@ class SegmentLog:
             except BufferError:
                 pass  # the owner still holds a payload view; the view goes when that does
 
-    def _truncate(self, path: str, size: int) -> None:
+    def _truncate(self, path: str, size: int, *, sync: bool = True, strict: bool = False) -> None:
+        """Cut a segment file to `size` bytes (a missing file is already cut).
+
+        Errors are logged (recovery skips the damage again at the next start) unless
+        `strict`, which raises them: resume() must not go on over a tail it could not cut.
+        """
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            try:
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if strict:
+                raise
+            log.error("could not truncate segment tail: %s", exc, extra={"path": path})
+            return
+        try:
+            if os.fstat(fd).st_size > size:
                 os.ftruncate(fd, size)
-                if self._do_fsync:
-                    _fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:  # the damage is skipped again at the next start
-            log.error("could not truncate damaged segment tail: %s", exc, extra={"path": path})
+            if sync and self._do_fsync:
+                _fsync(fd)
+        except OSError as exc:
+            if strict:
+                raise
+            log.error("could not truncate segment tail: %s", exc, extra={"path": path})
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ compaction
 
@@ -963,6 +1083,25 @@ class SegmentLog:
     def _write_batch(
         self, chunks: list[tuple[int, int, bytearray, int]], deletions: list[int], token: int
     ) -> None:
+        try:
+            self._write_chunks(chunks)
+        except BaseException:
+            self._cut_back(chunks)
+            with self._lock:  # not deleted yet: after resume()
+                self._deletions[:0] = deletions
+            raise
+        if token > self.synced_token:
+            self.synced_token = token
+            if self._on_synced is not None:
+                try:
+                    self._on_synced(token)
+                except Exception:
+                    log.exception("on_synced callback failed")
+        if deletions:
+            self._delete(deletions)
+
+    def _write_chunks(self, chunks: list[tuple[int, int, bytearray, int]]) -> None:
+        """Write a batch and make it durable; only then free its buffers."""
         new_files = False
         for seg_id, base, data, used in chunks:
             if seg_id != self._wseg:
@@ -979,29 +1118,22 @@ class SegmentLog:
                 self._wseg = seg_id
                 new_files = True
             _pwrite_all(self._wfd, data, base, used)
+            self.bytes_written += used
         if chunks:
-            with self._lock:  # in the page cache now: reads go to the file, buffers are free
-                self._inflight = []
-                for _, _, data, _ in chunks:
-                    if len(data) == self._bufsize and len(self._pool) < _POOL_MAX:
-                        self._pool.append(data)
             if self._do_fsync:
                 started = time.perf_counter()
                 _fdatasync(self._wfd)  # type: ignore[arg-type]
                 self._note_fsync(time.perf_counter() - started)
                 if new_files:
                     _fsync_dir(self.directory)
+            # Durable now: reads go to the file and the buffers are free. Not before: if the
+            # fsync fails, these buffers are the only copy of the batch we can trust.
             with self._lock:
+                self._inflight = []
+                for _, _, data, _ in chunks:
+                    if len(data) == self._bufsize and len(self._pool) < _POOL_MAX:
+                        self._pool.append(data)
                 self._durable_below = self._wseg
-        if token > self.synced_token:
-            self.synced_token = token
-            if self._on_synced is not None:
-                try:
-                    self._on_synced(token)
-                except Exception:
-                    log.exception("on_synced callback failed")
-        if deletions:
-            self._delete(deletions)
 
     def _delete(self, seg_ids: list[int]) -> None:
         deleted = []
@@ -1034,16 +1166,36 @@ class SegmentLog:
                 except Exception:
                     log.exception("on_deleted callback failed")
 
+    def _cut_back(self, chunks: list[tuple[int, int, bytearray, int]]) -> None:
+        """Writer thread, on failure: cut each file back to where this batch began in it.
+
+        What the batch wrote is not trusted (a write may have stopped half-way on ENOSPC,
+        a failed fsync leaves pages we cannot vouch for); its records are still in the
+        chunks, kept for resume(). If a cut fails it is tried again by resume().
+        """
+        starts: dict[int, int] = {}
+        for seg_id, base, _, _ in chunks:
+            starts[seg_id] = min(base, starts.get(seg_id, base))
+        self._failed_from = starts
+        if self._wfd is not None:
+            try:
+                os.close(self._wfd)
+            except OSError:
+                pass
+            self._wfd, self._wseg = None, -1
+        for seg_id, start in starts.items():
+            self._truncate(os.path.join(self.directory, segment_name(seg_id)), start, sync=False)
+
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
             self.error = exc
             self._refusing = True
             self._limit = -1  # append takes the slow path, which refuses
         log.error(
-            "segment log writer failed; no further records will be confirmed: %s",
+            "segment log writer failed; nothing more is confirmed until it resumes: %s",
             exc,
-            exc_info=exc,
-            extra={"directory": self.directory},
+            exc_info=None if isinstance(exc, OSError) else exc,  # a disk's error, not a bug
+            extra={"directory": self.directory, "errno": getattr(exc, "errno", None)},
         )
         with self._done:
             self._done.notify_all()

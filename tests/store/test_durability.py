@@ -7,105 +7,16 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import socket
 import struct
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pika
 import pytest
+from faultlib import PERSISTENT, BrokerProcess, connect, drain, free_port
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(180)
-PERSISTENT = pika.BasicProperties(delivery_mode=2)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class BrokerProcess:
-    def __init__(self, data_dir: Path, port: int) -> None:
-        self.data_dir = data_dir
-        self.port = port
-        self.proc: subprocess.Popen | None = None
-        self.log = data_dir.parent / "broker.log"
-
-    def start(self) -> BrokerProcess:
-        config = self.data_dir.parent / "config.toml"
-        config.write_text(
-            '[amqp]\nbind = ["127.0.0.1"]\n[management]\nenabled = false\n'
-            "[storage]\nsegment_size = 1048576\n"
-        )
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "roarmq",
-                    "--config",
-                    str(config),
-                    "--port",
-                    str(self.port),
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--log-level",
-                    "info",
-                ],
-                stdout=out,
-                stderr=out,
-                cwd=ROOT,
-            )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
-                return self
-            except OSError:
-                assert self.proc.poll() is None, self.log.read_text()
-                time.sleep(0.02)
-        raise AssertionError("broker did not start")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(20)
-
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}"
-
-
-def connect(port: int) -> pika.BlockingConnection:
-    return pika.BlockingConnection(
-        pika.ConnectionParameters(
-            "127.0.0.1", port, socket_timeout=10, blocked_connection_timeout=30
-        )
-    )
-
-
-def drain(port: int, queue: str) -> list[tuple[bytes, bool]]:
-    conn = connect(port)
-    ch = conn.channel()
-    out = []
-    while True:
-        method, _, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        out.append((body, method.redelivered))
-    conn.close()
-    return out
 
 
 def test_restart_keeps_persistent_drops_transient(tmp_path):

@@ -745,3 +745,146 @@ SegmentLogMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_segment_log_model = SegmentLogMachine.TestCase
+
+
+# ---------------------------------------------------------------- failing writes, resume
+
+
+class _Faults:
+    """Makes the log's fdatasync or pwrite fail while `on` (real files, a real errno)."""
+
+    def __init__(self, monkeypatch, what: str, err: int, partial: bool = False) -> None:
+        self.on = False
+        self.calls = 0
+        real = getattr(segments, what)
+
+        def faulty(*args):
+            if self.on:
+                self.calls += 1
+                if partial and what == "_pwrite":  # half the bytes reach the file first
+                    fd, data, offset = args
+                    real(fd, data[: max(1, len(data) // 2)], offset)
+                raise OSError(err, os.strerror(err))
+            return real(*args)
+
+        monkeypatch.setattr(segments, what, faulty)
+
+
+def _fail_next_batch(log, faults, payloads) -> list[Location]:
+    """Append, let the writer fail on them, and wait until the log says so."""
+    faults.on = True
+    locs = [log.append(p)[0] for p in payloads]
+    with pytest.raises(LogFailed):
+        log.sync_now(timeout=10)
+    return locs
+
+
+@pytest.mark.parametrize(
+    "what,err,partial",
+    [("_fdatasync", errno.EIO, False), ("_pwrite", errno.ENOSPC, True)],
+)
+def test_failed_batch_is_cut_off_the_file_and_resumed_elsewhere(
+    tmp_path, monkeypatch, what, err, partial
+):
+    faults = _Faults(monkeypatch, what, err, partial)
+    errors: list[BaseException] = []
+    log = SegmentLog.open(tmp_path, on_error=errors.append)
+    good = [log.append(b"good%d" % i)[0] for i in range(5)]
+    log.sync_now(timeout=10)
+    durable = os.path.getsize(tmp_path / segment_name(good[0].segment))
+    bad = _fail_next_batch(log, faults, [b"bad%d" % i * 50 for i in range(8)])
+    assert errors and errors[0].errno == err
+    # Nothing of the failed batch is left in the file: no half-written record to cut later.
+    assert os.path.getsize(tmp_path / segment_name(good[0].segment)) == durable
+    # Still readable from memory while failed; appends refused; a release is fine.
+    assert log.read(bad[3]) == b"bad3" * 50
+    log.release(bad[0])
+    with pytest.raises(LogFailed):
+        log.append(b"refused")
+    faults.on = False
+    moved: dict[Location, Location] = {}
+    assert log.resume(lambda old, new, payload: moved.__setitem__(old, new)) == 7
+    assert set(moved) == set(bad[1:]) and log.error is None
+    assert all(new.segment > good[0].segment for new in moved.values())
+    after = log.append(b"after")[0]
+    log.sync_now(timeout=10)
+    for i, old in enumerate(bad[1:], 1):
+        assert log.read(moved[old]) == b"bad%d" % i * 50
+    log.close()
+    _, records = replay(tmp_path)
+    got = [bytes(p) for _, p in records]
+    assert got == [b"good%d" % i for i in range(5)] + [b"bad%d" % i * 50 for i in range(1, 8)] + [
+        b"after"
+    ]
+    assert after.segment == moved[bad[1]].segment
+
+
+def test_resume_while_the_fault_lasts_fails_again_then_succeeds(tmp_path, monkeypatch):
+    faults = _Faults(monkeypatch, "_fdatasync", errno.EIO)
+    failures = threading.Semaphore(0)
+    log = SegmentLog.open(tmp_path, on_error=lambda exc: failures.release())
+    locs = _fail_next_batch(log, faults, [b"x%d" % i for i in range(3)])
+    assert failures.acquire(timeout=10)
+    relocated: dict[Location, Location] = {}
+
+    def relocate(old, new, payload):
+        relocated[old] = new
+
+    log.resume(relocate)  # the copies go to a new segment, whose fsync fails again
+    assert failures.acquire(timeout=10) and log.error is not None
+    faults.on = False
+    log.resume(relocate)
+    log.sync_now(timeout=10)
+    current = {}
+    for loc in locs:
+        while loc in relocated:
+            loc = relocated[loc]
+        current[loc] = log.read(loc)
+    assert sorted(current.values()) == [b"x0", b"x1", b"x2"]
+    log.close()
+    _, records = replay(tmp_path)
+    assert [bytes(p) for _, p in records] == [b"x0", b"x1", b"x2"]
+
+
+def test_random_faults_and_resumes_keep_exactly_the_live_records(tmp_path, monkeypatch):
+    """Appends, releases, rotations and failing fsyncs at random: replay == the live set."""
+    rng = random.Random(7)
+    faults = _Faults(monkeypatch, "_fdatasync", errno.EIO)
+    log = SegmentLog.open(tmp_path, segment_size=4096, buffer_size=64 << 10)
+    live: dict[Location, bytes] = {}
+
+    def relocate(old, new, payload):
+        assert live.pop(old) == payload
+        live[new] = payload
+
+    for step in range(300):
+        for _ in range(rng.randint(1, 20)):
+            payload = b"%06d" % len(live) + rng.randbytes(rng.randint(0, 400))
+            payload = step.to_bytes(2, "big") + payload
+            live[log.append(payload)[0]] = payload
+        for loc in rng.sample(sorted(live), k=min(len(live), rng.randint(0, 8))):
+            log.release(loc)
+            del live[loc]
+        faults.on = rng.random() < 0.15
+        try:
+            log.sync_now(timeout=10)
+        except LogFailed:
+            faults.on = rng.random() < 0.3  # sometimes the fault outlasts the first resume
+            log.resume(relocate)
+            if faults.on:
+                with pytest.raises(LogFailed):
+                    log.sync_now(timeout=10)
+                faults.on = False
+                log.resume(relocate)
+            log.sync_now(timeout=10)
+        if step % 50 == 0:
+            log.compact(relocate)
+    for loc, payload in live.items():
+        assert log.read(loc) == payload
+    log.close()
+    _, records = replay(tmp_path, segment_size=4096)
+    # Released records stay on disk until their segment goes; each live one is there once
+    # (the copy a resume cut off its old file is not).
+    found = [bytes(p) for _, p in records]
+    assert len(set(found)) == len(found)
+    assert set(live.values()) <= set(found)
