@@ -85,14 +85,13 @@ import random
 import signal
 import sys
 import time
-from pathlib import Path
 from struct import Struct
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import harness  # noqa: F401 - first: this tree's roarmq is the one measured (harness.REPO)
 
-from roarmq.protocol import spec  # noqa: E402
-from roarmq.protocol.frames import (  # noqa: E402
+from roarmq.protocol import spec
+from roarmq.protocol.frames import (
     PROTOCOL_HEADER,
     ContentMessage,
     FrameParser,
@@ -101,7 +100,7 @@ from roarmq.protocol.frames import (  # noqa: E402
     encode_content,
     encode_method,
 )
-from roarmq.protocol.properties import BasicProperties  # noqa: E402
+from roarmq.protocol.properties import BasicProperties
 
 CHANNEL = 1
 BODY_SIZE = 16  # send time (u64 ns) + sequence (u64)

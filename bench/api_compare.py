@@ -25,13 +25,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+import pika
+from harness import REPO, BrokerUnavailable, Procs, start_rabbitmq, stop_broker
 
-import pika  # noqa: E402
-from throughput import Procs, free_port, rabbit_server, sweep  # noqa: E402
-
-from roarmq.broker.testing import BrokerThread, ephemeral_config  # noqa: E402
+from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 ENDPOINTS = [
     "/api/overview",
@@ -180,64 +177,20 @@ def scenario(base: str, amqp_port: int) -> None:
     return conn
 
 
-def start_rabbitmq(procs: Procs, tmp: Path) -> tuple[int, int, Any]:
-    import os
-    import subprocess
-    import uuid
-
-    server = rabbit_server()
-    if server is None:
-        raise SystemExit("rabbitmq-server not installed: apt-get install rabbitmq-server")
-    base = tmp / "rabbit"
-    base.mkdir()
-    port, mgmt, dist, epmd = free_port(), free_port(), free_port(), free_port()
-    (base / "enabled_plugins").write_text("[rabbitmq_management].\n")
-    (base / "rabbitmq.conf").write_text(
-        f"management.tcp.port = {mgmt}\nmanagement.tcp.ip = 127.0.0.1\n"
-    )
-    env = dict(os.environ)
-    env.update(
-        {
-            "HOME": str(base),
-            "RABBITMQ_NODENAME": "roarapi@localhost",
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(port),
-            "RABBITMQ_DIST_PORT": str(dist),
-            "ERL_EPMD_PORT": str(epmd),
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
-            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(base / "log"),
-            "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
-            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq"),
-            "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
-            "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
-        }
-    )
-    instance = uuid.uuid4().hex
-    out = open(base / "stdout.log", "wb")  # noqa: SIM115 - open while the broker runs
-    proc = procs.start([server], instance=instance, env=env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if get(f"http://127.0.0.1:{mgmt}", "/api/overview")[0] == 200:
-                return port, mgmt, (proc, instance)
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("RabbitMQ's management API did not come up")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", default=str(ROOT / "bench" / "results" / "api_compare.json"))
+    p.add_argument("--json", default=str(REPO / "bench" / "results" / "api_compare.json"))
     p.add_argument("--show-missing", type=int, default=40)
     args = p.parse_args()
     procs = Procs()
     tmp = Path(tempfile.mkdtemp(prefix="roarmq-api-"))
     rows = []
     try:
-        r_port, r_mgmt, (proc, instance) = start_rabbitmq(procs, tmp)
+        try:
+            rabbitmq = start_rabbitmq(procs, tmp, management=True, nodename="roarapi")
+        except BrokerUnavailable as exc:
+            raise SystemExit(f"RabbitMQ: {exc}") from None
+        r_port, r_mgmt = rabbitmq.port, rabbitmq.mgmt_port
         rabbit = f"http://127.0.0.1:{r_mgmt}"
         with BrokerThread(ephemeral_config(data_dir=str(tmp / "roar")), management=True) as b:
             roar = b.mgmt_url
@@ -266,8 +219,7 @@ def main() -> int:
                 )
             for c in conns:
                 c.close()
-        procs.stop(proc, grace=15)
-        sweep(instance)
+        stop_broker(procs, rabbitmq)
     finally:
         procs.stop_all()
     alike = sum(r["alike"] for r in rows)

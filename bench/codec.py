@@ -25,13 +25,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _machine import machine_info  # noqa: E402
-from pamqp import body as pamqp_body  # noqa: E402
-from pamqp import commands as pamqp_commands  # noqa: E402
-from pamqp import frame as pamqp_frame  # noqa: E402
-from pamqp import header as pamqp_header  # noqa: E402
+import harness  # noqa: F401 - first: this tree's roarmq is the one measured (harness.REPO)
+from _machine import machine_info
+from pamqp import body as pamqp_body
+from pamqp import commands as pamqp_commands
+from pamqp import frame as pamqp_frame
+from pamqp import header as pamqp_header
 
 from roarmq.protocol import (
     BasicProperties,
@@ -39,8 +38,8 @@ from roarmq.protocol import (
     FrameParser,
     encode_content,
     encode_deliver,
-)  # noqa: E402
-from roarmq.protocol.spec import BasicDeliver, BasicPublish  # noqa: E402
+)
+from roarmq.protocol.spec import BasicDeliver, BasicPublish
 
 FRAME_MAX = 131072
 EXCHANGE = "amq.topic"

@@ -23,14 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import harness  # noqa: F401 - first: this tree's roarmq is the one measured (harness.REPO)
 
-from roarmq.broker.connection import Connection  # noqa: E402
-from roarmq.broker.server import Broker  # noqa: E402
-from roarmq.broker.testing import ephemeral_config  # noqa: E402
-from roarmq.protocol import spec  # noqa: E402
-from roarmq.protocol.frames import PROTOCOL_HEADER, encode_content, encode_method  # noqa: E402
-from roarmq.protocol.properties import BasicProperties  # noqa: E402
+from roarmq.broker.connection import Connection
+from roarmq.broker.server import Broker
+from roarmq.broker.testing import ephemeral_config
+from roarmq.protocol import spec
+from roarmq.protocol.frames import PROTOCOL_HEADER, encode_content, encode_method
+from roarmq.protocol.properties import BasicProperties
 
 CHUNK = 2000  # publishes per data_received call, like a busy socket read
 

@@ -25,17 +25,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from harness import REPO
 
-from roarmq.broker import rates  # noqa: E402
-from roarmq.broker.testing import BrokerThread, ephemeral_config  # noqa: E402
+from roarmq.broker import rates
+from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--queues", type=int, default=100_000)
-    p.add_argument("--json", default=str(ROOT / "bench" / "results" / "management.json"))
+    p.add_argument("--json", default=str(REPO / "bench" / "results" / "management.json"))
     args = p.parse_args()
     results: dict[str, float] = {}
     with BrokerThread(ephemeral_config(), management=True) as b:

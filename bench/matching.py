@@ -32,16 +32,12 @@ import types
 from itertools import accumulate
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT))
+from _comparators import InvertedBitmap, Naive, OptimizedInvertedBitmap, Trie
+from _machine import machine_info
+from harness import REPO
+from pyroaring import BitMap
 
-from _comparators import InvertedBitmap, Naive, OptimizedInvertedBitmap, Trie  # noqa: E402
-from _machine import machine_info  # noqa: E402
-from pyroaring import BitMap  # noqa: E402
-
-from roarmq.broker.routing import TopicIndex  # noqa: E402
+from roarmq.broker.routing import TopicIndex
 
 ALGORITHMS = {
     "ours": "ours (trie + bitmap cache)",
@@ -485,7 +481,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1k and 10k bindings, < 1 minute")
     parser.add_argument("--json", type=Path, help="write result rows to this file")
     parser.add_argument(
-        "--png", type=Path, default=HERE / "results" / "matching.png", help="chart path"
+        "--png", type=Path, default=REPO / "bench" / "results" / "matching.png", help="chart path"
     )
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--algorithms", type=lambda s: s.split(","), default=list(ALGORITHMS))

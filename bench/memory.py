@@ -4,8 +4,8 @@
                                      [--alarm-seconds S] [--json PATH]
 
 A benchmark, not a test (issue 10). Two measurements, each on a fresh broker
-pinned to CPU 0 (the publisher on CPU 1), started with bench/overload.py's and
-bench/throughput.py's helpers:
+pinned to CPU 0 (the publisher on CPU 1), started with bench/harness.py (resident
+memory sampled as bench/overload.py samples it):
 
   queued-transient   N (default 1,000,000) 16-byte transient messages published to
                      one queue with no consumer; the broker's resident memory (VmRSS
@@ -39,17 +39,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO))
+from _machine import machine_info
+from harness import REPO, Procs, RssSampler, rabbit_server
+from overload import monitored_instance
 
-from _machine import machine_info  # noqa: E402
-from overload import RssSampler, broker_instance  # noqa: E402
-from throughput import Procs, rabbit_server  # noqa: E402
-
-from roarmq.protocol import spec  # noqa: E402
-from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, encode_content, encode_method  # noqa: E402
-from roarmq.protocol.properties import BasicProperties  # noqa: E402
+from roarmq.protocol import spec
+from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, encode_content, encode_method
+from roarmq.protocol.properties import BasicProperties
 
 MiB = 1024 * 1024
 WATERMARK = 256 * MiB
@@ -173,7 +169,7 @@ def settled_rss(sampler: RssSampler, quiet: float = 3.0, limit: float = 30.0) ->
 
 
 def queued(kind: str, procs: Procs, n: int, persistent: bool) -> dict[str, Any]:
-    with broker_instance(kind, procs, 0, REPO) as b:
+    with monitored_instance(kind, procs, 0, REPO) as b:
         time.sleep(1.0)
         before = b.rss.samples[-1][1]
         elapsed = asyncio.run(fill(b.running.port, n, persistent))
@@ -192,12 +188,12 @@ def queued(kind: str, procs: Procs, n: int, persistent: bool) -> dict[str, Any]:
 def recovery(procs: Procs, n: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="roarbench-recovery-"))
     try:
-        with broker_instance("roarmq", procs, 0, REPO, keep=tmp) as b:
+        with monitored_instance("roarmq", procs, 0, REPO, keep=tmp) as b:
             time.sleep(1.0)
             before = b.rss.samples[-1][1]
             fill_s = asyncio.run(fill(b.running.port, n, True))
         t0 = time.monotonic()  # SIGTERM above: a clean stop
-        with broker_instance("roarmq", procs, 0, REPO, keep=tmp, ready_timeout=900) as b:
+        with monitored_instance("roarmq", procs, 0, REPO, keep=tmp, ready_timeout=900) as b:
             start_s = time.monotonic() - t0
             after = settled_rss(b.rss)
             count = asyncio.run(count_of(b.running.port, "mem-p"))
@@ -272,7 +268,7 @@ def alarm(procs: Procs, seconds: float) -> dict[str, Any]:
 
 
 def broker_instance_with(procs: Procs, extra: str) -> Any:
-    return broker_instance("roarmq", procs, 0, REPO, extra_config=extra)
+    return monitored_instance("roarmq", procs, 0, REPO, extra_config=extra)
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -4,7 +4,7 @@
                                        [--window S] [--roarmq-rev REV] [--json PATH]
 
 A benchmark, not a test (issue 10). Each scenario runs against RoarMQ and
-RabbitMQ (apt-installed; ``bench/throughput.py`` starts it on its own loopback
+RabbitMQ (apt-installed; ``bench/harness.py`` starts it on its own loopback
 ports and data dir), the broker pinned to one core (``taskset -c 0``) and
 everything else -- load generator, probe and this script -- to the other
 (``--load-cpu``, default 1). 16-byte transient bodies, published to the default
@@ -102,27 +102,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-
-from _machine import machine_info  # noqa: E402
-from throughput import (  # noqa: E402
+from _machine import machine_info
+from harness import (  # brokers and processes, shared by every script in bench/
     BROKERS,
     LABEL,
+    REPO,
     BrokerUnavailable,
     Procs,
+    RssSampler,
     Running,
-    _next_line,
-    _reader,
-    _wait_ready,
-    fmt,
+    broker_instance,
     group_cpu_s,
     loadavg,
     pinned,
-    start_rabbitmq,
-    stop_broker,
     sweep,
 )
+from throughput import _next_line, _reader, fmt
 
 GENERATOR = REPO / "bench" / "overload_load.go"
 LAG_METRIC = "roarmq_event_loop_lag_max_seconds"
@@ -274,63 +269,8 @@ class Broker:
     rss: RssSampler
 
 
-def start_roarmq(
-    procs: Procs,
-    tmp: Path,
-    cpu: int | None,
-    src: Path,
-    extra_config: str = "",
-    ready_timeout: float = 30,
-) -> tuple[Running, int]:
-    """RoarMQ from source tree ``src``: ports picked by the kernel, management enabled, and
-    the event-loop lag probe (a 1 ms timer) on where that version has one; ``extra_config``
-    is appended to its TOML (bench/memory.py sets the memory watermark)."""
-    data = tmp / "data"
-    cfg = tmp / "roarmq.toml"
-    # The start line (which names the port) is a notice; older trees print it at any level.
-    level = "notice" if '"notice"' in (src / "broker" / "config.py").read_text() else "warning"
-    text = (
-        '[amqp]\nbind = ["127.0.0.1"]\nport = 0\n\n'
-        '[management]\nenabled = true\nbind = "127.0.0.1"\nport = 0\n\n'
-        f'[storage]\ndata_dir = "{data}"\n\n[log]\nlevel = "{level}"\n'
-    )
-    if "loop_lag_probe_ms" in (src / "broker" / "config.py").read_text():
-        text += "\n[diagnostics]\nloop_lag_probe_ms = 1\n"
-    cfg.write_text(text + extra_config)
-    log = tmp / "roarmq.log"
-    instance = uuid.uuid4().hex
-    # env -C: `python -m roarmq` imports broker/ and protocol/ from src, not this work tree
-    module = "roarmq" if (src / "roarmq" / "__init__.py").exists() else "broker"  # older trees
-    cmd = [sys.executable, "-m", module, "--config", str(cfg), "--data-dir", str(data)]
-    with open(log, "wb") as out:
-        proc = procs.start(
-            pinned(cpu, ["env", "-C", str(src), *cmd]),
-            instance=instance,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    ports = {"amqp": 0, "mgmt": 0}
-
-    def port_of() -> int:  # "RoarMQ 0.1.0: AMQP on 127.0.0.1 port 43809, management http://h:p"
-        for line in log.read_text(errors="replace").splitlines():
-            if "AMQP on" in line and " port " in line:
-                ports["amqp"] = int(line.rsplit(" port ", 1)[1].split()[0].rstrip(","))
-                if "management http://" in line:
-                    ports["mgmt"] = int(line.rsplit(":", 1)[1].split()[0].rstrip(",/"))
-        return ports["amqp"]
-
-    try:
-        port, props = _wait_ready(proc, port_of, log, ready_timeout)
-    except BaseException:
-        procs.stop(proc)
-        sweep(instance)
-        raise
-    running = Running("roarmq", port, str(props.get("version", "?")), proc, instance, log)
-    return running, ports["mgmt"]
-
-
 @contextlib.contextmanager
-def broker_instance(
+def monitored_instance(
     kind: str,
     procs: Procs,
     cpu: int | None,
@@ -340,81 +280,24 @@ def broker_instance(
     keep: Path | None = None,
     ready_timeout: float = 30,
 ) -> Iterator[Broker]:
-    """A broker in a fresh temp dir (removed after), or in `keep` (left for a restart)."""
-    tmp = keep or Path(tempfile.mkdtemp(prefix=f"roarbench-overload-{kind}-"))
-    running = sampler = None
-    try:
-        if kind == "roarmq":
-            running, mgmt = start_roarmq(procs, tmp, cpu, roarmq_src, extra_config, ready_timeout)
-        else:
-            running, mgmt = start_rabbitmq(procs, tmp, cpu), None
+    """harness.broker_instance with its resident memory sampled; RoarMQ (from source tree
+    ``roarmq_src``) with the management API and the event-loop lag probe on."""
+    options: dict[str, Any] = {}
+    if kind == "roarmq":
+        options = {
+            "src": roarmq_src,
+            "management": True,
+            "lag_probe": True,
+            "extra_config": extra_config,
+            "ready_timeout": ready_timeout,
+        }
+    with broker_instance(kind, procs, cpu, keep=keep, **options) as running:
         sampler = RssSampler(running.proc.pid)
         sampler.start()
-        yield Broker(running, mgmt, sampler)
-    finally:
-        if sampler is not None:
+        try:
+            yield Broker(running, running.mgmt_port, sampler)
+        finally:
             sampler.stop()
-        if running is not None:
-            stop_broker(procs, running)
-        if keep is None:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:
-                pids.append(int(entry.name))
-    return pids
-
-
-def vmrss(pid: int) -> int:
-    """Resident memory of ``pid`` in bytes (0 if it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-class RssSampler(threading.Thread):
-    """VmRSS summed over a process group every ``period`` s; members re-listed every second."""
-
-    def __init__(self, pgid: int, period: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.pgid, self.period = pgid, period
-        self.samples: list[tuple[float, int]] = []  # (monotonic, bytes)
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        pids: list[int] = []
-        listed = 0.0
-        while not self._done.is_set():
-            now = time.monotonic()
-            if now - listed > 1.0:
-                pids, listed = group_pids(self.pgid), now
-            self.samples.append((now, sum(vmrss(pid) for pid in pids)))
-            self._done.wait(self.period)
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join(2)
-
-    def at(self, t: float) -> int | None:
-        """The last sample taken at or before ``t``."""
-        before = [rss for when, rss in self.samples if when <= t]
-        return before[-1] if before else None
-
-    def peak(self, t0: float, t1: float) -> int | None:
-        window = [rss for when, rss in list(self.samples) if t0 <= when <= t1]
-        return max(window) if window else None
 
 
 def loop_lag_ms(mgmt_port: int | None) -> float | None:
@@ -779,7 +662,7 @@ def main() -> int:
                 pending = list(chosen)
                 while pending:
                     try:
-                        with broker_instance(kind, procs, args.broker_cpu, src) as broker:
+                        with monitored_instance(kind, procs, args.broker_cpu, src) as broker:
                             while pending and broker.running.proc.poll() is None:
                                 attempt(kind, pending.pop(0), broker)
                     except (BrokerUnavailable, RuntimeError) as exc:
@@ -791,7 +674,7 @@ def main() -> int:
             for sc in chosen:
                 for kind in brokers:
                     try:
-                        with broker_instance(kind, procs, args.broker_cpu, src) as broker:
+                        with monitored_instance(kind, procs, args.broker_cpu, src) as broker:
                             attempt(kind, sc, broker)
                     except (BrokerUnavailable, RuntimeError) as exc:
                         record(kind, sc, unavailable(kind, exc))

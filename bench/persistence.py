@@ -5,8 +5,8 @@
 
 A benchmark, not a test. Brokers run pinned to one core (``taskset -c 0``), the
 load processes (``bench/_amqp_load.py``, our own ``protocol/`` codec on uvloop)
-to the other (``taskset -c 1``); broker start-up, process bookkeeping and the
-machine facts come from ``bench/throughput.py``.
+to the other (``taskset -c 1``); how each broker is launched and process bookkeeping
+come from ``bench/harness.py``, the machine facts from ``bench/throughput.py``.
 
 Part 1, confirmed persistent throughput: a fresh broker per run; one publisher
 connection declares a durable queue and publishes 1 KiB bodies with
@@ -68,30 +68,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from throughput import (  # noqa: E402
+from harness import (  # brokers and processes, shared by every script in bench/
     BROKERS,
     LABEL,
     LOAD,
     REPO,
     BrokerUnavailable,
     Procs,
-    _next_line,
-    _num,
-    _reader,
     _tail,
     _wait_ready,
     amqp_probe,
     ensure_rabbitmq,
-    fmt,
     free_port,
     group_cpu_s,
     loadavg,
-    machine,
     pinned,
+    rabbitmq_env,
+    roarmq_command,
     sweep,
 )
+from throughput import _next_line, _num, _reader, fmt, machine
 
 BODY = 1024
 QUEUE = "bench.persistent"
@@ -140,53 +136,16 @@ class Broker:
                 '[amqp]\nbind = ["127.0.0.1"]\n\n[management]\nenabled = false\n'
                 + (f"\n[storage]\n{self.storage}\n" if self.storage else "")
             )
-            py = [sys.executable]
+            profile = None
             if self.profile is not None:
-                py += [
-                    "-m",
-                    "cProfile",
-                    "-o",
-                    str(self.profile.with_suffix(f".{self.starts}.prof")),
-                ]
+                profile = self.profile.with_suffix(f".{self.starts}.prof")
             cmd = pinned(
                 self.cpu,
-                [
-                    *py,
-                    "-m",
-                    "roarmq",
-                    "--config",
-                    str(cfg),
-                    "--port",
-                    str(self.port),
-                    "--data-dir",
-                    str(self.data),
-                    "--log-level",
-                    "info",
-                ],
+                roarmq_command(cfg, self.data, port=self.port, log_level="info", profile=profile),
             )
         else:
             server = ensure_rabbitmq()
-            (self.base / "enabled_plugins").write_text("[].\n")
-            env = dict(os.environ)
-            env.update(
-                {
-                    "HOME": str(self.base),  # the Erlang cookie goes here
-                    "RABBITMQ_NODENAME": "roarbench@localhost",
-                    "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-                    "RABBITMQ_NODE_PORT": str(self.port),
-                    "RABBITMQ_DIST_PORT": str(free_port()),
-                    "ERL_EPMD_PORT": str(free_port()),
-                    "ERL_EPMD_ADDRESS": "127.0.0.1",
-                    "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-                    "RABBITMQ_MNESIA_BASE": str(self.data),
-                    "RABBITMQ_LOG_BASE": str(self.base / "log"),
-                    "RABBITMQ_PID_FILE": str(self.base / "rabbit.pid"),
-                    "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "enabled_plugins"),
-                    "RABBITMQ_CONFIG_FILE": str(self.base / "rabbitmq"),  # absent: defaults
-                    "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.base / "advanced.config"),
-                    "RABBITMQ_CONF_ENV_FILE": str(self.base / "rabbitmq-env.conf"),
-                }
-            )
+            env = rabbitmq_env(self.base, self.port, mnesia=self.data)
             cmd = pinned(self.cpu, [server])
         with open(self.log, "ab") as out:
             out.write(f"\n==== start {self.starts}: {shlex.join(cmd)}\n".encode())

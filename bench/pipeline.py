@@ -49,12 +49,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from _machine import machine_info
+from harness import LOAD, REPO, Procs, pinned, start_roarmq
 
-from _machine import machine_info  # noqa: E402
-
-LOAD = REPO / "bench" / "_amqp_load.py"
 SESSION = "20240501T000000-000000"  # the writer session named in generated file names
 START_HOUR = 1_714_521_600 // 3600  # 2024-05-01T00Z
 QUEUES = 1000
@@ -329,10 +326,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def pinned(cpu: int | None, cmd: list[str]) -> list[str]:
-    return cmd if cpu is None else ["taskset", "-c", str(cpu), *cmd]
-
-
 def stop(proc: subprocess.Popen) -> float | None:
     """SIGTERM (then SIGKILL) the process group; the CPU seconds the process used in all."""
     for sig, wait in ((signal.SIGTERM, 120.0), (signal.SIGKILL, 5.0)):
@@ -356,39 +349,17 @@ def one_broker_run(
 ) -> dict:
     base = tmp / tag
     base.mkdir()
-    cfg = base / "roarmq.toml"
-    text = (
-        '[amqp]\nbind = ["127.0.0.1"]\nport = 0\n\n[management]\nenabled = false\n\n'
-        f'[storage]\ndata_dir = "{base / "data"}"\n\n[log]\nlevel = "notice"\n'
-    )
+    extra = ""
     if archive_on:
-        text += (
+        extra = (
             f'\n[archive]\nenabled = true\ndir = "{base / "archive"}"\n'
             f"roll_minutes = {roll_minutes}\n"
         )
-    cfg.write_text(text)
-    log = base / "broker.log"
-    with open(log, "wb") as out:
-        broker = subprocess.Popen(
-            pinned(cpus[0], [sys.executable, "-m", "roarmq", "--config", str(cfg)]),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            start_new_session=True,
-        )
+    # Stopped here, not by Procs: stop() reaps it to read the CPU it used up to its exit.
+    running = start_roarmq(Procs(), base, cpus[0], extra_config=extra)
+    broker, port = running.proc, running.port
     procs = [broker]
     try:
-        port = 0
-        deadline = time.monotonic() + 30
-        while not port and time.monotonic() < deadline:
-            if broker.poll() is not None:
-                raise RuntimeError(f"broker exited: {log.read_text()[-500:]}")
-            for line in log.read_text(errors="replace").splitlines():
-                if "AMQP on" in line and " port " in line:
-                    port = int(line.rsplit(" port ", 1)[1].split()[0].rstrip(","))
-            time.sleep(0.1)
-        if not port:
-            raise RuntimeError("broker did not start")
         time.sleep(2.0)  # start-up work (the archive's one-off pyarrow warm-up) is not traffic
         scenario = json.dumps(
             {

@@ -37,10 +37,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-
-from _machine import machine_info  # noqa: E402
+from _machine import machine_info
+from harness import REPO, free_port
 
 
 def _generator() -> Any:
@@ -72,14 +70,6 @@ def candidate_of(defs: dict[str, Any]) -> dict[str, Any]:
     return {**defs, "bindings": bindings}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Standalone:
     """A standalone master and `workers` one-core workers, started and stopped here."""
 
@@ -89,7 +79,7 @@ class Standalone:
         spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
         self.env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
         self.env["SPARK_HOME"] = str(spark_class.parent.parent)
-        port, ui = _free_port(), _free_port()
+        port, ui = free_port(), free_port()
         self.url = f"spark://127.0.0.1:{port}"
         self.procs = []
         self.log = tmp / "standalone.log"
@@ -110,7 +100,7 @@ class Standalone:
                 subprocess.Popen(
                     [str(spark_class), "org.apache.spark.deploy.worker.Worker", self.url]
                     + ["--host", "127.0.0.1", "--cores", "1", "--memory", memory]
-                    + ["--webui-port", str(_free_port())],
+                    + ["--webui-port", str(free_port())],
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,

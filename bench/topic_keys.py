@@ -21,13 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+from _machine import machine_info
+from harness import REPO
 
-from _machine import machine_info  # noqa: E402
-
-from roarmq.broker.routing import TopicIndex  # noqa: E402
+from roarmq.broker.routing import TopicIndex
 
 
 def build(bindings: int, cache_keys: int = 10_000) -> TopicIndex:

@@ -39,6 +39,17 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", metavar="DIR", help="directory for durable data")
     p.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower, help="log verbosity")
     p.add_argument(
+        "--cluster-etcd",
+        metavar="URL[,URL...]",
+        help="etcd client URLs: run as a cluster node ([cluster] etcd; docs/cluster.md)",
+    )
+    p.add_argument(
+        "--node", metavar="NAME", help="this node's name in the cluster ([cluster] node)"
+    )
+    p.add_argument(
+        "--replication-port", type=int, metavar="N", help="port peers replicate over ([cluster])"
+    )
+    p.add_argument(
         "--check-config", metavar="FILE", help="validate a config file, then exit 0 (ok) or 1"
     )
     p.add_argument("--version", action="version", version=f"RoarMQ {__version__}")
@@ -103,7 +114,13 @@ def _load(args: argparse.Namespace) -> Config:
     if user is not None or password is not None:
         config = config.with_default_user(user or "", password or "")
     return config.with_overrides(
-        port=args.port, mgmt_port=args.mgmt_port, data_dir=args.data_dir, log_level=args.log_level
+        port=args.port,
+        mgmt_port=args.mgmt_port,
+        data_dir=args.data_dir,
+        log_level=args.log_level,
+        cluster_etcd=args.cluster_etcd,
+        node=args.node,
+        replication_port=args.replication_port,
     )
 
 

@@ -59,7 +59,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the traffic archive needs pyarrow: pip install 'roarmq[pipeline]'") from exc
 
 from roarmq.protocol.errors import AMQPSyntaxError
-from roarmq.protocol.properties import BasicProperties
+from roarmq.protocol.properties import (
+    BASIC_PROPERTIES,
+    FLAG_CONTENT_ENCODING,
+    FLAG_CONTENT_TYPE,
+    FLAG_HEADERS,
+    BasicProperties,
+)
 from roarmq.protocol.tables import timestamp_to_wire
 
 from .clock import Clock
@@ -111,6 +117,21 @@ PARQUET_OPTIONS: dict[str, Any] = {
     },
 }
 
+#: Each property's column type, by the property's AMQP type: a timestamp is null past year
+#: 9999; the headers table is kept as received (its length prefix too), not decoded.
+PROPERTY_COLUMN_TYPES: dict[str, pa.DataType] = {
+    "shortstr": pa.string(),
+    "octet": pa.int16(),
+    "timestamp": pa.timestamp("ms", tz="UTC"),
+    "table": pa.binary(),
+}
+
+#: The columns the pipeline groups rows by and routes once per distinct value: what a
+#: message's route depends on, and the queues it reached (pipeline/jobs.py).
+ENVELOPE_COLUMNS = ("exchange", "routing_key", "headers", "queues")
+#: The per-message measures the pipeline's traffic table sums (pipeline/jobs.py).
+TRAFFIC_COLUMNS = ("body_size", "queue_count", "unroutable")
+
 SCHEMA = pa.schema(
     [
         # broker wall clock when the socket read carrying the publish arrived
@@ -118,20 +139,13 @@ SCHEMA = pa.schema(
         pa.field("vhost", pa.string(), nullable=False),
         pa.field("exchange", pa.string(), nullable=False),
         pa.field("routing_key", pa.string(), nullable=False),
-        pa.field("headers", pa.binary()),  # AMQP field table as received (length prefix too)
-        pa.field("content_type", pa.string()),
-        pa.field("content_encoding", pa.string()),
-        pa.field("delivery_mode", pa.int16()),
-        pa.field("priority", pa.int16()),
-        pa.field("correlation_id", pa.string()),
-        pa.field("reply_to", pa.string()),
-        pa.field("expiration", pa.string()),
-        pa.field("message_id", pa.string()),
-        pa.field("timestamp", pa.timestamp("ms", tz="UTC")),  # null past year 9999
-        pa.field("type", pa.string()),
-        pa.field("user_id", pa.string()),
-        pa.field("app_id", pa.string()),
-        pa.field("cluster_id", pa.string()),
+        # the 14 basic properties, headers first (a routing input), then in flag order
+        pa.field("headers", PROPERTY_COLUMN_TYPES["table"]),
+        *(
+            pa.field(name, PROPERTY_COLUMN_TYPES[kind])
+            for name, kind in BASIC_PROPERTIES
+            if name != "headers"
+        ),
         pa.field("body_size", pa.int64(), nullable=False),
         pa.field("body", pa.binary()),  # the first max_body_bytes bytes; null when 0 or paged out
         pa.field("queue_count", pa.int32(), nullable=False),
@@ -140,18 +154,8 @@ SCHEMA = pa.schema(
     ]
 )
 
-_STRING_PROPERTIES = (
-    "content_type",
-    "content_encoding",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-)
+#: How each property's values are collected before the cast to its column type.
+_COLLECTED_AS = {"shortstr": pa.string(), "octet": pa.int16(), "timestamp": pa.int64()}
 
 _PART = re.compile(r"^part-(?P<session>[0-9A-Za-z]+-[0-9a-f]+)-(?P<seq>\d+)\.parquet$")
 _JOURNAL = re.compile(r"^\.(?P<part>part-[0-9A-Za-z]+-[0-9a-f]+-\d+)\.journal$")
@@ -212,16 +216,17 @@ def partitions(root: Path) -> Iterator[tuple[str, str, Path]]:
 def header_table_bytes(raw: bytes) -> bytes | None:
     """The headers field table inside a raw property list, exactly as sent (None if absent)."""
     flags = _unpack_u16(raw, 0)[0]
-    if not flags & 0x2000:
+    if not flags & FLAG_HEADERS:
         return None
     o = 2
     word = flags
     while word & 1:  # continuation flag words (never set by a well-formed basic header)
         word = _unpack_u16(raw, o)[0]
         o += 2
-    if flags & 0x8000:
+    # the two shortstrs before the headers in the property list
+    if flags & FLAG_CONTENT_TYPE:
         o += 1 + raw[o]
-    if flags & 0x4000:
+    if flags & FLAG_CONTENT_ENCODING:
         o += 1 + raw[o]
     size = _unpack_u32(raw, o)[0]
     if o + 4 + size > len(raw):
@@ -250,38 +255,35 @@ def _property_columns(raws: pa.Array) -> dict[str, pa.Array]:
     encoded = raws.dictionary_encode()
     indices = encoded.indices
     distinct = encoded.dictionary.to_pylist()
-    cols: dict[str, list[Any]] = {
-        name: []
-        for name in (*_STRING_PROPERTIES, "delivery_mode", "priority", "timestamp", "headers")
-    }
+    cols: dict[str, list[Any]] = {name: [] for name, _ in BASIC_PROPERTIES}
     for raw in distinct:
         try:
             props = BasicProperties.decode(raw)
             headers = header_table_bytes(raw)
         except (AMQPSyntaxError, IndexError, ValueError):
             props, headers = BasicProperties(), None  # the broker forwards such headers as-is
-        for name in _STRING_PROPERTIES:
-            cols[name].append(getattr(props, name))
-        cols["delivery_mode"].append(props.delivery_mode)
-        cols["priority"].append(props.priority)
-        stamp = props.timestamp
-        if stamp is not None:
-            seconds = timestamp_to_wire(stamp)
-            stamp = seconds * 1000 if seconds <= _MAX_TIMESTAMP_S else None
-        cols["timestamp"].append(stamp)
-        cols["headers"].append(headers)
-    types = {name: pa.string() for name in _STRING_PROPERTIES}
-    types.update(
-        delivery_mode=pa.int16(), priority=pa.int16(), timestamp=pa.int64(), headers=pa.binary()
-    )
+        for name, kind in BASIC_PROPERTIES:
+            if kind == "table":
+                cols[name].append(headers)
+                continue
+            value = getattr(props, name)
+            if kind == "timestamp" and value is not None:
+                seconds = timestamp_to_wire(value)
+                value = seconds * 1000 if seconds <= _MAX_TIMESTAMP_S else None
+            cols[name].append(value)
     n = len(raws)
     out = {}
-    for name, values in cols.items():
+    for name, kind in BASIC_PROPERTIES:
+        values = cols[name]
         target = SCHEMA.field(name).type
         if all(v is None for v in values):  # the usual case for most properties: no work
             out[name] = pa.nulls(n, target)
             continue
-        array = _strings(values) if types[name] == pa.string() else pa.array(values, types[name])
+        array = (
+            _strings(values)
+            if kind == "shortstr"
+            else pa.array(values, _COLLECTED_AS.get(kind, target))
+        )
         out[name] = array.cast(target).take(indices)
     return out
 

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from roarmq.protocol import spec
 from roarmq.protocol.errors import (
     ACCESS_REFUSED,
-    COMMAND_INVALID,
     NOT_ALLOWED,
     NOT_FOUND,
     NOT_IMPLEMENTED,
@@ -29,10 +28,11 @@ from roarmq.protocol.errors import (
 from roarmq.protocol.frames import encode_content, encode_deliver
 
 from .errors import channel_error, connection_error
-from .exchange import EXCHANGE_TYPES
+from .exchange import EXCHANGE_TYPES, unknown_exchange_type
 from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
 from .queue import Entry, Queue
 from .routing.headers import erlang_type_name
+from .session import CHANNEL_RULES, ChannelState, bind_rows
 from .vhost import (
     REPLY_TO_PREFIX,
     REPLY_TO_QUEUE,
@@ -53,7 +53,7 @@ log = logging.getLogger("roarmq.channel")
 SWEEP_MAX_SECONDS = 15.0
 SWEEP_SCAN = 10_000
 
-OPEN, CLOSING, CLOSED = 1, 2, 3  # CLOSED: close-ok sent or received; nothing more is sent
+OPEN, CLOSING, CLOSED = ChannelState.OPEN, ChannelState.CLOSING, ChannelState.CLOSED
 
 
 def _tag(prefix: str) -> str:
@@ -114,6 +114,9 @@ class Channel:
         self.vhost = conn.vhost
         conn.broker.totals.channels_opened += 1
         self.state = OPEN
+        # This state's rules (broker/session.py): the connection dispatches every method
+        # on this channel as self._row[type(method)](self, method).
+        self._row = _ROWS[OPEN]
         self.flow_active = True
         self.can_deliver = conn.writable
         self.consumers: dict[str, Consumer] = {}
@@ -149,26 +152,13 @@ class Channel:
     def send_method(self, method: Any) -> None:
         self.conn.send_method(self.id, method)
 
-    def handle(self, method: Any) -> None:
-        if self.state == CLOSING:
-            # After we sent channel.close, everything but close/close-ok is dropped (spec 2.3.5).
-            if isinstance(method, spec.ChannelCloseOk):
-                self.conn.channel_closed(self)
-            elif isinstance(method, spec.ChannelClose):
-                self.send_method(spec.ChannelCloseOk())
-            return
-        handler = _HANDLERS.get(type(method))
-        if handler is None:
-            raise connection_error(
-                540 if method.INDEX in spec.METHODS else 503,
-                f"method {method.NAME} is not allowed from a client on a channel",
-                method.CLASS_ID,
-                method.METHOD_ID,
-            )
-        handler(self, method)
+    def _enter(self, state: ChannelState) -> None:
+        """The one place the channel's state changes: its row of rules changes with it."""
+        self.state = state
+        self._row = _ROWS[state]
 
     def update_writable(self, writable: bool) -> None:
-        self.can_deliver = writable and self.flow_active and self.state == OPEN
+        self.can_deliver = writable and self.flow_active and self.state is OPEN
         if self.can_deliver:
             self._redispatch()
 
@@ -193,8 +183,7 @@ class Channel:
         )
         self.flush_confirms()
         self.release()
-        self.state = CLOSING
-        self.can_deliver = False
+        self._enter(CLOSING)
         self.send_method(
             spec.ChannelClose(
                 reply_code=error.reply_code,
@@ -203,6 +192,21 @@ class Channel:
                 method_id=error.method_id,
             )
         )
+
+    def _answer_close(self, m: spec.ChannelClose) -> None:
+        """The client closed too while we were closing: close-ok, and wait for ours."""
+        self.send_method(spec.ChannelCloseOk())
+
+    def _close_ok_received(self, m: spec.ChannelCloseOk) -> None:
+        """Our channel.close is answered: the channel is gone."""
+        self._enter(CLOSED)
+        self.conn.channel_closed(self)
+
+    def connection_closing(self) -> None:
+        """The connection lets go of its channels: release everything and send nothing more
+        (late confirms and the like)."""
+        self.release()
+        self._enter(CLOSED)
 
     def release(self) -> None:
         """Requeue unacked messages (in order) and cancel consumers; the channel is going away."""
@@ -260,8 +264,7 @@ class Channel:
         else:
             self.unacked[tag] = entry
             self.unacked_bytes += msg.size
-            queue.unacked += 1
-            queue.unacked_bytes += msg.size
+            queue.lend(msg.size)
             if self._sweep is None and self._shortest_timeout is not None:
                 self._start_sweep()
         return tag, body
@@ -288,7 +291,7 @@ class Channel:
     def _check_timeouts(self) -> None:
         self._sweep = None
         marks = self._marks
-        if self.state != OPEN or not self.unacked or self._shortest_timeout is None:
+        if self.state is not OPEN or not self.unacked or self._shortest_timeout is None:
             marks.clear()
             return
         now = self.conn.broker.clock.monotonic()
@@ -354,7 +357,7 @@ class Channel:
     def cancel_by_server(self, consumer: Consumer) -> None:
         """The queue went away: forget the consumer and tell a client that understands."""
         self.consumers.pop(consumer.tag, None)
-        if self.state == OPEN and self.conn.capabilities.get("consumer_cancel_notify"):
+        if self.state is OPEN and self.conn.capabilities.get("consumer_cancel_notify"):
             self.send_method(spec.BasicCancel(consumer_tag=consumer.tag, no_wait=True))
 
     def _remove_consumer(self, consumer: Consumer) -> None:
@@ -369,19 +372,14 @@ class Channel:
         self.send_method(spec.ChannelFlowOk(active=m.active))
         self.update_writable(self.conn.writable)
 
-    def _channel_flow_ok(self, m: spec.ChannelFlowOk) -> None:
-        pass
-
     def _channel_close(self, m: spec.ChannelClose) -> None:
         # Confirms owed go out before close-ok; those still waiting for the disk never do
         # (a frame on a closed channel is an error to clients such as amqplib).
         self.flush_confirms()
         self.release()
         self.send_method(spec.ChannelCloseOk())
+        self._enter(CLOSED)
         self.conn.channel_closed(self)
-
-    def _channel_close_ok(self, m: spec.ChannelCloseOk) -> None:
-        pass  # only meaningful while CLOSING, handled in handle()
 
     # -- exchange class ---------------------------------------------------------------
 
@@ -438,7 +436,7 @@ class Channel:
             # RabbitMQ's order: the type, the default exchange, configure; then, for a new
             # exchange only, the reserved prefix and the alternate exchange.
             if m.type not in EXCHANGE_TYPES:
-                raise connection_error(COMMAND_INVALID, f"unknown exchange type '{m.type}'", 40, 10)
+                raise unknown_exchange_type(m.type)
             check_not_default(m.exchange)
             self._check("configure", "exchange", m.exchange)
             if m.exchange not in self.vhost.exchanges:
@@ -596,7 +594,7 @@ class Channel:
     def _basic_consume(self, m: spec.BasicConsume) -> None:
         tag = m.consumer_tag or _tag("amq.ctag-")
         if tag in self.consumers:
-            raise connection_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
+            raise connection_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         args = m.arguments or {}
         if m.queue == REPLY_TO_QUEUE:
             self._consume_reply_to(m, tag)
@@ -706,8 +704,7 @@ class Channel:
             entry.consumer = None
         queue = entry.queue
         if queue is not None:
-            queue.unacked -= 1
-            queue.unacked_bytes -= size
+            queue.take_back(1, size)
 
     def _settle(self, tag: int, multiple: bool, action: Callable[[list[Entry]], None]) -> None:
         if self.tx is not None:
@@ -778,7 +775,7 @@ class Channel:
 
     def _basic_recover(self, m: spec.BasicRecover) -> None:
         if not m.requeue:
-            raise connection_error(NOT_IMPLEMENTED, "requeue=false", 60, 110)
+            raise connection_error(NOT_IMPLEMENTED, "requeue=false")
         self._requeue_all()
         if isinstance(m, spec.BasicRecover):
             self.send_method(spec.BasicRecoverOk())
@@ -786,21 +783,13 @@ class Channel:
 
     # -- basic class: publish ----------------------------------------------------------
 
-    def on_content(self, method: Any, header: Any, body: bytes) -> None:
-        """An assembled basic.publish (the only content a client may send)."""
-        if self.state == CLOSING:
-            return
-        if type(method) is not spec.BasicPublish:
-            raise connection_error(
-                503,
-                f"{method.NAME} carries content the broker does not accept",
-                method.CLASS_ID,
-                method.METHOD_ID,
-            )
+    def _basic_publish(self, method: spec.BasicPublish, header: Any, body: bytes) -> None:
+        """An assembled basic.publish (the only content a client may send: the session
+        table refuses the others, and drops content on a channel that is closing)."""
         if self.confirm:
             self.publish_seq += 1
         if method.immediate:
-            raise connection_error(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+            raise connection_error(NOT_IMPLEMENTED, "immediate=true")
         exchange = self._publish_exchanges.get(method.exchange)
         if exchange is None or exchange.deleted:
             exchange = self._publish_exchange(method.exchange)
@@ -810,7 +799,7 @@ class Channel:
             # exchange.name, not the frame's copy: every message shares the one string
             msg = Message(exchange.name, method.routing_key, header, body)
         except ValueError as exc:  # a malformed per-message TTL
-            raise channel_error(PRECONDITION_FAILED, str(exc), 60, 40) from None
+            raise channel_error(PRECONDITION_FAILED, str(exc)) from None
         if msg.flags & (FLAG_USER_ID | FLAG_REPLY_TO):
             msg = self._check_properties(msg)
         if msg.flags & FLAG_HEADERS:
@@ -828,15 +817,11 @@ class Channel:
         self._check("write", "exchange", name)  # before the lookup, as RabbitMQ
         exchange = self.vhost.exchanges.get(name)
         if exchange is None:
-            raise channel_error(
-                NOT_FOUND, f"no exchange '{name}' in vhost '{self.vhost.name}'", 60, 40
-            )
+            raise channel_error(NOT_FOUND, f"no exchange '{name}' in vhost '{self.vhost.name}'")
         if exchange.internal:
             raise channel_error(
                 ACCESS_REFUSED,
                 f"cannot publish to internal exchange '{name}' in vhost '{self.vhost.name}'",
-                60,
-                40,
             )
         if len(self._publish_exchanges) > 1000:
             self._publish_exchanges.clear()
@@ -849,9 +834,7 @@ class Channel:
         user = self.conn.user
         if props.reply_to == REPLY_TO_QUEUE:
             if self.reply_key is None:
-                raise channel_error(
-                    PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40
-                )
+                raise channel_error(PRECONDITION_FAILED, "fast reply consumer does not exist")
             new = copy_properties(props)
             new.reply_to = REPLY_TO_PREFIX + self.reply_key
             msg = msg.with_properties(new)
@@ -864,8 +847,6 @@ class Channel:
                 PRECONDITION_FAILED,
                 f"user_id property set to '{props.user_id}' but authenticated user was "
                 f"'{user.name}'",
-                60,
-                40,
             )
         return msg
 
@@ -875,7 +856,7 @@ class Channel:
         if exchange.name == "" and msg.routing_key.startswith(REPLY_TO_PREFIX):
             consumer = self.conn.broker.reply_to.get(msg.routing_key[len(REPLY_TO_PREFIX) :])
             if consumer is not None:
-                if consumer.channel.state == OPEN:
+                if consumer.channel.state is OPEN:
                     consumer.channel.deliver(consumer, Entry(msg, 0, None))  # type: ignore[arg-type]
                 self._confirmed(seq, True)
                 return
@@ -896,7 +877,7 @@ class Channel:
         ok, token = self.vhost.enqueue(msg, queues, self.confirm)
         for queue in queues:
             if queue.throttled is not None:
-                self.conn.throttle(queue)
+                queue.hold_publisher(self.conn)
         if token is not None and ok and self.confirm:
             self.conn.broker.store.confirm_after(token, self, seq)
             return
@@ -945,7 +926,7 @@ class Channel:
         acked one by one, since a multiple ack would also confirm the waiter.
         """
         ready = self._acks_ready
-        if not ready or self.state != OPEN:
+        if not ready or self.state is not OPEN:
             return
         self._acks_ready = []
         self.conn.broker.totals.confirmed += len(ready)
@@ -971,9 +952,7 @@ class Channel:
 
     def _confirm_select(self, m: spec.ConfirmSelect) -> None:
         if self.tx is not None:
-            raise channel_error(
-                PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10
-            )
+            raise channel_error(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         self.confirm = True
         if not m.nowait:
             self.send_method(spec.ConfirmSelectOk())
@@ -982,16 +961,14 @@ class Channel:
 
     def _tx_select(self, m: spec.TxSelect) -> None:
         if self.confirm:
-            raise channel_error(
-                PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10
-            )
+            raise channel_error(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
         if self.tx is None:
             self.tx = []
         self.send_method(spec.TxSelectOk())
 
     def _tx_commit(self, m: spec.TxCommit) -> None:
         if self.tx is None:
-            raise channel_error(PRECONDITION_FAILED, "channel is not transactional", 90, 20)
+            raise channel_error(PRECONDITION_FAILED, "channel is not transactional")
         ops, self.tx = self.tx, []
         for op in ops:
             op()
@@ -1000,7 +977,7 @@ class Channel:
 
     def _tx_rollback(self, m: spec.TxRollback) -> None:
         if self.tx is None:
-            raise channel_error(PRECONDITION_FAILED, "channel is not transactional", 90, 30)
+            raise channel_error(PRECONDITION_FAILED, "channel is not transactional")
         self.tx = []
         self.send_method(spec.TxRollbackOk())
 
@@ -1015,8 +992,7 @@ def _requeue_slices(entries: list[Entry], start: int) -> None:
         if entry.queue is not None:
             by_queue.setdefault(entry.queue, []).append(entry)
     for queue, group in by_queue.items():
-        queue.unacked -= len(group)
-        queue.unacked_bytes -= sum(e.msg.size for e in group)
+        queue.take_back(len(group), sum(e.msg.size for e in group))
         queue.requeue(group)
     start += REQUEUE_SLICE
     if start < len(entries):
@@ -1031,8 +1007,6 @@ def _check_sender_selected(headers: dict) -> None:
             raise channel_error(
                 PRECONDITION_FAILED,
                 f'invalid message: {{unacceptable_type_in_header,"{name}",{kind}}}',
-                60,
-                40,
             )
 
 
@@ -1045,36 +1019,33 @@ def _strip_bcc(msg: Message) -> Message:
 
 def _unknown_tag(tag: int) -> SoftError:
     """406 for an ack, nack or reject of a delivery tag the channel does not hold."""
-    return channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
+    return channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
 
 
-_HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
-    spec.ChannelFlow: Channel._channel_flow,
-    spec.ChannelFlowOk: Channel._channel_flow_ok,
-    spec.ChannelClose: Channel._channel_close,
-    spec.ChannelCloseOk: Channel._channel_close_ok,
-    spec.ExchangeDeclare: Channel._exchange_declare,
-    spec.ExchangeDelete: Channel._exchange_delete,
-    spec.ExchangeBind: Channel._exchange_bind,
-    spec.ExchangeUnbind: Channel._exchange_unbind,
-    spec.QueueDeclare: Channel._queue_declare,
-    spec.QueueBind: Channel._queue_bind,
-    spec.QueueUnbind: Channel._queue_unbind,
-    spec.QueuePurge: Channel._queue_purge,
-    spec.QueueDelete: Channel._queue_delete,
-    spec.BasicQos: Channel._basic_qos,
-    spec.BasicConsume: Channel._basic_consume,
-    spec.BasicCancel: Channel._basic_cancel,
-    spec.BasicGet: Channel._basic_get,
-    spec.BasicAck: Channel._basic_ack,
-    spec.BasicReject: Channel._basic_reject,
-    spec.BasicNack: Channel._basic_nack,
-    spec.BasicRecover: Channel._basic_recover,
-    spec.BasicRecoverAsync: Channel._basic_recover,
-    spec.ConfirmSelect: Channel._confirm_select,
-    spec.TxSelect: Channel._tx_select,
-    spec.TxCommit: Channel._tx_commit,
-    spec.TxRollback: Channel._tx_rollback,
+class ClosedChannel:
+    """What a channel number maps to once its close / close-ok exchange is over.
+
+    Frames the client sent before it saw the close are dropped, as the CLOSED row of
+    `session.CHANNEL_RULES` says, until channel.open reuses the number. Small on purpose
+    (two slots, not a whole Channel): a client may close tens of thousands of channels.
+    """
+
+    __slots__ = ("conn", "id")
+    state = CLOSED
+
+    def __init__(self, conn: Connection, channel_id: int) -> None:
+        self.conn = conn
+        self.id = channel_id
+
+    def _reopen(self, m: spec.ChannelOpen) -> None:
+        self.conn._open_channel(self.id, m)
+
+
+#: Each channel state's row, bound: a Channel's are OPEN and CLOSING, CLOSED is its tombstone's.
+_ROWS = {
+    **bind_rows({s: CHANNEL_RULES[s] for s in (OPEN, CLOSING)}, Channel, "channel"),
+    **bind_rows({CLOSED: CHANNEL_RULES[CLOSED]}, ClosedChannel, "channel"),
 }
+ClosedChannel._row = _ROWS[CLOSED]  # type: ignore[attr-defined]
 
-__all__ = ["Channel", "Consumer", "REPLY_SUCCESS"]
+__all__ = ["Channel", "ClosedChannel", "Consumer", "REPLY_SUCCESS"]

@@ -147,6 +147,21 @@ class PermissionConfig:
     read: str = ".*"
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """[cluster] (issue 24; docs/cluster.md). Absent: a single node, nothing of it runs."""
+
+    etcd: tuple[str, ...] = ()  # etcd client URLs, tried in order
+    node: str = ""  # this node's name, unique in the cluster
+    replication_port: int = 25672  # peers connect here (RabbitMQ's inter-node port)
+    advertise: str = ""  # the address peers use; empty: the first [amqp] bind address
+    name: str = "roarmq"  # etcd key prefix: one etcd can hold several clusters
+    replicas: int = 3  # copies of each vhost, the leader included
+    min_in_sync: int = 1  # below this many in-sync copies, publishes are nacked
+    lease_ttl: int = 5  # seconds; a dead leader is replaced after about this long
+    replica_lag_ms: int = 10_000  # a follower this far behind leaves the in-sync set
+
+
 def _default_users() -> tuple[UserConfig, ...]:
     return (UserConfig("guest", "guest", ("administrator",), True),)
 
@@ -173,6 +188,7 @@ class Config:
     users: tuple[UserConfig, ...] = field(default_factory=_default_users)
     vhosts: tuple[VhostConfig, ...] = field(default_factory=_default_vhosts)
     permissions: tuple[PermissionConfig, ...] = field(default_factory=_default_permissions)
+    cluster: ClusterConfig | None = None
 
     def with_overrides(
         self,
@@ -181,9 +197,37 @@ class Config:
         mgmt_port: int | None = None,
         data_dir: str | None = None,
         log_level: str | None = None,
+        cluster_etcd: str | None = None,
+        node: str | None = None,
+        replication_port: int | None = None,
     ) -> Config:
         """Apply command-line overrides (which win over the file)."""
         cfg = self
+        cluster = {
+            k: v
+            for k, v in (
+                ("etcd", cluster_etcd and [u.strip() for u in cluster_etcd.split(",")]),
+                ("node", node),
+                ("replication_port", replication_port),
+            )
+            if v is not None
+        }
+        if cluster:  # merged into [cluster] and validated as a whole, errors naming the flag
+            base = {}
+            if cfg.cluster is not None:
+                base = {  # what the file set (defaults stay defaults)
+                    f.name: getattr(cfg.cluster, f.name)
+                    for f in fields(ClusterConfig)
+                    if getattr(cfg.cluster, f.name) != f.default
+                }
+                base["etcd"] = list(cfg.cluster.etcd)
+            flags = {
+                "etcd": "--cluster-etcd",
+                "node": "--node",
+                "replication_port": "--replication-port",
+            }
+            named = {k: flags[k] for k in cluster}
+            cfg = replace(cfg, cluster=_cluster({**base, **cluster}, named))
         if port is not None:
             cfg = replace(cfg, amqp=replace(cfg.amqp, port=_port("--port", port)))
         if mgmt_port is not None:
@@ -392,6 +436,60 @@ def _check_listeners(amqp: AmqpConfig) -> None:
         )
 
 
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _url(key: str, value: Any) -> str:
+    value = _str(key, value)
+    m = re.fullmatch(r"(https?)://([^/:]+|\[[0-9A-Fa-f:.]+\])(:(\d{1,5}))?/?", value)
+    if m is None or (m.group(4) and int(m.group(4)) > 65535):
+        raise ConfigError(
+            f'{key}: must be an etcd client URL such as "http://10.0.0.1:2379", got {value!r}'
+        )
+    return value.rstrip("/")
+
+
+def _cluster(raw: dict[str, Any], flags: dict[str, str] | None = None) -> ClusterConfig:
+    """[cluster], also when built from --cluster-etcd/--node/--replication-port."""
+    _check_keys("[cluster] ", raw, ClusterConfig)
+    flags = flags or {}
+
+    def urls(key: str, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value:
+            raise ConfigError(f"{key}: must be a non-empty list of etcd client URLs")
+        return tuple(_url(f"{key}[{i}]", v) for i, v in enumerate(value))
+
+    def name(key: str, value: Any) -> str:
+        if not isinstance(value, str) or not _CLUSTER_NAME.fullmatch(value):
+            raise ConfigError(f"{key}: must be letters, digits, '.', '_' or '-', got {value!r}")
+        return value
+
+    checks = {
+        "etcd": urls,
+        "node": name,
+        "replication_port": lambda k, v: _int(k, v, 1, 65535),
+        "advertise": _address,
+        "name": name,
+        "replicas": lambda k, v: _int(k, v, 1, 9),
+        "min_in_sync": lambda k, v: _int(k, v, 1, 9),
+        "lease_ttl": lambda k, v: _int(k, v, 2, 600),  # etcd grants no lease under 2 s
+        "replica_lag_ms": lambda k, v: _int(k, v, 1),
+    }
+    values = {k: checks[k](flags.get(k) or f"[cluster] {k}", v) for k, v in raw.items()}
+    for required in ("etcd", "node"):
+        if required not in values:
+            flag = {"etcd": "--cluster-etcd", "node": "--node"}[required]
+            raise ConfigError(f"[cluster] {required}: missing (or give {flag})")
+    cfg = ClusterConfig(**values)
+    if cfg.min_in_sync > cfg.replicas:
+        raise ConfigError(
+            f"[cluster] min_in_sync: {cfg.min_in_sync} is more than replicas = {cfg.replicas}"
+        )
+    return cfg
+
+
 def _array_of_tables(data: dict[str, Any], name: str) -> list[dict[str, Any]] | None:
     if name not in data:
         return None
@@ -416,6 +514,7 @@ def parse_config(data: dict[str, Any]) -> Config:
         "users",
         "vhosts",
         "permissions",
+        "cluster",
     }
     for key in data:
         if key not in sections:
@@ -518,7 +617,9 @@ def parse_config(data: dict[str, Any]) -> Config:
     users = _users(_array_of_tables(data, "users"))
     vhosts = _vhosts(_array_of_tables(data, "vhosts"))
     permissions = _permissions(_array_of_tables(data, "permissions"), users, vhosts)
+    cluster = _cluster(_table("[cluster]", data["cluster"])) if "cluster" in data else None
     return Config(
+        cluster=cluster,
         amqp=amqp,
         management=management,
         limits=limits,

@@ -3,23 +3,30 @@
 The exchange does not match anything itself; it owns the index for its type
 (dict for direct, trie + roaring bitmaps for topic, inverted criteria bitmap
 for headers, a plain set for fanout) and says which destinations a message
-reaches. Following exchange-to-exchange bindings is the vhost's job.
+reaches. Following exchange-to-exchange bindings is the vhost's job. The types
+and their indexes are registered once, in ``broker/routing/__init__.py``
+(``EXCHANGE_TYPES``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from roarmq.protocol.errors import COMMAND_INVALID, PRECONDITION_FAILED
+from roarmq.protocol.errors import COMMAND_INVALID, PRECONDITION_FAILED, HardError
 
 from .errors import channel_error, connection_error
 from .policy import Policy, effective_definition
-from .routing import make_index
+from .routing import EXCHANGE_TYPES, make_index
 
 if TYPE_CHECKING:
     from .vhost import VirtualHost
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+__all__ = ["EXCHANGE_TYPES", "DefaultExchange", "Exchange", "unknown_exchange_type"]
+
+
+def unknown_exchange_type(type_: str) -> HardError:
+    """exchange.declare of a type not in ``EXCHANGE_TYPES``: RabbitMQ's 503 and words."""
+    return connection_error(COMMAND_INVALID, f"unknown exchange type '{type_}'", 40, 10)
 
 
 class Exchange:
@@ -56,9 +63,7 @@ class Exchange:
         cache_keys: int = 10000,
     ) -> None:
         if type_ not in EXCHANGE_TYPES:
-            raise connection_error(
-                COMMAND_INVALID, f"unknown exchange type '{type_}'", class_id=40, method_id=10
-            )
+            raise unknown_exchange_type(type_)
         self.vhost = vhost
         self.name = name
         self.type = type_

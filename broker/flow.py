@@ -64,11 +64,13 @@ BACKLOG = _Reason("backlog")
 class FlowControl:
     """The reasons a connection is not read; `hold` / `release` are the only way in or out."""
 
-    __slots__ = ("_transport", "reasons", "reading_paused", "writable", "_on_resume")
+    __slots__ = ("_transport", "reasons", "queues", "reading_paused", "writable", "_on_resume")
 
     def __init__(self, on_resume: Any) -> None:
         self._transport: asyncio.Transport | None = None
         self.reasons: set[Any] = set()
+        #: The queues among the reasons: their backlog holds this publisher (flow state).
+        self.queues: set[Any] = set()
         self.reading_paused = False
         self.writable = True
         self._on_resume = on_resume  # called (soon) when the last reason is released
@@ -103,6 +105,15 @@ class FlowControl:
             # ack releasing a publisher): let the loop run it as its own turn.
             asyncio.get_running_loop().call_soon(self._on_resume)
 
+    def hold_for_queue(self, queue: Any) -> None:
+        """A queue this connection publishes to is in flow state (Queue.hold_publisher)."""
+        self.queues.add(queue)
+        self.hold(queue)
+
+    def release_for_queue(self, queue: Any) -> None:
+        self.queues.discard(queue)
+        self.release(queue)
+
     def resume_reading(self) -> None:
         """The connection has nothing left to do: read its socket again."""
         if self.reading_paused and not self.reasons:
@@ -114,6 +125,7 @@ class FlowControl:
     def clear(self) -> None:
         """The connection is gone: forget every reason without touching the transport."""
         self.reasons.clear()
+        self.queues.clear()
         self._transport = None
 
 

@@ -9,15 +9,32 @@ common publish pays for none of it.
 from __future__ import annotations
 
 from roarmq.protocol.frames import ContentHeader
-from roarmq.protocol.properties import BasicProperties
+from roarmq.protocol.properties import (
+    FLAG_DELIVERY_MODE,
+    FLAG_EXPIRATION,
+    FLAG_HEADERS,
+    FLAG_PRIORITY,
+    FLAG_REPLY_TO,
+    FLAG_USER_ID,
+    BasicProperties,
+)
 
-# Property-flag bits of the basic class (AMQP 0-9-1, section 4.2.6.1).
-FLAG_HEADERS = 0x2000
-FLAG_DELIVERY_MODE = 0x1000
-FLAG_PRIORITY = 0x0800
-FLAG_REPLY_TO = 0x0200
-FLAG_EXPIRATION = 0x0100
-FLAG_USER_ID = 0x0010
+#: The flags whose properties a publish decodes at once: one global for the test per message.
+_DECODE_AT_ONCE = FLAG_DELIVERY_MODE | FLAG_PRIORITY | FLAG_EXPIRATION
+
+# The flags the channel and the vhost test on a message come from the generated spec too;
+# they are imported from here, beside ``Message.flags``.
+__all__ = [
+    "FLAG_DELIVERY_MODE",
+    "FLAG_EXPIRATION",
+    "FLAG_HEADERS",
+    "FLAG_PRIORITY",
+    "FLAG_REPLY_TO",
+    "FLAG_USER_ID",
+    "Message",
+    "copy_properties",
+    "parse_expiration",
+]
 
 #: Property lists (flags + values, as received) already decoded without error.
 _VALID_PROPERTY_LISTS: set[bytes] = set()
@@ -52,7 +69,7 @@ class Message:
         self.priority = 0
         self.expiration_ms: int | None = None
         self.store_id: int | None = None  # msg_id in the message store, once persisted
-        if flags & (FLAG_DELIVERY_MODE | FLAG_PRIORITY | FLAG_EXPIRATION):
+        if flags & _DECODE_AT_ONCE:
             props = header.properties
             self.persistent = props.delivery_mode == 2
             if props.priority:

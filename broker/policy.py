@@ -9,6 +9,9 @@ RabbitMQ's classic queues: for message-ttl, expires, max-length, max-length-byte
 delivery-limit the smaller of argument and policy wins; for everything else the argument
 wins. Queues and exchanges are re-evaluated whenever a policy changes, and when they are
 declared, without restarting anything.
+
+Which keys a policy or an operator policy may set, their checks and how each combines with
+an x-argument are rows of broker/queue_arguments.py's table; only the exchange keys are here.
 """
 
 from __future__ import annotations
@@ -17,17 +20,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .queue_arguments import OPERATOR_KEYS, POLICY_KEYS, Check, Str
+
 #: apply-to values: RabbitMQ 3.10's three, and 3.12's queue-type ones.
 APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues")
 
-#: Keys whose value is the smaller of all that set it (policy, operator policy, argument).
-NUMERIC_KEYS = ("message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit")
-
-#: The keys operator policies may set (RabbitMQ 3.10's list, less the in-memory ones that
-#: only quorum queues with in-memory limits have).
-OPERATOR_KEYS = frozenset(NUMERIC_KEYS)
-
-OVERFLOW_VALUES = ("drop-head", "reject-publish", "reject-publish-dlx")
+#: Policy keys of exchanges: (check, what an error calls it). The queue keys are the
+#: table's (queue_arguments.POLICY_KEYS).
+EXCHANGE_KEYS: dict[str, tuple[Check, str]] = {
+    "alternate-exchange": (Str(), "alternate exchange name"),
+}
+_KEYS = frozenset(POLICY_KEYS) | frozenset(EXCHANGE_KEYS)
 
 
 class PolicyError(ValueError):
@@ -46,44 +49,14 @@ def _erl(value: Any) -> str:
     return str(value)
 
 
-def _int_at_least(minimum: int, what: str) -> Any:
-    def check(value: Any) -> None:
-        if type(value) is not int or value < minimum:
-            raise PolicyError(f"{_erl(value)} is not a valid {what}")
-
-    return check
-
-
-def _string(what: str) -> Any:
-    def check(value: Any) -> None:
-        if not isinstance(value, str):
-            raise PolicyError(f"{_erl(value)} is not a valid {what}")
-
-    return check
-
-
-def _one_of(values: tuple[str, ...], what: str) -> Any:
-    def check(value: Any) -> None:
-        if value not in values:
-            raise PolicyError(f"{_erl(value)} is not a valid {what}")
-
-    return check
-
-
-VALIDATORS = {
-    "message-ttl": _int_at_least(0, "message TTL"),
-    "expires": _int_at_least(1, "queue expiry"),
-    "max-length": _int_at_least(0, "maximum length"),
-    "max-length-bytes": _int_at_least(0, "maximum length in bytes"),
-    "delivery-limit": _int_at_least(0, "delivery limit"),
-    "consumer-timeout": _int_at_least(0, "consumer timeout"),
-    "overflow": _one_of(OVERFLOW_VALUES, "overflow value"),
-    "queue-mode": _one_of(("default", "lazy"), "queue-mode value"),
-    "dead-letter-exchange": _string("dead letter exchange name"),
-    "dead-letter-routing-key": _string("dead letter routing key"),
-    "alternate-exchange": _string("alternate exchange name"),
-    "max-age": _string("max-age value"),
-}
+def _validate(key: str, value: Any) -> None:
+    if key in POLICY_KEYS:
+        row = POLICY_KEYS[key]
+        check, noun = row.check, row.noun
+    else:
+        check, noun = EXCHANGE_KEYS[key]
+    if not check.accepts(value):
+        raise PolicyError(f"{_erl(value)} is not a valid {noun}")
 
 
 @dataclass(frozen=True)
@@ -145,13 +118,13 @@ def make_policy(vhost: str, name: str, body: dict[str, Any], operator: bool = Fa
     definition = body.get("definition")
     if not isinstance(definition, dict) or not definition:
         raise PolicyError("no policy provided")
-    allowed = OPERATOR_KEYS if operator else VALIDATORS.keys()
+    allowed = OPERATOR_KEYS if operator else _KEYS
     unknown = [(k, v) for k, v in definition.items() if k not in allowed]
     if unknown:
         terms = ",".join(f"{{{_erl(k)},{_erl(v)}}}" for k, v in unknown)
         raise PolicyError(f"[{terms}] are not recognised policy settings")
     for key, value in definition.items():
-        VALIDATORS[key](value)
+        _validate(key, value)
     return Policy(vhost, name, pattern, apply_to, priority, dict(definition), operator)
 
 
@@ -169,20 +142,10 @@ def best(policies: Any, kind: str, name: str, queue_type: str = "classic") -> Po
 
 
 def effective_definition(policy: Policy | None, operator: Policy | None) -> dict[str, Any]:
-    """What a policy and an operator policy set together (the smaller number wins)."""
+    """What a policy and an operator policy set together: operator keys are all limits
+    where the smaller number wins (queue_arguments asserts it of its table)."""
     merged = dict(policy.definition) if policy is not None else {}
     if operator is not None:
         for key, value in operator.definition.items():
-            mine = merged.get(key)
-            merged[key] = value if mine is None else min(mine, value)
+            merged[key] = OPERATOR_KEYS[key].merge.combine(value, merged.get(key))
     return merged
-
-
-def resolve(key: str, argument: Any, policy: dict[str, Any]) -> Any:
-    """A setting from a queue's x-argument and its effective policy, RabbitMQ's way."""
-    value = policy.get(key)
-    if argument is None:
-        return value
-    if value is None or key not in NUMERIC_KEYS:
-        return argument
-    return min(argument, value)

@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from roarmq.protocol.errors import PRECONDITION_FAILED
-
-from .errors import channel_error
-from .policy import Policy, effective_definition, resolve
+from . import queue_arguments
+from .policy import Policy, effective_definition
 from .ready import Cleared, FifoReady, PriorityReady
 
 if TYPE_CHECKING:
@@ -34,9 +32,6 @@ DISPATCH_BATCH = 2000
 #: backlog. The test is O(1) per publish (a length), never a walk over consumers.
 FLOW_HIGH = 4000
 FLOW_LOW = 1000
-
-OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
-QUEUE_TYPES = ("classic", "quorum", "stream")
 
 
 class Entry:
@@ -152,13 +147,11 @@ class Queue:
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
-        args = QueueArguments.parse(
+        # The x-arguments checked (406 on a bad one) by broker/queue_arguments.py's table.
+        self._args = queue_arguments.parse(
             self.arguments, name, vhost.name, durable, exclusive_owner, auto_delete
         )
-        self.queue_type = args.queue_type
-        self.max_priority = args.max_priority
-        self.single_active = args.single_active
-        self._args = args
+        self.queue_type = self._args["queue-type"]
         self.policy, self.operator_policy = vhost.policies_for("queue", name, self.queue_type)
         self._settle()
         self.ready: FifoReady | PriorityReady = (
@@ -257,11 +250,33 @@ class Queue:
                 self.throttled = set()  # the publishing channel adds its connection
         return True
 
+    def hold_publisher(self, conn: Any) -> None:
+        """In flow state, a connection published to us: stop reading it until we drain."""
+        throttled = self.throttled
+        if throttled is not None and conn not in throttled:
+            throttled.add(conn)
+            conn.flow.hold_for_queue(self)
+
+    def forget_publisher(self, conn: Any) -> None:
+        """A connection we hold went away."""
+        if self.throttled is not None:
+            self.throttled.discard(conn)
+
     def release_publishers(self) -> None:
         """Leave the flow state: resume reading the publishers we paused."""
         paused, self.throttled = self.throttled, None
         for conn in paused or ():
-            conn.flow.release(self)
+            conn.flow.release_for_queue(self)
+
+    def lend(self, size: int) -> None:
+        """A delivery of `size` body bytes is unacked on a channel; counted until it is back."""
+        self.unacked += 1
+        self.unacked_bytes += size
+
+    def take_back(self, count: int, size: int) -> None:
+        """Unacked deliveries came back: acked, rejected, requeued, or their channel went."""
+        self.unacked -= count
+        self.unacked_bytes -= size
 
     def _would_overflow(self, size: int) -> bool:
         if self.max_length is not None and self.ready.n >= self.max_length:
@@ -271,26 +286,14 @@ class Queue:
     # -- settings: x-arguments and policies ------------------------------------------
 
     def _settle(self) -> None:
-        """The settings in force: x-arguments combined with the policies (broker/policy.py)."""
-        args, given = self._args, self.arguments
+        """The settings in force: x-arguments combined with the policies, each by its row's
+        rule (broker/queue_arguments.py); the rows with an `attr` land in that attribute."""
         policy = effective_definition(self.policy, self.operator_policy)
         self.effective_policy = policy
-        self.message_ttl = resolve("message-ttl", args.message_ttl, policy)
-        self.expires = resolve("expires", args.expires, policy)
-        self.max_length = resolve("max-length", args.max_length, policy)
-        self.max_length_bytes = resolve("max-length-bytes", args.max_length_bytes, policy)
-        self.overflow = (
-            resolve("overflow", args.overflow if "x-overflow" in given else None, policy)
-            or "drop-head"
-        )
-        self.dlx = resolve("dead-letter-exchange", args.dlx, policy)
-        self.dlrk = resolve("dead-letter-routing-key", args.dlrk, policy)
-        self.delivery_limit = (
-            resolve("delivery-limit", args.delivery_limit, policy)
-            if self.queue_type == "quorum"
-            else None
-        )
-        timeout = resolve("consumer-timeout", args.consumer_timeout, policy)
+        values = queue_arguments.settings(self._args, policy, self.queue_type)
+        for name, attr in queue_arguments.QUEUE_ATTRS:
+            setattr(self, attr, values[name])
+        timeout = values["consumer-timeout"]
         if timeout is None:
             timeout = self.vhost.broker.config.limits.consumer_timeout_ms
         # Seconds a delivery from this queue may stay unacknowledged (None: forever).
@@ -298,7 +301,7 @@ class Queue:
         self._reject_overflow = self.overflow != "drop-head"
         # queue-mode "lazy" (RabbitMQ: keep messages on disk as early as possible): the
         # persistent messages of a durable queue are paged out once any are queued.
-        lazy = resolve("queue-mode", args.queue_mode, policy) == "lazy"
+        lazy = values["queue-mode"] == "lazy"
         self.memory_limit = 0 if lazy else self.vhost.broker.config.storage.queue_memory_limit
         self._limited = self.max_length is not None or self.max_length_bytes is not None
 
@@ -678,140 +681,3 @@ class Queue:
 
     def iter_ready(self) -> Iterable[Entry]:
         return iter(self.ready)
-
-
-class QueueArguments:
-    """The x-arguments of queue.declare, checked as RabbitMQ checks them (406 on a bad one)."""
-
-    __slots__ = (
-        "queue_type",
-        "message_ttl",
-        "expires",
-        "max_length",
-        "max_length_bytes",
-        "overflow",
-        "dlx",
-        "dlrk",
-        "max_priority",
-        "single_active",
-        "delivery_limit",
-        "consumer_timeout",
-        "queue_mode",
-    )
-
-    @classmethod
-    def parse(
-        cls, args: dict, name: str, vhost: str, durable: bool, exclusive: Any, auto_delete: bool
-    ) -> QueueArguments:
-        self = cls()
-        qtype = args.get("x-queue-type", "classic")
-        if isinstance(qtype, bytes):
-            qtype = qtype.decode("utf-8", "replace")
-        if qtype not in QUEUE_TYPES:
-            raise channel_error(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': "
-                f'"{qtype}" is not a valid queue type (classic, quorum, stream)',
-            )
-        if qtype == "stream":
-            raise channel_error(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': "
-                "stream queues are not supported yet by RoarMQ; use classic or quorum",
-            )
-        if qtype == "quorum":
-            for prop, bad in (
-                ("non-durable", not durable),
-                ("exclusive", bool(exclusive)),
-                ("auto-delete", auto_delete),
-            ):
-                if bad:
-                    raise channel_error(
-                        PRECONDITION_FAILED,
-                        f"invalid property '{prop}' for queue '{name}' in vhost '{vhost}'",
-                    )
-        self.queue_type = qtype
-
-        def nonneg_int(key: str, positive: bool = False) -> int | None:
-            if key not in args:
-                return None
-            value = args[key]
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise channel_error(
-                    PRECONDITION_FAILED,
-                    f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}': "
-                    f"{{unacceptable_type,{type(value).__name__}}}",
-                )
-            if value < (1 if positive else 0):
-                raise channel_error(
-                    PRECONDITION_FAILED,
-                    f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}': "
-                    f"{{value_{'zero' if value == 0 else 'negative'},{value}}}",
-                )
-            return value
-
-        self.message_ttl = nonneg_int("x-message-ttl")
-        self.expires = nonneg_int("x-expires", positive=True)
-        self.max_length = nonneg_int("x-max-length")
-        self.max_length_bytes = nonneg_int("x-max-length-bytes")
-        self.delivery_limit = nonneg_int("x-delivery-limit")
-        self.consumer_timeout = nonneg_int("x-consumer-timeout")
-        if qtype != "quorum":
-            self.delivery_limit = None
-        priority = nonneg_int("x-max-priority")
-        if priority is not None and priority > 255:
-            raise channel_error(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-max-priority' for queue '{name}' in vhost '{vhost}': "
-                f"{{value_too_large,{priority}}}",
-            )
-        self.max_priority = priority or 0
-        overflow = args.get("x-overflow", "drop-head")
-        if overflow not in OVERFLOW_MODES:
-            raise channel_error(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-overflow' for queue '{name}' in vhost '{vhost}': "
-                f'{{unacceptable_value,<<"{overflow}">>}}',
-            )
-        self.overflow = overflow
-        dlx = args.get("x-dead-letter-exchange")
-        dlrk = args.get("x-dead-letter-routing-key")
-        for key, value in (("x-dead-letter-exchange", dlx), ("x-dead-letter-routing-key", dlrk)):
-            if value is not None and not isinstance(value, str):
-                raise channel_error(
-                    PRECONDITION_FAILED,
-                    f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}': "
-                    f"{{unacceptable_type,{type(value).__name__}}}",
-                )
-        if dlrk is not None and dlx is None:
-            raise channel_error(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-dead-letter-routing-key' for queue '{name}' in vhost "
-                f"'{vhost}': Key 'x-dead-letter-exchange' is mandatory if "
-                "'x-dead-letter-routing-key' is present",
-            )
-        self.dlx = dlx
-        self.dlrk = dlrk
-        sac = args.get("x-single-active-consumer", False)
-        if not isinstance(sac, bool):
-            raise channel_error(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-single-active-consumer' for queue '{name}' in vhost "
-                f"'{vhost}': {{unacceptable_type,{type(sac).__name__}}}",
-            )
-        self.single_active = sac
-        mode = args.get("x-queue-mode")
-        if mode is not None and not isinstance(mode, str):
-            raise channel_error(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-queue-mode' for queue '{name}' in vhost '{vhost}': "
-                f"{{unacceptable_type,{type(mode).__name__}}}",
-            )
-        if mode is not None and mode not in ("default", "lazy"):
-            raise channel_error(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-queue-mode' for queue '{name}' in vhost '{vhost}': "
-                f"\"unsupported queue mode '{mode}'\"",
-            )
-        self.queue_mode = mode
-        return self

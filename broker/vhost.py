@@ -26,6 +26,7 @@ from roarmq.protocol.errors import (
     RESOURCE_LOCKED,
 )
 
+from . import queue_arguments
 from .errors import channel_error
 from .exchange import DefaultExchange, Exchange
 from .message import FLAG_HEADERS, Message, copy_properties
@@ -50,20 +51,6 @@ BUILTIN_EXCHANGES = (
     ("amq.match", "headers"),
 )
 
-#: Queue arguments RabbitMQ compares on redeclaration.
-EQUIVALENCE_ARGS = (
-    "x-expires",
-    "x-message-ttl",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-max-length",
-    "x-max-length-bytes",
-    "x-max-priority",
-    "x-overflow",
-    "x-queue-type",
-    "x-single-active-consumer",
-    "x-delivery-limit",
-)
 
 _FIELD_TYPE_NAMES = {
     bool: "bool",
@@ -360,13 +347,10 @@ class VirtualHost:
             ):
                 if got != cur:
                     raise _inequivalent("queue", name, self.name, key, got, cur)
-            args = arguments or {}
-            for key in EQUIVALENCE_ARGS:
-                got, cur = args.get(key), existing.arguments.get(key)
-                if key == "x-queue-type":
-                    got, cur = got or "classic", cur or "classic"
-                if got != cur:
-                    raise _inequivalent_arg("queue", name, self.name, key, got, cur)
+            # The arguments RabbitMQ compares on redeclaration: broker/queue_arguments.py.
+            differs = queue_arguments.inequivalent(arguments or {}, existing.arguments)
+            if differs is not None:
+                raise _inequivalent_arg("queue", name, self.name, *differs)
             existing.touch()
             return existing, False
         check_new_queue_name(name)

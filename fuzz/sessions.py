@@ -114,22 +114,15 @@ def method_frame(channel: int, cls: type, values: dict[str, Any]) -> bytes:
     return frame(1, channel, method_payload(cls, out))
 
 
-PROPERTY_ORDER = (
-    ("content_type", "shortstr"),
-    ("content_encoding", "shortstr"),
-    ("headers", "table"),
-    ("delivery_mode", "octet"),
-    ("priority", "octet"),
-    ("correlation_id", "shortstr"),
-    ("reply_to", "shortstr"),
-    ("expiration", "shortstr"),
-    ("message_id", "shortstr"),
-    ("timestamp", "longlong"),
-    ("type", "shortstr"),
-    ("user_id", "shortstr"),
-    ("app_id", "shortstr"),
-    ("cluster_id", "shortstr"),
-)
+def _property_order() -> tuple[tuple[str, str], ...]:
+    """The 14 basic properties in flag order, as the spec lists them (`spec.BASIC_PROPERTIES`,
+    generated from the XML); encoded here on our own, a timestamp as a longlong."""
+    return tuple(
+        (name, "longlong" if kind == "timestamp" else kind) for name, kind in spec.BASIC_PROPERTIES
+    )
+
+
+PROPERTY_ORDER = _property_order()
 
 
 def properties(values: dict[str, Any]) -> bytes:

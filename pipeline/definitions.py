@@ -20,41 +20,12 @@ from typing import Any
 
 from roarmq.broker.exchange import EXCHANGE_TYPES
 from roarmq.broker.routing.fields import arguments_key
+from roarmq.broker.store.definitions import BindingDef, ExchangeDef
 from roarmq.broker.vhost import BUILTIN_EXCHANGES
 
 from .errors import PipelineError
 
 DEFAULT_VHOST = "/"
-
-
-@dataclass(frozen=True, slots=True)
-class ExchangeDef:
-    vhost: str
-    name: str
-    type: str
-    arguments: dict[str, Any]
-    builtin: bool = False
-    where: str = ""  # key path in the file, for messages
-
-    @property
-    def alternate(self) -> str | None:
-        value = self.arguments.get("alternate-exchange")
-        return value if isinstance(value, str) else None  # as broker/exchange.py reads it
-
-
-@dataclass(frozen=True, slots=True)
-class BindingDef:
-    id: int  # position among the file's distinct bindings
-    vhost: str
-    source: str
-    destination: str
-    destination_type: str  # "queue" or "exchange"
-    routing_key: str
-    arguments: dict[str, Any]
-    where: str = ""
-
-    def arguments_json(self) -> str:
-        return json.dumps(self.arguments, sort_keys=True, default=str)
 
 
 @dataclass(slots=True)
@@ -213,9 +184,9 @@ def parse_definitions(text: str | bytes, path: str) -> Definitions:
         defs.queues.add((vhost, check.get(item, where, "name", str)))
 
     for vhost in sorted(defs.vhosts):
-        defs.exchanges[(vhost, "")] = ExchangeDef(vhost, "", "direct", {}, True)
+        defs.exchanges[(vhost, "")] = ExchangeDef(vhost, "", "direct", builtin=True)
         for name, type_ in BUILTIN_EXCHANGES:
-            defs.exchanges[(vhost, name)] = ExchangeDef(vhost, name, type_, {}, True)
+            defs.exchanges[(vhost, name)] = ExchangeDef(vhost, name, type_, builtin=True)
     for item, where in declared:
         vhost = check.get(item, where, "vhost", str, DEFAULT_VHOST)
         name = check.get(item, where, "name", str)
@@ -235,7 +206,9 @@ def parse_definitions(text: str | bytes, path: str) -> Definitions:
                 f"exchange {name!r} in vhost {vhost!r} is already declared at {previous.where}",
             )
         arguments = check.get(item, where, "arguments", dict, {})
-        defs.exchanges[(vhost, name)] = ExchangeDef(vhost, name, type_, arguments, False, where)
+        defs.exchanges[(vhost, name)] = ExchangeDef(
+            vhost, name, type_, arguments=arguments, where=where
+        )
 
     seen: set[tuple] = set()
     for i, item in enumerate(check.get(doc, "", "bindings", list, [])):
@@ -274,7 +247,16 @@ def parse_definitions(text: str | bytes, path: str) -> Definitions:
             continue  # the broker keeps one binding per identity, as RabbitMQ does
         seen.add(identity)
         defs.bindings.append(
-            BindingDef(len(defs.bindings), vhost, source, destination, dtype, key, arguments, where)
+            BindingDef(
+                vhost,
+                source,
+                destination,
+                dtype,
+                key,
+                arguments,
+                id=len(defs.bindings),
+                where=where,
+            )
         )
     return defs
 

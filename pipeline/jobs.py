@@ -46,6 +46,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from roarmq.broker.archive import ENVELOPE_COLUMNS, TRAFFIC_COLUMNS
+
 from .definitions import Definitions
 from .reader import ArchiveScan
 from .router import Router
@@ -92,12 +94,12 @@ TRAFFIC_SCHEMA = pa.schema(
         ("deliveries", pa.int64()),
     ]
 )
-_ENVELOPE = ["exchange", "routing_key", "headers", "queues"]
-_MEASURES = ["bytes", "unroutable", "deliveries"]
-#: Archive columns read, and which of them come as dictionaries (they repeat).
-_COLUMNS = ["exchange", "routing_key", "headers", "queues"]
-_TRAFFIC_COLUMNS = ["body_size", "queue_count", "unroutable"]
+#: Archive columns read: the envelope rows are grouped by, and for the report the measures
+#: summed per group; and which of them come as dictionaries (they repeat).
+_ENVELOPE = list(ENVELOPE_COLUMNS)
+_TRAFFIC_COLUMNS = list(TRAFFIC_COLUMNS)
 _DICTIONARIES = ["exchange", "routing_key"]
+_MEASURES = ["bytes", "unroutable", "deliveries"]
 #: Rows read and grouped at a time (whole row groups).
 _READ_ROWS = 256 * 1024
 #: Partial groups are merged once this many rows have piled up.
@@ -504,7 +506,7 @@ def analyse_units(
         outcomes = _OUTCOMES[fingerprints] = _Outcomes(routers)
     sensitive_names = pa.array(sensitive, pa.string())
     with_traffic = traffic_dir is not None
-    columns = _COLUMNS + (_TRAFFIC_COLUMNS if with_traffic else [])
+    columns = _ENVELOPE + (_TRAFFIC_COLUMNS if with_traffic else [])
     counts: dict[tuple, int] = defaultdict(int)
     spent = dict.fromkeys(STAGES, 0.0)  # seconds of this worker per stage
     spent["setup"] = setup_seconds + clock() - t0

@@ -17,21 +17,22 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from roarmq.broker.archive import SCHEMA, live_files, partitions, pending_journals
+from roarmq.broker.archive import (
+    ENVELOPE_COLUMNS,
+    SCHEMA,
+    TRAFFIC_COLUMNS,
+    live_files,
+    partitions,
+    pending_journals,
+)
 
 from .errors import PipelineError
 
-#: Columns the pipeline reads; a file without them (with these types) is not an archive file.
-REQUIRED = (
-    "ts",
-    "vhost",
-    "exchange",
-    "routing_key",
-    "headers",
-    "body_size",
-    "queue_count",
-    "queues",
-    "unroutable",
+#: Columns the pipeline relies on, in the archive's order (the time and the vhost, which the
+#: partition also gives, then what jobs.py reads); a file without them (with these types) is
+#: not an archive file.
+REQUIRED = tuple(
+    name for name in SCHEMA.names if name in {"ts", "vhost", *ENVELOPE_COLUMNS, *TRAFFIC_COLUMNS}
 )
 
 _HOUR = re.compile(r"^(\d{4}-\d{2}-\d{2})(?:[T ](\d{2})(?::\d{2}(?::\d{2})?)?)?Z?$")

@@ -10,7 +10,9 @@ the repository so a clean clone works), falling back to
 Each method becomes a flat class with straight-line ``encode``/``decode``:
 fixed-size runs share one precompiled ``struct.Struct`` and there are no
 per-field loops or closures, so the hot methods (basic.publish, basic.deliver)
-cost a handful of C calls each.
+cost a handful of C calls each. The basic class's content properties become
+``BasicProperties`` (straight-line too, flag by flag) and one ``FLAG_<NAME>``
+constant per property flag bit: the one place the broker takes them from.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ class Spec:
     constants: list[tuple[str, int, str]]
     methods: list[MethodSpec]
     properties: list[Field]
+    properties_class: int = 60  # the class whose content properties these are (basic)
 
 
 def camel(name: str) -> str:
@@ -173,9 +176,11 @@ def load_spec(path: Path) -> Spec:
 
     methods: list[MethodSpec] = []
     properties: list[Field] = []
+    properties_class = 0
     for cls in root.findall("class"):
         methods.extend(method_of(cls, m) for m in cls.findall("method"))
         if cls.get("name") == "basic":
+            properties_class = int(cls.get("index"))
             for prop in cls.findall("field"):
                 f = field_of(prop)
                 properties.append(Field(PROPERTY_RENAMES.get(f.name, f.name), f.type, False))
@@ -200,6 +205,7 @@ def load_spec(path: Path) -> Spec:
         ],
         methods=methods,
         properties=properties,
+        properties_class=properties_class,
     )
 
 
@@ -488,6 +494,228 @@ def emit_class(m: MethodSpec, structs: Structs) -> list[str]:
     return lines
 
 
+# -- content properties ---------------------------------------------------------------------
+
+# How the property decoder tests the flags, bit 15 first: each group of properties is skipped
+# in one test when none of it is set, then each member is tested. A typical publish sets 3-6
+# of the 14 (timeit, no properties: 750 -> 360 ns a decode against a test per property).
+PROPERTY_GROUPS = (3, 2, 3, 1, 1, 4)
+
+PROPERTY_TYPES = {
+    "shortstr": "str | None",
+    "octet": "int | None",
+    "table": "dict[str, Any] | None",
+    "timestamp": "datetime | time.struct_time | int | None",
+}
+
+PROPERTY_HELPERS = '''\
+def _shortstr(value: str, name: str) -> bytes:
+    if not isinstance(value, str):
+        raise TypeError(f"basic property {{name}} must be str, not {{type(value).__name__}}")
+    raw = value.encode("utf-8", "surrogateescape")
+    if len(raw) > 255:
+        raise ValueError(f"basic property {{name}} is longer than 255 bytes")
+    return {pack_B}(len(raw)) + raw
+
+
+def _octet(value: int, name: str) -> bytes:
+    if not isinstance(value, int) or not 0 <= value <= 255:
+        raise ValueError(f"basic property {{name}} must be an int in 0..255, not {{value!r}}")
+    return {pack_B}(value)
+
+
+def _check_flag_words(buf: bytes, o: int, flags: int) -> int:
+    """Validate the rare flag bits: those of no property and continuation words."""
+    if flags & {unused}:
+        raise AMQPSyntaxError(
+            "property flag bit 1 is set but basic has only {count} properties", class_id={class_id}
+        )
+    word = flags
+    while word & 1:  # continuation: another flag word follows
+        (word,) = {unpack_H}(buf, o)
+        o += 2
+        if word & 0xFFFE:
+            raise AMQPSyntaxError(
+                f"continuation property flags 0x{{word:04x}} name properties basic does not have",
+                class_id={class_id},
+            )
+    return o
+'''
+
+PROPERTY_METHODS = '''\
+def __eq__(self, other: object) -> bool:
+    if type(other) is not BasicProperties:
+        return NotImplemented
+    return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+__hash__ = None  # type: ignore[assignment]  # mutable, so unhashable
+
+def __repr__(self) -> str:
+    present = (name for name in self.__slots__ if getattr(self, name) is not None)
+    return f"BasicProperties({', '.join(f'{n}={getattr(self, n)!r}' for n in present)})"'''
+
+
+def flag_of(position: int) -> int:
+    """The flag bit of the property at ``position`` in the list: bit 15 first."""
+    return 0x8000 >> position
+
+
+def flag_name(p: Field) -> str:
+    return "FLAG_" + p.attr.upper()
+
+
+def _indent(lines: list[str], depth: int = 1) -> list[str]:
+    return [("    " * depth + line) if line else "" for line in lines]
+
+
+def emit_property_read(p: Field, structs: Structs, class_id: int) -> list[str]:
+    if p.type == "shortstr":
+        # o jumps past the string first, as in the methods' decoders.
+        return [
+            "n = buf[o]",
+            "o += 1 + n",
+            f'self.{p.attr} = buf[o - n : o].decode("utf-8", "surrogateescape")',
+        ]
+    if p.type == "octet":
+        return [f"self.{p.attr} = buf[o]", "o += 1"]
+    if p.type == "timestamp":
+        return [f"self.{p.attr} = timestamp_from_wire({structs.unpack('Q')}(buf, o)[0])", "o += 8"]
+    if p.type == "table":
+        return [
+            "try:",
+            f"    self.{p.attr}, o = decode_table(buf, o)",
+            "except AMQPSyntaxError as exc:",
+            "    raise AMQPSyntaxError(",
+            f'        f"basic property {p.attr}: {{exc.text}}", class_id={class_id}',
+            "    ) from None",
+        ]
+    raise ValueError(f"unknown property type {p.type}")
+
+
+def emit_property_write(p: Field, structs: Structs) -> str:
+    value = f"self.{p.attr}"
+    if p.type == "shortstr":
+        return f'_shortstr({value}, "{p.attr}")'
+    if p.type == "octet":
+        return f'_octet({value}, "{p.attr}")'
+    if p.type == "timestamp":
+        return f"{structs.pack('Q')}(timestamp_to_wire({value}))"
+    if p.type == "table":
+        return f"encode_table({value})"
+    raise ValueError(f"unknown property type {p.type}")
+
+
+def emit_property_decode(spec: Spec, structs: Structs) -> list[str]:
+    props, class_id = spec.properties, spec.properties_class
+    if sum(PROPERTY_GROUPS) != len(props):
+        raise ValueError(
+            f"PROPERTY_GROUPS covers {sum(PROPERTY_GROUPS)} of {len(props)} properties"
+        )
+    body: list[str] = []
+    start = 0
+    for size in PROPERTY_GROUPS:
+        members = list(enumerate(props[start : start + size], start))
+        start += size
+        tests: list[str] = []
+        for position, p in members:
+            tests += [f"if flags & 0x{flag_of(position):04X}:"]
+            tests += _indent(emit_property_read(p, structs, class_id))
+            tests += ["else:", f"    self.{p.attr} = None"]
+        if size == 1:
+            body += tests
+            continue
+        mask = sum(flag_of(position) for position, _ in members)
+        body.append(f"if flags & 0x{mask:04X}:")
+        body += _indent(tests)
+        body.append("else:")
+        body.append("    " + " = ".join(f"self.{p.attr}" for _, p in members) + " = None")
+    rare = (1 << (16 - len(props))) - 1  # flag bits of no property, and the continuation bit
+    return [
+        "@classmethod",
+        "def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> BasicProperties:",
+        '    """Decode flags + property list from ``buf[offset:]``, which they must fill exactly."""',
+        "    if type(buf) is not bytes:",
+        "        buf = bytes(buf)",
+        "    self = _new(cls)",
+        "    try:",
+        f"        (flags,) = {structs.unpack('H')}(buf, offset)",
+        "        o = offset + 2",
+        f"        if flags & {rare}:",
+        "            o = _check_flag_words(buf, o, flags)",
+        *_indent(body, 2),
+        "    except (IndexError, StructError):",
+        f'        raise AMQPSyntaxError("basic properties truncated", class_id={class_id}) from None',
+        "    if o != len(buf):",
+        "        if o > len(buf):",
+        f'            raise AMQPSyntaxError("basic properties truncated", class_id={class_id})',
+        "        raise AMQPSyntaxError(",
+        '            f"{len(buf) - o} unexpected bytes after the basic properties",',
+        f"            class_id={class_id},",
+        "        )",
+        "    return self",
+    ]
+
+
+def emit_property_encode(spec: Spec, structs: Structs) -> list[str]:
+    lines = [
+        "def encode(self) -> bytes:",
+        '    """Property flags followed by the property list (no class id, weight or body size)."""',
+        "    flags = 0",
+        '    parts = [b""]',
+        "    append = parts.append",
+    ]
+    for position, p in enumerate(spec.properties):
+        lines.append(f"    if self.{p.attr} is not None:")
+        lines.append(f"        flags |= 0x{flag_of(position):04X}")
+        lines.append(f"        append({emit_property_write(p, structs)})")
+    lines.append(f"    parts[0] = {structs.pack('H')}(flags)")
+    lines.append('    return b"".join(parts)')
+    return lines
+
+
+def emit_properties(spec: Spec, structs: Structs) -> str:
+    """The flag constants, their helpers and ``BasicProperties``."""
+    props = spec.properties
+    out = ["# The basic class's content property flags, bit 15 first, in the order of the list."]
+    out += [f"{flag_name(p)} = 0x{flag_of(i):04X}" for i, p in enumerate(props)]
+    helpers = PROPERTY_HELPERS.format(
+        pack_B=structs.pack("B"),
+        unpack_H=structs.unpack("H"),
+        unused=(1 << (16 - len(props))) - 2,
+        count=len(props),
+        class_id=spec.properties_class,
+    )
+    out += ["", "", helpers, ""]
+    cls = [
+        "class BasicProperties:",
+        '    """Message properties; ``None`` means absent (not sent), anything else is sent.',
+        "",
+        "    ``timestamp`` decodes to an aware UTC ``datetime`` and encodes from a",
+        "    ``datetime`` (naive means UTC), ``time.struct_time`` or int seconds.",
+        '    """',
+        "",
+        "    __slots__ = (",
+        *(f'        "{p.attr}",' for p in props),
+        "    )",
+        "",
+        "    def __init__(",
+        "        self,",
+        "        *,",
+        *(f"        {p.attr}: {PROPERTY_TYPES[p.type]} = None," for p in props),
+        "    ) -> None:",
+        *(f"        self.{p.attr} = {p.attr}" for p in props),
+    ]
+    for block in (
+        emit_property_encode(spec, structs),
+        emit_property_decode(spec, structs),
+        PROPERTY_METHODS.splitlines(),
+    ):
+        cls.append("")
+        cls += _indent(block)
+    out += cls
+    return "\n".join(out) + "\n"
+
+
 HEADER = '''\
 """AMQP 0-9-1 methods with RabbitMQ's extensions, one flat class per method.
 
@@ -499,13 +727,15 @@ Regenerate with ``python -m protocol.codegen`` (``--check`` verifies).
 # ruff: noqa
 from __future__ import annotations
 
+import time
+from datetime import datetime
 from struct import Struct
 from struct import error as StructError
 from typing import Any
 
 from .errors import AMQPSyntaxError, FrameError
 from .method import Method
-from .tables import decode_table, encode_table
+from .tables import decode_table, encode_table, timestamp_from_wire, timestamp_to_wire
 
 VERSION = ({major}, {minor}, {revision})
 PORT = {port}
@@ -558,6 +788,7 @@ def generate(spec_path: Path | None = None) -> str:
     classes = []
     for m in spec.methods:
         classes.append("\n".join(emit_class(m, structs)))
+    properties = emit_properties(spec, structs)
 
     frame_constants = [
         (name.upper().replace("-", "_"), value)
@@ -592,7 +823,9 @@ def generate(spec_path: Path | None = None) -> str:
         "    index for index, method in METHODS.items() if method.HAS_CONTENT\n"
         ")\n"
     )
-    out.append("\n# The basic class's content properties, in flag order (bit 15 first).\n")
+    out.append("\n\n")
+    out.append(properties)
+    out.append("\n\n# The basic class's content properties, in flag order (bit 15 first).\n")
     out.append("BASIC_PROPERTIES: tuple[tuple[str, str], ...] = (\n")
     for p in spec.properties:
         out.append(f'    ("{p.attr}", "{p.type}"),\n')
@@ -600,6 +833,8 @@ def generate(spec_path: Path | None = None) -> str:
     out.append("\n__all__ = [\n")
     exported = [
         "BASIC_PROPERTIES",
+        "BasicProperties",
+        *(flag_name(p) for p in spec.properties),
         "CONTENT_METHODS",
         "METHODS",
         "PORT",

@@ -19,7 +19,8 @@ import pytest
 from roarmq.broker.testing import BrokerThread, ephemeral_config, running_broker
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.timeout(600)
+# slow (a pip install into a new venv): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 USER_TESTS = """
 import sys

@@ -16,6 +16,7 @@ from roarmq.protocol.errors import ProtocolError
 from .. import __version__
 from ..auth import hash_password
 from ..exchange import Exchange
+from ..queue_arguments import QUEUE_TYPES
 from .context import bad_request, broker_of, read_json, vhosts_of
 from .rows import json_safe
 
@@ -197,8 +198,9 @@ def vhost_metadata(body: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"description": description, "tags": [t for t in tags if t]}
     queue_type = body.get("default_queue_type", body.get("defaultqueuetype"))
     if queue_type is not None:
-        if queue_type not in ("classic", "quorum"):
-            raise bad_request(f"default queue type {queue_type!r} is not classic or quorum")
+        usable = [t.name for t in QUEUE_TYPES.values() if t.unsupported is None]
+        if queue_type not in usable:
+            raise bad_request(f"default queue type {queue_type!r} is not " + " or ".join(usable))
         out["default_queue_type"] = queue_type
     if body.get("tracing") is True:
         raise bad_request("tracing (RabbitMQ's firehose) is not supported by RoarMQ")

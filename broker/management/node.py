@@ -16,16 +16,17 @@ from roarmq.protocol.properties import BasicProperties
 from .. import __version__
 from ..message import Message
 from ..metrics import churn_counts, global_counts
+from ..routing import EXCHANGE_TYPES
 from .context import SERVER, broker_of, not_found, rates_of, sees_vhost, vhosts_of
 from .definitions import RABBITMQ_API_VERSION, export_definitions
 
-#: GET /api/overview's exchange_types, RabbitMQ's descriptions.
-EXCHANGE_TYPE_TEXTS = {
-    "direct": "AMQP direct exchange, as per the AMQP specification",
-    "fanout": "AMQP fanout exchange, as per the AMQP specification",
-    "headers": "AMQP headers exchange, as per the AMQP specification",
-    "topic": "AMQP topic exchange, as per the AMQP specification",
-}
+
+def _exchange_types() -> list[dict[str, Any]]:
+    """GET /api/overview's exchange_types: the registry's, by name, as RabbitMQ lists them."""
+    return [
+        {"name": t.name, "description": t.description, "enabled": True}
+        for t in sorted(EXCHANGE_TYPES.values(), key=lambda t: t.name)
+    ]
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -56,10 +57,7 @@ async def overview(request: web.Request) -> web.Response:
             "node": b.node_name,
             "message_stats": rates.stats("global", global_counts(b)),
             "churn_rates": rates.stats("churn", churn_counts(b)),
-            "exchange_types": [
-                {"name": t, "description": EXCHANGE_TYPE_TEXTS[t], "enabled": True}
-                for t in ("direct", "fanout", "headers", "topic")
-            ],
+            "exchange_types": _exchange_types(),
             "queue_totals": {
                 "messages": ready + unacked,
                 "messages_ready": ready,

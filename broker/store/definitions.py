@@ -20,7 +20,7 @@ import os
 import sqlite3
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +65,27 @@ CREATE TABLE IF NOT EXISTS bindings (
 """
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ExchangeDef:
+    """An exchange's definition: a durable one as the store keeps it, and any one of a
+    definitions file as the pipeline reads it (``pipeline/definitions.py``), which also sets
+    ``builtin`` (predeclared: the default exchange and ``amq.*``) and ``where`` (its key path
+    in the file, for messages) and leaves ``auto_delete`` and ``internal``, which routing
+    does not read, False."""
+
     vhost: str
     name: str
     type: str
-    auto_delete: bool
-    internal: bool
-    arguments: dict[str, Any]
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+    builtin: bool = False
+    where: str = ""
+
+    @property
+    def alternate(self) -> str | None:
+        value = self.arguments.get("alternate-exchange")
+        return value if isinstance(value, str) else None  # as broker/exchange.py reads it
 
 
 @dataclass(frozen=True)
@@ -84,14 +97,23 @@ class QueueDef:
     arguments: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BindingDef:
+    """A binding's definition: a durable one as the store keeps it, and any one of a
+    definitions file as the pipeline reads it, which also sets ``id`` (its position among the
+    file's distinct bindings) and ``where`` (its key path in the file)."""
+
     vhost: str
     source: str
     destination: str
     destination_type: str  # "queue" or "exchange"
     routing_key: str
     arguments: dict[str, Any]
+    id: int = 0
+    where: str = ""
+
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)

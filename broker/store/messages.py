@@ -413,7 +413,10 @@ class MessageStore:
         try:
             self.log.resume(self._relocated)
             marks, self._pending_marks = self._pending_marks, []
+            index = self.index
             for kind, qid, msg_id, seg in marks:
+                if msg_id in index:  # its publish may have just moved to the new segment
+                    seg = index.location(msg_id).segment
                 self._write_mark(kind, qid, msg_id, seg)
         except (OSError, LogFailed) as exc:
             log.warning("message store could not resume yet: %s", exc)

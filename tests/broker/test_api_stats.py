@@ -113,6 +113,7 @@ def test_persistent_counts_and_bytes(b):
     assert (q["messages"], q["messages_persistent"], q["message_bytes_persistent"]) == (1, 1, 5)
 
 
+@pytest.mark.slow  # a restart: not in `make check`
 def test_persistent_counts_survive_restart_and_purge(tmp_path):
     cfg = ephemeral_config(data_dir=str(tmp_path / "d"))
     with BrokerThread(cfg, management=True) as b:

@@ -14,7 +14,8 @@ from roarmq.broker.testing import BrokerThread, ephemeral_config
 from roarmq.protocol import spec
 from roarmq.protocol.properties import BasicProperties
 
-pytestmark = pytest.mark.timeout(300)
+# slow (random client sessions by the hundred): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 names = st.sampled_from(["", "a", "b", "amq.direct", "amq.topic", "amq.gen-x", "c.d"])
 keys = st.sampled_from(["", "a", "a.b", "#", "*.b", "a/+", "k"])

@@ -173,6 +173,7 @@ def test_daemon_starts_serves_and_stops(tmp_path, argv0):
     assert proc.returncode == 0
 
 
+@pytest.mark.slow  # a pip install: not in `make check`
 def test_dockerfile_install_and_check_config_steps(tmp_path):
     """Docker cannot run here: do what the Dockerfile does, step for step, outside it."""
     dockerfile = (ROOT / "Dockerfile").read_text()

@@ -34,7 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
-pytestmark = pytest.mark.timeout(90)
+# slow (Prometheus): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
 PROMETHEUS = Path(__file__).resolve().parents[2] / ".tools" / "prometheus"
 

@@ -24,7 +24,8 @@ from roarmq.protocol import spec
 from roarmq.protocol.frames import ContentMessage, encode_content, encode_method
 from roarmq.protocol.properties import BasicProperties
 
-pytestmark = pytest.mark.timeout(120)
+# slow (load until the broker pushes back): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -83,6 +83,7 @@ def test_channel_error_reply_code(thread_broker):
     conn.close()
 
 
+@pytest.mark.slow  # waits out heartbeats: not in `make check`
 def test_heartbeats_keep_idle_connection_alive(thread_broker):
     """Negotiated heartbeat of 1 s: the broker's frames keep pika happy while idle."""
     conn = connect(thread_broker, heartbeat=1)

@@ -19,7 +19,8 @@ import pytest
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
-pytestmark = pytest.mark.timeout(120)
+# slow (rabbitmqadmin processes): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,8 @@ from roarmq.broker.management import export_definitions
 from roarmq.broker.testing import ephemeral_config, running_broker
 from roarmq.pipeline.cli import main
 
-pytestmark = pytest.mark.timeout(300)
+# slow (Spark): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 HOURS = 3

@@ -163,6 +163,7 @@ def binding_args(draw: st.DrawFn) -> dict:
 headers_tables = st.one_of(st.none(), st.dictionaries(st.sampled_from(NAMES), values, max_size=4))
 
 
+@pytest.mark.slow  # 1,000 Hypothesis examples: not in `make check`
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     bound=st.lists(st.tuples(binding_args(), st.sampled_from("qrs")), max_size=8),
@@ -227,7 +228,8 @@ HeadersMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-test_headers_state_machine = HeadersMachine.TestCase
+# 200 Hypothesis runs: not in `make check`
+test_headers_state_machine = pytest.mark.slow(HeadersMachine.TestCase)
 
 
 def test_all_counts_hits_across_headers() -> None:
@@ -245,6 +247,7 @@ dense_args = st.dictionaries(
 dense_headers = st.dictionaries(st.sampled_from("abcd"), st.sampled_from([1, 2]), max_size=4)
 
 
+@pytest.mark.slow  # 1,000 Hypothesis examples: not in `make check`
 @settings(max_examples=1000, deadline=None)
 @given(
     bound=st.lists(dense_args, max_size=10),

@@ -42,6 +42,7 @@ def _valid(syntax: str, pattern: str) -> bool:
     return syntax == "amqp" or mqtt_valid(pattern)
 
 
+@pytest.mark.slow  # 1,500 Hypothesis examples a syntax: not in `make check`
 @pytest.mark.parametrize("syntax", ["amqp", "mqtt"])
 def test_route_matches_reference(syntax: str) -> None:
     reference = REFERENCE[syntax]
@@ -147,7 +148,8 @@ TopicMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-test_topic_state_machine = TopicMachine.TestCase
+# 300 Hypothesis runs: not in `make check`
+test_topic_state_machine = pytest.mark.slow(TopicMachine.TestCase)
 
 
 class FlushingTopicMachine(TopicMachine):

@@ -28,7 +28,8 @@ from roarmq.pipeline.reader import scan_archive
 from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
 
-pytestmark = pytest.mark.timeout(180)
+# slow (injected disk faults): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 BATCH_ROWS = 200
 

@@ -22,7 +22,8 @@ from faultlib import PERSISTENT, BrokerProcess, connect, drain, inject, wait_for
 
 from roarmq.broker.store.definitions import DefinitionStore, DefinitionsWriteFailed
 
-pytestmark = pytest.mark.timeout(240)
+# slow (injected disk faults): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 #: strace rules, the SQLite error they cause, and the errno it is logged as.
 FAULTS = {

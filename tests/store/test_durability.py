@@ -16,7 +16,8 @@ from faultlib import PERSISTENT, BrokerProcess, connect, drain, free_port
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
-pytestmark = pytest.mark.timeout(180)
+# slow (kill -9 rounds and restarts): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 def test_restart_keeps_persistent_drops_transient(tmp_path):

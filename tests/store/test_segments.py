@@ -846,6 +846,7 @@ def test_resume_while_the_fault_lasts_fails_again_then_succeeds(tmp_path, monkey
     assert [bytes(p) for _, p in records] == [b"x0", b"x1", b"x2"]
 
 
+@pytest.mark.slow  # random faults: not in `make check`
 def test_random_faults_and_resumes_keep_exactly_the_live_records(tmp_path, monkeypatch):
     """Appends, releases, rotations and failing fsyncs at random: replay == the live set."""
     rng = random.Random(7)

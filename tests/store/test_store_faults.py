@@ -16,7 +16,8 @@ import pika
 import pytest
 from faultlib import PERSISTENT, BrokerProcess, connect, drain, inject, small_tmpfs, wait_for
 
-pytestmark = pytest.mark.timeout(240)
+# slow (injected disk faults): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
 def active_segment(data_dir: Path) -> Path:

@@ -72,6 +72,7 @@ def stored_in(b: BrokerThread, name: str) -> int:
     return b.call(lambda: queue.ready._stored)
 
 
+@pytest.mark.slow  # restarts: not in `make check`
 def test_packed_persistent_messages_come_back_whole(tmp_path):
     cfg = ephemeral_config(data_dir=str(tmp_path / "data"))
     with BrokerThread(cfg) as b:
@@ -85,6 +86,7 @@ def test_packed_persistent_messages_come_back_whole(tmp_path):
         assert b.call(lambda: len(store.index)) == 0  # every record released
 
 
+@pytest.mark.slow  # restarts: not in `make check`
 def test_recovery_queues_ids_only_and_delivers_in_order(tmp_path):
     cfg = ephemeral_config(data_dir=str(tmp_path / "data"))
     with BrokerThread(cfg) as b:
@@ -130,6 +132,7 @@ def test_purge_and_delete_of_packed_messages_survive_restart(tmp_path):
         assert [g[:3] for g in consume_all(b, "kept")] == expected(5)
 
 
+@pytest.mark.slow  # restarts: not in `make check`
 def test_compaction_moves_records_under_packed_queues(tmp_path):
     cfg = ephemeral_config(data_dir=str(tmp_path / "data"), storage={"segment_size": 64 * 1024})
     with BrokerThread(cfg) as b:
@@ -158,6 +161,7 @@ def test_compaction_moves_records_under_packed_queues(tmp_path):
         assert [g[:3] for g in got] == [(body(i), {"i": i}, f"m{i}") for i in want]
 
 
+@pytest.mark.slow  # restarts: not in `make check`
 def test_priority_queue_recovers_by_priority(tmp_path):
     cfg = ephemeral_config(data_dir=str(tmp_path / "data"))
     with BrokerThread(cfg) as b:

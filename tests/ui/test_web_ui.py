@@ -18,7 +18,8 @@ import pytest
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
-pytestmark = pytest.mark.timeout(120)
+# slow (a headless browser): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")

@@ -1,0 +1,123 @@
+"""A local copy of every key under an etcd prefix, kept current by a watch.
+
+Invariant 6 (../shared/design/cluster.md): each node's copy is a cache fed by a watch from
+a known revision. The copy remembers the revision it reflects; when the watch breaks
+(etcd restarted, the connection reset, `stop()` then `start()`), it resumes from that
+revision + 1 and receives exactly what it missed. If etcd has compacted past that revision
+it reloads the whole prefix (`reloads` counts the full loads) and watches from the reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from .etcd import EtcdClient, EtcdError, Event, KeyValue, WatchCompacted
+
+log = logging.getLogger("roarmq.cluster")
+
+#: After a broken watch: first retry delay, doubled up to the cap.
+RETRY_FIRST = 0.1
+RETRY_CAP = 1.0
+
+
+class PrefixCache:
+    """`data` maps each key under the prefix to its KeyValue, as of `revision`."""
+
+    def __init__(self, client: EtcdClient, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.data: dict[str, KeyValue] = {}
+        self.revision = 0
+        self.reloads = 0
+        self.reconnects = 0
+        #: Called after each change: the events applied, or None after a full reload.
+        self.on_change: list[Callable[[list[Event] | None], None]] = []
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Load (first time only) and watch. After `stop()`, resumes from `revision`."""
+        if self._task is not None:
+            return
+        if not self.revision:
+            await self.load()
+        self._task = asyncio.create_task(self._run(), name=f"etcd-watch {self.prefix}")
+
+    async def stop(self) -> None:
+        """Stop watching; the data and its revision stay, so `start()` resumes."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def load(self) -> None:
+        kvs, revision = await self.client.range(self.prefix, prefix=True)
+        self.data = {kv.key: kv for kv in kvs}
+        self.revision = revision
+        self.reloads += 1
+        self._notify(None)
+
+    def get(self, key: str) -> KeyValue | None:
+        return self.data.get(key)
+
+    def under(self, prefix: str) -> dict[str, KeyValue]:
+        return {k: v for k, v in self.data.items() if k.startswith(prefix)}
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait (at most timeout s) until predicate() holds after some change; its value."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+        return True
+
+    async def synced(self, timeout: float = 5.0) -> bool:
+        """Wait until the cache has seen etcd's current revision (or a later one)."""
+        _, current = await self.client.range(self.prefix + "\0")  # no key; just the revision
+        return await self.wait_for(lambda: self.revision >= current, timeout)
+
+    def apply(self, events: list[Event]) -> None:
+        for ev in events:
+            if ev.kind == "put":
+                self.data[ev.kv.key] = ev.kv
+            else:
+                self.data.pop(ev.kv.key, None)
+            self.revision = max(self.revision, ev.kv.mod_revision)
+        self._notify(events)
+
+    def _notify(self, events: list[Event] | None) -> None:
+        self._changed.set()
+        for callback in list(self.on_change):
+            try:
+                callback(events)
+            except Exception:
+                log.exception("cache callback failed (%s)", self.prefix)
+
+    async def _run(self) -> None:
+        delay = RETRY_FIRST
+        while True:
+            try:
+                async for _, events in self.client.watch(
+                    self.prefix, prefix=True, start_revision=self.revision + 1
+                ):
+                    self.apply(events)
+                    delay = RETRY_FIRST
+            except WatchCompacted as exc:
+                log.warning("watch %s: %s; reloading", self.prefix, exc)
+                with contextlib.suppress(EtcdError):
+                    await self.load()
+                    continue
+            except EtcdError as exc:
+                log.info("watch %s broke (%s); resuming from %d", self.prefix, exc, self.revision)
+            self.reconnects += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_CAP)

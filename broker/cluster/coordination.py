@@ -1,0 +1,430 @@
+"""Membership, vhost leadership with epochs, the in-sync set, placement: all through etcd.
+
+The keys (`{p}` is `/{name}`, vhost and node names percent-encoded, so "/" is "%2F"):
+
+    {p}/nodes/{node}            {"address", "replication_port"}  on the node's lease
+    {p}/vhosts/{vhost}/members  ["a", "b", "c"]  the vhost's replicas, first = preferred leader
+    {p}/vhosts/{vhost}/isr      ["a", "b"]       the in-sync set (never empty)
+    {p}/vhosts/{vhost}/leader   {"node", "address"} on the leader's lease; its create
+                                revision is the leadership's epoch
+
+Invariants (../shared/design/cluster.md) and where each is kept:
+2. the in-sync set changes only in a txn comparing the leader key's create revision with
+   the caller's epoch (`shrink_isr`, `expand_isr`);
+3. `campaign` creates the leader key only in a txn comparing the isr key's mod revision with
+   the one whose value listed this node;
+4. the epoch is the leader key's create revision; a node that sees the key gone or created
+   again (a higher epoch) for a vhost it leads drops the leadership at once;
+5. `may_confirm(vhost, epoch)` needs the lease's `Fencing` open and the leadership held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from .cache import PrefixCache
+from .etcd import EtcdClient, EtcdError, Event, KeyValue, compare, delete_op, put_op, range_op
+from .lease import Fencing, LeaseKeeper
+
+log = logging.getLogger("roarmq.cluster")
+
+
+def encode(name: str) -> str:
+    """A vhost or node name as one key segment."""
+    return quote(name, safe="")
+
+
+class IsrChange(enum.Enum):
+    DONE = "done"
+    NOT_LEADER = "not leader any more"
+
+
+@dataclass(frozen=True, slots=True)
+class Campaign:
+    """The outcome of a campaign: who leads (None: nobody) and since which epoch."""
+
+    won: bool
+    leader: str | None
+    epoch: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    vhost: str
+    members: tuple[str, ...]  # first: the preferred leader
+
+
+class Coordinator:
+    """One node's view of, and part in, the cluster's decisions.
+
+    Callbacks (plain functions, run on the loop):
+      on_won(vhost, epoch), on_lost(vhost, epoch, reason), on_fenced(), on_members(members).
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        *,
+        node: str,
+        address: str = "",
+        replication_port: int = 0,
+        name: str = "roarmq",
+        lease_ttl: int = 5,
+        replicas: int = 3,
+        campaign_grace: float = 0.5,
+    ) -> None:
+        self.client = client
+        self.node = node
+        self.address = address
+        self.replication_port = replication_port
+        self.prefix = f"/{name}"
+        self.lease_ttl = lease_ttl
+        self.replicas = replicas
+        # A candidate other than the preferred leader waits this long before campaigning
+        # while the preferred one is a live member, so placement decides who leads.
+        self.campaign_grace = campaign_grace
+        self.fencing = Fencing(lease_ttl)
+        self.keeper: LeaseKeeper | None = None
+        self.nodes = PrefixCache(client, f"{self.prefix}/nodes/")
+        self.vhosts = PrefixCache(client, f"{self.prefix}/vhosts/")
+        self.leading: dict[str, int] = {}  # vhost -> epoch
+        self.following: set[str] = set()  # vhosts this node campaigns for when leaderless
+        self.on_won: list[Callable[[str, int], None]] = []
+        self.on_lost: list[Callable[[str, int, str], None]] = []
+        self.on_fenced: list[Callable[[], None]] = []
+        self.on_members: list[Callable[[dict[str, dict]], None]] = []
+        self._campaigns: dict[str, asyncio.Task[None]] = {}
+        self._rejoin: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.fencing.on_fenced.append(self._fenced)
+        self.fencing.on_restored.append(self._restored)
+        self.nodes.on_change.append(lambda _: self._members_changed())
+        self.vhosts.on_change.append(self._vhosts_changed)
+
+    # -- keys ----------------------------------------------------------------------------
+
+    def node_key(self, node: str) -> str:
+        return f"{self.prefix}/nodes/{encode(node)}"
+
+    def vhost_key(self, vhost: str, leaf: str) -> str:
+        return f"{self.prefix}/vhosts/{encode(vhost)}/{leaf}"
+
+    # -- life ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Take a lease, register this node, and start watching members and vhosts."""
+        await self._join()
+        await self.nodes.start()
+        await self.vhosts.start()
+
+    async def stop(self) -> None:
+        """Leave: the lease is revoked, so this node's keys (membership, leaderships) go."""
+        self._stopped = True
+        for task in [*self._campaigns.values(), self._rejoin]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.nodes.stop()
+        await self.vhosts.stop()
+        self.leading.clear()
+        if self.keeper is not None:
+            await self.keeper.stop(revoke=True)
+
+    async def _join(self) -> None:
+        keeper = LeaseKeeper(self.client, self.lease_ttl, self.fencing)
+        keeper.on_lost.append(self._lease_lost)
+        await keeper.start()
+        self.keeper = keeper
+        info = {"address": self.address, "replication_port": self.replication_port}
+        await self.client.put(self.node_key(self.node), json.dumps(info), lease=keeper.lease)
+
+    @property
+    def lease(self) -> int:
+        return self.keeper.lease if self.keeper is not None else 0
+
+    def members(self) -> dict[str, dict]:
+        """Live nodes (their lease is alive): name -> {"address", "replication_port"}."""
+        cut = len(self.nodes.prefix)
+        return {unquote(k[cut:]): json.loads(kv.value) for k, kv in self.nodes.data.items()}
+
+    # -- leadership ----------------------------------------------------------------------
+
+    def may_confirm(self, vhost: str, epoch: int) -> bool:
+        """True only while this node holds the vhost at that epoch and its lease is fresh."""
+        return self.leading.get(vhost) == epoch and self.fencing.may_confirm()
+
+    def leader(self, vhost: str) -> tuple[str, int] | None:
+        """(node, epoch) of the vhost's leader as this node's cache knows it."""
+        kv = self.vhosts.get(self.vhost_key(vhost, "leader"))
+        return (json.loads(kv.value)["node"], kv.create_revision) if kv else None
+
+    def in_sync(self, vhost: str) -> list[str]:
+        kv = self.vhosts.get(self.vhost_key(vhost, "isr"))
+        return json.loads(kv.value) if kv else []
+
+    def vhost_members(self, vhost: str) -> list[str]:
+        kv = self.vhosts.get(self.vhost_key(vhost, "members"))
+        return json.loads(kv.value) if kv else []
+
+    async def campaign(self, vhost: str) -> Campaign:
+        """Try once to become the vhost's leader. Only an in-sync member can (invariant 3)."""
+        leader_key, isr_key = self.vhost_key(vhost, "leader"), self.vhost_key(vhost, "isr")
+        if self.keeper is None or self.keeper.lost or not self.fencing.may_confirm():
+            return Campaign(False, None, 0, "no live lease")
+        isr = await self.client.get(isr_key)
+        if isr is None or self.node not in json.loads(isr.value):
+            current = await self.client.get(leader_key)
+            return _campaign_failed(current, "not in the in-sync set")
+        info = {"node": self.node, "address": self.address}
+        result = await self.client.txn(
+            [compare(leader_key, "CREATE", 0), compare(isr_key, "MOD", isr.mod_revision)],
+            [put_op(leader_key, json.dumps(info), lease=self.keeper.lease)],
+            [range_op(leader_key)],
+        )
+        if not result.succeeded:
+            (current,) = result.ranges()
+            if current and current[0].lease == self.keeper.lease:
+                # Ours already: an earlier try of this txn was applied but its reply lost.
+                return self._won(vhost, current[0].create_revision)
+            why = "a leader exists" if current else "the in-sync set changed"
+            return _campaign_failed(current[0] if current else None, why)
+        return self._won(vhost, result.revision)  # the txn's: the key's create revision
+
+    def _won(self, vhost: str, epoch: int) -> Campaign:
+        self.leading[vhost] = epoch
+        log.info("vhost %r: leader at epoch %d", vhost, epoch)
+        _run_all(self.on_won, vhost, epoch)
+        return Campaign(True, self.node, epoch)
+
+    async def resign(self, vhost: str) -> bool:
+        """Give the leadership up (delete the leader key if it is still ours)."""
+        epoch = self.leading.pop(vhost, None)
+        if epoch is None:
+            return False
+        key = self.vhost_key(vhost, "leader")
+        result = await self.client.txn([compare(key, "CREATE", epoch)], [delete_op(key)])
+        _run_all(self.on_lost, vhost, epoch, "resigned")
+        return result.succeeded
+
+    def follow(self, vhost: str) -> None:
+        """Campaign for this vhost whenever it has no leader and this node is in sync."""
+        self.following.add(vhost)
+        self._evaluate(vhost)
+
+    def unfollow(self, vhost: str) -> None:
+        self.following.discard(vhost)
+        task = self._campaigns.pop(vhost, None)
+        if task is not None:
+            task.cancel()
+
+    # -- the in-sync set (invariant 2) ---------------------------------------------------
+
+    async def shrink_isr(self, vhost: str, epoch: int, node: str) -> IsrChange:
+        """Remove node from the in-sync set, only while leading at epoch."""
+        if node == self.node:
+            raise ValueError("the leader does not leave its own in-sync set")
+        return await self._change_isr(vhost, epoch, lambda isr: [n for n in isr if n != node])
+
+    async def expand_isr(self, vhost: str, epoch: int, node: str) -> IsrChange:
+        """Add a caught-up node to the in-sync set, only while leading at epoch."""
+        return await self._change_isr(
+            vhost, epoch, lambda isr: isr if node in isr else [*isr, node]
+        )
+
+    async def _change_isr(
+        self, vhost: str, epoch: int, change: Callable[[list[str]], list[str]]
+    ) -> IsrChange:
+        leader_key, isr_key = self.vhost_key(vhost, "leader"), self.vhost_key(vhost, "isr")
+        for _ in range(10):  # only the leader writes the set: a lost race here is rare
+            current = await self.client.get(isr_key)
+            before = json.loads(current.value) if current else []
+            after = change(before)
+            result = await self.client.txn(
+                [
+                    compare(leader_key, "CREATE", epoch),
+                    compare(isr_key, "MOD", current.mod_revision if current else 0),
+                ],
+                [put_op(isr_key, json.dumps(after))],
+                [range_op(leader_key)],
+            )
+            if result.succeeded:
+                return IsrChange.DONE
+            (leader,) = result.ranges()
+            if not leader or leader[0].create_revision != epoch:
+                self._lose(vhost, epoch, "not leader any more")
+                return IsrChange.NOT_LEADER
+        raise EtcdError(f"vhost {vhost!r}: the in-sync set kept changing under us")
+
+    # -- placement -----------------------------------------------------------------------
+
+    async def place_vhost(self, vhost: str) -> Placement:
+        """Choose a new vhost's members: the preferred leader is the live node leading the
+        fewest vhosts, then the nodes holding the fewest replicas. Written once (a txn that
+        creates `members` and `isr` only if absent); an existing placement is returned."""
+        members_key = self.vhost_key(vhost, "members")
+        existing = await self.client.get(members_key)
+        if existing is not None:
+            return Placement(vhost, tuple(json.loads(existing.value)))
+        kvs, _ = await self.client.range(f"{self.prefix}/vhosts/", prefix=True)
+        nodes, _ = await self.client.range(f"{self.prefix}/nodes/", prefix=True)
+        live = sorted(unquote(kv.key.rsplit("/", 1)[1]) for kv in nodes)
+        if not live:
+            raise EtcdError("no live node to place a vhost on")
+        leads = dict.fromkeys(live, 0)
+        holds = dict.fromkeys(live, 0)
+        for kv in kvs:
+            if kv.key.endswith("/leader"):
+                node = json.loads(kv.value)["node"]
+                if node in leads:
+                    leads[node] += 1
+            elif kv.key.endswith("/members"):
+                for node in json.loads(kv.value):
+                    if node in holds:
+                        holds[node] += 1
+        first = min(live, key=lambda n: (leads[n], holds[n], n))
+        rest = sorted((n for n in live if n != first), key=lambda n: (holds[n], leads[n], n))
+        members = [first, *rest[: self.replicas - 1]]
+        # A new vhost's log is empty, so every member starts in sync.
+        body = json.dumps(members)
+        isr_key = self.vhost_key(vhost, "isr")
+        result = await self.client.txn(
+            [compare(members_key, "CREATE", 0)],
+            [put_op(members_key, body), put_op(isr_key, body)],
+            [range_op(members_key)],
+        )
+        if not result.succeeded:
+            (current,) = result.ranges()
+            members = json.loads(current[0].value)
+        return Placement(vhost, tuple(members))
+
+    # -- reacting to etcd ----------------------------------------------------------------
+
+    def _members_changed(self) -> None:
+        members = self.members()
+        for callback in list(self.on_members):
+            try:
+                callback(members)
+            except Exception:
+                log.exception("members callback failed")
+        for vhost in self.following:
+            self._evaluate(vhost)
+
+    def _vhosts_changed(self, events: list[Event] | None) -> None:
+        if events is None:
+            touched = self.following | set(self.leading)
+        else:
+            cut = len(self.vhosts.prefix)
+            touched = {unquote(ev.kv.key[cut:].split("/", 1)[0]) for ev in events}
+        for vhost in touched:
+            self._evaluate(vhost)
+
+    def _evaluate(self, vhost: str) -> None:
+        kv = self.vhosts.get(self.vhost_key(vhost, "leader"))
+        epoch = self.leading.get(vhost)
+        if epoch is not None and self.vhosts.revision >= epoch:
+            if kv is None:
+                self._lose(vhost, epoch, "leader key gone")
+            elif kv.create_revision != epoch:
+                self._lose(vhost, epoch, f"higher epoch {kv.create_revision}")
+        if (
+            kv is None
+            and vhost in self.following
+            and vhost not in self.leading
+            and self.node in self.in_sync(vhost)
+            and vhost not in self._campaigns
+            and not self._stopped
+        ):
+            self._campaigns[vhost] = asyncio.create_task(self._campaign_soon(vhost))
+
+    async def _campaign_soon(self, vhost: str) -> None:
+        try:
+            preferred = (self.vhost_members(vhost) or [self.node])[0]
+            if preferred != self.node and preferred in self.members():
+                await asyncio.sleep(self.campaign_grace)
+            if self.leader(vhost) is None and vhost in self.following:
+                try:
+                    await self.campaign(vhost)
+                except EtcdError as exc:
+                    log.warning("vhost %r: campaign failed: %s", vhost, exc)
+        finally:
+            self._campaigns.pop(vhost, None)
+        # What changed while we campaigned (or a failed attempt) is looked at again.
+        if vhost not in self.leading:
+            await asyncio.sleep(0.1)
+            self._evaluate(vhost)
+
+    def _lose(self, vhost: str, epoch: int, reason: str) -> None:
+        if self.leading.get(vhost) != epoch:
+            return
+        del self.leading[vhost]
+        log.warning("vhost %r: leadership at epoch %d lost: %s", vhost, epoch, reason)
+        _run_all(self.on_lost, vhost, epoch, reason)
+
+    def _fenced(self) -> None:
+        if self.leading:
+            log.warning("lease not renewed for %ss: confirming nothing", self.lease_ttl)
+        for callback in list(self.on_fenced):
+            try:
+                callback()
+            except Exception:
+                log.exception("fenced callback failed")
+
+    def _restored(self) -> None:
+        """The lease was renewed after a fenced spell: check each leadership still stands."""
+        if self.leading:
+            asyncio.get_running_loop().create_task(self._recheck())
+
+    async def _recheck(self) -> None:
+        for vhost, epoch in list(self.leading.items()):
+            try:
+                kv = await self.client.get(self.vhost_key(vhost, "leader"))
+            except EtcdError:
+                continue  # fenced again, or soon: the next renewal rechecks
+            if kv is None or kv.create_revision != epoch:
+                self._lose(vhost, epoch, "leader key changed while fenced")
+
+    def _lease_lost(self) -> None:
+        for vhost, epoch in list(self.leading.items()):
+            self._lose(vhost, epoch, "lease expired")
+        if not self._stopped and (self._rejoin is None or self._rejoin.done()):
+            self._rejoin = asyncio.get_running_loop().create_task(self._rejoin_loop())
+
+    async def _rejoin_loop(self) -> None:
+        """A new lease and membership after the old lease expired (we were frozen or cut off
+        from etcd too long); this node comes back as a follower."""
+        delay = 0.1
+        while not self._stopped:
+            try:
+                await self._join()
+            except EtcdError as exc:
+                log.warning("rejoining the cluster: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            log.info("rejoined the cluster with lease %x", self.lease)
+            for vhost in list(self.following):
+                self._evaluate(vhost)
+            return
+
+
+def _campaign_failed(current: KeyValue | None, reason: str) -> Campaign:
+    if current is None:
+        return Campaign(False, None, 0, reason)
+    return Campaign(False, json.loads(current.value)["node"], current.create_revision, reason)
+
+
+def _run_all(callbacks: list[Callable[..., None]], *args: object) -> None:
+    for callback in list(callbacks):
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("cluster callback failed")
