@@ -24,6 +24,8 @@ log = logging.getLogger("roarmq.alarms")
 
 MEMORY = "memory"
 DISK = "disk"
+#: Set by a cluster node whose lease is not confirmed (Broker.set_cluster_fenced).
+CLUSTER = "cluster"
 
 #: Seconds between resident-memory samples (reading /proc/self/statm costs ~10 us).
 MEMORY_CHECK = 0.1

@@ -610,6 +610,10 @@ class Connection(asyncio.Protocol):
         self._enter(AWAIT_OPEN)
 
     def _open(self, m: spec.ConnectionOpen) -> None:
+        if self.broker.cluster is not None:  # a vhost led by another node: say which
+            refusal = self.broker.cluster.refusal(m.virtual_host)
+            if refusal is not None:
+                raise connection_error(NOT_ALLOWED, refusal)
         vhost = self.broker.vhosts.get(m.virtual_host)
         if vhost is None:
             raise connection_error(NOT_ALLOWED, f"vhost {m.virtual_host} not found")
@@ -728,7 +732,13 @@ class Connection(asyncio.Protocol):
         self.flow.hold(ALARM)
         if self.state is OPEN and self.capabilities.get("connection.blocked"):
             self.blocked_notified = True
-            reason = "low on memory" if "memory" in self.broker.alarms else "low on disk"
+            alarms = self.broker.alarms
+            if "memory" in alarms:
+                reason = "low on memory"
+            elif "disk" in alarms:
+                reason = "low on disk"
+            else:  # Broker.set_cluster_fenced
+                reason = "cluster: leadership not confirmed"
             self.send_method(0, spec.ConnectionBlocked(reason=reason))
 
     def unblock(self) -> None:

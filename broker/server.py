@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from roarmq.protocol.tables import RECURSION_LIMIT
 
 from . import __version__
-from .alarms import DISK, LoopLag, ResourceMonitor
+from .alarms import CLUSTER, DISK, LoopLag, ResourceMonitor
 from .auth import NO_PERMISSION, Authenticator
 from .clock import Clock
 from .config import Config
@@ -101,6 +101,13 @@ class Broker:
         self._store_retry: Any = None  # the next attempt to resume a failed message store
         self._store_retry_delay = STORE_RETRY_FIRST
         self._store_resumed_at = float("-inf")
+        #: broker/cluster/node.py's ClusterNode when [cluster] is set; imported only then.
+        self.cluster: Any = None
+        if self.config.cluster is not None:
+            from .cluster.node import ClusterNode
+
+            self.node_name = self.config.cluster.node
+            self.cluster = ClusterNode(self, self.config.cluster)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -135,6 +142,8 @@ class Broker:
 
             self._management = ManagementServer(self)
             self.mgmt_port = await self._management.start()
+        if self.cluster is not None:  # after the listeners: it registers their ports
+            await self.cluster.start()
         # One line that says where to connect. Scripts and benchmarks read the plain port as
         # the number after the line's last " port ", so the other listeners do not say "port".
         where = []
@@ -301,6 +310,8 @@ class Broker:
 
     async def stop(self) -> None:
         open_connections = len(self.connections)
+        if self.cluster is not None:  # first: the lease is revoked, another node leads now
+            await self.cluster.stop()
         self.resources.stop()
         if self.loop_lag is not None:
             self.loop_lag.stop()
@@ -354,6 +365,8 @@ class Broker:
             self.persistence.definitions.put_vhost(name, stored)
             vhost.metadata = stored
         self.vhosts[name] = vhost
+        if created and self.cluster is not None:
+            self.cluster.vhost_added(name)  # its placement keys in etcd
         return created
 
     def set_cluster_name(self, name: str) -> None:
@@ -546,3 +559,15 @@ class Broker:
         if alarm == DISK and not on and self.store is not None and self.store.failed is not None:
             self._schedule_store_resume(0.0)  # space is back: the store goes on
         # While set, each connection is blocked when it next publishes (Connection._block).
+
+    def set_cluster_fenced(self, on: bool) -> None:
+        """The cluster lease was not renewed within its TTL (or is renewed again): block
+        (unblock) publishers, reason "cluster: leadership not confirmed".
+
+        Done as one more alarm in `alarms` rather than a flow reason of its own, because the
+        alarm path already does exactly what fencing needs: only publishing connections stop
+        being read and get connection.blocked / unblocked, consumers keep draining, and the
+        publish path pays nothing more (its `if alarms` test is already there).
+        """
+        if (CLUSTER in self.alarms) != on:
+            self.set_alarm(CLUSTER, on, used=0, limit=0)

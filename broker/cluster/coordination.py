@@ -91,6 +91,8 @@ class Coordinator:
         # A candidate other than the preferred leader waits this long before campaigning
         # while the preferred one is a live member, so placement decides who leads.
         self.campaign_grace = campaign_grace
+        #: More of this node's facts for its membership key (the broker's ports).
+        self.info: dict[str, object] = {}
         self.fencing = Fencing(lease_ttl)
         self.keeper: LeaseKeeper | None = None
         self.nodes = PrefixCache(client, f"{self.prefix}/nodes/")
@@ -144,7 +146,7 @@ class Coordinator:
         keeper.on_lost.append(self._lease_lost)
         await keeper.start()
         self.keeper = keeper
-        info = {"address": self.address, "replication_port": self.replication_port}
+        info = {**self.info, "address": self.address, "replication_port": self.replication_port}
         await self.client.put(self.node_key(self.node), json.dumps(info), lease=keeper.lease)
 
     @property
@@ -240,10 +242,24 @@ class Coordinator:
             vhost, epoch, lambda isr: isr if node in isr else [*isr, node]
         )
 
+    async def add_member(self, vhost: str, epoch: int, node: str) -> IsrChange:
+        """Add a node to the vhost's members (its replicas, not yet in sync), only while
+        leading at epoch: how a vhost placed before the other nodes joined gets its copies."""
+        return await self._change_isr(
+            vhost,
+            epoch,
+            lambda members: members if node in members else [*members, node],
+            "members",
+        )
+
     async def _change_isr(
-        self, vhost: str, epoch: int, change: Callable[[list[str]], list[str]]
+        self,
+        vhost: str,
+        epoch: int,
+        change: Callable[[list[str]], list[str]],
+        leaf: str = "isr",
     ) -> IsrChange:
-        leader_key, isr_key = self.vhost_key(vhost, "leader"), self.vhost_key(vhost, "isr")
+        leader_key, isr_key = self.vhost_key(vhost, "leader"), self.vhost_key(vhost, leaf)
         for _ in range(10):  # only the leader writes the set: a lost race here is rare
             current = await self.client.get(isr_key)
             before = json.loads(current.value) if current else []
@@ -262,7 +278,7 @@ class Coordinator:
             if not leader or leader[0].create_revision != epoch:
                 self._lose(vhost, epoch, "not leader any more")
                 return IsrChange.NOT_LEADER
-        raise EtcdError(f"vhost {vhost!r}: the in-sync set kept changing under us")
+        raise EtcdError(f"vhost {vhost!r}: its {leaf} kept changing under us")
 
     # -- placement -----------------------------------------------------------------------
 

@@ -72,7 +72,14 @@ class Fencing:
         return max(0.0, self._renewed_at + self.ttl - self.clock())
 
     def _check(self) -> None:
-        if self._fenced or self.remaining() > 0:
+        if self._fenced:
+            return
+        left = self.remaining()
+        if left > 0:
+            # A loop timer may fire a little early (uvloop rounds to the millisecond, and
+            # its clock is not this one): look again when the window really closes.
+            with contextlib.suppress(RuntimeError):
+                self._timer = asyncio.get_running_loop().call_later(left + 0.001, self._check)
             return
         self._fenced = True
         _run_all(self.on_fenced, "fencing")

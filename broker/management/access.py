@@ -41,7 +41,10 @@ async def vhosts(request: web.Request) -> web.Response:
 async def put_vhost(request: web.Request) -> web.Response:
     body = await read_json(request) if request.can_read_body else {}
     metadata = vhost_metadata(body)  # RabbitMQ: a PUT with no body clears them too
-    created = broker_of(request).add_vhost(request.match_info["vhost"], metadata)
+    broker = broker_of(request)
+    created = broker.add_vhost(request.match_info["vhost"], metadata)
+    if created and broker.cluster is not None:
+        await broker.cluster.placed(request.match_info["vhost"])  # its keys are in etcd
     return web.Response(status=201 if created else 204)
 
 

@@ -128,11 +128,18 @@ async def nodes(request: web.Request) -> web.Response:
         "uptime": int((time.time() - b.totals.started) * 1000),
         "processors": os.cpu_count(),
     }
+    rows = [node]
+    if b.cluster is not None:  # every node etcd knows of; this one keeps its own fields too
+        rows = [
+            {**other, **node} if other["name"] == b.node_name else other
+            for other in b.cluster.nodes()
+        ]
     if "name" in request.match_info:
-        if request.match_info["name"] != b.node_name:
-            raise not_found()
-        return web.json_response(node)
-    return web.json_response([node])
+        for row in rows:
+            if row["name"] == request.match_info["name"]:
+                return web.json_response(row)
+        raise not_found()
+    return web.json_response(rows)
 
 
 async def aliveness(request: web.Request) -> web.Response:

@@ -85,7 +85,9 @@ def queue_row(q: Any, broker: Broker, rates: RateSampler, detailed: bool = False
         **rates.idle_since(q),
         "consumers": q.consumer_count,
         "state": "running",
-        "node": broker.node_name,
+        "node": broker.node_name
+        if broker.cluster is None
+        else broker.cluster.leader_of(q.vhost.name),
         "exclusive_consumer_tag": None,
         "memory": q.ready_bytes if q.store is None else 0,  # bodies held in memory
         "consumer_details": [] if not detailed else consumer_details(broker, q),
@@ -184,7 +186,7 @@ def vhost_row(vhost: Any, broker: Broker) -> dict[str, Any]:
         counts["publish"] += q.stats_published
         counts["deliver_get"] += q.stats_delivered
         counts["ack"] += q.stats_acked
-    return {
+    row = {
         "name": vhost.name,
         "description": vhost.metadata["description"],
         "tags": list(vhost.metadata["tags"]),
@@ -200,6 +202,12 @@ def vhost_row(vhost: Any, broker: Broker) -> dict[str, Any]:
         "message_stats": counts,
         "cluster_state": {broker.node_name: "running"},
     }
+    cluster = broker.cluster
+    if cluster is not None:  # placement from etcd; absent single-node
+        row["leader"] = cluster.leader_of(vhost.name)
+        row["members"] = cluster.members(vhost.name)
+        row["in_sync"] = cluster.in_sync(vhost.name)
+    return row
 
 
 def connection_row(c: Any, broker: Broker, rates: RateSampler) -> dict[str, Any]:

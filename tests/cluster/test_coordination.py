@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clusterlib import until
 
 from roarmq.broker.cluster.coordination import Coordinator, IsrChange
 from roarmq.broker.cluster.etcd import EtcdClient
@@ -23,15 +24,6 @@ from roarmq.broker.cluster.etcd import EtcdClient
 pytestmark = pytest.mark.timeout(60)
 
 TTL = 2  # seconds; etcd's own minimum
-
-
-async def until(predicate, timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(step)
-    return predicate()
 
 
 @contextlib.asynccontextmanager

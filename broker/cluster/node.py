@@ -1,0 +1,286 @@
+"""This broker as a node of the cluster: the `Coordinator` wired to the `Broker`.
+
+Owned by the Broker when `[cluster]` is set (imported there, lazily, and nowhere else:
+invariant 7). What it does now (docs/cluster.md, "The node in the cluster"):
+
+* registers the node in etcd with its addresses (advertise, AMQP, management and
+  replication ports) and watches membership;
+* gives every vhost its placement keys (`place_vhost`: the leader is the live node leading
+  the fewest vhosts, then up to `replicas` members) and follows it (campaigns while it is
+  leaderless and this node is in its in-sync set); a vhost placed on this node that it does
+  not have yet is created locally;
+* as a vhost's leader, adds live nodes to a vhost placed before they joined, up to
+  `replicas`, and then to its in-sync set once `catch_up` says they have its data;
+* a connection for a vhost led elsewhere is refused at `connection.open` (`refusal`); a
+  lost leadership closes that vhost's connections (320); a fenced lease blocks publishers.
+
+No data is replicated yet: `catch_up` returns at once, so a new member counts as in sync
+as soon as it is a member, and a new leader serves its own copy of the vhost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from ..config import ClusterConfig
+from .coordination import Coordinator, IsrChange
+from .etcd import EtcdClient, EtcdError
+
+if TYPE_CHECKING:
+    from ..server import Broker
+
+log = logging.getLogger("roarmq.cluster")
+
+#: Seconds between attempts to join when etcd cannot be reached at start.
+JOIN_RETRY = 1.0
+
+
+def _hostport(host: str, port: object) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class ClusterNode:
+    def __init__(self, broker: Broker, config: ClusterConfig) -> None:
+        self.broker = broker
+        self.config = config
+        self.name = config.node
+        self.client = EtcdClient(list(config.etcd))
+        self.coordinator: Coordinator | None = None
+        self.joined = asyncio.Event()
+        self._join_task: asyncio.Task[None] | None = None
+        self._reconcile_task: asyncio.Task[None] | None = None
+        self._dirty = False
+        self._placing: dict[str, asyncio.Task[None]] = {}
+        self._stopped = False
+
+    # -- life ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join now if etcd answers; otherwise keep trying in the background (until then
+        every connection.open is refused: this node does not know who leads)."""
+        try:
+            await self._join()
+        except (EtcdError, OSError) as exc:
+            log.warning("cannot join the cluster yet (%s); retrying", exc)
+            self._join_task = asyncio.create_task(self._join_loop(), name="cluster-join")
+
+    async def _join_loop(self) -> None:
+        while not self._stopped:
+            await asyncio.sleep(JOIN_RETRY)
+            try:
+                await self._join()
+                return
+            except (EtcdError, OSError) as exc:
+                log.warning("cannot join the cluster yet (%s); retrying", exc)
+
+    async def _join(self) -> None:
+        b, cfg = self.broker, self.config
+        address = cfg.advertise or (b.bound[0] if b.bound else b.config.amqp.bind[0])
+        c = Coordinator(
+            self.client,
+            node=self.name,
+            address=address,
+            replication_port=cfg.replication_port,
+            name=cfg.name,
+            lease_ttl=cfg.lease_ttl,
+            replicas=cfg.replicas,
+        )
+        c.info = {"amqp_port": b.port, "management_port": b.mgmt_port}
+        c.on_lost.append(self._lost)
+        c.on_fenced.append(lambda: b.set_cluster_fenced(True))
+        c.fencing.on_restored.append(lambda: b.set_cluster_fenced(False))
+        c.on_members.append(lambda _: self._poke())
+        c.vhosts.on_change.append(lambda _: self._poke())
+        try:
+            await c.start()
+            await c.nodes.synced()
+            for name in list(b.vhosts):
+                await c.place_vhost(name)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await c.stop()
+            raise
+        self.coordinator = c
+        self.joined.set()
+        log.info("joined the cluster as %r (lease %x)", self.name, c.lease)
+        self._poke()
+
+    async def stop(self) -> None:
+        """Leave: the lease is revoked, so this node's leaderships go at once."""
+        self._stopped = True
+        for task in [self._join_task, self._reconcile_task, *self._placing.values()]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self.coordinator is not None:
+            self.coordinator.on_fenced.clear()  # leaving is not being fenced
+            with contextlib.suppress(EtcdError):
+                await self.coordinator.stop()
+        self.broker.set_cluster_fenced(False)
+        await self.client.close()
+
+    # -- what the broker and the management API ask -------------------------------------
+
+    def leader_of(self, vhost: str) -> str | None:
+        c = self.coordinator
+        leader = c.leader(vhost) if c is not None else None
+        return leader[0] if leader else None
+
+    def members(self, vhost: str) -> list[str]:
+        return self.coordinator.vhost_members(vhost) if self.coordinator is not None else []
+
+    def in_sync(self, vhost: str) -> list[str]:
+        return self.coordinator.in_sync(vhost) if self.coordinator is not None else []
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node etcd knows of: the live ones (their lease holds) and the members of
+        some vhost that are not (`running` false), with the vhosts each leads."""
+        c = self.coordinator
+        if c is None:
+            return [{"name": self.name, "running": True, "leaders": []}]
+        live = c.members()
+        leaders: dict[str, list[str]] = {}
+        known = set(live) | {self.name}
+        for vhost, members in self.placements().items():
+            known.update(members)
+            leader = self.leader_of(vhost)
+            if leader is not None:
+                leaders.setdefault(leader, []).append(vhost)
+        rows = []
+        for name in sorted(known):
+            info = live.get(name, {})
+            rows.append(
+                {
+                    "name": name,
+                    "running": name in live,
+                    "leaders": sorted(leaders.get(name, [])),
+                    "address": info.get("address"),
+                    "amqp_port": info.get("amqp_port"),
+                    "management_port": info.get("management_port"),
+                    "replication_port": info.get("replication_port"),
+                }
+            )
+        return rows
+
+    def placements(self) -> dict[str, list[str]]:
+        """vhost -> members, from this node's cache of etcd."""
+        c = self.coordinator
+        if c is None:
+            return {}
+        cut = len(c.vhosts.prefix)
+        out = {}
+        for key, kv in c.vhosts.data.items():
+            segment, _, leaf = key[cut:].partition("/")
+            if leaf == "members":
+                out[unquote(segment)] = json.loads(kv.value)
+        return out
+
+    def refusal(self, vhost: str) -> str | None:
+        """Why a connection.open for this vhost is refused here (530 NOT_ALLOWED), or None
+        when this node leads it (or the cluster has never heard of it: the caller's own
+        'not found' answers). Hand-off to the leader replaces this in a later step."""
+        c = self.coordinator
+        if c is not None and vhost in c.leading:
+            return None
+        leader = c.leader(vhost) if c is not None else None
+        if leader is not None:
+            node = leader[0]
+            info = c.members().get(node) if c is not None else None
+            where = (
+                _hostport(info["address"], info.get("amqp_port"))
+                if info
+                else "an address not known here (the node is not running)"
+            )
+            return f"vhost '{vhost}' is led by node '{node}' at {where}"
+        if c is None:
+            if vhost in self.broker.vhosts:
+                return f"vhost '{vhost}': node '{self.name}' has not joined the cluster yet"
+            return None
+        if vhost in self.broker.vhosts or vhost in self.placements():
+            return f"vhost '{vhost}' has no leader at the moment (an election is under way)"
+        return None
+
+    def vhost_added(self, name: str) -> None:
+        """A vhost created on this node (management API, definitions import): placed in the
+        background; `placed(name)` waits for it."""
+        if self.coordinator is None or name in self._placing:
+            return
+        self._placing[name] = asyncio.get_running_loop().create_task(self._place(name))
+
+    async def placed(self, name: str) -> None:
+        task = self._placing.get(name)
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+
+    async def _place(self, name: str) -> None:
+        try:
+            assert self.coordinator is not None
+            await self.coordinator.place_vhost(name)
+            await self.coordinator.vhosts.synced()
+        except EtcdError as exc:
+            log.warning("vhost %r: placement failed: %s", name, exc)
+        finally:
+            self._placing.pop(name, None)
+        self._poke()
+
+    async def catch_up(self, vhost: str, node: str) -> None:
+        """Wait until `node` holds the vhost's data. Nothing is replicated yet, so there is
+        nothing to wait for: this is where replication's catch-up will plug in."""
+
+    # -- reacting to etcd ----------------------------------------------------------------
+
+    def _poke(self) -> None:
+        self._dirty = True
+        if self._stopped or self.coordinator is None:
+            return
+        if self._reconcile_task is None or self._reconcile_task.done():
+            self._reconcile_task = asyncio.get_running_loop().create_task(self._reconcile())
+
+    async def _reconcile(self) -> None:
+        """Follow the vhosts placed on this node; as a leader, fill a vhost's members up."""
+        while self._dirty and not self._stopped:
+            self._dirty = False
+            c = self.coordinator
+            assert c is not None
+            try:
+                for vhost, members in self.placements().items():
+                    if self.name in members:
+                        if vhost not in self.broker.vhosts:
+                            log.info("vhost %r: placed on this node; creating it", vhost)
+                            self.broker.add_vhost(vhost)
+                        if vhost not in c.following:
+                            c.follow(vhost)
+                    elif vhost in c.following:
+                        c.unfollow(vhost)
+                    epoch = c.leading.get(vhost)
+                    if epoch is not None:
+                        await self._fill(c, vhost, epoch, members)
+            except EtcdError as exc:
+                log.warning("cluster bookkeeping failed (%s); retrying", exc)
+                self._dirty = True
+                await asyncio.sleep(0.5)
+
+    async def _fill(self, c: Coordinator, vhost: str, epoch: int, members: list[str]) -> None:
+        live = c.members()
+        room = self.config.replicas - len(members)
+        for node in sorted(n for n in live if n not in members)[: max(room, 0)]:
+            if await c.add_member(vhost, epoch, node) is not IsrChange.DONE:
+                return
+            await self.catch_up(vhost, node)
+            if await c.expand_isr(vhost, epoch, node) is not IsrChange.DONE:
+                return
+            log.info("vhost %r: node %r added to its members and in-sync set", vhost, node)
+
+    def _lost(self, vhost: str, epoch: int, reason: str) -> None:
+        """Deposed: this vhost's clients must reconnect (to the new leader)."""
+        for conn in list(self.broker.connections):
+            if conn.vhost is not None and conn.vhost.name == vhost:
+                conn.force_close(f"vhost '{vhost}' is no longer led by this node ({reason})")
+        self._poke()

@@ -1,0 +1,584 @@
+"""The replication transport of one vhost's log: a leader streams, followers append and ack.
+
+Design (../shared/design/cluster.md; frames in replication_wire.py):
+
+* The log is a sequence of (offset, payload) records, offsets 1, 2, 3... per vhost. The
+  leader's owner calls `ReplicationLeader.append(payload) -> offset`, makes its own log
+  durable and says so with `local_durable(offset)` (or `await flush()`).
+* A follower connects, says (vhost, node, epoch it knows, durable offset), and gets the
+  records after its offset. Per follower the leader keeps one pump task: it reads a batch
+  from the store, writes it as one frame, and awaits `drain()`, which blocks only while the
+  socket's buffer is over `high_water`: a slow follower stops the reading for itself only.
+* A follower appends a whole batch, fsyncs once (group commit: batches arriving during an
+  fsync go out in the next one) and acks (epoch, durable offset).
+* `confirmed_offset()` = min(leader's durable offset, every in-sync member's acked offset)
+  (invariant 1). It never moves past a member that is still in the set: the owner removes a
+  member only after `coordination.shrink_isr` succeeded (invariant 2; `shrink_then_forget`).
+* Lag: a member that has not acked an offset `replica_lag_ms` after the leader made it
+  durable is reported once through `on_lagging(node)`; a follower outside the set that has
+  acked up to the leader's durable offset through `on_caught_up(node)`.
+* Epochs (invariant 4): a follower that knows a higher epoch deposes the leader
+  (`on_deposed(epoch, node)`, after which nothing more is confirmed); a follower refuses a
+  leader with a lower epoch than it knows.
+* Catch-up from a compacted leader: if a follower's offset is below what the leader still
+  holds (or above its head: a divergent tail), the leader sends RESET(start) and streams
+  from `start`. `snapshot_start()` is the hook for a real snapshot later.
+
+Known gap, for the next step: a follower whose tail diverged from the new leader's log at
+the same length (it got unconfirmed records from a deposed leader) is not detected; that
+needs an epoch per record and Kafka's leader-epoch truncation (KIP-101).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import replication_wire as wire
+from .replication_store import RecordStore
+
+log = logging.getLogger("roarmq.cluster.replication")
+
+_lost_connection = (ConnectionError, asyncio.IncompleteReadError, wire.ProtocolError, OSError)
+
+
+@dataclass(eq=False)
+class _Follower:
+    """The leader's view of one follower (kept across its reconnections)."""
+
+    node: str
+    acked: int = 0
+    lag_reported: bool = False
+    caught_up_reported: bool = False
+    writer: asyncio.StreamWriter | None = None
+    next_offset: int = 1
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ReplicationLeader:
+    """Serves one vhost's log to its followers at one epoch (see module doc)."""
+
+    def __init__(
+        self,
+        vhost: str,
+        epoch: int,
+        store: RecordStore,
+        *,
+        node: str = "",
+        in_sync: set[str] | frozenset[str] = frozenset(),
+        replica_lag_ms: float = 10_000,
+        batch_bytes: int = 256 << 10,
+        high_water: int = 1 << 20,
+    ) -> None:
+        self.vhost = vhost
+        self.epoch = epoch
+        self.store = store
+        self.node = node
+        self.in_sync: set[str] = set(in_sync) - {node}  # followers; the leader is implicit
+        self.replica_lag_ms = replica_lag_ms
+        self.batch_bytes = batch_bytes
+        self.high_water = high_water
+        self.durable = store.durable_offset
+        self.deposed_by: int | None = None
+        self.on_lagging: list[Callable[[str], object]] = []
+        self.on_caught_up: list[Callable[[str], object]] = []
+        self.on_deposed: list[Callable[[int, str], object]] = []
+        self.on_confirmed: list[Callable[[int], object]] = []
+        self._followers: dict[str, _Follower] = {}
+        self._durable_at: list[tuple[int, float]] = []  # (offset, when durable), by offset
+        self._confirmed = 0
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._tie = itertools.count()
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lag_task: asyncio.Task[None] | None = None
+        self._recompute()
+
+    # -- life --------------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on the replication port (0: any free one); return the port."""
+        self._server = await asyncio.start_server(self._serve, host, port)
+        self._lag_task = asyncio.create_task(self._watch_lag())
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in [*self._tasks, self._lag_task]:
+            if task is not None:
+                task.cancel()
+        for task in [*self._tasks, self._lag_task]:
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for follower in self._followers.values():
+            _close(follower.writer)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # -- the owner's side --------------------------------------------------------------------
+
+    def append(self, payload: bytes) -> int:
+        """Add a record to the log (not yet durable anywhere); return its offset."""
+        offset = self.store.last_offset + 1
+        self.store.append(offset, payload)
+        for follower in self._followers.values():
+            follower.wake.set()
+        return offset
+
+    def local_durable(self, offset: int) -> None:
+        """The owner made the leader's own log durable up to `offset`."""
+        if offset <= self.durable:
+            return
+        self.durable = offset
+        self._durable_at.append((offset, time.monotonic()))
+        self._check_caught_up_all()
+        self._recompute()
+
+    async def flush(self) -> int:
+        """Make the store durable (one fsync, in a thread) and advance `local_durable`."""
+        durable = await asyncio.to_thread(self.store.sync)
+        self.local_durable(durable)
+        return durable
+
+    def confirmed_offset(self) -> int:
+        return self._confirmed
+
+    async def wait_confirmed(self, offset: int) -> None:
+        """Return once `offset` is confirmed (durable on the leader and every in-sync member)."""
+        if offset <= self._confirmed:
+            return
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (offset, next(self._tie), future))
+        await future
+
+    def remove_from_isr(self, node: str) -> None:
+        """The owner's etcd txn removed `node` from the in-sync set: stop waiting for it."""
+        self.in_sync.discard(node)
+        follower = self._followers.get(node)
+        if follower is not None:
+            follower.caught_up_reported = False
+        self._recompute()
+        self._check_caught_up_all()
+
+    def add_to_isr(self, node: str) -> None:
+        """The owner's etcd txn added `node` to the in-sync set: confirms wait for it."""
+        self.in_sync.add(node)
+        follower = self._follower(node)
+        follower.lag_reported = False
+        self._recompute()
+
+    def acked(self, node: str) -> int:
+        follower = self._followers.get(node)
+        return follower.acked if follower else 0
+
+    # -- confirm rule ------------------------------------------------------------------------
+
+    def _recompute(self) -> None:
+        if self.deposed_by is not None:
+            return  # a deposed leader confirms nothing more (invariant 4)
+        confirmed = self.durable
+        for node in self.in_sync:
+            confirmed = min(confirmed, self.acked(node))
+        if confirmed <= self._confirmed:
+            return
+        self._confirmed = confirmed
+        self._prune_durable_times()
+        while self._waiters and self._waiters[0][0] <= confirmed:
+            future = heapq.heappop(self._waiters)[2]
+            if not future.done():
+                future.set_result(None)
+        _run_all(self.on_confirmed, confirmed)
+
+    def _prune_durable_times(self) -> None:
+        """Drop the times of offsets every member has acked: lag is only measured beyond."""
+        floor = min([self.acked(n) for n in self.in_sync], default=self.durable)
+        cut = bisect.bisect_right(self._durable_at, (floor, float("inf")))
+        if cut:
+            del self._durable_at[:cut]
+
+    # -- lag and catch-up --------------------------------------------------------------------
+
+    async def _watch_lag(self) -> None:
+        period = max(0.005, self.replica_lag_ms / 4000)
+        while True:
+            await asyncio.sleep(period)
+            self._check_lag(time.monotonic())
+
+    def _check_lag(self, now: float) -> None:
+        for node in list(self.in_sync):
+            follower = self._follower(node)
+            if follower.lag_reported:
+                continue
+            i = bisect.bisect_right(self._durable_at, (follower.acked, float("inf")))
+            if i < len(self._durable_at) and now - self._durable_at[i][1] > self.lag_limit:
+                follower.lag_reported = True
+                log.warning(
+                    "vhost %r: follower %s lags (acked %d)", self.vhost, node, follower.acked
+                )
+                _run_all(self.on_lagging, node)
+
+    @property
+    def lag_limit(self) -> float:
+        return self.replica_lag_ms / 1000
+
+    def _check_caught_up_all(self) -> None:
+        for follower in self._followers.values():
+            self._check_caught_up(follower)
+
+    def _check_caught_up(self, follower: _Follower) -> None:
+        if (
+            follower.node not in self.in_sync
+            and not follower.caught_up_reported
+            and follower.writer is not None
+            and follower.acked >= self.durable
+        ):
+            follower.caught_up_reported = True
+            _run_all(self.on_caught_up, follower.node)
+
+    # -- one follower's connection -----------------------------------------------------------
+
+    def _follower(self, node: str) -> _Follower:
+        follower = self._followers.get(node)
+        if follower is None:
+            follower = self._followers[node] = _Follower(node)
+        return follower
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._session(reader, writer)
+        except _lost_connection as exc:
+            log.info("vhost %r: follower connection ended: %r", self.vhost, exc)
+        finally:
+            self._tasks.discard(task)
+            _close(writer)
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = await _expect_control(reader, wire.HELLO)
+        node, epoch, offset = str(hello["node"]), int(hello["epoch"]), int(hello["offset"])
+        if hello.get("vhost") != self.vhost or self.deposed_by is not None:
+            writer.write(wire.control(wire.REFUSE, {"reason": "not leading", "epoch": self.epoch}))
+            return
+        if epoch > self.epoch:
+            writer.write(wire.control(wire.REFUSE, {"reason": "deposed", "epoch": self.epoch}))
+            self.depose(epoch, node)
+            return
+        follower = self._follower(node)
+        _close(follower.writer)  # a reconnection replaces the old connection
+        follower.writer = writer
+        writer.transport.set_write_buffer_limits(high=self.high_water)
+        writer.write(wire.control(wire.WELCOME, {"epoch": self.epoch, "start": offset + 1}))
+        if self._needs_snapshot(offset):
+            self._start_snapshot(follower)
+        else:
+            follower.next_offset = offset + 1
+            self._on_ack(follower, offset)
+        pump = asyncio.create_task(self._pump(follower, writer))
+        try:
+            await self._read_acks(follower, reader)
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *_lost_connection):
+                await pump
+            if follower.writer is writer:
+                follower.writer = None
+
+    def _needs_snapshot(self, offset: int) -> bool:
+        """The follower's offset is older than what we hold, or beyond our head (divergent)."""
+        return offset + 1 < self.store.first_offset or offset > self.store.last_offset
+
+    def snapshot_start(self) -> int:
+        """Where a snapshot starts. Here: every record still held. Next step: the live
+        segments plus the definitions (override this and what `_pump` sends after RESET)."""
+        return self.store.first_offset
+
+    def _start_snapshot(self, follower: _Follower) -> None:
+        start = self.snapshot_start()
+        assert follower.writer is not None
+        follower.writer.write(wire.pair_frame(wire.RESET, self.epoch, start))
+        follower.next_offset = start
+        follower.acked = 0  # it holds nothing until it acks again
+        log.info("vhost %r: follower %s gets a snapshot from %d", self.vhost, follower.node, start)
+
+    async def _pump(self, follower: _Follower, writer: asyncio.StreamWriter) -> None:
+        """Stream batches to one follower; blocks in drain() while its socket is full."""
+        while True:
+            if follower.next_offset < self.store.first_offset:
+                self._start_snapshot(follower)  # compacted under a slow follower
+            if follower.next_offset > self.store.last_offset:
+                follower.wake.clear()
+                await follower.wake.wait()
+                continue
+            batch = self.store.read(follower.next_offset, self.batch_bytes)
+            writer.write(wire.records_frame(self.epoch, batch))
+            follower.next_offset = batch[-1][0] + 1
+            await writer.drain()
+
+    async def _read_acks(self, follower: _Follower, reader: asyncio.StreamReader) -> None:
+        while True:
+            kind, body = await wire.read_frame(reader)
+            if kind == wire.REFUSE:  # the follower knows a higher epoch than ours
+                epoch = int(wire.decode_control(body).get("epoch", 0))
+                if epoch > self.epoch:
+                    self.depose(epoch, follower.node)
+                return
+            if kind != wire.ACK:
+                raise wire.ProtocolError(f"unexpected frame {kind} from a follower")
+            epoch, offset = wire.decode_pair(body)
+            if epoch > self.epoch:
+                self.depose(epoch, follower.node)
+                return
+            if epoch == self.epoch:
+                self._on_ack(follower, offset)
+
+    def _on_ack(self, follower: _Follower, offset: int) -> None:
+        if offset > follower.acked:
+            follower.acked = offset
+            if follower.node in self.in_sync:
+                self._recompute()
+        self._check_caught_up(follower)  # also on a reconnect that brings nothing new
+
+    def depose(self, epoch: int, node: str) -> None:
+        if self.deposed_by is not None:
+            return
+        self.deposed_by = epoch
+        log.warning("vhost %r: %s knows epoch %d > ours %d", self.vhost, node, epoch, self.epoch)
+        for follower in self._followers.values():
+            _close(follower.writer)  # stop streaming: our records may not be the log any more
+        _run_all(self.on_deposed, epoch, node)
+
+
+class ReplicationFollower:
+    """Keeps a copy of one vhost's log from its leader: connect, append, fsync, ack."""
+
+    def __init__(
+        self,
+        vhost: str,
+        leader: tuple[str, int],
+        node: str,
+        store: RecordStore,
+        *,
+        epoch: int = 0,
+        backoff: tuple[float, float] = (0.05, 1.0),
+    ) -> None:
+        self.vhost = vhost
+        self.leader = leader
+        self.node = node
+        self.store = store
+        self.epoch = epoch  # the highest epoch known; raised by WELCOME or by the owner
+        self.backoff = backoff
+        self.acked = 0
+        self.failed: BaseException | None = None
+        self.connected = asyncio.Event()
+        self.on_stale_leader: list[Callable[[int], object]] = []
+        self.on_refused: list[Callable[[str, int], object]] = []
+        self.on_reset: list[Callable[[int], object]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._dirty = asyncio.Event()
+        self._writer: asyncio.StreamWriter | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def observe_epoch(self, epoch: int) -> None:
+        """The owner saw a higher epoch in etcd: from now on a lower one is refused."""
+        self.epoch = max(self.epoch, epoch)
+
+    def follow(self, leader: tuple[str, int], epoch: int) -> None:
+        """The owner learnt (from etcd) who leads now: reconnect there at once."""
+        self.leader, self.epoch = leader, max(self.epoch, epoch)
+        if self._task is not None:
+            self._task.cancel()
+            self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        """Connect, stream, and reconnect with backoff when the leader goes away or refuses.
+
+        A failed store (fsync error, disk full) ends the follower: it stops acking, so the
+        leader reports it lagging and takes it out of the in-sync set."""
+        delay = self.backoff[0]
+        while True:
+            try:
+                if await self._connect_once():
+                    delay = self.backoff[0]  # it streamed: the next break is a new one
+            except _lost_connection as exc:
+                log.info("vhost %r: replication from %s ended: %r", self.vhost, self.leader, exc)
+            except Exception as exc:
+                log.error("vhost %r: follower store failed, stopping: %r", self.vhost, exc)
+                self.failed = exc
+                return
+            finally:
+                self.connected.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.backoff[1])
+
+    async def _connect_once(self) -> bool:
+        """One session; False when the leader refused us or we refused it."""
+        reader, writer = await asyncio.open_connection(*self.leader)
+        self._writer = writer
+        syncer: asyncio.Task[None] | None = None
+        try:
+            offset = await asyncio.to_thread(self.store.sync)
+            hello = {"vhost": self.vhost, "node": self.node, "epoch": self.epoch, "offset": offset}
+            writer.write(wire.control(wire.HELLO, hello))
+            if not await self._welcomed(reader, writer):
+                return False
+            self.connected.set()
+            syncer = asyncio.create_task(self._sync_and_ack(writer))
+            await self._receive(reader, syncer)
+            return True
+        finally:
+            if syncer is not None:
+                syncer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, *_lost_connection):
+                    await syncer
+            _close(writer)
+
+    async def _welcomed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        kind, body = await wire.read_frame(reader)
+        fields = wire.decode_control(body)
+        epoch = int(fields.get("epoch", 0))
+        if kind == wire.REFUSE:
+            log.warning("vhost %r: leader refused us: %s", self.vhost, fields.get("reason"))
+            _run_all(self.on_refused, str(fields.get("reason")), epoch)
+            return False
+        if kind != wire.WELCOME:
+            raise wire.ProtocolError(f"expected WELCOME, got frame {kind}")
+        if epoch < self.epoch:
+            self._refuse_stale(writer, epoch)
+            return False
+        self.epoch = epoch
+        return True
+
+    def _refuse_stale(self, writer: asyncio.StreamWriter | None, epoch: int) -> None:
+        """Invariant 4: a leader below the epoch we know is deposed; take nothing from it."""
+        log.warning("vhost %r: refusing leader at epoch %d < %d", self.vhost, epoch, self.epoch)
+        if writer is not None and not writer.is_closing():
+            writer.write(wire.control(wire.REFUSE, {"reason": "stale epoch", "epoch": self.epoch}))
+        _run_all(self.on_stale_leader, epoch)
+
+    async def _receive(self, reader: asyncio.StreamReader, syncer: asyncio.Task[None]) -> None:
+        while True:
+            kind, body = await wire.read_frame(reader)
+            if syncer.done():
+                syncer.result()  # the fsync failed: raise it (the connection is dropped)
+            if kind == wire.RECORDS:
+                epoch, records = wire.decode_records(body)
+                self._check_epoch(epoch)
+                for offset, payload in records:
+                    if offset != self.store.last_offset + 1:
+                        raise wire.ProtocolError(f"record {offset} after {self.store.last_offset}")
+                    self.store.append(offset, payload)
+            elif kind == wire.RESET:
+                epoch, start = wire.decode_pair(body)
+                self._check_epoch(epoch)
+                self.store.reset(start)
+                _run_all(self.on_reset, start)
+            else:
+                raise wire.ProtocolError(f"unexpected frame {kind} from the leader")
+            self._dirty.set()
+
+    def _check_epoch(self, epoch: int) -> None:
+        """Batches carry the session's epoch; one below what we know now (the owner raised
+        it with `observe_epoch` mid-session) comes from a deposed leader: refuse it."""
+        if epoch < self.epoch:
+            self._refuse_stale(self._writer, epoch)
+            raise wire.ProtocolError(f"stale leader epoch {epoch} < {self.epoch}")
+        if epoch != self.epoch:
+            raise wire.ProtocolError(f"record batch at epoch {epoch}, session at {self.epoch}")
+
+    async def _sync_and_ack(self, writer: asyncio.StreamWriter) -> None:
+        """One fsync per batch; batches that arrive during an fsync share the next one."""
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            durable = await asyncio.to_thread(self.store.sync)
+            self.acked = durable
+            writer.write(wire.pair_frame(wire.ACK, self.epoch, durable))
+            await writer.drain()
+
+
+# -- the owner's helpers with the Coordinator (invariant 2) ---------------------------------
+
+
+async def shrink_then_forget(coordinator, leader: ReplicationLeader, node: str):  # type: ignore[no-untyped-def]
+    """Remove a lagging follower from the in-sync set in etcd, then stop waiting for it.
+
+    `coordinator.shrink_isr` is a txn that checks this node still leads at `leader.epoch`;
+    only after it succeeded does `confirmed_offset` go on without `node` (invariant 2). A
+    NOT_LEADER answer deposes the leader: it confirms nothing more."""
+    from .coordination import IsrChange
+
+    result = await coordinator.shrink_isr(leader.vhost, leader.epoch, node)
+    if result is IsrChange.DONE:
+        leader.remove_from_isr(node)
+    else:
+        leader.depose(leader.epoch + 1, coordinator.node)
+    return result
+
+
+async def expand_then_include(coordinator, leader: ReplicationLeader, node: str):  # type: ignore[no-untyped-def]
+    """A caught-up follower rejoins the in-sync set in etcd, then confirms wait for it."""
+    from .coordination import IsrChange
+
+    result = await coordinator.expand_isr(leader.vhost, leader.epoch, node)
+    if result is IsrChange.DONE:
+        leader.add_to_isr(node)
+    else:
+        leader.depose(leader.epoch + 1, coordinator.node)
+    return result
+
+
+def attach_coordinator(coordinator, leader: ReplicationLeader) -> set[asyncio.Task]:  # type: ignore[no-untyped-def]
+    """Wire lagging -> shrink_isr and caught up -> expand_isr; returns the live task set."""
+    tasks: set[asyncio.Task] = set()
+
+    def spawn(action, node: str) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.get_running_loop().create_task(action(coordinator, leader, node))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    leader.on_lagging.append(lambda node: spawn(shrink_then_forget, node))
+    leader.on_caught_up.append(lambda node: spawn(expand_then_include, node))
+    return tasks
+
+
+# -- small helpers ----------------------------------------------------------------------------
+
+
+async def _expect_control(reader: asyncio.StreamReader, kind: int) -> dict:
+    got, body = await wire.read_frame(reader)
+    if got != kind:
+        raise wire.ProtocolError(f"expected frame {kind}, got {got}")
+    return wire.decode_control(body)
+
+
+def _close(writer: asyncio.StreamWriter | None) -> None:
+    if writer is not None and not writer.is_closing():
+        writer.close()
+
+
+def _run_all(callbacks: list[Callable[..., object]], *args: object) -> None:
+    for callback in list(callbacks):
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("replication callback failed")

@@ -1,0 +1,234 @@
+"""Three real brokers (`python -m roarmq --cluster-etcd ... --node ...`) on one real etcd:
+membership and placement through the API, the 530 of a node that does not lead, and a
+kill -9 of the leader followed by another in-sync member leading and confirming."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pika
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+ROOT = Path(__file__).resolve().parents[2]
+TTL = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    def __init__(self, tmp: Path, name: str, etcd_url: str) -> None:
+        self.name = name
+        self.port, self.mgmt_port, self.repl_port = free_port(), free_port(), free_port()
+        self.data_dir = tmp / name
+        self.log = tmp / f"{name}.log"
+        self.config = tmp / f"{name}.toml"
+        self.config.write_text(
+            '[amqp]\nbind = ["127.0.0.1"]\n'
+            f'[management]\nenabled = true\nbind = "127.0.0.1"\nport = {self.mgmt_port}\n'
+            f"[cluster]\netcd = [{json.dumps(etcd_url)}]\nnode = {json.dumps(name)}\n"
+            f"lease_ttl = {TTL}\n"
+        )
+        self.etcd_url = etcd_url
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Node:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "roarmq",
+                    "--config",
+                    str(self.config),
+                    "--port",
+                    str(self.port),
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--cluster-etcd",
+                    self.etcd_url,
+                    "--node",
+                    self.name,
+                    "--replication-port",
+                    str(self.repl_port),
+                    "--log-level",
+                    "info",
+                ],
+                stdout=out,
+                stderr=out,
+                cwd=ROOT,
+            )
+        return self
+
+    def api(self, path: str):
+        with urllib.request.urlopen(
+            urllib.request.Request(
+                f"http://127.0.0.1:{self.mgmt_port}{path}",
+                headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="},  # guest:guest
+            ),
+            timeout=2,
+        ) as resp:
+            return json.loads(resp.read())
+
+    def params(self) -> pika.ConnectionParameters:
+        return pika.ConnectionParameters(
+            "127.0.0.1", self.port, connection_attempts=1, socket_timeout=3
+        )
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+
+def until(predicate, timeout: float, step: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except OSError:
+            value = None
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step)
+
+
+@pytest.fixture
+def cluster(etcd, tmp_path):
+    nodes = [Node(tmp_path, f"n{i}", etcd.url) for i in (1, 2, 3)]
+    try:
+        for node in nodes:
+            node.start()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def placement(node: Node) -> tuple:
+    row = node.api("/api/vhosts/%2F")
+    return row["leader"], tuple(row["members"]), tuple(row["in_sync"])
+
+
+def test_three_nodes_one_leader_530_and_failover(cluster):
+    names = {"n1", "n2", "n3"}
+
+    def all_listed():
+        return all(
+            {n["name"] for n in node.api("/api/nodes") if n["running"]} == names for node in cluster
+        )
+
+    assert until(all_listed, 30), [n.log.read_text()[-2000:] for n in cluster]
+
+    def agreed():
+        seen = {placement(node) for node in cluster}
+        if len(seen) != 1:
+            return None
+        (leader, members, in_sync), *_ = seen
+        return leader is not None and set(members) == names and set(in_sync) == names
+
+    assert until(agreed, 15), [placement(n) for n in cluster]
+    leader_name, members, _ = placement(cluster[0])
+    leader = next(n for n in cluster if n.name == leader_name)
+    others = [n for n in cluster if n is not leader]
+    # /api/nodes: the leader is listed with what it leads and its addresses.
+    rows = {n["name"]: n for n in cluster[0].api("/api/nodes")}
+    assert "/" in rows[leader_name]["leaders"]
+    assert rows[leader_name]["amqp_port"] == leader.port
+    assert rows[leader_name]["address"] == "127.0.0.1"
+    assert "mem_used" in {n["name"]: n for n in leader.api("/api/nodes")}[leader_name]
+
+    # A client on the leader works; one on another node is told where to go.
+    conn = pika.BlockingConnection(leader.params())
+    ch = conn.channel()
+    ch.queue_declare("q1", durable=True)
+    ch.basic_publish("", "q1", b"hello")
+    conn.close()
+    queue = leader.api("/api/queues/%2F/q1")
+    assert queue["node"] == leader_name
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as info:
+        pika.BlockingConnection(others[0].params())
+    text = str(info.value)
+    assert "530" in text and f"led by node '{leader_name}' at 127.0.0.1:{leader.port}" in text
+
+    # kill -9 the leader: an in-sync member leads within about 2 x TTL.
+    killed_at = time.monotonic()
+    leader.kill9()
+
+    def new_leader():
+        seen = {placement(node) for node in others}
+        if len(seen) != 1:
+            return None
+        (name, _, in_sync), *_ = seen
+        return name if name not in (None, leader_name) and name in in_sync else None
+
+    successor_name = until(new_leader, 4 * TTL + 2, step=0.05)
+    took = time.monotonic() - killed_at
+    assert successor_name in members, [n.log.read_text()[-2000:] for n in others]
+    assert took < 2 * TTL + 1.5, took
+    successor = next(n for n in others if n.name == successor_name)
+    listed = {n["name"]: n for n in successor.api("/api/nodes")}
+    assert listed[leader_name]["running"] is False
+    assert "/" in listed[successor_name]["leaders"]
+
+    conn = pika.BlockingConnection(successor.params())
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("q2", durable=True)
+    ch.basic_publish(
+        "", "q2", b"after failover", pika.BasicProperties(delivery_mode=2), mandatory=True
+    )
+    assert ch.queue_declare("q2", passive=True).method.message_count == 1
+    conn.close()
+    # The remaining non-leader now names the successor.
+    third = next(n for n in others if n is not successor)
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as info:
+        pika.BlockingConnection(third.params())
+    assert f"led by node '{successor_name}'" in str(info.value)
+
+
+def test_fenced_node_blocks_publishers_until_renewed(etcd, tmp_path):
+    node = Node(tmp_path, "solo", etcd.url).start()
+    try:
+        assert until(lambda: node.api("/api/vhosts/%2F")["leader"] == "solo", 30)
+        params = node.params()
+        params.client_properties = {"capabilities": {"connection.blocked": True}}
+        conn = pika.BlockingConnection(params)
+        events = []
+        conn.add_on_connection_blocked_callback(lambda _c, f: events.append(f.method))
+        conn.add_on_connection_unblocked_callback(lambda _c, f: events.append(f.method))
+        ch = conn.channel()
+        etcd.kill()  # no renewal can succeed: fenced after lease_ttl
+        deadline = time.monotonic() + TTL + 5
+        while not events and time.monotonic() < deadline:
+            ch.basic_publish("", "nowhere", b"x")  # a publisher is blocked when it publishes
+            conn.process_data_events(0.2)
+        assert events and events[0].reason == "cluster: leadership not confirmed"
+        etcd.start()  # the lease is still there (etcd restarts leases): renewal unblocks
+        deadline = time.monotonic() + 15
+        while len(events) < 2 and time.monotonic() < deadline:
+            conn.process_data_events(0.1)
+        assert type(events[-1]).__name__ == "Unblocked", events
+        conn.close()
+    finally:
+        node.stop()

@@ -1,0 +1,359 @@
+"""The replication transport of a vhost's log: real sockets on loopback, real SegmentLog
+files with fsync. The leader and its followers share this test's event loop, except the
+kill -9 follower (follower_proc.py in a subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from clusterlib import until as poll
+
+from roarmq.broker.cluster import replication_wire as wire
+from roarmq.broker.cluster.replication import (
+    ReplicationFollower,
+    ReplicationLeader,
+    attach_coordinator,
+)
+from roarmq.broker.cluster.replication_store import SegmentRecordStore
+
+pytestmark = pytest.mark.timeout(30)
+
+VHOST = "/"
+HERE = Path(__file__).resolve().parent
+
+
+async def until(predicate, timeout: float, step: float = 0.01) -> bool:
+    return await poll(predicate, timeout, step)
+
+
+def payloads(count: int, seed: int, max_size: int = 2000) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(rng.randint(0, max_size)) for _ in range(count)]
+
+
+async def publish(leader: ReplicationLeader, items: list[bytes], flush_every: int = 250) -> None:
+    """Append in batches, making the leader's own log durable after each (group commit)."""
+    for i in range(0, len(items), flush_every):
+        for payload in items[i : i + flush_every]:
+            leader.append(payload)
+        await leader.flush()
+
+
+def replayed(directory: Path) -> list[tuple[int, bytes]]:
+    """What a restart would find in a store's directory."""
+    store = SegmentRecordStore(directory)
+    try:
+        return store.records()
+    finally:
+        store.close()
+
+
+class Cluster:
+    """One leader and its followers' stores and tasks, stopped in order at the end."""
+
+    def __init__(self, tmp: Path, *, epoch: int = 7, in_sync=("b", "c"), lag_ms=10_000):
+        self.tmp = tmp
+        self.leader_store = SegmentRecordStore(tmp / "a")
+        self.leader = ReplicationLeader(
+            VHOST, epoch, self.leader_store, node="a", in_sync=set(in_sync), replica_lag_ms=lag_ms
+        )
+        self.port = 0
+        self.followers: dict[str, ReplicationFollower] = {}
+
+    async def start(self) -> None:
+        self.port = await self.leader.start()
+
+    def follower(self, node: str, *, epoch: int = 0) -> ReplicationFollower:
+        store = SegmentRecordStore(self.tmp / node)
+        f = ReplicationFollower(VHOST, ("127.0.0.1", self.port), node, store, epoch=epoch)
+        f.start()
+        self.followers[node] = f
+        return f
+
+    async def stop_follower(self, node: str) -> None:
+        f = self.followers.pop(node)
+        await f.stop()
+        f.store.close()
+
+    async def close(self) -> None:
+        for node in list(self.followers):
+            await self.stop_follower(node)
+        await self.leader.stop()
+        self.leader_store.close()
+
+
+@contextlib.asynccontextmanager
+async def cluster(tmp: Path, **options):
+    c = Cluster(tmp, **options)
+    await c.start()
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_two_followers_copy_10000_records_and_confirm_waits_for_both(tmp_path):
+    async with cluster(tmp_path) as c:
+        b, cc = c.follower("b"), c.follower("c")
+        above_an_ack: list[tuple[int, int, int]] = []
+
+        def check(confirmed: int) -> None:
+            lowest = min(c.leader.acked("b"), c.leader.acked("c"), c.leader.durable)
+            if confirmed > lowest:
+                above_an_ack.append((confirmed, c.leader.acked("b"), c.leader.acked("c")))
+
+        c.leader.on_confirmed.append(check)
+        items = payloads(10_000, seed=1)
+        await publish(c.leader, items)
+        await asyncio.wait_for(c.leader.wait_confirmed(10_000), 10)
+        assert above_an_ack == []
+        assert b.acked == cc.acked == 10_000
+    expected = list(enumerate(items, start=1))
+    assert replayed(tmp_path / "a") == expected
+    assert replayed(tmp_path / "b") == expected
+    assert replayed(tmp_path / "c") == expected
+
+
+async def test_lagging_follower_is_reported_shrunk_then_catches_up_exactly(tmp_path):
+    lag_ms = 300
+    async with cluster(tmp_path, lag_ms=lag_ms) as c:
+        lagging: list[tuple[str, float]] = []
+        caught_up: list[str] = []
+        c.leader.on_lagging.append(lambda node: lagging.append((node, time.monotonic())))
+        c.leader.on_caught_up.append(caught_up.append)
+        c.follower("b"), c.follower("c")
+        first = payloads(1000, seed=2)
+        await publish(c.leader, first)
+        await asyncio.wait_for(c.leader.wait_confirmed(1000), 10)
+
+        await c.stop_follower("c")
+        second = payloads(1000, seed=3)
+        await publish(c.leader, second)
+        durable_at = time.monotonic()
+        assert await until(lambda: c.leader.acked("b") == 2000, 5)
+        await asyncio.sleep(0.05)
+        assert c.leader.confirmed_offset() == 1000  # c is still in the in-sync set
+        assert await until(lambda: lagging, 3)
+        assert lagging[0][0] == "c"
+        assert lagging[0][1] - durable_at >= lag_ms / 1000 * 0.9
+        assert c.leader.confirmed_offset() == 1000  # reported, not yet shrunk
+
+        c.leader.remove_from_isr("c")  # the owner's shrink_isr txn succeeded
+        assert c.leader.confirmed_offset() == 2000
+
+        restarted = c.follower("c")  # same data dir: resumes from its durable offset
+        assert restarted.store.durable_offset == 1000
+        assert await until(lambda: caught_up == ["c"], 5)
+        assert c.leader.acked("c") == 2000
+    expected = list(enumerate(first + second, start=1))
+    assert replayed(tmp_path / "c") == expected
+    assert replayed(tmp_path / "b") == expected
+
+
+async def test_follower_outside_the_isr_reports_caught_up_even_with_nothing_new(tmp_path):
+    async with cluster(tmp_path, in_sync=()) as c:
+        caught_up: list[str] = []
+        c.leader.on_caught_up.append(caught_up.append)
+        await publish(c.leader, payloads(50, seed=11))
+        c.follower("b")
+        assert await until(lambda: caught_up == ["b"], 5)
+        await c.stop_follower("b")
+        c.leader.remove_from_isr("b")  # re-arms the report, as after a shrink
+        c.follower("b")  # reconnects already holding everything
+        assert await until(lambda: caught_up == ["b", "b"], 5)
+
+
+async def test_follower_with_a_higher_epoch_deposes_the_leader(tmp_path):
+    async with cluster(tmp_path, epoch=7, in_sync=("b",)) as c:
+        deposed: list[tuple[int, str]] = []
+        refused: list[tuple[str, int]] = []
+        c.leader.on_deposed.append(lambda epoch, node: deposed.append((epoch, node)))
+        c.leader.append(b"before")
+        await c.leader.flush()
+        f = c.follower("b", epoch=9)
+        f.on_refused.append(lambda reason, epoch: refused.append((reason, epoch)))
+        assert await until(lambda: deposed and refused, 5)
+        assert deposed[0] == (9, "b")
+        assert refused[0] == ("deposed", 7)
+        c.leader.local_durable(1)
+        assert c.leader.confirmed_offset() == 0  # a deposed leader confirms nothing
+        assert f.store.last_offset == 0
+
+
+async def test_follower_refuses_a_stale_epoch_leader(tmp_path):
+    """A fake leader that does not check epochs: the follower's own check must hold."""
+    hellos: list[dict] = []
+
+    async def stale_leader(reader, writer):
+        hellos.append(wire.decode_control((await wire.read_frame(reader))[1]))
+        writer.write(wire.control(wire.WELCOME, {"epoch": 3, "start": 1}))
+        writer.write(wire.records_frame(3, [(1, b"from a deposed leader")]))
+        with contextlib.suppress(Exception):
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(stale_leader, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store = SegmentRecordStore(tmp_path / "b")
+    stale: list[int] = []
+    f = ReplicationFollower(VHOST, ("127.0.0.1", port), "b", store, epoch=5)
+    f.on_stale_leader.append(stale.append)
+    f.start()
+    try:
+        assert await until(lambda: stale, 5)
+        await asyncio.sleep(0.1)
+        assert hellos[0]["epoch"] == 5
+        assert stale[0] == 3
+        assert store.last_offset == 0
+    finally:
+        await f.stop()
+        store.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_mid_session_higher_epoch_refuses_the_next_batch(tmp_path):
+    async with cluster(tmp_path, epoch=4, in_sync=("b",)) as c:
+        f = c.follower("b")
+        await publish(c.leader, payloads(10, seed=4))
+        assert await until(lambda: f.acked == 10, 5)
+        stale: list[int] = []
+        f.on_stale_leader.append(stale.append)
+        f.observe_epoch(6)  # etcd says a new leadership exists
+        c.leader.append(b"after the new epoch")
+        await c.leader.flush()
+        assert await until(lambda: stale == [4], 5)
+        assert await until(lambda: c.leader.deposed_by == 6, 5)
+        assert f.store.last_offset == 10
+
+
+async def test_follower_behind_retention_gets_reset_and_snapshot(tmp_path):
+    async with cluster(tmp_path, in_sync=("b",)) as c:
+        f = c.follower("b")
+        first = payloads(100, seed=5)
+        await publish(c.leader, first)
+        assert await until(lambda: f.acked == 100, 5)
+        await c.stop_follower("b")
+
+        second = payloads(900, seed=6)
+        await publish(c.leader, second)
+        c.leader.remove_from_isr("b")
+        c.leader_store.drop_below(600)  # the leader compacted: 100..599 are gone
+        resets: list[int] = []
+        f = c.follower("b")
+        f.on_reset.append(resets.append)
+        assert await until(lambda: c.leader.acked("b") == 1000, 5)
+        assert resets == [600]
+    expected = list(enumerate(first + second, start=1))[599:]
+    assert replayed(tmp_path / "a") == expected
+    assert replayed(tmp_path / "b") == expected  # the old 1..100 were dropped
+
+
+async def test_slow_follower_backpressure_keeps_the_buffer_bounded(tmp_path):
+    """A follower that stops reading: the leader's pump stops in drain(), so what it has
+    written but not sent stays near the high-water mark instead of the whole log."""
+    async with cluster(tmp_path, in_sync=()) as c:
+        c.leader.high_water = 64 << 10
+        c.leader.batch_bytes = 16 << 10
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        hello = {"vhost": VHOST, "node": "z", "epoch": 0, "offset": 0}
+        writer.write(wire.control(wire.HELLO, hello))
+        await wire.read_frame(reader)
+        await publish(c.leader, payloads(3000, seed=7, max_size=4000))  # ~6 MB
+        await asyncio.sleep(0.2)
+        follower = c.leader._followers["z"]
+        buffered = follower.writer.transport.get_write_buffer_size()
+        assert buffered < (64 << 10) + (16 << 10) + 8000
+        assert follower.next_offset < 3000
+        writer.close()
+
+
+@pytest.mark.slow
+async def test_follower_killed_mid_stream_restarts_and_catches_up_exactly(tmp_path):
+    async with cluster(tmp_path, in_sync=()) as c:
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "follower_proc.py"), "127.0.0.1", str(c.port)]
+            + [str(tmp_path / "p"), "p", VHOST, "0"],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            line = await asyncio.to_thread(proc.stdout.readline)
+            assert line.strip() == b"ready"
+            items = payloads(20_000, seed=8, max_size=1000)
+            writer = asyncio.create_task(publish(c.leader, items, flush_every=100))
+            assert await until(lambda: c.leader.acked("p") > 3000, 10)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            acked_before_kill = c.leader.acked("p")
+            await writer
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert acked_before_kill < 20_000  # it really died mid-stream
+        f = c.follower("p")
+        assert f.store.durable_offset >= acked_before_kill  # acked means durable
+        assert await until(lambda: c.leader.acked("p") == 20_000, 10)
+    assert replayed(tmp_path / "p") == list(enumerate(items, start=1))
+
+
+async def test_lagging_follower_shrinks_the_isr_through_etcd_then_rejoins(tmp_path, etcd):
+    from roarmq.broker.cluster.coordination import Coordinator
+    from roarmq.broker.cluster.etcd import EtcdClient
+
+    coords = [
+        Coordinator(EtcdClient([etcd.url], timeout=1.0), node=n, lease_ttl=5, replicas=2)
+        for n in ("a", "b")
+    ]
+    try:
+        for coord in coords:
+            await coord.start()
+        a = coords[0]
+        assert await until(lambda: len(a.members()) == 2, 5)
+        placement = await a.place_vhost(VHOST)
+        assert sorted(placement.members) == ["a", "b"]
+        won = await a.campaign(VHOST)
+        assert won.won
+        c = Cluster(tmp_path, epoch=won.epoch, in_sync=("b",), lag_ms=300)
+        await c.start()
+        try:
+            tasks = attach_coordinator(a, c.leader)
+            c.follower("b", epoch=won.epoch)
+            await publish(c.leader, payloads(200, seed=9))
+            await asyncio.wait_for(c.leader.wait_confirmed(200), 5)
+
+            await c.stop_follower("b")
+            await publish(c.leader, payloads(200, seed=10))
+            assert c.leader.confirmed_offset() == 200
+            # lagging -> shrink_isr txn in etcd -> only then confirmed without b
+            await asyncio.wait_for(c.leader.wait_confirmed(400), 5)
+            assert (await _isr(a)) == ["a"]
+            assert "b" not in c.leader.in_sync
+
+            c.follower("b", epoch=won.epoch)  # catches up -> expand_isr
+            assert await until(lambda: "b" in c.leader.in_sync, 5)
+            assert sorted(await _isr(a)) == ["a", "b"]
+            await asyncio.gather(*tasks)
+        finally:
+            await c.close()
+    finally:
+        for coord in coords:
+            with contextlib.suppress(Exception):
+                await coord.stop()
+            await coord.client.close()
+
+
+async def _isr(coord) -> list[str]:
+    import json
+
+    kv = await coord.client.get(coord.vhost_key(VHOST, "isr"))
+    return json.loads(kv.value)
