@@ -162,9 +162,14 @@ def lock_data_dir(path: str) -> int:
 async def serve(config: Config) -> None:
     from .server import Broker
 
+    where = Path(config.storage.data_dir).resolve()
+    new = not where.is_dir() or not any(p.name != "roarmq.lock" for p in where.iterdir())
     lock = lock_data_dir(config.storage.data_dir)
     try:
-        log.log(NOTICE, "data dir %s", Path(config.storage.data_dir).resolve())
+        if new:  # first boot: nothing to recover, and no shutdown before it, clean or not
+            log.log(NOTICE, "new data directory %s", where, extra={"new": True})
+        else:
+            log.log(NOTICE, "data dir %s", where)
         broker = Broker(config)
         # Handlers before the start line is logged: a SIGTERM sent the moment a supervisor
         # (or a test) reads it must stop the broker cleanly, not kill it.

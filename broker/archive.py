@@ -37,6 +37,7 @@ episode (``_Faults``). Only the writer thread touches the disk once the broker s
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import re
@@ -715,6 +716,8 @@ class Archive:
         self._seq = 0
         self._open: dict[tuple[str, int], _Partition] = {}
         self._conversions: deque[_Conversion] = deque()
+        #: ``roll()`` callers waiting for the writer to close every open journal
+        self._roll_waiters: list[concurrent.futures.Future[dict[str, int]]] = []
         # counters: the loop thread writes the dropped_* ones, the writer thread the rest
         self.recorded_rows = 0
         self.dropped_batches = 0
@@ -728,10 +731,12 @@ class Archive:
         self._faults = _Faults()
         self._last_drop_log = 0.0
         self.record = self._recorder()  # type: ignore[method-assign]
+        replayed = 0
         try:
-            self._recover()
+            replayed = self._recover()
         except Exception:
             log.exception("archive recovery failed", extra={"dir": str(self.root)})
+        self._log_state(replayed)
         self._thread = threading.Thread(target=self._run, name="roarmq-archive", daemon=True)
         self._thread.start()
 
@@ -832,6 +837,42 @@ class Archive:
                     },
                 )
 
+    def roll(self) -> concurrent.futures.Future[dict[str, int]]:
+        """Close every open journal into its Parquet file now, so readers see everything
+        recorded so far (``roarmq ctl archive_roll``). Called on the loop: the batch being
+        filled is handed over first; the future resolves on the writer thread with what it
+        did (``journals_closed``, ``files_written``, ``conversions_waiting`` for any the
+        disk deferred)."""
+        done: concurrent.futures.Future[dict[str, int]] = concurrent.futures.Future()
+        if self._closed:
+            done.set_exception(RuntimeError("the archive is closed"))
+            return done
+        self._handoff()  # before the waiter: the writer drains this batch before it rolls
+        with self._lock:
+            self._roll_waiters.append(done)
+        self._wake.set()
+        return done
+
+    def _roll_now(self) -> dict[str, int]:
+        """On the writer: roll every open partition and convert every journal not waiting
+        on a retry (the disk failing: those stay queued, counted in ``conversions_waiting``)."""
+        journals = len(self._open)
+        for part in list(self._open.values()):
+            self._roll(part)
+        before = self.written_files
+        while (conversion := self._ready_conversion()) is not None:
+            self._convert_step(conversion)
+        return {
+            "journals_closed": journals,
+            "files_written": self.written_files - before,
+            "conversions_waiting": len(self._conversions),
+        }
+
+    def open_journals(self) -> int:
+        """Journals being written now (rolled into Parquet at the hour, ``roll_minutes``,
+        ``roll()`` or close)."""
+        return len(self._open)
+
     def close(self, timeout: float = 120.0) -> None:
         """Write everything recorded, merge open partitions, stop the writer thread."""
         if self._closed:
@@ -843,6 +884,11 @@ class Archive:
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("archive writer did not finish in time", extra={"timeout_s": timeout})
+        with self._lock:
+            waiters, self._roll_waiters = self._roll_waiters, []
+        for waiter in waiters:  # close() rolled everything: nobody waits for nothing
+            if not waiter.done():
+                waiter.set_exception(RuntimeError("the archive closed"))
 
     def stats(self) -> dict[str, int]:
         return {
@@ -899,6 +945,8 @@ class Archive:
         self._wake.wait(0 if self._ready_conversion() else FLUSH_SECONDS)
         self._wake.clear()
         closing = self._closing
+        with self._lock:  # taken before the drain: their batches are already pending
+            waiters, self._roll_waiters = self._roll_waiters, []
         while True:
             with self._lock:
                 batch = self._pending.popleft() if self._pending else None
@@ -906,6 +954,15 @@ class Archive:
                 break
             self._write_batch(batch)
             self._last_flush = time.monotonic()
+        if waiters:
+            try:
+                result = self._roll_now()
+            except Exception as exc:  # answered, then _cycle logs it and carries on
+                for waiter in waiters:
+                    waiter.set_exception(exc)
+                raise
+            for waiter in waiters:
+                waiter.set_result(result)
         if closing:
             return True
         if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
@@ -1050,12 +1107,14 @@ class Archive:
         part.close()
         self._conversions.append(_Conversion(part.journal_path, part.path))
 
-    def _recover(self) -> None:
-        """Convert journals left by a crash into their data files; drop temporaries.
+    def _recover(self) -> int:
+        """Convert journals left by a crash into their data files; drop temporaries. Returns
+        how many journals it found.
 
         Runs in the constructor, before the broker serves anything: a journal holds at most
         ``FILE_ROWS`` rows, a few seconds of work at most.
         """
+        replayed = 0
         for _, _, directory in partitions(self.root):
             for entry in sorted(directory.iterdir()):
                 if entry.name.startswith(".") and entry.name.endswith(".tmp"):
@@ -1069,6 +1128,30 @@ class Archive:
                     entry.unlink(missing_ok=True)
                     continue
                 self._replay(_Conversion(entry, target))
+                replayed += 1
+        return replayed
+
+    def _log_state(self, replayed: int) -> None:
+        """The archive at start-up in one line: where, what readers can see, what the last run
+        left open, and when the journals this run opens become readable."""
+        files = sum(len(live_files(d)) for _, _, d in partitions(self.root))
+        log.log(
+            NOTICE,
+            "archive enabled in %s: %d Parquet files; %d journals left open by the last run "
+            "replayed%s; journals roll into Parquet every %d min (roarmq ctl archive_roll: now)",
+            self.root.resolve(),
+            files,
+            replayed,
+            f", {len(self._conversions)} waiting for the disk" if self._conversions else "",
+            self.config.roll_minutes,
+            extra={
+                "dir": str(self.root.resolve()),
+                "files": files,
+                "journals_replayed": replayed,
+                "journals_waiting": len(self._conversions),
+                "roll_minutes": self.config.roll_minutes,
+            },
+        )
 
     def _replay(self, conversion: _Conversion) -> None:
         """Convert one journal at start-up; on a full or failing disk, the writer thread

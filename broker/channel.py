@@ -33,6 +33,9 @@ from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_pr
 from .queue import Entry, Queue
 from .routing.headers import erlang_type_name
 from .session import CHANNEL_RULES, ChannelState, bind_rows
+from .stream import TOUCHED, Stream, check_consume
+from .stream import confirm_after as stream_confirm_after
+from .stream import refuse as stream_refuses
 from .vhost import (
     REPLY_TO_PREFIX,
     REPLY_TO_QUEUE,
@@ -607,6 +610,8 @@ class Channel:
                 ACCESS_REFUSED,
                 f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
             )
+        if type(queue) is Stream:
+            check_consume(self, queue, m.no_ack, args)
         priority = args.get("x-priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise channel_error(
@@ -649,6 +654,8 @@ class Channel:
         qname = self._queue_name(m.queue)
         self._check("read", "queue", qname)
         queue = self.vhost.get_queue(qname, self.conn)
+        if type(queue) is Stream:
+            raise stream_refuses("basic.get", queue)
         entry = queue.get()
         if entry is None:
             queue.stats_get_empty += 1
@@ -755,6 +762,9 @@ class Channel:
             queue.dispatch()
 
     def _reject_entries(self, entries: list[Entry], requeue: bool) -> None:
+        for entry in entries:
+            if type(entry.queue) is Stream:
+                raise stream_refuses("basic.nack and basic.reject", entry.queue)
         if requeue:
             by_queue: dict[Queue, list[Entry]] = {}
             for entry in entries:
@@ -776,6 +786,9 @@ class Channel:
     def _basic_recover(self, m: spec.BasicRecover) -> None:
         if not m.requeue:
             raise connection_error(NOT_IMPLEMENTED, "requeue=false")
+        for entry in self.unacked.values():
+            if type(entry.queue) is Stream:  # 3.10: 541; later versions: this 540
+                raise stream_refuses("basic.nack and basic.reject", entry.queue)
         self._requeue_all()
         if isinstance(m, spec.BasicRecover):
             self.send_method(spec.BasicRecoverOk())
@@ -878,6 +891,9 @@ class Channel:
         for queue in queues:
             if queue.throttled is not None:
                 queue.hold_publisher(self.conn)
+        if self.confirm and TOUCHED:  # a stream took it: ack after the stream's fsync
+            stream_confirm_after(self, seq, token, ok)
+            return
         if token is not None and ok and self.confirm:
             self.conn.broker.store.confirm_after(token, self, seq)
             return

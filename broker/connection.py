@@ -689,12 +689,13 @@ class Connection(asyncio.Protocol):
             self.send_method(0, spec.ConnectionCloseOk())
             self.flush()
 
-    def close_with_error(self, exc: HardError) -> None:
+    def close_with_error(self, exc: HardError, level: int = logging.WARNING) -> None:
         """Connection exception: connection.close with the reply code, then wait for close-ok."""
         if self.state is CLOSING or self.state is CLOSED:
             return
-        log.warning(
-            "closing connection on error",
+        log.log(
+            level,
+            "closing connection on error" if level >= logging.WARNING else "closing connection",
             extra={"conn": self.name, "code": exc.reply_code, "text": exc.text},
         )
         if self.state is AWAIT_HEADER:
@@ -716,10 +717,11 @@ class Connection(asyncio.Protocol):
             self._timer.cancel()
         self._timer = self.broker.clock.call_later(CLOSING_TIMEOUT, self._abort, "close-ok timeout")
 
-    def force_close(self, text: str = "broker shutdown") -> None:
-        """Server-initiated close (shutdown, management API): 320 CONNECTION_FORCED."""
+    def force_close(self, text: str = "broker shutdown", level: int = logging.WARNING) -> None:
+        """Server-initiated close (shutdown, management API): 320 CONNECTION_FORCED. A
+        shutdown passes INFO: the broker logs one notice with the count instead."""
         if self.state is OPEN:
-            self.close_with_error(HardError(CONNECTION_FORCED, text))
+            self.close_with_error(HardError(CONNECTION_FORCED, text), level)
         else:
             self._abort(text)
 

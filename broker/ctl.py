@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 import urllib.error
 import urllib.parse
@@ -18,6 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:15672"
+
+#: rabbitmqctl's exit codes (sysexits.h) where a runbook may test them.
+EX_NOUSER = 67  # User "x" does not exist
+EX_SOFTWARE = 70  # User "x" already exists
 
 
 class CtlError(Exception):
@@ -28,28 +33,108 @@ class CtlError(Exception):
         self.code = code
 
 
+class ApiError(CtlError):
+    """An HTTP error answer: its status and the broker's reason, for commands to put in words."""
+
+    def __init__(self, text: str, status: int, reason: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.reason = reason
+
+
 class Api:
     def __init__(self, url: str, user: str, password: str, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
+        self.user = user
         self.auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         self.timeout = timeout
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
+    def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> Any:
         request = urllib.request.Request(
             self.url + path,
             method=method,
             data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": self.auth, "Content-Type": "application/json"},
+            headers={
+                "Authorization": self.auth,
+                "Content-Type": "application/json",
+                **(headers or {}),
+            },
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as resp:
                 data = resp.read()
         except urllib.error.HTTPError as exc:
-            raise CtlError(f"{method} {path}: {exc.code} {_reason(exc.read())}") from None
+            raise self._in_words(method, path, exc.code, _reason(exc.read())) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CtlError(f"cannot reach the management API at {self.url}: {reason}") from None
         return json.loads(data) if data else None
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.call("GET", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def _in_words(self, method: str, path: str, status: int, reason: str) -> ApiError:
+        """An error answer as a sentence: what is missing for a 404 (the vhost, when that is
+        what is missing), who was refused for a 401, the broker's reason otherwise."""
+        if status == 404:
+            text = self._missing(path)
+        elif status == 401:
+            text = (
+                f"user '{self.user}' is not allowed to do this: {reason} (log in as another "
+                "user with --username/--password or ROARMQ_CTL_USER/ROARMQ_CTL_PASSWORD)"
+            )
+        elif status == 405:
+            text = f"the management API at {self.url} has no {method} {path.split('?')[0]}"
+        else:
+            text = f"the broker refused: {reason}"
+        return ApiError(text, status, reason)
+
+    def _missing(self, path: str) -> str:
+        parts = [urllib.parse.unquote(p) for p in path.split("?")[0].split("/")[2:]]
+        kind, rest = (parts[0], parts[1:]) if parts else ("", [])
+        if kind in VHOST_SCOPED and rest:
+            vhost = rest[0]
+            if not self.exists(f"/api/vhosts/{q(vhost)}"):
+                return f"no vhost '{vhost}'"
+            if kind == "bindings" and len(rest) > 4:  # {vhost}/e/{source}/{q|e}/{dest}
+                what = "queue" if rest[3] == "q" else "exchange"
+                return f"no exchange '{rest[2]}' or {what} '{rest[4]}' in vhost '{vhost}'"
+            if kind == "permissions" and len(rest) > 1:
+                return f"no permissions for user '{rest[1]}' in vhost '{vhost}'"
+            if len(rest) > 1:
+                return f"no {VHOST_SCOPED[kind]} '{rest[1]}' in vhost '{vhost}'"
+            return f"no vhost '{vhost}'"
+        if kind == "users" and rest:
+            return f'User "{rest[0]}" does not exist'
+        if kind == "user-limits" and rest:
+            return f'User "{rest[0]}" does not exist'
+        if kind == "vhosts" and rest:
+            return f"no vhost '{rest[0]}'"
+        if kind == "connections" and rest:
+            return f"no connection '{rest[0]}' (list_connections shows their names)"
+        return f"not found: {path.split('?')[0]}"
+
+
+#: What a 404 on /api/<kind>/<vhost>/<name> is missing.
+VHOST_SCOPED = {
+    "queues": "queue",
+    "exchanges": "exchange",
+    "route": "exchange",
+    "bindings": "exchange",
+    "policies": "policy",
+    "operator-policies": "operator policy",
+    "permissions": "permissions",
+    "vhost-limits": "limit",
+    "consumers": "vhost",
+}
 
 
 def _reason(data: bytes) -> str:
@@ -132,7 +217,12 @@ def _list(api: Api, args: argparse.Namespace) -> str:
 
 
 def _user(api: Api, name: str) -> dict[str, Any]:
-    return api.call("GET", f"/api/users/{q(name)}")
+    try:
+        return api.call("GET", f"/api/users/{q(name)}")
+    except ApiError as exc:
+        if exc.status == 404:
+            exc.code = EX_NOUSER
+        raise
 
 
 def _tags(user: dict[str, Any]) -> list[str]:
@@ -141,11 +231,16 @@ def _tags(user: dict[str, Any]) -> list[str]:
 
 
 def add_user(api: Api, a: argparse.Namespace) -> str:
+    """A new user, no tags; an existing one is refused as rabbitmqctl refuses it (exit 70):
+    a PUT would replace its password and wipe its tags (change_password, set_user_tags)."""
+    if api.exists(f"/api/users/{q(a.username)}"):
+        raise CtlError(f'User "{a.username}" already exists', EX_SOFTWARE)
     api.call("PUT", f"/api/users/{q(a.username)}", {"password": a.password, "tags": ""})
     return f'Adding user "{a.username}" ...'
 
 
 def delete_user(api: Api, a: argparse.Namespace) -> str:
+    _user(api, a.username)  # rabbitmqctl's words and exit code (67) for a missing user
     api.call("DELETE", f"/api/users/{q(a.username)}")
     return f'Deleting user "{a.username}" ...'
 
@@ -259,18 +354,23 @@ def delete_queue(api: Api, a: argparse.Namespace) -> str:
 
 
 def close_connection(api: Api, a: argparse.Namespace) -> str:
-    request_path = f"/api/connections/{q(a.connection)}"
-    request = urllib.request.Request(
-        api.url + request_path,
-        method="DELETE",
-        headers={"Authorization": api.auth, "X-Reason": a.explanation},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=api.timeout):
-            pass
-    except urllib.error.HTTPError as exc:
-        raise CtlError(f"DELETE {request_path}: {exc.code} {_reason(exc.read())}") from None
+    api.call("DELETE", f"/api/connections/{q(a.connection)}", headers={"X-Reason": a.explanation})
     return f'Closing connection "{a.connection}", reason: {a.explanation} ...'
+
+
+def archive_roll(api: Api, a: argparse.Namespace) -> str:
+    """Close the archive's open journals into Parquet now (the pipeline reads only those)."""
+    result = api.call("POST", "/api/archive/roll")
+    if a.format == "json":
+        return json.dumps(result, indent=2)
+    text = (
+        f"Rolling the archive in {result.get('dir')} ...\n"
+        f"{result.get('journals_closed', 0)} open journals closed, "
+        f"{result.get('files_written', 0)} Parquet files written"
+    )
+    if result.get("conversions_waiting"):
+        text += f"; {result['conversions_waiting']} waiting for the disk (see the broker log)"
+    return text
 
 
 def export_definitions(api: Api, a: argparse.Namespace) -> str:
@@ -311,6 +411,31 @@ def route(api: Api, a: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def human_bytes(n: Any) -> str:
+    """1536 -> "1.5 KiB", 3.2e9 -> "3.0 GiB"; anything not a number as it is."""
+    if not isinstance(n, (int, float)) or isinstance(n, bool):
+        return _cell(n)
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(n)  # pragma: no cover - the loop always returns
+
+
+def listeners_line(listeners: list[dict[str, Any]]) -> str:
+    """Each protocol and port once, with its addresses: "amqp 5672 (127.0.0.1, ::1)"."""
+    grouped: dict[tuple[str, Any], list[str]] = {}
+    for x in listeners:
+        addresses = grouped.setdefault((x.get("protocol", "?"), x.get("port")), [])
+        if x.get("ip_address") not in addresses:
+            addresses.append(x.get("ip_address"))
+    return ", ".join(
+        f"{protocol} {port} ({', '.join(str(a) for a in addresses)})"
+        for (protocol, port), addresses in grouped.items()
+    )
+
+
 def status(api: Api, a: argparse.Namespace) -> str:
     o = api.call("GET", "/api/overview")
     if a.format == "json":
@@ -319,15 +444,21 @@ def status(api: Api, a: argparse.Namespace) -> str:
     rows = [
         ("product", f"{o.get('product_name')} {o.get('product_version')}"),
         ("cluster name", o.get("cluster_name")),
-        ("listeners", ", ".join(f"{x['protocol']} {x['port']}" for x in o.get("listeners", []))),
+        ("listeners", listeners_line(o.get("listeners", []))),
         ("connections", objects.get("connections")),
         ("queues", objects.get("queues")),
         ("exchanges", objects.get("exchanges")),
         ("consumers", objects.get("consumers")),
         ("messages ready", totals.get("messages_ready")),
         ("messages unacknowledged", totals.get("messages_unacknowledged")),
-        ("memory used / limit", f"{o.get('mem_used')} / {o.get('mem_limit')}"),
-        ("disk free / limit", f"{o.get('disk_free')} / {o.get('disk_free_limit')}"),
+        (
+            "memory used / limit",
+            f"{human_bytes(o.get('mem_used'))} / {human_bytes(o.get('mem_limit'))}",
+        ),
+        (
+            "disk free / limit",
+            f"{human_bytes(o.get('disk_free'))} / {human_bytes(o.get('disk_free_limit'))}",
+        ),
         ("alarms", ", ".join(k for k in ("memory_alarm", "disk_free_alarm") if o.get(k)) or "none"),
     ]
     width = max(len(k) for k, _ in rows)
@@ -339,9 +470,25 @@ def _parser() -> argparse.ArgumentParser:
         prog="roarmq ctl",
         description="rabbitmqctl's everyday commands over the management HTTP API.",
     )
-    p.add_argument("--url", default=DEFAULT_URL, help=f"management API (default {DEFAULT_URL})")
-    p.add_argument("-u", "--username", dest="api_user", default="guest", help="default guest")
-    p.add_argument("--password", dest="api_password", default="guest", help="default guest")
+    env = os.environ
+    p.add_argument(
+        "--url",
+        default=env.get("ROARMQ_CTL_URL") or DEFAULT_URL,
+        help=f"management API (default: $ROARMQ_CTL_URL, else {DEFAULT_URL})",
+    )
+    p.add_argument(
+        "-u",
+        "--username",
+        dest="api_user",
+        default=env.get("ROARMQ_CTL_USER") or "guest",
+        help="default: $ROARMQ_CTL_USER, else guest",
+    )
+    p.add_argument(
+        "--password",
+        dest="api_password",
+        default=env.get("ROARMQ_CTL_PASSWORD") or "guest",
+        help="default: $ROARMQ_CTL_PASSWORD, else guest",
+    )
     p.add_argument("--format", choices=("table", "json"), default="table")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -360,7 +507,9 @@ def _parser() -> argparse.ArgumentParser:
             vhost="{vhost}" in path,
         )
         c.add_argument("columns", nargs="*")
-    command("add_user", add_user, "add a user (no tags)").add_argument("username")
+    command(
+        "add_user", add_user, "add a new user, no tags (an existing one is refused, exit 70)"
+    ).add_argument("username")
     sub.choices["add_user"].add_argument("password")
     command("delete_user", delete_user, "delete a user").add_argument("username")
     c = command("change_password", change_password, "set a user's password")
@@ -416,6 +565,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("exchange")
     c.add_argument("routing_key")
     command("status", status, "the broker at a glance")
+    command(
+        "archive_roll",
+        archive_roll,
+        "close the archive's open journals into Parquet now, for the pipeline (administrator)",
+    )
     return p
 
 

@@ -105,7 +105,7 @@ class Persistence:
 
     def restore(self) -> None:
         """Recreate durable exchanges, queues and bindings in the vhosts."""
-        from .queue import Queue
+        from .stream import queue_class
 
         self.restoring = True
         try:
@@ -132,7 +132,7 @@ class Persistence:
                 if vhost is None or q.name in vhost.queues:
                     continue
                 try:
-                    queue = Queue(
+                    queue = queue_class(q.arguments)(
                         vhost,
                         q.name,
                         durable=True,
@@ -168,13 +168,20 @@ class Persistence:
     # The vhost calls these *before* it changes its memory: a write that raises
     # DefinitionsWriteFailed leaves the broker as it was, on disk and in memory.
 
+    def _changed(self, vhost: str) -> None:
+        """A cluster node replicates a vhost's durable definitions in its log."""
+        if not self.restoring and self.broker.cluster is not None:
+            self.broker.cluster.replicas.definitions_changed(vhost)
+
     def exchange_created(self, x: Exchange) -> None:
+        self._changed(x.vhost.name)
         if x.durable and not x.builtin and not self.restoring:
             self.definitions.put_exchange(
                 ExchangeDef(x.vhost.name, x.name, x.type, x.auto_delete, x.internal, x.arguments)
             )
 
     def exchange_deleted(self, x: Exchange) -> None:
+        self._changed(x.vhost.name)
         if x.durable and not x.builtin and not x.vhost.deleted:
             self.definitions.delete_exchange(x.vhost.name, x.name)
 
@@ -184,8 +191,12 @@ class Persistence:
                 q.vhost.name, q.name, q.auto_delete, q.arguments
             )
             q.store = self.broker.store
+            if self.broker.cluster is not None:  # a led vhost's queue lives in its log
+                self.broker.cluster.replicas.queue_created(q)
+        self._changed(q.vhost.name)
 
     def queue_deleted(self, q: Queue) -> None:
+        self._changed(q.vhost.name)
         if q.store_id is not None and not q.vhost.deleted:
             self.definitions.delete_queue(q.vhost.name, q.name)
 
@@ -208,12 +219,14 @@ class Persistence:
         b = self._binding(source, dest, key, args)
         if b is not None:
             self.definitions.put_binding(b)
+            self._changed(source.vhost.name)
 
     def binding_removed(self, source: Exchange, dest: Any, key: str, args: dict | None) -> None:
         """Deleting a binding that is not stored is harmless: it changes nothing on disk."""
         b = self._binding(source, dest, key, args)
         if b is not None:
             self.definitions.delete_binding(b)
+            self._changed(source.vhost.name)
 
     def vhost_deleted(self, name: str) -> None:
         """The vhost and all it holds, in one transaction (the vhost's memory goes after)."""

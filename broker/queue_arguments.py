@@ -137,6 +137,11 @@ class QueueType:
     name: str
     refuses: tuple[str, ...] = ()  # of PROPERTIES
     unsupported: str | None = None
+    #: What a refusal calls each of PROPERTIES (RabbitMQ's streams say "exclusive-owner").
+    property_names: tuple[str, ...] = ()
+    #: x-arguments refused outright: "invalid arg ... of queue type {module}".
+    invalid_arguments: frozenset[str] = frozenset()
+    module: str = ""
 
 
 #: The queue properties a type may refuse, in the order they are checked.
@@ -150,7 +155,28 @@ QUEUE_TYPES = {
         QueueType(
             "stream",
             refuses=_REPLICATED,
-            unsupported="stream queues are not supported yet by RoarMQ; use classic or quorum",
+            property_names=("non-durable", "exclusive-owner", "auto-delete"),
+            # rabbit_stream_queue's capabilities: invalid_arguments (probed on 3.10.8)
+            invalid_arguments=frozenset(
+                "x-" + name
+                for name in (
+                    "expires",
+                    "message-ttl",
+                    "max-length",
+                    "max-in-memory-length",
+                    "max-in-memory-bytes",
+                    "quorum-initial-group-size",
+                    "dead-letter-exchange",
+                    "dead-letter-routing-key",
+                    "single-active-consumer",
+                    "queue-mode",
+                    "overflow",
+                    "max-priority",
+                    "queue-master-locator",
+                    "delivery-limit",
+                )
+            ),
+            module="rabbit_stream_queue",
         ),
     )
 }
@@ -177,6 +203,52 @@ class QueueTypeCheck(Check):
         return value or DEFAULT_QUEUE_TYPE
 
 
+_AMQP_TYPE_NAMES = {
+    str: "longstr",
+    bytes: "longstr",
+    float: "double",
+    bool: "bool",
+    dict: "table",
+    list: "array",
+}
+
+
+@dataclass(frozen=True)
+class IntExpected(Int):
+    """Int whose wrong type reads "expected integer, got <amqp type>" (streams' keys)."""
+
+    def argument(self, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            kind = _AMQP_TYPE_NAMES.get(type(value), type(value).__name__)
+            raise Invalid(f'"expected integer, got {kind}"')
+        return super().argument(value)
+
+
+@dataclass(frozen=True)
+class MaxAge(Check):
+    """A stream's max age: a positive count and one of Y M D h m s ("7D", "12h")."""
+
+    def argument(self, value: Any) -> Any:
+        from .stream import age_seconds
+
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if not isinstance(value, str):
+            raise Invalid(
+                "{unacceptable_type,signedint}"
+                if type(value) is int
+                else f"{{unacceptable_type,{_AMQP_TYPE_NAMES.get(type(value), 'void')}}}"
+            )
+        if age_seconds(value) is None:
+            raise Invalid("invalid_max_age")
+        return value
+
+    def accepts(self, value: Any) -> bool:
+        from .stream import age_seconds
+
+        return age_seconds(value) is not None
+
+
 # -- how an x-argument and a policy combine ---------------------------------------------
 
 
@@ -187,6 +259,7 @@ class Merge(Enum):
     SMALLER = "smaller wins"  # numeric limits: the smaller of argument and policy
     ARGUMENT_WINS = "argument wins"  # the policy applies when the argument is absent
     POLICY_ONLY = "policy only"  # no x-argument (yet)
+    SHORTER = "shorter wins"  # ages ("7D", "1h"): the shorter of argument and policy
 
     def combine(self, argument: Any, policy: Any) -> Any:
         return _COMBINE[self](argument, policy)
@@ -210,16 +283,28 @@ def _policy_only(argument: Any, policy: Any) -> Any:
     return policy
 
 
+def _shorter(argument: Any, policy: Any) -> Any:
+    from .stream import age_seconds
+
+    if argument is None:
+        return policy
+    if policy is None:
+        return argument
+    return min(argument, policy, key=lambda v: age_seconds(v) or 0)
+
+
 _COMBINE = {
     Merge.ARGUMENT_ONLY: _argument_only,
     Merge.SMALLER: _smaller,
     Merge.ARGUMENT_WINS: _argument_wins,
     Merge.POLICY_ONLY: _policy_only,
+    Merge.SHORTER: _shorter,
 }
 ARGUMENT_ONLY = Merge.ARGUMENT_ONLY
 SMALLER = Merge.SMALLER
 ARGUMENT_WINS = Merge.ARGUMENT_WINS
 POLICY_ONLY = Merge.POLICY_ONLY
+SHORTER = Merge.SHORTER
 
 
 # -- the table ------------------------------------------------------------------------
@@ -267,7 +352,8 @@ QUEUE_MODE = OneOf(QUEUE_MODES, "\"unsupported queue mode '{}'\"", typed=True)
 _CQ = CLASSIC_QUORUM
 _Q = frozenset(("quorum",))
 _ALL = frozenset(QUEUE_TYPES)
-_NO = frozenset()  # no queue type yet (streams' keys)
+_S = frozenset(("stream",))
+_CQS = frozenset(("classic", "quorum", "stream"))
 
 #: In RabbitMQ's declare_args order, which is the order arguments are checked and
 #: compared on redeclaration (x-queue-type is checked first: it selects the others).
@@ -283,7 +369,7 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("dead-letter-routing-key", Str(),            ARGUMENT_WINS, "dead letter routing key",   False, True,  _CQ,  "dlrk",
              requires="dead-letter-exchange"),
     Argument("max-length",              Int(),            SMALLER,       "maximum length",            True,  True,  _CQ,  "max_length"),
-    Argument("max-length-bytes",        Int(),            SMALLER,       "maximum length in bytes",   True,  True,  _CQ,  "max_length_bytes"),
+    Argument("max-length-bytes",        Int(),            SMALLER,       "maximum length in bytes",   True,  True,  _CQS, "max_length_bytes"),
     Argument("max-priority",            Int(0, 255),      ARGUMENT_ONLY, "",                          False, True,  _CQ,  "max_priority", 0),
     Argument("overflow",                OVERFLOW,         ARGUMENT_WINS, "overflow value",            False, True,  _CQ,  "overflow", "drop-head"),
     Argument("queue-mode",              QUEUE_MODE,       ARGUMENT_WINS, "queue-mode value",          False, False, _CQ,  None),
@@ -291,7 +377,9 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("single-active-consumer",  Bool(),           ARGUMENT_ONLY, "",                          False, True,  _CQ,  "single_active", False),
     Argument("delivery-limit",          Int(),            SMALLER,       "delivery limit",            True,  True,  _Q,   "delivery_limit"),
     Argument("consumer-timeout",        Int(),            ARGUMENT_WINS, "consumer timeout",          False, False, _CQ,  None),
-    Argument("max-age",                 Str(),            POLICY_ONLY,   "max-age value",             False, False, _NO,  None),
+    Argument("max-age",                 MaxAge(),         SHORTER,       "max-age value",             False, True,  _S,   None),
+    Argument("stream-max-segment-size-bytes", IntExpected(), ARGUMENT_ONLY, "",                       False, True,  _S,   None,
+             500_000_000),
 )
 # fmt: on
 
@@ -345,13 +433,24 @@ def parse(
     qtype = DEFAULT_QUEUE_TYPE
     if "x-queue-type" in args:
         qtype = _checked(_QUEUE_TYPE, "x-queue-type", args, name, vhost)
-    refuses = QUEUE_TYPES[qtype].refuses
-    if refuses:
-        for prop, bad in zip(PROPERTIES, (not durable, exclusive, auto_delete), strict=True):
-            if bad and prop in refuses:
+    kind = QUEUE_TYPES[qtype]
+    if kind.refuses:
+        names = kind.property_names or PROPERTIES
+        for prop, said, bad in zip(
+            PROPERTIES, names, (not durable, exclusive, auto_delete), strict=True
+        ):
+            if bad and prop in kind.refuses:
                 raise channel_error(
                     PRECONDITION_FAILED,
-                    f"invalid property '{prop}' for queue '{name}' in vhost '{vhost}'",
+                    f"invalid property '{said}' for queue '{name}' in vhost '{vhost}'",
+                )
+    if kind.invalid_arguments:
+        for key in args:
+            if key in kind.invalid_arguments:
+                raise channel_error(
+                    PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}' of queue type "
+                    f"{kind.module}",
                 )
     given = {"queue-type": qtype}
     for row, key, needed in _DECLARED:

@@ -28,6 +28,7 @@ from .metrics import Totals
 from .persistence import Persistence
 from .policy import PolicyError, make_policy
 from .store.messages import MessageStore
+from .stream import close_all as close_streams
 from .tls import TlsListener, server_context
 from .vhost import VirtualHost
 
@@ -57,6 +58,9 @@ class Broker:
         self.config = config or Config()
         self.clock = clock or Clock()
         self.node_name = f"roarmq@{socket.gethostname()}"
+        #: broker/cluster/node.py's ClusterNode when [cluster] is set (made below, imported
+        #: only then); None before that, so restoring the definitions can ask.
+        self.cluster: Any = None
         self.persistence = Persistence(self, self.config.storage.data_dir)
         self.persistence.seed_from_config()
         settings = self.persistence.definitions.settings()
@@ -101,8 +105,6 @@ class Broker:
         self._store_retry: Any = None  # the next attempt to resume a failed message store
         self._store_retry_delay = STORE_RETRY_FIRST
         self._store_resumed_at = float("-inf")
-        #: broker/cluster/node.py's ClusterNode when [cluster] is set; imported only then.
-        self.cluster: Any = None
         if self.config.cluster is not None:
             from .cluster.node import ClusterNode
 
@@ -188,7 +190,10 @@ class Broker:
         """Open the message log and put recovered messages back in their durable queues."""
         storage = self.config.storage
         started = time.monotonic()
-        self.store = MessageStore(
+        # A cluster node's own store holds no clustered message: it dispatches to each led
+        # vhost's replicated store (broker/cluster/replicated_store.py).
+        store_class = MessageStore if self.cluster is None else self.cluster.node_store_class()
+        self.store = store_class(
             Path(storage.data_dir) / "messages",
             segment_size=storage.segment_size,
             sync_interval_ms=storage.sync_interval_ms,
@@ -221,20 +226,24 @@ class Broker:
                     },
                 )
         held = sum(1 for q in queues.values() if q.ready.n)
-        log.log(
-            NOTICE,
-            "message store recovered %d persistent messages in %d durable queues; "
-            "%d records no queue needed any more were released",
-            counts["messages"],
-            held,
-            counts["released"],
-            extra={
-                **counts,
-                "clean": self.store.clean_start,
-                "data_dir": storage.data_dir,
-                "ms": round((time.monotonic() - started) * 1000, 1),
-            },
-        )
+        ms = round((time.monotonic() - started) * 1000, 1)
+        if not report.segments and not self.store.clean_start:  # first boot: no shutdown yet
+            log.log(NOTICE, "message store is new: nothing to recover", extra={"ms": ms})
+        else:
+            log.log(
+                NOTICE,
+                "message store recovered %d persistent messages in %d durable queues; "
+                "%d records no queue needed any more were released",
+                counts["messages"],
+                held,
+                counts["released"],
+                extra={
+                    **counts,
+                    "clean": self.store.clean_start,
+                    "data_dir": storage.data_dir,
+                    "ms": ms,
+                },
+            )
         self.recovery = counts
         self.store.on_failure = self._store_failed
         self.store.on_disk_check = self.resources.check_disk_now
@@ -319,10 +328,12 @@ class Broker:
             server.close()
         if self.tls is not None:
             await self.tls.close()
+        # At INFO each: the notice at the end counts them (a WARNING per client would page
+        # whoever alerts on warnings at every planned restart).
         for conn in list(self.connections):
-            conn.force_close("broker shutdown")
+            conn.force_close("broker shutdown", level=logging.INFO)
         for conn in list(self.draining):  # closed by their clients, sockets still open
-            conn.force_close("broker shutdown")
+            conn.force_close("broker shutdown", level=logging.INFO)
         self._flush_dirty()
         for server in self._servers:
             await server.wait_closed()
@@ -338,6 +349,7 @@ class Broker:
         if self.store is not None:
             self.store.close()
             self.store = None
+        close_streams(self)
         if self.archive is not None:
             self.archive.close()
             self.archive = None

@@ -35,6 +35,7 @@ from .queue import Queue
 from .routing.graph import route_key, route_message
 from .store.definitions import DefinitionsWriteFailed
 from .store.segments import LogFailed
+from .stream import queue_class
 
 if TYPE_CHECKING:
     from .clock import Clock
@@ -361,7 +362,7 @@ class VirtualHost:
                 f"cannot declare queue '{name}': queue limit in vhost '{self.name}' ({most}) "
                 "is reached",
             )
-        queue = Queue(
+        queue = queue_class(arguments)(
             self,
             name,
             durable=durable,
@@ -512,10 +513,10 @@ class VirtualHost:
         confirms nothing was promised, so the message is queued in memory only.
         """
         token = None
-        store = self.broker.store
-        if msg.persistent and store is not None:
+        if msg.persistent:
             durable = [q for q in queues if q.store is not None]
             if durable:
+                store = durable[0].store  # the node's store, or a clustered vhost's own
                 # The body may leave memory only if every holder can read it back: a
                 # transient queue beside the durable ones cannot once they let go.
                 page_out = len(durable) == len(queues) and any(

@@ -102,9 +102,10 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         _warn(f"skipping {path}: {why}")
     if scan.journals:
         _warn(
-            f"{len(scan.journals)} archive journals have not been rolled into data files "
-            f"(a broker stopped without closing its archive; starting it replays them): "
-            f"{scan.journals[0]}"
+            f"{len(scan.journals)} archive journals have not been rolled into data files, "
+            "so their messages are not read (a running broker's open journals: "
+            "`roarmq ctl archive_roll` closes them; a broker that stopped without closing its "
+            f"archive replays them when it starts): {scan.journals[0]}"
         )
     conf = {}
     for item in args.conf:

@@ -117,9 +117,11 @@ def scan_archive(
     scan = ArchiveScan(root)
     found_any = False
     hours = set()
+    outside: list[str] = []  # the hour of each data file outside the window
     for vhost, hour, directory in partitions(root):
         found_any = True
         if (since and hour < since) or (until and hour > until):
+            outside += [hour] * len(live_files(directory))
             continue
         scan.journals += pending_journals(directory)
         for path in live_files(directory):
@@ -145,6 +147,29 @@ def scan_archive(
         window = (
             f" between {since or 'the start'} and {until or 'the end'}" if since or until else ""
         )
-        skipped = f" ({len(scan.skipped)} unreadable files skipped)" if scan.skipped else ""
-        raise PipelineError(f"empty window: no archived messages in {root}{window}{skipped}")
+        raise PipelineError(
+            f"empty window: no archived messages in {root}{window}: {why_empty(scan, outside)}"
+        )
     return scan
+
+
+def why_empty(scan: ArchiveScan, outside: list[str]) -> str:
+    """What an empty window holds instead, and why none of it was read: open journals (the
+    usual case while a broker runs), unreadable or empty files, files outside the window."""
+    reasons = []
+    if scan.journals:
+        reasons.append(
+            f"{len(scan.journals)} journals still open (a broker writes Parquet when a journal "
+            "rolls: at the hour, every [archive] roll_minutes, at shutdown) - run "
+            "`roarmq ctl archive_roll` to close them now"
+        )
+    if scan.skipped:
+        path, problem = scan.skipped[0]
+        reasons.append(f"{len(scan.skipped)} unreadable files skipped ({path.name}: {problem})")
+    if scan.files:
+        reasons.append(f"{len(scan.files)} Parquet files with no rows")
+    if outside:
+        first, last = min(outside), max(outside)
+        span = first if first == last else f"{first}..{last}"
+        reasons.append(f"{len(outside)} Parquet files outside the window (hours {span})")
+    return "; ".join(reasons) or "no Parquet files or journals in it"

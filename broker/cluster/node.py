@@ -14,8 +14,10 @@ invariant 7). What it does now (docs/cluster.md, "The node in the cluster"):
 * a connection for a vhost led elsewhere is refused at `connection.open` (`refusal`); a
   lost leadership closes that vhost's connections (320); a fenced lease blocks publishers.
 
-No data is replicated yet: `catch_up` returns at once, so a new member counts as in sync
-as soon as it is a member, and a new leader serves its own copy of the vhost.
+* replicates each vhost's log (`VhostReplicas`, vhost_replicas.py): it follows the vhosts
+  it is a member of, and a vhost it wins is recovered from its replicated log before it is
+  served; a member added later joins the in-sync set once it has caught up (the leader's
+  `on_caught_up` -> `expand_isr`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from urllib.parse import unquote
 from ..config import ClusterConfig
 from .coordination import Coordinator, IsrChange
 from .etcd import EtcdClient, EtcdError
+from .vhost_replicas import VhostReplicas
 
 if TYPE_CHECKING:
     from ..server import Broker
@@ -57,6 +60,7 @@ class ClusterNode:
         self._dirty = False
         self._placing: dict[str, asyncio.Task[None]] = {}
         self._stopped = False
+        self.replicas = VhostReplicas(self)
 
     # -- life ----------------------------------------------------------------------------
 
@@ -92,11 +96,15 @@ class ClusterNode:
         )
         c.info = {"amqp_port": b.port, "management_port": b.mgmt_port}
         c.on_lost.append(self._lost)
+        c.on_won.append(self.replicas.won)
+        c.fencing.on_restored.append(self._release_confirms)
         c.on_fenced.append(lambda: b.set_cluster_fenced(True))
         c.fencing.on_restored.append(lambda: b.set_cluster_fenced(False))
         c.on_members.append(lambda _: self._poke())
         c.vhosts.on_change.append(lambda _: self._poke())
         try:
+            if self.replicas._server is None:
+                await self.replicas.start(address)
             await c.start()
             await c.nodes.synced()
             for name in list(b.vhosts):
@@ -118,6 +126,7 @@ class ClusterNode:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+        await self.replicas.stop()
         if self.coordinator is not None:
             self.coordinator.on_fenced.clear()  # leaving is not being fenced
             with contextlib.suppress(EtcdError):
@@ -187,7 +196,9 @@ class ClusterNode:
         'not found' answers). Hand-off to the leader replaces this in a later step."""
         c = self.coordinator
         if c is not None and vhost in c.leading:
-            return None
+            if vhost in self.replicas.serving:
+                return None
+            return f"vhost '{vhost}' is being recovered on node '{self.name}'; try again"
         leader = c.leader(vhost) if c is not None else None
         if leader is not None:
             node = leader[0]
@@ -230,9 +241,17 @@ class ClusterNode:
             self._placing.pop(name, None)
         self._poke()
 
-    async def catch_up(self, vhost: str, node: str) -> None:
-        """Wait until `node` holds the vhost's data. Nothing is replicated yet, so there is
-        nothing to wait for: this is where replication's catch-up will plug in."""
+    @staticmethod
+    def node_store_class() -> type:
+        """The broker's own MessageStore class on a cluster node (replicated_store.py)."""
+        from .replicated_store import ClusterMessageStore
+
+        return ClusterMessageStore
+
+    def _release_confirms(self) -> None:
+        """The lease is renewed again: publishes replicated meanwhile may be confirmed."""
+        for store in self.replicas.stores.values():
+            store.release_confirmed()
 
     # -- reacting to etcd ----------------------------------------------------------------
 
@@ -257,8 +276,11 @@ class ClusterNode:
                             self.broker.add_vhost(vhost)
                         if vhost not in c.following:
                             c.follow(vhost)
+                        if vhost not in c.leading:
+                            self.replicas.follow(vhost)
                     elif vhost in c.following:
                         c.unfollow(vhost)
+                        await self.replicas.unfollow(vhost)
                     epoch = c.leading.get(vhost)
                     if epoch is not None:
                         await self._fill(c, vhost, epoch, members)
@@ -268,18 +290,21 @@ class ClusterNode:
                 await asyncio.sleep(0.5)
 
     async def _fill(self, c: Coordinator, vhost: str, epoch: int, members: list[str]) -> None:
+        """Add live nodes to the vhost's members; each joins the in-sync set once it has
+        caught up with the log (the replication leader's on_caught_up -> expand_isr)."""
         live = c.members()
         room = self.config.replicas - len(members)
         for node in sorted(n for n in live if n not in members)[: max(room, 0)]:
             if await c.add_member(vhost, epoch, node) is not IsrChange.DONE:
                 return
-            await self.catch_up(vhost, node)
-            if await c.expand_isr(vhost, epoch, node) is not IsrChange.DONE:
-                return
-            log.info("vhost %r: node %r added to its members and in-sync set", vhost, node)
+            log.info("vhost %r: node %r added to its members", vhost, node)
 
     def _lost(self, vhost: str, epoch: int, reason: str) -> None:
         """Deposed: this vhost's clients must reconnect (to the new leader)."""
+        self.replicas.serving.discard(vhost)
+        task = asyncio.get_running_loop().create_task(self.replicas.demote(vhost))
+        self._placing[f"demote {vhost}"] = task
+        task.add_done_callback(lambda _t: self._placing.pop(f"demote {vhost}", None))
         for conn in list(self.broker.connections):
             if conn.vhost is not None and conn.vhost.name == vhost:
                 conn.force_close(f"vhost '{vhost}' is no longer led by this node ({reason})")

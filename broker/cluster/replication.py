@@ -109,6 +109,27 @@ class ReplicationLeader:
         self._lag_task = asyncio.create_task(self._watch_lag())
         return self._server.sockets[0].getsockname()[1]
 
+    def start_routed(self) -> None:
+        """Serve through a node's shared replication listener (`serve`) instead of a port
+        of its own: only the lag watch runs here."""
+        self._lag_task = asyncio.create_task(self._watch_lag())
+
+    async def serve(
+        self, hello: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One follower's session whose HELLO the node's listener already read (routed here
+        by its vhost)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._session(reader, writer, hello)
+        except _lost_connection as exc:
+            log.info("vhost %r: follower connection ended: %r", self.vhost, exc)
+        finally:
+            self._tasks.discard(task)
+            _close(writer)
+
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -264,8 +285,14 @@ class ReplicationLeader:
             self._tasks.discard(task)
             _close(writer)
 
-    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hello = await _expect_control(reader, wire.HELLO)
+    async def _session(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        hello: dict | None = None,
+    ) -> None:
+        if hello is None:
+            hello = await _expect_control(reader, wire.HELLO)
         node, epoch, offset = str(hello["node"]), int(hello["epoch"]), int(hello["offset"])
         if hello.get("vhost") != self.vhost or self.deposed_by is not None:
             writer.write(wire.control(wire.REFUSE, {"reason": "not leading", "epoch": self.epoch}))

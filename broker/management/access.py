@@ -13,6 +13,7 @@ from .context import (
     USER,
     bad_request,
     broker_of,
+    keep_an_administrator,
     not_found,
     read_json,
     sees_vhost,
@@ -99,13 +100,27 @@ async def put_user(request: web.Request) -> web.Response:
     else:
         raise bad_request("either password or password_hash is required")
     existed = name in broker.auth.users
+    if existed:
+        keep_an_administrator(broker, {name: tuple(tags)})
     broker.put_user(name, password_hash, tuple(tags))
     return web.Response(status=204 if existed else 201)
 
 
 async def delete_user(request: web.Request) -> web.Response:
-    if not broker_of(request).delete_user(request.match_info["name"]):
+    """Delete a user; never the one making the request (the UI's session would end mid-way
+    and, were it the last administrator, nobody could manage the broker), nor the last
+    administrator."""
+    broker = broker_of(request)
+    name = request.match_info["name"]
+    if name not in broker.auth.users:
         raise not_found()
+    if name == request[USER].name:
+        raise bad_request(
+            f"refused: user '{name}' is the user making this request; "
+            "log in as another administrator to delete it"
+        )
+    keep_an_administrator(broker, {name: None})
+    broker.delete_user(name)
     return web.Response(status=204)
 
 

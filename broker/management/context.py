@@ -77,6 +77,38 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def administrators_after(broker: Broker, changes: dict[str, tuple[str, ...] | None]) -> set[str]:
+    """The users holding the administrator tag once ``changes`` are made: a user name to its
+    new tags, or to None when the user is deleted."""
+    admins = {name for name, u in broker.auth.users.items() if "administrator" in u.tags}
+    for name, tags in changes.items():
+        if tags is not None and "administrator" in tags:
+            admins.add(name)
+        else:
+            admins.discard(name)
+    return admins
+
+
+def keep_an_administrator(broker: Broker, changes: dict[str, tuple[str, ...] | None]) -> None:
+    """400 when ``changes`` would leave the broker with no administrator: nobody could manage
+    users, vhosts or permissions through the API any more (RabbitMQ lets it happen; an
+    operator locked out needs a restart with a new default user to get back in)."""
+    if administrators_after(broker, changes):
+        return
+    name = next(iter(changes))
+    what = "deleting" if changes[name] is None else "removing the administrator tag from"
+    raise web.HTTPBadRequest(
+        text=json.dumps(
+            {
+                "error": "bad_request",
+                "reason": f"refused: {what} user '{name}' would leave no administrator; "
+                "give another user the administrator tag first",
+            }
+        ),
+        content_type="application/json",
+    )
+
+
 def bad_request(reason: Any) -> web.HTTPBadRequest:
     return web.HTTPBadRequest(
         text=json.dumps({"error": "bad_request", "reason": reason}), content_type="application/json"

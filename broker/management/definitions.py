@@ -17,7 +17,7 @@ from .. import __version__
 from ..auth import hash_password
 from ..exchange import Exchange
 from ..queue_arguments import QUEUE_TYPES
-from .context import bad_request, broker_of, read_json, vhosts_of
+from .context import bad_request, broker_of, keep_an_administrator, read_json, vhosts_of
 from .rows import json_safe
 
 if TYPE_CHECKING:
@@ -220,13 +220,18 @@ def _vhost_definition(vhost: Any) -> dict[str, Any]:
     }
 
 
+def _tags_of(user: dict[str, Any]) -> tuple[str, ...]:
+    """A definitions user's tags: a comma-separated string or a list."""
+    tags = user.get("tags", "")
+    return tuple(t for t in (tags.split(",") if isinstance(tags, str) else tags) if t)
+
+
 def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
     for v in doc.get("vhosts", []):
         has_meta = any(k in v for k in ("description", "tags", "metadata", "default_queue_type"))
         broker.add_vhost(v["name"], vhost_metadata(v) if has_meta else None)
     for u in doc.get("users", []):
-        tags = u.get("tags", "")
-        tags = tuple(t for t in (tags.split(",") if isinstance(tags, str) else tags) if t)
+        tags = _tags_of(u)
         password_hash = u.get("password_hash") or hash_password(u["password"])
         broker.put_user(u["name"], password_hash, tags)
         if u.get("limits"):
@@ -323,6 +328,13 @@ async def post_definitions(request: web.Request) -> web.Response:
         # part of such a file.
         vhost = vhosts_of(request)[0].name
         body = {key: [{**row, "vhost": vhost} for row in body.get(key, [])] for key in VHOST_KEYS}
+    users = body.get("users")
+    if isinstance(users, list) and all(
+        isinstance(u, dict) and "name" in u and isinstance(u.get("tags", ""), (str, list))
+        for u in users
+    ):
+        # an import replaces the tags of the users it names: not to leave no administrator
+        keep_an_administrator(broker_of(request), {u["name"]: _tags_of(u) for u in users})
     try:
         import_definitions(broker_of(request), body)
     except (KeyError, TypeError, ValueError, ProtocolError) as exc:

@@ -3,6 +3,7 @@ and the Prometheus scrape."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -17,7 +18,7 @@ from .. import __version__
 from ..message import Message
 from ..metrics import churn_counts, global_counts
 from ..routing import EXCHANGE_TYPES
-from .context import SERVER, broker_of, not_found, rates_of, sees_vhost, vhosts_of
+from .context import SERVER, bad_request, broker_of, not_found, rates_of, sees_vhost, vhosts_of
 from .definitions import RABBITMQ_API_VERSION, export_definitions
 
 
@@ -84,10 +85,11 @@ async def overview(request: web.Request) -> web.Response:
 
 
 def _listeners(b: Any) -> list[dict[str, Any]]:
+    # One row an address, as RabbitMQ: ``bound`` and ``ports`` are parallel lists (one entry
+    # a socket); crossing them listed every address once for every address.
     rows = [
         {"node": b.node_name, "protocol": "amqp", "ip_address": host, "port": port}
-        for port in b.ports
-        for host in (b.bound or ["127.0.0.1"])
+        for host, port in zip(b.bound, b.ports, strict=False)
     ]
     if b.tls is not None:
         rows += [
@@ -220,3 +222,17 @@ async def parameters(request: web.Request) -> web.Response:
 
 async def global_parameters(request: web.Request) -> web.Response:
     return web.json_response([{"name": "cluster_name", "value": broker_of(request).cluster_name}])
+
+
+async def archive_roll(request: web.Request) -> web.Response:
+    """POST /api/archive/roll (administrator; `roarmq ctl archive_roll`): close every open
+    archive journal into its Parquet file now, so the pipeline reads up to this moment
+    while the broker runs. Answers once the files are written."""
+    archive = broker_of(request).archive
+    if archive is None:
+        raise bad_request("the archive is off: set [archive] enabled = true (docs/operations.md)")
+    try:
+        result = await asyncio.wrap_future(archive.roll())
+    except RuntimeError as exc:  # closing with the broker
+        raise bad_request(f"the archive cannot roll now: {exc}") from None
+    return web.json_response({**result, "dir": str(archive.root.resolve())})

@@ -95,6 +95,24 @@ def queue_row(q: Any, broker: Broker, rates: RateSampler, detailed: bool = False
         "operator_policy": q.operator_policy.name if q.operator_policy is not None else None,
         "effective_policy_definition": q.effective_policy,
         "message_stats": stats(rates, q, queue_counts(q)),
+        **(stream_row(q) if q.queue_type == "stream" else {}),
+    }
+
+
+def stream_row(q: Any) -> dict[str, Any]:
+    """A stream's own columns: retained messages (nothing is ever unacknowledged away from
+    it), its bytes on disk, segments and offsets (RabbitMQ shows messages the same way)."""
+    return {
+        "messages": q.message_count(),
+        "messages_ready": q.message_count(),
+        "message_bytes": q.retained_bytes,
+        "message_bytes_ready": q.retained_bytes,
+        "messages_persistent": q.message_count(),
+        "message_bytes_persistent": q.retained_bytes,
+        "memory": 0,
+        "segments": len(q.segs),
+        "first_offset": q.first_offset,
+        "committed_offset": q.committed - 1,
     }
 
 

@@ -47,6 +47,7 @@ ADMIN_ONLY = (
     ("DELETE", "/api/vhost-limits"),
     ("*", "/api/operator-policies"),
     ("PUT", "/api/cluster-name"),
+    ("*", "/api/archive"),
 )
 
 #: Reads that need the monitoring tag (or administrator): RabbitMQ's "Not monitor user".
@@ -262,6 +263,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/route/{vhost}/{exchange}", objects.route)
     router.add_post("/api/route/{vhost}/{exchange}", objects.route)
     router.add_get("/api/health/checks/alarms", node.alarms)
+    router.add_post("/api/archive/roll", node.archive_roll)
 
 
 class ManagementServer:

@@ -222,6 +222,33 @@ class _Replayed:
         return (qids if qids is not None else [qid[i]]), size[i], priority[i]
 
 
+#: Publishes waiting for durability: (token or offset, channel, publish sequence number).
+Waiting = deque[tuple[int, "Channel", int]]
+
+
+def confirm_waiting(waiting: Waiting, upto: int) -> None:
+    """Confirm, in order, every publish waiting for a token (or offset) <= `upto`."""
+    flush: dict[Channel, None] = {}
+    while waiting and waiting[0][0] <= upto:
+        _, channel, seq = waiting.popleft()
+        channel.disk_confirmed(seq)
+        flush[channel] = None
+    for channel in flush:
+        channel.flush_confirms()
+        channel.conn.flush()
+
+
+def nack_waiting(waiting: Waiting) -> int:
+    """Nack every publish in `waiting` (which the caller has taken over); how many."""
+    channels: dict[Channel, None] = {}
+    for _, channel, seq in waiting:
+        channel.disk_failed(seq)
+        channels[channel] = None
+    for channel in channels:
+        channel.conn.flush()
+    return len(waiting)
+
+
 class MessageStore:
     """Persistent messages: the segment log plus the index of who still needs which record.
 
@@ -365,15 +392,7 @@ class MessageStore:
 
     def _synced(self, token: int) -> None:
         self._sync_requested = False
-        waiting = self._waiting
-        flush: dict[Channel, None] = {}
-        while waiting and waiting[0][0] <= token:
-            _, channel, seq = waiting.popleft()
-            channel.disk_confirmed(seq)
-            flush[channel] = None
-        for channel in flush:
-            channel.flush_confirms()
-            channel.conn.flush()
+        confirm_waiting(self._waiting, token)
         if self.log.last_token > token:
             self._want_sync()
         if self.log.bytes_written >= self.disk_check_at and self.on_disk_check is not None:
@@ -386,13 +405,7 @@ class MessageStore:
         self.failures += 1
         self._sync_requested = False
         waiting, self._waiting = self._waiting, deque()
-        channels: dict[Channel, None] = {}
-        for _, channel, seq in waiting:
-            channel.disk_failed(seq)
-            channels[channel] = None
-        self.nacked += len(waiting)
-        for channel in channels:
-            channel.conn.flush()
+        self.nacked += nack_waiting(waiting)
         log.error(
             "message store write failed; %d publishes waiting for it were nacked, and "
             "persistent messages are refused until it resumes: %s",

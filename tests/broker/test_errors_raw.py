@@ -367,10 +367,13 @@ async def test_recover_requeue_false_is_540(client):
     assert close.reply_code == 540
 
 
-async def test_stream_queue_is_refused_with_406(client):
-    client.send(1, spec.QueueDeclare(queue="s", durable=True, arguments={"x-queue-type": "stream"}))
+async def test_non_durable_stream_is_refused_with_406(client):
+    client.send(1, spec.QueueDeclare(queue="s", arguments={"x-queue-type": "stream"}))
     close = await channel_close(client)
-    assert close.reply_code == 406 and "not supported yet" in close.reply_text
+    assert close.reply_code == 406
+    assert close.reply_text == (
+        "PRECONDITION_FAILED - invalid property 'non-durable' for queue 's' in vhost '/'"
+    )
 
 
 async def test_channel_max_counts_open_channels_not_numbers(client):

@@ -90,8 +90,8 @@ def test_life_is_logged_at_the_default_level_and_recovery_after_a_crash(tmp_path
     proc = start(data)
     port, lines = wait_started(proc)
     text = "".join(lines)
-    assert f"data dir {data}" in text
-    assert "message store recovered 0 persistent messages" in text
+    assert f"new data directory {data}" in text  # first boot: nothing was shut down before
+    assert "message store is new: nothing to recover" in text and "clean=" not in text
     conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{port}"))
     ch = conn.channel()
     ch.confirm_delivery()

@@ -47,6 +47,8 @@ GOOD = {
     "x-single-active-consumer": True,
     "x-delivery-limit": 0,
     "x-consumer-timeout": 60000,
+    "x-max-age": "7D",
+    "x-stream-max-segment-size-bytes": 1000,
 }
 
 BAD = [
@@ -73,11 +75,11 @@ BAD = [
     ("x-single-active-consumer", None, "{unacceptable_type,NoneType}"),
     ("x-queue-type", "nope", '"nope" is not a valid queue type (classic, quorum, stream)'),
     ("x-queue-type", None, '"None" is not a valid queue type (classic, quorum, stream)'),
-    (
-        "x-queue-type",
-        "stream",
-        "stream queues are not supported yet by RoarMQ; use classic or quorum",
-    ),
+    ("x-max-age", "1x", "invalid_max_age"),
+    ("x-max-age", "0s", "invalid_max_age"),
+    ("x-max-age", 5, "{unacceptable_type,signedint}"),
+    ("x-stream-max-segment-size-bytes", -5, "{value_negative,-5}"),
+    ("x-stream-max-segment-size-bytes", "x", '"expected integer, got longstr"'),
 ]
 
 
@@ -161,6 +163,8 @@ def test_equivalence_compares_table_rows_in_order() -> None:
         "x-queue-type",
         "x-single-active-consumer",
         "x-delivery-limit",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
     ]
     current = dict(GOOD, **{"x-foo": 1})
     assert qa.inequivalent(current, current) is None
@@ -266,6 +270,9 @@ def test_operator_policy_caps_the_policy() -> None:
         (qa.ARGUMENT_ONLY, None, 9, None),
         (qa.POLICY_ONLY, 4, 9, 9),
         (qa.POLICY_ONLY, 4, None, None),
+        (qa.SHORTER, "1D", "2h", "2h"),
+        (qa.SHORTER, "1Y", "13M", "1Y"),
+        (qa.SHORTER, None, "2h", "2h"),
     ],
 )
 def test_merge_rules(merge: qa.Merge, argument: Any, policy: Any, result: Any) -> None:
@@ -306,7 +313,8 @@ def test_settings_combine_argument_and_policy_by_row() -> None:
         "single-active-consumer": False,
         "delivery-limit": None,  # quorum queues only
         "consumer-timeout": 5,
-        "max-age": None,  # no queue type takes it yet
+        "max-age": None,  # streams only
+        "stream-max-segment-size-bytes": 500_000_000,  # the default (streams read it)
     }
     quorum = qa.settings(parse({"x-queue-type": "quorum", "x-delivery-limit": 4}), policy, "quorum")
     assert quorum["delivery-limit"] == 1 and quorum["queue-type"] == "quorum"

@@ -1,0 +1,242 @@
+"""A node's side of every clustered vhost's replicated log: leading, following, failover.
+
+One replication listener per node (`replication_port`); a follower's HELLO names its vhost
+and is routed to this node's `ReplicationLeader` for it (or refused: not leading here).
+
+* Following: a member that does not lead a vhost keeps its log in
+  ``data/vhosts/<vhost>/log`` (`SegmentRecordStore`) with a `ReplicationFollower` pointed at
+  the leader etcd names (fsync per batch, ack).
+* Leading (`promote`, on winning the election, and at a first start): stop following,
+  rebuild the message store from the log (`rebuild_message_dir`), make the vhost's
+  durable objects those of the log's last definitions snapshot, run the ordinary
+  `MessageStore.recover`, and lead the log at the new epoch. Until that is done the vhost
+  is not served (`serving`), so no client writes to it half-recovered.
+* Losing the leadership (`demote`): nack what waits, stop streaming, follow again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import replicated_definitions as definitions
+from . import replication_wire as wire
+from .coordination import encode
+from .replicated_store import ReplicatedMessageStore, rebuild_message_dir
+from .replication import (
+    ReplicationFollower,
+    ReplicationLeader,
+    _expect_control,
+    _lost_connection,
+    attach_coordinator,
+)
+from .replication_store import SegmentRecordStore
+
+if TYPE_CHECKING:
+    from ..queue import Queue
+    from .node import ClusterNode
+
+log = logging.getLogger("roarmq.cluster")
+
+
+class VhostReplicas:
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        self.broker = node.broker
+        self.config = node.config
+        self.leaders: dict[str, ReplicationLeader] = {}
+        self.stores: dict[str, ReplicatedMessageStore] = {}
+        self.followers: dict[str, ReplicationFollower] = {}
+        self.logs: dict[str, SegmentRecordStore] = {}
+        self.serving: set[str] = set()
+        self._promoting: dict[str, asyncio.Task[None]] = {}
+        self._isr_tasks: list[set[asyncio.Task]] = []
+        self._server: asyncio.Server | None = None
+
+    # -- life ----------------------------------------------------------------------------
+
+    async def start(self, host: str) -> None:
+        self._server = await asyncio.start_server(
+            self._route, host, self.config.replication_port, reuse_address=True
+        )
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in self._promoting.values():
+            task.cancel()
+        for vhost in list(self.leaders):
+            await self.demote(vhost)
+        for follower in self.followers.values():
+            await follower.stop()
+        for records in self.logs.values():
+            with contextlib.suppress(Exception):
+                records.sync()
+                records.close()
+
+    def vhost_dir(self, vhost: str) -> Path:
+        return Path(self.broker.config.storage.data_dir) / "vhosts" / encode(vhost)
+
+    def log_of(self, vhost: str) -> SegmentRecordStore:
+        """The vhost's replicated log, opened once per process (its directory is locked)."""
+        records = self.logs.get(vhost)
+        if records is None:
+            path = self.vhost_dir(vhost) / "log"
+            path.mkdir(parents=True, exist_ok=True)
+            records = self.logs[vhost] = SegmentRecordStore(path)
+        return records
+
+    # -- the listener ----------------------------------------------------------------------
+
+    async def _route(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Hand a follower's connection to the leader of the vhost its HELLO names."""
+        try:
+            hello = await _expect_control(reader, wire.HELLO)
+        except _lost_connection:
+            writer.close()
+            return
+        leader = self.leaders.get(str(hello.get("vhost")))
+        if leader is None or hello.get("vhost") not in self.serving:
+            writer.write(wire.control(wire.REFUSE, {"reason": "not leading", "epoch": 0}))
+            writer.close()
+            return
+        await leader.serve(hello, reader, writer)
+
+    # -- following -------------------------------------------------------------------------
+
+    def follow(self, vhost: str) -> None:
+        """Keep a copy of the vhost's log from its leader as etcd names it (if it runs)."""
+        c = self.node.coordinator
+        assert c is not None
+        leader = c.leader(vhost)
+        if leader is None or leader[0] == self.node.name or vhost in self.leaders:
+            return
+        info = c.members().get(leader[0])
+        if not info or not info.get("replication_port"):
+            return
+        address = (info["address"], int(info["replication_port"]))
+        follower = self.followers.get(vhost)
+        if follower is None:
+            follower = ReplicationFollower(
+                vhost, address, self.node.name, self.log_of(vhost), epoch=leader[1]
+            )
+            self.followers[vhost] = follower
+            follower.start()
+            log.info("vhost %r: following %s at %s", vhost, leader[0], address)
+        elif follower.leader != address or follower.epoch < leader[1]:
+            follower.follow(address, leader[1])
+            log.info("vhost %r: following %s at %s", vhost, leader[0], address)
+
+    async def unfollow(self, vhost: str) -> None:
+        follower = self.followers.pop(vhost, None)
+        if follower is not None:
+            await follower.stop()
+
+    # -- leading ---------------------------------------------------------------------------
+
+    def won(self, vhost: str, epoch: int) -> None:
+        """Coordinator.on_won: recover from the log in the background, then serve."""
+        task = asyncio.get_running_loop().create_task(self._promote_logged(vhost, epoch))
+        self._promoting[vhost] = task
+        task.add_done_callback(lambda _t: self._promoting.pop(vhost, None))
+
+    async def _promote_logged(self, vhost: str, epoch: int) -> None:
+        try:
+            await self.promote(vhost, epoch)
+        except Exception:
+            log.exception("vhost %r: could not take over as leader", vhost)
+
+    async def promote(self, vhost: str, epoch: int) -> None:
+        c = self.node.coordinator
+        assert c is not None
+        await self.unfollow(vhost)
+        if vhost in self.leaders:
+            await self.demote(vhost)
+        records = self.log_of(vhost)
+        await asyncio.to_thread(records.sync)
+        messages = self.vhost_dir(vhost) / "messages"
+        saved = await asyncio.to_thread(rebuild_message_dir, records, messages)
+        if not c.may_confirm(vhost, epoch):
+            return  # lost again while recovering
+        vhost_obj = self.broker.vhosts.get(vhost) or self.broker.add_vhost(vhost)
+        if saved is None:  # a new log: this node's own definitions start it
+            saved = definitions.snapshot(vhost_obj)
+        queues = definitions.apply(self.broker, vhost_obj, saved)
+        leader = ReplicationLeader(
+            vhost,
+            epoch,
+            records,
+            node=self.node.name,
+            in_sync=set(c.in_sync(vhost)),
+            replica_lag_ms=self.config.replica_lag_ms,
+        )
+        store = self._open_store(vhost, epoch, messages, leader, vhost_obj)
+        self._recover(vhost, store, queues)
+        leader.start_routed()
+        self._isr_tasks.append(attach_coordinator(c, leader))
+        self.leaders[vhost] = leader
+        self.stores[vhost] = store
+        self.serving.add(vhost)
+        store.definitions_changed()  # this epoch's log starts with the definitions
+        log.info(
+            "vhost %r: leading at epoch %d from its replicated log (offsets %d..%d)",
+            vhost,
+            epoch,
+            records.first_offset,
+            records.last_offset,
+        )
+
+    def _open_store(
+        self, vhost: str, epoch: int, directory: Path, leader: ReplicationLeader, vhost_obj: Any
+    ) -> ReplicatedMessageStore:
+        c = self.node.coordinator
+        assert c is not None
+        storage = self.broker.config.storage
+        return ReplicatedMessageStore(
+            directory,
+            replication=leader,
+            may_confirm=lambda: c.may_confirm(vhost, epoch),
+            min_in_sync=self.config.min_in_sync,
+            snapshot=lambda: definitions.snapshot(vhost_obj),
+            segment_size=storage.segment_size,
+            sync_interval_ms=storage.sync_interval_ms,
+            loop=asyncio.get_running_loop(),
+        )
+
+    @staticmethod
+    def _recover(vhost: str, store: ReplicatedMessageStore, queues: dict[int, Queue]) -> None:
+        for queue in queues.values():
+            queue.store = store
+        counts = store.recover(queues)
+        store.next_queue_id = max(queues, default=0) + 1
+        log.info("vhost %r: recovered %d messages from its log", vhost, counts["messages"])
+
+    async def demote(self, vhost: str) -> None:
+        """This node no longer leads the vhost: confirm nothing more, stop streaming."""
+        self.serving.discard(vhost)
+        leader = self.leaders.pop(vhost, None)
+        store = self.stores.pop(vhost, None)
+        if leader is not None:
+            leader.depose(leader.epoch + 1, self.node.name)
+            await leader.stop()
+        if store is not None:
+            await store.close_replicated()
+
+    # -- hooks from the broker (persistence) ------------------------------------------------
+
+    def queue_created(self, queue: Queue) -> None:
+        """A durable queue in a vhost led here: it lives in the vhost's store, with an id
+        from the vhost's log."""
+        store = self.stores.get(queue.vhost.name)
+        if store is not None:
+            queue.store = store
+            queue.store_id = store.new_queue_id()
+            store.definitions_changed()
+
+    def definitions_changed(self, vhost: str) -> None:
+        store = self.stores.get(vhost)
+        if store is not None:
+            store.definitions_changed()

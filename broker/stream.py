@@ -1,0 +1,657 @@
+"""Streams (x-queue-type: stream): an append-only, replayable log that consumers read
+without removing anything, as RabbitMQ serves them over AMQP 0-9-1.
+
+A `Stream` is a `Queue` (bindings, policies, management rows and deletion treat it as
+one) whose messages live in their own `SegmentLog` under ``<data>/streams/<id>/``, one
+record per message: offset, timestamp, the flag "first of its chunk", exchange, routing
+key, raw content header, body. Memory does not grow with the stream's length: it holds
+one `_Segment` summary per segment file, a sparse index (offset, segment, position,
+timestamp) every `INDEX_EVERY` records, and the last `TAIL_RECORDS` records, so readers
+at the tail never touch the disk. A chunk is what one loop turn appended (RabbitMQ's
+osiris batches the same way); ``x-stream-offset: last`` starts at the last chunk.
+
+Offsets are handed to consumers only once fsynced (``committed``), so a crash can lose
+an unconfirmed message but never deliver an offset twice; publisher confirms wait for
+the same fsync. Retention (``x-max-length-bytes``, ``x-max-age``, their policy keys)
+removes whole segments, oldest first, never the last one holding records. Consumer
+offsets are the client's business (AMQP 0-9-1 has no place to store them).
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime
+import os
+import re
+import shutil
+import struct
+import time
+from array import array
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from roarmq.protocol.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED
+from roarmq.protocol.frames import ContentHeader
+
+from . import queue_arguments
+from .errors import channel_error, connection_error
+from .message import Message, copy_properties
+from .queue import Entry, Queue
+from .store.segments import HEADER_SIZE, MAGIC, Location, LogFailed, SegmentLog
+
+if TYPE_CHECKING:
+    from .channel import Channel, Consumer
+
+#: offset, timestamp (ms since the epoch), flags, len(exchange), len(routing key), len(header)
+_RECORD = struct.Struct("<QqBBBI")
+_CHUNK_START = 1
+_HDR = struct.Struct("<4sII")
+INDEX_EVERY = 1024  # one sparse index entry per this many records
+TAIL_RECORDS = 4096  # the newest records kept in memory for readers at the tail
+READ_AHEAD = 256 << 10  # bytes one disk read fetches for a reader
+DISPATCH_BATCH = 2000  # deliveries per consumer per dispatch pass before yielding
+DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
+
+_AGE = re.compile(r"^([0-9]+)([YMDhms])$")
+_AGE_SECONDS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+
+#: Streams appended to since a confirming publisher last looked: bounded by the streams.
+TOUCHED: set[Stream] = set()
+
+
+def age_seconds(value: Any) -> int | None:
+    """RabbitMQ's max-age / interval syntax ("7D", "1h", "30m"): seconds, None if invalid."""
+    if not isinstance(value, str):
+        return None
+    m = _AGE.match(value)
+    if m is None or int(m.group(1)) == 0:
+        return None
+    return int(m.group(1)) * _AGE_SECONDS[m.group(2)]
+
+
+def _stream_dir(queue: Queue, store_id: int) -> Path:
+    return Path(queue.vhost.broker.config.storage.data_dir) / "streams" / str(store_id)
+
+
+class _Segment:
+    """What memory keeps of one segment file."""
+
+    __slots__ = ("id", "first", "last", "first_ts", "last_ts", "bytes")
+
+    def __init__(self, seg_id: int, offset: int, ts: int) -> None:
+        self.id = seg_id
+        self.first = self.last = offset
+        self.first_ts = self.last_ts = ts
+        self.bytes = 0
+
+
+class _Reader:
+    """One consumer's position: the next offset and, once known, where it is on disk."""
+
+    __slots__ = ("consumer", "next", "seg", "pos", "buf", "buf_seg", "buf_at", "fd", "fd_seg")
+
+    def __init__(self, consumer: Consumer, start: int) -> None:
+        self.consumer = consumer
+        self.next = start
+        self.seg = -1  # segment and byte position of the record at `next` (-1: seek)
+        self.pos = 0
+        self.buf = b""
+        self.buf_seg = -1
+        self.buf_at = 0
+        self.fd = -1
+        self.fd_seg = -1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+# -- x-stream-offset ---------------------------------------------------------------------
+
+
+def _bad_offset(queue: Queue, value: Any) -> Exception:
+    # RabbitMQ 3.10 crashes the channel (541) on an unparsable offset; later versions refuse
+    # the consumer with 406 PRECONDITION_FAILED, as this does.
+    return channel_error(
+        PRECONDITION_FAILED,
+        f"invalid arg 'x-stream-offset' for {queue.description}: {value!r} is not first, "
+        "last, next, an offset, a timestamp or an interval",
+    )
+
+
+def parse_offset(queue: Queue, args: dict) -> tuple[str, Any]:
+    """x-stream-offset as (kind, value): first, last, next, offset n, timestamp s."""
+    value = args.get("x-stream-offset", "next")
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, bool):
+        raise _bad_offset(queue, value)
+    if isinstance(value, int):
+        return "offset", value
+    if isinstance(value, datetime.datetime):
+        stamp = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+        return "timestamp", stamp.timestamp()
+    if isinstance(value, str):
+        if value in ("first", "last", "next"):
+            return value, None
+        seconds = age_seconds(value)
+        if seconds is not None:
+            return "timestamp", time.time() - seconds
+    raise _bad_offset(queue, value)
+
+
+def check_consume(channel: Channel, queue: Queue, no_ack: bool, args: dict) -> None:
+    """basic.consume on a stream: RabbitMQ's refusals, in its order."""
+    if no_ack:
+        raise connection_error(
+            NOT_IMPLEMENTED,
+            f"automatic acknowledgement not supported by stream queues {queue.description}",
+        )
+    if not channel.prefetch_count:
+        raise channel_error(
+            PRECONDITION_FAILED, f"consumer prefetch count is not set for '{queue.description}'"
+        )
+    if "x-priority" in args:
+        raise channel_error(
+            PRECONDITION_FAILED,
+            f"invalid arg 'x-priority' for {queue.description} of queue type rabbit_stream_queue",
+        )
+    parse_offset(queue, args)
+
+
+def refuse(what: str, queue: Queue) -> Exception:
+    """What a stream answers to basic.get, queue.purge, nack, reject, recover: 540."""
+    return connection_error(
+        NOT_IMPLEMENTED, f"{what} not supported by stream queues {queue.description}"
+    )
+
+
+# -- confirms ------------------------------------------------------------------------------
+
+
+def confirm_after(channel: Channel, seq: int, token: int | None, ok: bool) -> None:
+    """A confirming publish reached streams (TOUCHED): ack it once each one's appends are
+    fsynced (and the message store's `token`, if a durable queue took it too)."""
+    streams = [s for s in TOUCHED if s.log is not None and s.log.synced_token < s.last_token]
+    TOUCHED.clear()
+    if not ok:
+        channel._confirmed(seq, False)
+        return
+    if not streams:
+        _after_streams(channel, seq, token)
+        return
+    channel.confirm_later(seq)
+    waiter = [len(streams), channel, seq, token]
+    for stream in streams:
+        stream.waiters.append((stream.last_token, waiter))
+
+
+def _after_streams(channel: Channel, seq: int, token: int | None) -> None:
+    store = channel.conn.broker.store
+    if token is not None and store is not None and store.log.synced_token < token:
+        store.confirm_after(token, channel, seq)
+    elif seq in channel._acks_waiting:
+        channel.disk_confirmed(seq)
+    else:
+        channel._confirmed(seq, True)
+
+
+def close_all(broker: Any) -> None:
+    """Broker shutdown: every stream's log written, synced and closed."""
+    for vhost in broker.vhosts.values():
+        for queue in vhost.queues.values():
+            if isinstance(queue, Stream):
+                queue.close()
+
+
+def queue_class(arguments: dict | None) -> type[Queue]:
+    """The class a queue with these x-arguments is made of."""
+    if arguments and arguments.get("x-queue-type") in ("stream", b"stream"):
+        return Stream
+    return Queue
+
+
+class Stream(Queue):
+    """A durable stream; see the module docstring. Has a __dict__ (no __slots__): its
+    attributes are read per delivery batch, not per classic-queue message."""
+
+    def __init__(self, vhost: Any, name: str, **kwargs: Any) -> None:
+        self.log: SegmentLog | None = None
+        self.directory: Path | None = None
+        self.next_offset = 0  # the offset the next append gets
+        self.committed = 0  # offsets below this are fsynced and may be delivered
+        self.first_offset = 0
+        self.last_chunk = 0  # first offset of the newest chunk
+        self.last_token = 0
+        self.retained_bytes = 0
+        self.segs: list[_Segment] = []
+        self._ix_off = array("q")
+        self._ix_seg = array("q")
+        self._ix_pos = array("q")
+        self._ix_ts = array("q")
+        self._tail: deque[tuple] = deque(maxlen=TAIL_RECORDS)
+        self._pending: deque[tuple[int, int]] = deque()  # (token, offsets below are in it)
+        self.waiters: deque[tuple[int, list]] = deque()  # (token, confirm waiter)
+        self._readers: dict[Consumer, _Reader] = {}
+        self._chunk_open = False
+        self._rolled = False
+        self._sid: int | None = None
+        self.max_age = None
+        self.segment_size = DEFAULT_SEGMENT_SIZE
+        super().__init__(vhost, name, **kwargs)
+
+    # A stream's messages never go to the message store: `store` stays None, whatever the
+    # broker sets; `store_id` (its definitions row) names its directory and opens its log.
+    @property  # type: ignore[override]
+    def store(self) -> None:
+        return None
+
+    @store.setter
+    def store(self, value: Any) -> None:
+        pass
+
+    @property  # type: ignore[override]
+    def store_id(self) -> int | None:
+        return self._sid
+
+    @store_id.setter
+    def store_id(self, value: int | None) -> None:
+        self._sid = value
+        if value is not None and self.log is None:
+            self._open(_stream_dir(self, value))
+
+    # -- settings ------------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        super()._settle()
+        self.consumer_timeout = None  # a stream delivery may stay unacked
+        values = queue_arguments.settings(self._args, self.effective_policy, "stream")
+        self.max_age = values["max-age"]
+        self.segment_size = values["stream-max-segment-size-bytes"]
+        self.max_age_seconds = age_seconds(self.max_age) if self.max_age else None
+        if self.log is not None:
+            self._retain()
+
+    # -- the log -------------------------------------------------------------------------
+
+    def _open(self, directory: Path) -> None:
+        storage = self.vhost.broker.config.storage
+        loop = self.vhost.clock.loop
+        self.directory = directory
+        self.log = SegmentLog(
+            directory,
+            segment_size=max(self.segment_size or DEFAULT_SEGMENT_SIZE, 4096),
+            sync_interval_ms=storage.sync_interval_ms,
+            on_synced=lambda token: loop.call_soon_threadsafe(self._synced, token),
+        )
+        last = -1
+        for loc, payload in self.log.replay(copy=False):
+            off, ts, flags, *_ = _RECORD.unpack_from(payload)
+            self._note(off, ts, loc)
+            if flags & _CHUNK_START:
+                self.last_chunk = off
+            last = off
+        self._rolled = False
+        if self.segs:
+            self.first_offset = self.segs[0].first
+        self.next_offset = self.committed = last + 1
+        self.first_offset = min(self.first_offset, self.next_offset)
+        self._retain()
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        if self.log is not None:
+            try:
+                self.log.close()
+            except Exception:  # noqa: BLE001 - a failed log has nothing left to write
+                pass
+
+    def _note(self, off: int, ts: int, loc: Location) -> None:
+        segs = self.segs
+        if not segs or segs[-1].id != loc.segment:
+            segs.append(_Segment(loc.segment, off, ts))
+            self._rolled = len(segs) > 1
+            self._index(off, loc, ts)
+        elif off % INDEX_EVERY == 0:
+            self._index(off, loc, ts)
+        seg = segs[-1]
+        seg.last, seg.last_ts = off, ts
+        size = HEADER_SIZE + loc.length
+        seg.bytes += size
+        self.retained_bytes += size
+
+    def _index(self, off: int, loc: Location, ts: int) -> None:
+        self._ix_off.append(off)
+        self._ix_seg.append(loc.segment)
+        self._ix_pos.append(loc.offset)
+        self._ix_ts.append(ts)
+
+    # -- publishing ----------------------------------------------------------------------
+
+    def publish(self, msg: Message) -> bool:
+        log = self.log
+        if self.deleted or log is None:
+            return True
+        off = self.next_offset
+        ts = int(self.vhost.clock.wall() * 1000)
+        flags = 0
+        if not self._chunk_open:
+            flags = _CHUNK_START
+            self._chunk_open = True
+            self.vhost.clock.loop.call_soon(self._end_chunk, off)
+        exchange = msg.exchange.encode()
+        key = msg.routing_key.encode()
+        header = msg.header.raw
+        body = msg.body or b""
+        payload = b"".join(
+            (
+                _RECORD.pack(off, ts, flags, len(exchange), len(key), len(header)),
+                exchange,
+                key,
+                header,
+                body,
+            )
+        )
+        try:
+            loc, token = log.append(payload)
+        except (LogFailed, ValueError):
+            return False
+        self.next_offset = off + 1
+        self.last_token = token
+        self._note(off, ts, loc)
+        self._tail.append((off, ts, msg.exchange, msg.routing_key, header, body))
+        self._pending.append((token, off + 1))
+        self.stats_published += 1
+        TOUCHED.add(self)
+        return True
+
+    def _end_chunk(self, first: int) -> None:
+        """The loop turn's appends are one chunk: sync them as one batch."""
+        self._chunk_open = False
+        self.last_chunk_pending = first
+        if self.log is not None and not self.deleted:
+            try:
+                self.log.schedule_sync()
+            except Exception:  # noqa: BLE001 - a closed log: nothing to sync
+                pass
+
+    def _synced(self, token: int) -> None:
+        if self.deleted:
+            return
+        pending = self._pending
+        committed = self.committed
+        while pending and pending[0][0] <= token:
+            committed = pending.popleft()[1]
+        if committed > self.committed:
+            self.committed = committed
+            chunk = getattr(self, "last_chunk_pending", None)
+            if chunk is not None and chunk < committed:
+                self.last_chunk = chunk
+        waiters = self.waiters
+        flush: dict[Any, None] = {}
+        while waiters and waiters[0][0] <= token:
+            waiter = waiters.popleft()[1]
+            waiter[0] -= 1
+            if waiter[0] == 0:
+                _after_streams(waiter[1], waiter[2], waiter[3])
+                flush[waiter[1]] = None
+        for channel in flush:
+            channel.flush_confirms()
+            channel.conn.flush()
+        if self._rolled:
+            self._rolled = False
+            self._retain()
+        self.dispatch()
+
+    # -- retention -----------------------------------------------------------------------
+
+    def _retain(self) -> None:
+        """Drop whole segments, oldest first, past x-max-length-bytes or x-max-age; never
+        the newest segment holding records, nor one not wholly fsynced."""
+        segs = self.segs
+        limit = self.max_length_bytes
+        age = self.max_age_seconds
+        if limit is None and age is None:
+            return
+        now_ms = int(self.vhost.clock.wall() * 1000)
+        dropped = False
+        while len(segs) > 1 and segs[0].last < self.committed:
+            seg = segs[0]
+            too_big = limit is not None and self.retained_bytes > limit
+            too_old = age is not None and seg.last_ts < now_ms - age * 1000
+            if not (too_big or too_old):
+                break
+            self._drop_segment(seg)
+            segs.pop(0)
+            self.retained_bytes -= seg.bytes
+            dropped = True
+        if dropped:
+            self.first_offset = segs[0].first
+            cut = bisect.bisect_left(self._ix_off, self.first_offset)
+            for ix in (self._ix_off, self._ix_seg, self._ix_pos, self._ix_ts):
+                del ix[:cut]
+            for reader in self._readers.values():
+                if reader.next < self.first_offset:
+                    reader.next = self.first_offset
+                    reader.seg = -1
+            self.log.schedule_sync()  # type: ignore[union-attr]
+
+    def _drop_segment(self, seg: _Segment) -> None:
+        """Release every record of a segment: the log deletes the file after its next sync."""
+        assert self.log is not None
+        path = os.path.join(self.log.directory, f"{seg.id:08d}.seg")
+        with open(path, "rb") as f:
+            data = f.read()
+        pos, end = 0, len(data)
+        while pos + HEADER_SIZE <= end:
+            magic, n, _crc = _HDR.unpack_from(data, pos)
+            if magic != MAGIC:
+                break
+            try:
+                self.log.release(Location(seg.id, pos, n))
+            except KeyError:
+                pass
+            pos += HEADER_SIZE + n
+
+    # -- consumers -----------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        kind, value = parse_offset(self, consumer.arguments)
+        if kind == "first":
+            start = self.first_offset
+        elif kind == "last":
+            start = self.last_chunk if self.committed > self.first_offset else self.next_offset
+        elif kind == "next":
+            start = self.next_offset
+        elif kind == "offset":
+            start = min(max(value, self.first_offset), self.next_offset)
+        else:
+            start = self._offset_at(int(value * 1000))
+        self._readers[consumer] = _Reader(consumer, start)
+        self.consumer_count += 1
+        self._had_consumers = True
+        self.dispatch()
+
+    def _offset_at(self, ts_ms: int) -> int:
+        """The first offset published at or after `ts_ms` (the next offset if none): from
+        the last index entry before it, step over the older records."""
+        if not self.segs or self.segs[-1].last_ts < ts_ms:
+            return self.next_offset
+        k = bisect.bisect_left(self._ix_ts, ts_ms) - 1
+        start = self._ix_off[k] if k >= 0 else self.first_offset
+        probe = _Reader(None, max(start, self.first_offset))  # type: ignore[arg-type]
+        try:
+            while probe.next < self.committed:
+                record = self._record(probe)
+                if record is None or record[1] >= ts_ms:
+                    break
+                probe.next = record[0] + 1
+        finally:
+            probe.close()
+        return probe.next
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        reader = self._readers.pop(consumer, None)
+        if reader is not None:
+            reader.close()
+            self.consumer_count -= 1
+
+    def consumers(self) -> list[Consumer]:
+        return list(self._readers)
+
+    def active_consumer(self) -> Consumer | None:
+        return None
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self._readers)
+
+    def dispatch(self) -> None:
+        """Deliver committed records to every consumer with credit."""
+        if self.deleted or not self._readers:
+            return
+        committed = self.committed
+        again = False
+        for reader in list(self._readers.values()):
+            consumer = reader.consumer
+            sent = 0
+            while reader.next < committed and consumer.has_credit():
+                record = self._record(reader)
+                if record is None:
+                    break
+                self._deliver(consumer, record)
+                reader.next = record[0] + 1
+                sent += 1
+                if sent >= DISPATCH_BATCH:
+                    again = True
+                    break
+            self.stats_delivered += sent
+        if again:
+            self._schedule_dispatch()
+
+    def _deliver(self, consumer: Consumer, record: tuple) -> None:
+        off, _ts, exchange, key, raw, body = record
+        header = ContentHeader(60, len(body), raw)
+        props = copy_properties(header.properties)
+        headers = dict(props.headers or {})
+        headers["x-stream-offset"] = off
+        props.headers = headers
+        msg = Message(exchange, key, ContentHeader.from_properties(props, 60, len(body)), body)
+        consumer.channel.deliver(consumer, Entry(msg, off, self))
+
+    def _record(self, reader: _Reader) -> tuple | None:
+        """The record at reader.next: from the tail in memory, else read from its segment."""
+        tail = self._tail
+        if tail and reader.next >= tail[0][0]:
+            return tail[reader.next - tail[0][0]]
+        if reader.next < self.first_offset:
+            reader.next = self.first_offset
+            reader.seg = -1
+        while True:
+            if reader.seg < 0:
+                self._seek(reader)
+            record = self._read_at(reader)
+            if record is None:
+                return None
+            if record[0] >= reader.next:
+                return record
+
+    def _seek(self, reader: _Reader) -> None:
+        k = bisect.bisect_right(self._ix_off, reader.next) - 1
+        k = max(k, 0)
+        reader.seg, reader.pos = self._ix_seg[k], self._ix_pos[k]
+
+    def _read_at(self, reader: _Reader) -> tuple | None:
+        """Parse the record at (reader.seg, reader.pos) and step past it; None at the end."""
+        for _ in range(len(self.segs) + 1):
+            need = reader.pos - reader.buf_at
+            buf = reader.buf
+            if reader.buf_seg != reader.seg or need < 0 or need + HEADER_SIZE > len(buf):
+                self._fill(reader, HEADER_SIZE)
+                buf, need = reader.buf, 0
+            if need + HEADER_SIZE <= len(buf):
+                _magic, n, _crc = _HDR.unpack_from(buf, need)
+                if need + HEADER_SIZE + n > len(buf):
+                    self._fill(reader, HEADER_SIZE + n)
+                    buf, need = reader.buf, 0
+                start = need + HEADER_SIZE
+                record = _parse(memoryview(buf)[start : start + n])
+                reader.pos += HEADER_SIZE + n
+                return record
+            # the end of this segment: on to the next one
+            later = [s.id for s in self.segs if s.id > reader.seg]
+            if not later:
+                return None
+            reader.seg, reader.pos = later[0], 0
+        return None
+
+    def _fill(self, reader: _Reader, need: int) -> None:
+        if reader.fd_seg != reader.seg:
+            reader.close()
+            path = os.path.join(self.log.directory, f"{reader.seg:08d}.seg")  # type: ignore[union-attr]
+            try:
+                reader.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                reader.buf, reader.buf_seg, reader.buf_at = b"", reader.seg, reader.pos
+                return
+            reader.fd_seg = reader.seg
+        reader.buf = os.pread(reader.fd, max(READ_AHEAD, need), reader.pos)
+        reader.buf_seg, reader.buf_at = reader.seg, reader.pos
+
+    # -- what a stream does instead of a queue's ----------------------------------------
+
+    def ack(self, entry: Entry) -> None:
+        """An ack returns credit (the channel's counts); nothing is removed."""
+
+    def settle(self, entry: Entry) -> None:
+        pass
+
+    def requeue(self, entries: list[Entry]) -> None:
+        """A closing channel's unacked deliveries: the stream keeps everything anyway."""
+
+    def reject(self, entry: Entry, requeue: bool) -> None:
+        pass
+
+    def restored(self) -> None:
+        pass
+
+    def touch(self) -> None:
+        pass
+
+    def purge(self) -> int:
+        raise refuse("queue.purge", self)
+
+    def get(self) -> Entry | None:
+        raise refuse("basic.get", self)
+
+    def on_deleted(self) -> list[Entry]:
+        self.deleted = True
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+        self.consumer_count = 0
+        TOUCHED.discard(self)
+        self.close()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        return []
+
+    def message_count(self) -> int:
+        return max(self.committed - self.first_offset, 0)
+
+    def iter_ready(self) -> Iterable[Entry]:
+        return iter(())
+
+
+def _parse(view: memoryview) -> tuple:
+    off, ts, _flags, nx, nk, nh = _RECORD.unpack_from(view)
+    p = _RECORD.size
+    exchange = bytes(view[p : p + nx]).decode()
+    p += nx
+    key = bytes(view[p : p + nk]).decode()
+    p += nk
+    header = bytes(view[p : p + nh])
+    return off, ts, exchange, key, header, bytes(view[p + nh :])
