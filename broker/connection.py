@@ -81,6 +81,10 @@ CLOSING_TIMEOUT = 30.0
 #: RabbitMQ's channel processes shut down in between (aiormq 7.2.4's close tests pass
 #: against a close-ok 5 ms late 8 times in 8, against one sent at once 2 in 10).
 CLOSE_OK_AFTER_CHANNELS = 0.005
+#: Seconds a connection.open may wait for a just-elected leader to recover its vhost
+#: (cluster only), asking again every OPEN_RETRY.
+OPEN_WAIT_RECOVERY = 10.0
+OPEN_RETRY = 0.05
 #: Write directly once this many bytes are pending, so one dispatch loop cannot
 #: build an unbounded buffer before the transport gets a chance to push back.
 FLUSH_THRESHOLD = 256 * 1024
@@ -609,19 +613,44 @@ class Connection(asyncio.Protocol):
         self.heartbeat = m.heartbeat
         self._enter(AWAIT_OPEN)
 
-    def _open(self, m: spec.ConnectionOpen) -> None:
-        if self.broker.cluster is not None:  # a vhost led by another node: say which
-            refusal = self.broker.cluster.refusal(m.virtual_host)
+    def _open(self, m: spec.ConnectionOpen, waited: float = 0.0) -> None:
+        cluster = self.broker.cluster
+        if cluster is not None:  # a vhost led by another node: hand the client over to it
+            refusal = cluster.refusal(m.virtual_host)
             if refusal is not None:
+                if cluster.recovering(m.virtual_host) and waited < OPEN_WAIT_RECOVERY:
+                    # Just elected, still recovering its copy of the vhost: answer once it
+                    # serves (a client reconnecting after a failover sees a pause, not 530).
+                    self.broker.clock.loop.call_later(
+                        OPEN_RETRY, self._open_again, m, waited + OPEN_RETRY
+                    )
+                    return
+                if cluster.handoff.start(self, m.virtual_host, refusal):
+                    return  # not read until the relay owns the socket (or the 530)
                 raise connection_error(NOT_ALLOWED, refusal)
-        vhost = self.broker.vhosts.get(m.virtual_host)
+        self._admit(m.virtual_host)
+
+    def _open_again(self, m: spec.ConnectionOpen, waited: float) -> None:
+        if self.state is not AWAIT_OPEN or self.transport is None or self.transport.is_closing():
+            return
+        try:
+            self._open(m, waited)
+        except HardError as exc:
+            if exc.class_id == 0:
+                exc.class_id, exc.method_id = m.CLASS_ID, m.METHOD_ID
+            self.close_with_error(exc)
+
+    def _admit(self, name: str) -> None:
+        """The vhost's checks, then OPEN and connection.open-ok (a direct connection's
+        connection.open, and a connection handed over to this node by another)."""
+        vhost = self.broker.vhosts.get(name)
         if vhost is None:
-            raise connection_error(NOT_ALLOWED, f"vhost {m.virtual_host} not found")
-        perm = self.user.permissions.get(m.virtual_host)
+            raise connection_error(NOT_ALLOWED, f"vhost {name} not found")
+        perm = self.user.permissions.get(name)
         if perm is None:
             raise connection_error(
                 NOT_ALLOWED,
-                f"access to vhost '{m.virtual_host}' refused for user '{self.user.name}'",
+                f"access to vhost '{name}' refused for user '{self.user.name}'",
             )
         self._check_connection_limits(vhost)
         self.vhost = vhost
@@ -637,6 +666,75 @@ class Connection(asyncio.Protocol):
             "connection opened",
             extra={"conn": self.name, "user": self.user.name, "vhost": vhost.name},
         )
+
+    # -- cluster hand-off (broker/cluster/handoff.py; never on a single node) -----------
+
+    def detach(self) -> tuple[asyncio.Transport, bytes]:
+        """The relaying node's side: give the socket up, unclosed and not read (the relay's
+        protocol takes it), and forget this connection. Returns the transport and the bytes
+        read but not parsed yet (the client waits for open-ok, so normally none)."""
+        transport = self.transport
+        assert transport is not None
+        self.flush()
+        rest = bytes(self.parser._tail) + self._unparsed
+        backlog = self._backlog
+        if backlog is not None and backlog[1] < len(backlog[0]):
+            log.warning(
+                "frames sent before connection.open-ok dropped at the hand-off",
+                extra={"conn": self.name},
+            )
+        self.transport = None
+        self._enter(CLOSED)
+        self._cleanup()
+        return transport, rest
+
+    def adopt(self, transport: asyncio.Transport, facts: dict[str, Any], data: bytes) -> None:
+        """The leader's side: a connection another node authenticated and tuned, handed over
+        at connection.open (`facts`, the hand-off preamble). No handshake again: the user
+        must exist here and the vhost's checks pass as for a direct connection (same
+        texts), then this node answers connection.open-ok itself and the session is OPEN."""
+        self.connection_made(transport)
+        peer = facts.get("peer")
+        if peer:
+            self.peer = (str(peer[0]), int(peer[1]))
+            host = f"[{peer[0]}]" if ":" in str(peer[0]) else peer[0]
+            self.name = f"{host}:{peer[1]}"
+        tls = facts.get("tls")
+        self.tls = TlsSession(**tls) if tls else None
+        self.client_properties = facts.get("client_properties") or {}
+        self.capabilities = facts.get("capabilities") or {}
+        mechanism = self.auth_mechanism = facts.get("auth_mechanism") or "PLAIN"
+        self.frame_max = int(facts["frame_max"])
+        self.channel_max = int(facts["channel_max"])
+        self.heartbeat = int(facts["heartbeat"])
+        self.parser = FrameParser(
+            expect_protocol_header=False,
+            frame_max=self.frame_max,
+            max_body_size=self.broker.config.limits.max_message_size,
+        )
+        self._enter(AWAIT_OPEN)
+        vhost = str(facts["vhost"])
+        try:
+            self.user = self.broker.auth.users.get(str(facts["user"]))
+            if self.user is None:
+                log.warning(
+                    "handed-over connection refused: unknown user",
+                    extra={"conn": self.name, "mechanism": mechanism},
+                )
+                raise connection_error(
+                    ACCESS_REFUSED,
+                    f"Login was refused using authentication mechanism {mechanism}. "
+                    "For details see the broker logfile.",
+                )
+            cluster = self.broker.cluster
+            refusal = cluster.refusal(vhost) if cluster is not None else None
+            if refusal is not None:  # never handed on again: one hop at most
+                raise connection_error(NOT_ALLOWED, refusal)
+            self._admit(vhost)
+        except HardError as exc:
+            self.close_with_error(exc)
+        if data:
+            self.data_received(data)
 
     def _check_connection_limits(self, vhost: Any) -> None:
         """RabbitMQ's vhost and user max-connections, with its texts (530 NOT_ALLOWED)."""

@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -465,6 +466,84 @@ def status(api: Api, a: argparse.Namespace) -> str:
     return "\n".join(f"{k.ljust(width)}  {_cell(v)}" for k, v in rows)
 
 
+def _wait_for_leader(api: Api, vhost: str, node: str, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if api.call("GET", f"/api/vhosts/{q(vhost)}").get("leader") == node:
+                return True
+        except CtlError:
+            pass  # the node asked may itself be between leaders
+        time.sleep(0.1)
+    return False
+
+
+def move_vhost_leader(api: Api, a: argparse.Namespace) -> str:
+    """A clean hand-over: the new leader (an in-sync member) has every confirmed message
+    before the old one resigns; the old leader's clients are closed (320) to reconnect."""
+    try:
+        api.call("POST", f"/api/vhosts/{q(a.vhost)}/leader", {"node": a.node})
+    except ApiError as exc:
+        if exc.status == 404 or exc.status == 405:
+            raise CtlError(f"no vhost '{a.vhost}', or this broker is not a cluster") from None
+        raise CtlError(f"cannot move vhost '{a.vhost}' to node '{a.node}': {exc.reason}") from None
+    if not _wait_for_leader(api, a.vhost, a.node):
+        raise CtlError(f"vhost '{a.vhost}': node '{a.node}' has not taken over after 20 s")
+    return f'Moving the leadership of vhost "{a.vhost}" to node "{a.node}" ... done'
+
+
+def cluster_status(api: Api, a: argparse.Namespace) -> str:
+    """The nodes (running, what each leads) and each vhost's leader, members and in-sync set."""
+    nodes = api.call("GET", "/api/nodes")
+    vhosts = api.call("GET", "/api/vhosts")
+    if a.format == "json":
+        return json.dumps({"nodes": nodes, "vhosts": vhosts}, indent=2)
+    node_rows = [
+        {
+            "node": n.get("name"),
+            "running": n.get("running"),
+            "address": n.get("address"),
+            "leads": ", ".join(n.get("leaders") or []),
+        }
+        for n in nodes
+    ]
+    vhost_rows = [
+        {
+            "vhost": v.get("name"),
+            "leader": v.get("leader"),
+            "members": ", ".join(v.get("members") or []),
+            "in_sync": ", ".join(v.get("in_sync") or []),
+        }
+        for v in vhosts
+    ]
+    return "\n".join(
+        [
+            "Nodes",
+            render(node_rows, ["node", "running", "address", "leads"], "table"),
+            "",
+            "Vhosts",
+            render(vhost_rows, ["vhost", "leader", "members", "in_sync"], "table"),
+        ]
+    )
+
+
+def forget_cluster_node(api: Api, a: argparse.Namespace) -> str:
+    """Drain a node: its leaderships move to in-sync members, then it leaves every vhost's
+    members; stop it afterwards. Starting it again with [cluster] adds it back."""
+    try:
+        result = api.call("DELETE", f"/api/nodes/{q(a.node)}")
+    except ApiError as exc:
+        if exc.status in (404, 405):
+            raise CtlError("this broker is not a cluster node") from None
+        raise CtlError(f"cannot forget node '{a.node}': {exc.reason}") from None
+    vhosts = result.get("vhosts", []) if isinstance(result, dict) else []
+    return (
+        f'Removing node "{a.node}" from the cluster ... it left {len(vhosts)} vhost(s)'
+        + (f": {', '.join(vhosts)}" if vhosts else "")
+        + "; it can be stopped now"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="roarmq ctl",
@@ -570,6 +649,19 @@ def _parser() -> argparse.ArgumentParser:
         archive_roll,
         "close the archive's open journals into Parquet now, for the pipeline (administrator)",
     )
+    command("cluster_status", cluster_status, "nodes, who leads what, members and in-sync sets")
+    c = command(
+        "move_vhost_leader",
+        move_vhost_leader,
+        "hand a vhost's leadership to an in-sync member (administrator)",
+    )
+    c.add_argument("vhost")
+    c.add_argument("node")
+    command(
+        "forget_cluster_node",
+        forget_cluster_node,
+        "drain a node: move its leaderships, remove it from every vhost (administrator)",
+    ).add_argument("node")
     return p
 
 

@@ -32,6 +32,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pyroaring import BitMap
+
 from roarmq.protocol.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from roarmq.protocol.frames import ContentHeader
 
@@ -47,6 +49,9 @@ if TYPE_CHECKING:
 #: offset, timestamp (ms since the epoch), flags, len(exchange), len(routing key), len(header)
 _RECORD = struct.Struct("<QqBBBI")
 _CHUNK_START = 1
+_FILTERED = 2  # a filter value follows the fixed fields: its length (<H) and utf-8 bytes
+_FLEN = struct.Struct("<H")
+FILTER_HEADER = "x-stream-filter-value"
 _HDR = struct.Struct("<4sII")
 INDEX_EVERY = 1024  # one sparse index entry per this many records
 TAIL_RECORDS = 4096  # the newest records kept in memory for readers at the tail
@@ -90,11 +95,29 @@ class _Segment:
 class _Reader:
     """One consumer's position: the next offset and, once known, where it is on disk."""
 
-    __slots__ = ("consumer", "next", "seg", "pos", "buf", "buf_seg", "buf_at", "fd", "fd_seg")
+    __slots__ = (
+        "consumer",
+        "next",
+        "seg",
+        "pos",
+        "buf",
+        "buf_seg",
+        "buf_at",
+        "fd",
+        "fd_seg",
+        "filt",
+        "filt_bits",
+        "unfiltered",
+        "checked",
+    )
 
     def __init__(self, consumer: Consumer, start: int) -> None:
         self.consumer = consumer
         self.next = start
+        self.filt: set[int] | None = None  # x-stream-filter as interned ids (None: all)
+        self.filt_bits: BitMap | None = None  # the same, to test a chunk's bitmap
+        self.unfiltered = False  # x-stream-match-unfiltered
+        self.checked = 0  # offsets below this passed the chunk filter
         self.seg = -1  # segment and byte position of the record at `next` (-1: seek)
         self.pos = 0
         self.buf = b""
@@ -143,6 +166,31 @@ def parse_offset(queue: Queue, args: dict) -> tuple[str, Any]:
     raise _bad_offset(queue, value)
 
 
+def _bad_filter(queue: Queue, name: str, expected: str) -> Exception:
+    # RabbitMQ 3.13 ignores an x-stream-filter / x-stream-match-unfiltered of the wrong type
+    # (the consumer then reads everything); LavinMQ refuses it with 406, as this does.
+    return channel_error(
+        PRECONDITION_FAILED, f"invalid arg '{name}' for {queue.description}: expected {expected}"
+    )
+
+
+def parse_filter(queue: Queue, args: dict) -> tuple[list[str] | None, bool]:
+    """x-stream-filter (a string or an array of strings, any of which matches; None: no
+    filter) and x-stream-match-unfiltered (a bool, default false)."""
+    unfiltered = args.get("x-stream-match-unfiltered", False)
+    if not isinstance(unfiltered, bool):
+        raise _bad_filter(queue, "x-stream-match-unfiltered", "a boolean")
+    value = args.get("x-stream-filter")
+    if value is None:
+        return None, unfiltered
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, str | bytes) for v in values):
+        raise _bad_filter(queue, "x-stream-filter", "a string or a non-empty array of strings")
+    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values], (
+        unfiltered
+    )
+
+
 def check_consume(channel: Channel, queue: Queue, no_ack: bool, args: dict) -> None:
     """basic.consume on a stream: RabbitMQ's refusals, in its order."""
     if no_ack:
@@ -160,6 +208,7 @@ def check_consume(channel: Channel, queue: Queue, no_ack: bool, args: dict) -> N
             f"invalid arg 'x-priority' for {queue.description} of queue type rabbit_stream_queue",
         )
     parse_offset(queue, args)
+    parse_filter(queue, args)
 
 
 def refuse(what: str, queue: Queue) -> Exception:
@@ -232,6 +281,13 @@ class Stream(Queue):
         self._ix_seg = array("q")
         self._ix_pos = array("q")
         self._ix_ts = array("q")
+        # the filter summary of each index block (a "chunk" for filtering: the records from
+        # one index entry to the next, at most INDEX_EVERY): a bitmap of the interned
+        # filter values it holds (None: none) and whether it holds a record without one
+        self._ix_bits: list[BitMap | None] = []
+        self._ix_unf = bytearray()
+        self._fvals: dict[str, int] = {}  # filter value -> small int (rebuilt at recovery)
+        self.filter_chunks_skipped = 0
         self._tail: deque[tuple] = deque(maxlen=TAIL_RECORDS)
         self._pending: deque[tuple[int, int]] = deque()  # (token, offsets below are in it)
         self.waiters: deque[tuple[int, list]] = deque()  # (token, confirm waiter)
@@ -290,7 +346,12 @@ class Stream(Queue):
         last = -1
         for loc, payload in self.log.replay(copy=False):
             off, ts, flags, *_ = _RECORD.unpack_from(payload)
-            self._note(off, ts, loc)
+            fid = -1
+            if flags & _FILTERED:
+                (n,) = _FLEN.unpack_from(payload, _RECORD.size)
+                p = _RECORD.size + _FLEN.size
+                fid = self._intern(bytes(payload[p : p + n]).decode("utf-8", "replace"))
+            self._note(off, ts, loc, fid)
             if flags & _CHUNK_START:
                 self.last_chunk = off
             last = off
@@ -310,7 +371,13 @@ class Stream(Queue):
             except Exception:  # noqa: BLE001 - a failed log has nothing left to write
                 pass
 
-    def _note(self, off: int, ts: int, loc: Location) -> None:
+    def _intern(self, value: str) -> int:
+        fid = self._fvals.get(value)
+        if fid is None:
+            fid = self._fvals[value] = len(self._fvals)
+        return fid
+
+    def _note(self, off: int, ts: int, loc: Location, fid: int = -1) -> None:
         segs = self.segs
         if not segs or segs[-1].id != loc.segment:
             segs.append(_Segment(loc.segment, off, ts))
@@ -318,6 +385,13 @@ class Stream(Queue):
             self._index(off, loc, ts)
         elif off % INDEX_EVERY == 0:
             self._index(off, loc, ts)
+        if fid >= 0:
+            bits = self._ix_bits[-1]
+            if bits is None:
+                bits = self._ix_bits[-1] = BitMap()
+            bits.add(fid)
+        else:
+            self._ix_unf[-1] = 1
         seg = segs[-1]
         seg.last, seg.last_ts = off, ts
         size = HEADER_SIZE + loc.length
@@ -329,6 +403,8 @@ class Stream(Queue):
         self._ix_seg.append(loc.segment)
         self._ix_pos.append(loc.offset)
         self._ix_ts.append(ts)
+        self._ix_bits.append(None)
+        self._ix_unf.append(0)
 
     # -- publishing ----------------------------------------------------------------------
 
@@ -347,9 +423,22 @@ class Stream(Queue):
         key = msg.routing_key.encode()
         header = msg.header.raw
         body = msg.body or b""
+        fid = -1
+        filt = b""
+        headers = msg.headers
+        if headers:
+            value = headers.get(FILTER_HEADER)
+            if isinstance(value, bytes):
+                value = value.decode("utf-8", "replace")
+            if isinstance(value, str):
+                filt = value.encode()[:65535]
+                fid = self._intern(filt.decode("utf-8", "replace"))
+                flags |= _FILTERED
+                filt = _FLEN.pack(len(filt)) + filt
         payload = b"".join(
             (
                 _RECORD.pack(off, ts, flags, len(exchange), len(key), len(header)),
+                filt,
                 exchange,
                 key,
                 header,
@@ -362,8 +451,8 @@ class Stream(Queue):
             return False
         self.next_offset = off + 1
         self.last_token = token
-        self._note(off, ts, loc)
-        self._tail.append((off, ts, msg.exchange, msg.routing_key, header, body))
+        self._note(off, ts, loc, fid)
+        self._tail.append((off, ts, msg.exchange, msg.routing_key, header, body, fid))
         self._pending.append((token, off + 1))
         self.stats_published += 1
         TOUCHED.add(self)
@@ -434,6 +523,8 @@ class Stream(Queue):
             cut = bisect.bisect_left(self._ix_off, self.first_offset)
             for ix in (self._ix_off, self._ix_seg, self._ix_pos, self._ix_ts):
                 del ix[:cut]
+            del self._ix_bits[:cut]
+            del self._ix_unf[:cut]
             for reader in self._readers.values():
                 if reader.next < self.first_offset:
                     reader.next = self.first_offset
@@ -471,7 +562,12 @@ class Stream(Queue):
             start = min(max(value, self.first_offset), self.next_offset)
         else:
             start = self._offset_at(int(value * 1000))
-        self._readers[consumer] = _Reader(consumer, start)
+        reader = self._readers[consumer] = _Reader(consumer, start)
+        values, unfiltered = parse_filter(self, consumer.arguments)
+        if values is not None:
+            ids = [self._intern(v) for v in values]
+            reader.filt, reader.filt_bits = set(ids), BitMap(ids)
+            reader.unfiltered = unfiltered
         self.consumer_count += 1
         self._had_consumers = True
         self.dispatch()
@@ -517,13 +613,26 @@ class Stream(Queue):
         again = False
         for reader in list(self._readers.values()):
             consumer = reader.consumer
-            sent = 0
+            filt = reader.filt
+            sent = passed = 0
             while reader.next < committed and consumer.has_credit():
+                if filt is not None and reader.next >= reader.checked:
+                    self._skip_chunks(reader, committed)
+                    if reader.next >= committed:
+                        break
                 record = self._record(reader)
                 if record is None:
                     break
-                self._deliver(consumer, record)
                 reader.next = record[0] + 1
+                if filt is not None:
+                    fid = record[6]
+                    if not (fid in filt if fid >= 0 else reader.unfiltered):
+                        passed += 1  # exact filtering: the client needs no second pass
+                        if passed >= 4 * DISPATCH_BATCH:
+                            again = True
+                            break
+                        continue
+                self._deliver(consumer, record)
                 sent += 1
                 if sent >= DISPATCH_BATCH:
                     again = True
@@ -532,8 +641,38 @@ class Stream(Queue):
         if again:
             self._schedule_dispatch()
 
+    def _skip_chunks(self, reader: _Reader, committed: int) -> None:
+        """Step a filtered reader over the chunks (index blocks) whose bitmap holds none of
+        its values (and no unfiltered record, if it wants those) without reading them."""
+        ix = self._ix_off
+        if not ix:
+            reader.checked = committed
+            return
+        bits_of, unf_of = self._ix_bits, self._ix_unf
+        want, unfiltered = reader.filt_bits, reader.unfiltered
+        k = max(bisect.bisect_right(ix, reader.next) - 1, 0)
+        start = reader.next
+        while True:
+            closed = k + 1 < len(ix)
+            end = ix[k + 1] if closed else self.next_offset
+            bits = bits_of[k]
+            if (bits is not None and bits.intersect(want)) or (unfiltered and unf_of[k]):
+                reader.checked = end
+                break
+            if closed and end <= committed:
+                self.filter_chunks_skipped += 1
+                reader.next = end
+                k += 1
+                continue
+            # the newest chunk, or one not wholly committed: skip what is there so far
+            reader.next = max(reader.next, min(end, committed))
+            reader.checked = reader.next
+            break
+        if reader.next != start:
+            reader.seg = -1  # seek: the index has an entry at every chunk start
+
     def _deliver(self, consumer: Consumer, record: tuple) -> None:
-        off, _ts, exchange, key, raw, body = record
+        off, _ts, exchange, key, raw, body, _fid = record
         header = ContentHeader(60, len(body), raw)
         props = copy_properties(header.properties)
         headers = dict(props.headers or {})
@@ -578,7 +717,7 @@ class Stream(Queue):
                     self._fill(reader, HEADER_SIZE + n)
                     buf, need = reader.buf, 0
                 start = need + HEADER_SIZE
-                record = _parse(memoryview(buf)[start : start + n])
+                record = _parse(memoryview(buf)[start : start + n], self._intern)
                 reader.pos += HEADER_SIZE + n
                 return record
             # the end of this segment: on to the next one
@@ -646,12 +785,18 @@ class Stream(Queue):
         return iter(())
 
 
-def _parse(view: memoryview) -> tuple:
-    off, ts, _flags, nx, nk, nh = _RECORD.unpack_from(view)
+def _parse(view: memoryview, intern: Any) -> tuple:
+    off, ts, flags, nx, nk, nh = _RECORD.unpack_from(view)
     p = _RECORD.size
+    fid = -1
+    if flags & _FILTERED:
+        (n,) = _FLEN.unpack_from(view, p)
+        p += _FLEN.size
+        fid = intern(bytes(view[p : p + n]).decode("utf-8", "replace"))
+        p += n
     exchange = bytes(view[p : p + nx]).decode()
     p += nx
     key = bytes(view[p : p + nk]).decode()
     p += nk
     header = bytes(view[p : p + nh])
-    return off, ts, exchange, key, header, bytes(view[p + nh :])
+    return off, ts, exchange, key, header, bytes(view[p + nh :]), fid

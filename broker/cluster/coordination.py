@@ -148,6 +148,7 @@ class Coordinator:
         self.keeper = keeper
         info = {**self.info, "address": self.address, "replication_port": self.replication_port}
         await self.client.put(self.node_key(self.node), json.dumps(info), lease=keeper.lease)
+        await self.client.delete(self.forgotten_key(self.node))  # joining is (re)adding
 
     @property
     def lease(self) -> int:
@@ -279,6 +280,36 @@ class Coordinator:
                 self._lose(vhost, epoch, "not leader any more")
                 return IsrChange.NOT_LEADER
         raise EtcdError(f"vhost {vhost!r}: its {leaf} kept changing under us")
+
+    async def prefer(self, vhost: str, epoch: int, node: str) -> IsrChange:
+        """Make node the vhost's preferred leader (first of its members), only while leading
+        at epoch: after the leader resigns, the others give it `campaign_grace` to win."""
+        return await self._change_isr(
+            vhost, epoch, lambda members: [node, *(n for n in members if n != node)], "members"
+        )
+
+    async def remove_member(self, vhost: str, epoch: int, node: str) -> IsrChange:
+        """Take node out of the vhost's members (it stops following), then out of its
+        in-sync set (a node being forgotten), only while leading at epoch. The caller has
+        already stopped waiting for it (`shrink_then_forget`) if it was in sync."""
+        if node == self.node:
+            raise ValueError("the leader does not remove itself; move the leadership first")
+        drop = lambda names: [n for n in names if n != node]  # noqa: E731
+        result = await self._change_isr(vhost, epoch, drop, "members")
+        if result is IsrChange.DONE:
+            result = await self._change_isr(vhost, epoch, drop)
+        return result
+
+    def forgotten_key(self, node: str) -> str:
+        return f"{self.prefix}/forgotten/{encode(node)}"
+
+    async def forget(self, node: str) -> None:
+        """Mark node as decommissioned: leaders stop adding it to members. A node clears its
+        own mark when it (re)joins: starting a node with [cluster] adds it."""
+        await self.client.put(self.forgotten_key(node), "{}")
+
+    async def is_forgotten(self, node: str) -> bool:
+        return await self.client.get(self.forgotten_key(node)) is not None
 
     # -- placement -----------------------------------------------------------------------
 

@@ -11,8 +11,10 @@ invariant 7). What it does now (docs/cluster.md, "The node in the cluster"):
   not have yet is created locally;
 * as a vhost's leader, adds live nodes to a vhost placed before they joined, up to
   `replicas`, and then to its in-sync set once `catch_up` says they have its data;
-* a connection for a vhost led elsewhere is refused at `connection.open` (`refusal`); a
-  lost leadership closes that vhost's connections (320); a fenced lease blocks publishers.
+* a connection for a vhost led elsewhere is handed to its leader at `connection.open`
+  (`handoff`, handoff.py: a relay over the leader's replication port), or refused with a
+  530 (`refusal`) while nobody leads it or the leader cannot be reached; a lost leadership
+  closes that vhost's connections (320); a fenced lease blocks publishers.
 
 * replicates each vhost's log (`VhostReplicas`, vhost_replicas.py): it follows the vhosts
   it is a member of, and a vhost it wins is recovered from its replicated log before it is
@@ -32,6 +34,7 @@ from urllib.parse import unquote
 from ..config import ClusterConfig
 from .coordination import Coordinator, IsrChange
 from .etcd import EtcdClient, EtcdError
+from .handoff import Handoffs
 from .vhost_replicas import VhostReplicas
 
 if TYPE_CHECKING:
@@ -60,7 +63,9 @@ class ClusterNode:
         self._dirty = False
         self._placing: dict[str, asyncio.Task[None]] = {}
         self._stopped = False
+        self._moves: dict[str, str] = {}  # vhost -> why its clients are closed (move_leader)
         self.replicas = VhostReplicas(self)
+        self.handoff = Handoffs(self)
 
     # -- life ----------------------------------------------------------------------------
 
@@ -126,6 +131,7 @@ class ClusterNode:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+        self.handoff.close()
         await self.replicas.stop()
         if self.coordinator is not None:
             self.coordinator.on_fenced.clear()  # leaving is not being fenced
@@ -190,10 +196,16 @@ class ClusterNode:
                 out[unquote(segment)] = json.loads(kv.value)
         return out
 
+    def recovering(self, vhost: str) -> bool:
+        """This node leads `vhost` but is still recovering its copy (not serving yet)."""
+        c = self.coordinator
+        return c is not None and vhost in c.leading and vhost not in self.replicas.serving
+
     def refusal(self, vhost: str) -> str | None:
         """Why a connection.open for this vhost is refused here (530 NOT_ALLOWED), or None
         when this node leads it (or the cluster has never heard of it: the caller's own
-        'not found' answers). Hand-off to the leader replaces this in a later step."""
+        'not found' answers). `Connection._open` hands the client to the leader instead
+        when it can (handoff.py); this text is its 530 when it cannot."""
         c = self.coordinator
         if c is not None and vhost in c.leading:
             if vhost in self.replicas.serving:
@@ -295,6 +307,8 @@ class ClusterNode:
         live = c.members()
         room = self.config.replicas - len(members)
         for node in sorted(n for n in live if n not in members)[: max(room, 0)]:
+            if await c.is_forgotten(node):  # forget_cluster_node: being decommissioned
+                continue
             if await c.add_member(vhost, epoch, node) is not IsrChange.DONE:
                 return
             log.info("vhost %r: node %r added to its members", vhost, node)
@@ -305,7 +319,102 @@ class ClusterNode:
         task = asyncio.get_running_loop().create_task(self.replicas.demote(vhost))
         self._placing[f"demote {vhost}"] = task
         task.add_done_callback(lambda _t: self._placing.pop(f"demote {vhost}", None))
+        text = self._moves.pop(vhost, None) or (
+            f"vhost '{vhost}' is no longer led by this node ({reason})"
+        )
         for conn in list(self.broker.connections):
             if conn.vhost is not None and conn.vhost.name == vhost:
-                conn.force_close(f"vhost '{vhost}' is no longer led by this node ({reason})")
+                conn.force_close(text)
         self._poke()
+
+    # -- operating the cluster (roarmq ctl move_vhost_leader, forget_cluster_node) -------
+
+    async def move_leader(self, vhost: str, target: str, timeout: float = 10.0) -> None:
+        """A clean hand-over of a vhost this node leads to `target`, an in-sync member: stop
+        reading its publishers, wait until target has acked our last durable offset, make
+        target the preferred leader, resign (an epoch-guarded delete of the leader key), and
+        close the vhost's clients with 320 naming target. Raises MoveRefused, in words."""
+        c = self.coordinator
+        if c is None:
+            raise MoveRefused(f"node '{self.name}' has not joined the cluster")
+        epoch = c.leading.get(vhost)
+        leader = self.replicas.leaders.get(vhost)
+        if epoch is None or leader is None or vhost not in self.replicas.serving:
+            raise MoveRefused(f"node '{self.name}' does not lead vhost '{vhost}'")
+        members, isr = c.vhost_members(vhost), c.in_sync(vhost)
+        if target not in members:
+            raise MoveRefused(
+                f"node '{target}' is not a member of vhost '{vhost}' "
+                f"(members: {', '.join(members)}); only an in-sync member can lead it"
+            )
+        if target not in isr or target not in leader.in_sync:
+            raise MoveRefused(
+                f"node '{target}' is not in sync for vhost '{vhost}' (in sync: {', '.join(isr)});"
+                " wait until it has caught up"
+            )
+        if target not in c.members():
+            raise MoveRefused(f"node '{target}' is not running")
+        held = [
+            conn
+            for conn in self.broker.connections
+            if conn.vhost is not None and conn.vhost.name == vhost
+        ]
+        for conn in held:  # publishes stop here; consumers' acks wait too (they reconnect)
+            conn.flow.hold(MOVING)
+        resigned = False
+        try:
+            store = self.replicas.stores.get(vhost)
+            if store is not None:
+                store.append_definitions_if_changed()
+            last = await leader.flush()
+            deadline = asyncio.get_running_loop().time() + timeout
+            while leader.acked(target) < last or target not in leader.in_sync:
+                if not c.may_confirm(vhost, epoch):
+                    raise MoveRefused(f"node '{self.name}' lost vhost '{vhost}' during the move")
+                if asyncio.get_running_loop().time() > deadline:
+                    raise MoveRefused(
+                        f"node '{target}' did not catch up with vhost '{vhost}' in {timeout} s"
+                    )
+                await asyncio.sleep(0.01)
+            # Everything target has is confirmed once the other in-sync members have it too;
+            # what they do not ack in a second is nacked when we resign (target has it).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(leader.wait_confirmed(last), 1.0)
+            await asyncio.sleep(0.05)  # the confirms go out before the connection.close
+            if await c.prefer(vhost, epoch, target) is not IsrChange.DONE:
+                raise MoveRefused(f"node '{self.name}' lost vhost '{vhost}' during the move")
+            self._moves[vhost] = (
+                f"vhost '{vhost}' moved to node '{target}' (move_vhost_leader); reconnect"
+            )
+            resigned = True
+            await c.resign(vhost)
+            log.info("vhost %r: leadership handed over to %r", vhost, target)
+        finally:
+            self._moves.pop(vhost, None)
+            if not resigned:
+                for conn in held:
+                    conn.flow.release(MOVING)
+
+    async def remove_member(self, vhost: str, node: str) -> None:
+        """Take node out of a vhost this node leads (members and in-sync set)."""
+        from .replication import shrink_then_forget
+
+        c = self.coordinator
+        epoch = c.leading.get(vhost) if c is not None else None
+        if c is None or epoch is None:
+            raise MoveRefused(f"node '{self.name}' does not lead vhost '{vhost}'")
+        if vhost not in self.replicas.serving:
+            raise MoveRefused(f"vhost '{vhost}' is being recovered on '{self.name}'; try again")
+        leader = self.replicas.leaders.get(vhost)
+        if leader is not None and node in leader.in_sync:
+            await shrink_then_forget(c, leader, node)
+        if await c.remove_member(vhost, epoch, node) is not IsrChange.DONE:
+            raise MoveRefused(f"node '{self.name}' lost vhost '{vhost}' meanwhile")
+
+
+class MoveRefused(Exception):
+    """A cluster operation refused, with the reason in words."""
+
+
+#: Flow reason: the vhost's leadership is being handed over (ClusterNode.move_leader).
+MOVING = "cluster: vhost leadership moving"

@@ -1,7 +1,8 @@
 """A node's side of every clustered vhost's replicated log: leading, following, failover.
 
 One replication listener per node (`replication_port`); a follower's HELLO names its vhost
-and is routed to this node's `ReplicationLeader` for it (or refused: not leading here).
+and is routed to this node's `ReplicationLeader` for it (or refused: not leading here); a
+HANDOFF frame is a client connection another node hands over (handoff.py).
 
 * Following: a member that does not lead a vhost keeps its log in
   ``data/vhosts/<vhost>/log`` (`SegmentRecordStore`) with a `ReplicationFollower` pointed at
@@ -25,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 from . import replicated_definitions as definitions
 from . import replication_wire as wire
 from .coordination import encode
+from .handoff import HANDOFF
 from .replicated_store import ReplicatedMessageStore, rebuild_message_dir
 from .replication import (
     ReplicationFollower,
     ReplicationLeader,
-    _expect_control,
     _lost_connection,
     attach_coordinator,
 )
@@ -92,9 +93,16 @@ class VhostReplicas:
     # -- the listener ----------------------------------------------------------------------
 
     async def _route(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Hand a follower's connection to the leader of the vhost its HELLO names."""
+        """Hand a follower's connection to the leader of the vhost its HELLO names; a
+        client connection handed over by another node (HANDOFF) becomes a Connection."""
         try:
-            hello = await _expect_control(reader, wire.HELLO)
+            kind, body = await wire.read_frame(reader)
+            if kind == HANDOFF:
+                self.node.handoff.adopt(wire.decode_control(body), reader, writer)
+                return
+            if kind != wire.HELLO:
+                raise wire.ProtocolError(f"expected frame {wire.HELLO}, got {kind}")
+            hello = wire.decode_control(body)
         except _lost_connection:
             writer.close()
             return

@@ -96,6 +96,20 @@ def queue_row(q: Any, broker: Broker, rates: RateSampler, detailed: bool = False
         "effective_policy_definition": q.effective_policy,
         "message_stats": stats(rates, q, queue_counts(q)),
         **(stream_row(q) if q.queue_type == "stream" else {}),
+        **(quorum_row(q, broker) if q.queue_type == "quorum" and broker.cluster else {}),
+    }
+
+
+def quorum_row(q: Any, broker: Broker) -> dict[str, Any]:
+    """A quorum queue on a cluster node, as RabbitMQ's: its vhost's leader, members and the
+    members running now (node names)."""
+    cluster = broker.cluster
+    members = cluster.members(q.vhost.name)
+    running = {n["name"] for n in cluster.nodes() if n.get("running")}
+    return {
+        "leader": cluster.leader_of(q.vhost.name),
+        "members": members,
+        "online": [n for n in members if n in running],
     }
 
 
@@ -113,6 +127,7 @@ def stream_row(q: Any) -> dict[str, Any]:
         "segments": len(q.segs),
         "first_offset": q.first_offset,
         "committed_offset": q.committed - 1,
+        "filter_chunks_skipped": q.filter_chunks_skipped,  # blocks a filter let a reader skip
     }
 
 

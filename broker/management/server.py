@@ -19,7 +19,7 @@ from ..metrics import RabbitCollector, RoarCollector
 from ..rates import RateSampler
 from ..store.definitions import DefinitionsWriteFailed
 from ..tls import server_context
-from . import access, clients, definitions, node, objects
+from . import access, clients, cluster, definitions, node, objects
 from .context import SERVER, USER, broker_of, not_authorised, not_found
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ ADMIN_ONLY = (
     ("*", "/api/operator-policies"),
     ("PUT", "/api/cluster-name"),
     ("*", "/api/archive"),
+    ("POST", "/api/vhosts"),  # .../leader: move a vhost's leadership (cluster)
+    ("DELETE", "/api/nodes"),  # forget a node (cluster)
 )
 
 #: Reads that need the monitoring tag (or administrator): RabbitMQ's "Not monitor user".
@@ -264,6 +266,9 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/api/route/{vhost}/{exchange}", objects.route)
     router.add_get("/api/health/checks/alarms", node.alarms)
     router.add_post("/api/archive/roll", node.archive_roll)
+    router.add_post("/api/vhosts/{vhost}/leader", cluster.move_leader)
+    router.add_delete("/api/vhosts/{vhost}/members/{node}", cluster.remove_member)
+    router.add_delete("/api/nodes/{name}", cluster.forget_node)
 
 
 class ManagementServer:
@@ -280,7 +285,9 @@ class ManagementServer:
         self.per_object.register(RabbitCollector(broker, per_object=True))
         self.per_object.register(RoarCollector(broker, per_object=True))
         self._runner: web.AppRunner | None = None
-        app = web.Application(middlewares=[_errors, _no_browser_prompt, _auth, list_query])
+        app = web.Application(
+            middlewares=[_errors, _no_browser_prompt, _auth, cluster.merged_lists, list_query]
+        )
         app[SERVER] = self
         _add_routes(app.router)
         _also_with_trailing_slash(app.router)

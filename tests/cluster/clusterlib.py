@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
+import re
+import socket
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+
+import pika
 
 
 async def until(predicate: Callable[[], object], timeout: float, step: float = 0.05) -> bool:
@@ -15,3 +23,219 @@ async def until(predicate: Callable[[], object], timeout: float, step: float = 0
             return True
         await asyncio.sleep(step)
     return bool(predicate())
+
+
+# -- the fault workload (tests/cluster/test_fault_rounds.py and bench/cluster.py) ----------
+
+LED_BY = re.compile(r"led by node '([^']+)' at ([^\s:']+):(\d+)")
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+class FaultLoad:
+    """One publisher with confirms and one consumer with manual acks, each in a thread,
+    each on a random endpoint; on any error (a 530 is followed to the leader it names,
+    anything else: another random endpoint) they reconnect and the publisher republishes
+    its unconfirmed message. Bodies are the message ids, a counter. A publish whose confirm
+    has not come after ``confirm_timeout`` (a frozen leader) has its socket shut, which
+    counts as an error like any other."""
+
+    def __init__(
+        self,
+        endpoints: Callable[[], list[tuple[str, int]]],
+        *,
+        queue: str = "faults",
+        arguments: dict | None = None,
+        confirm_timeout: float = 2.0,
+        idle_reconnect: float = 3.0,
+        prefetch: int = 200,
+        publishers: int = 1,
+    ) -> None:
+        self.endpoints = endpoints
+        self.queue = queue
+        self.arguments = arguments
+        self.confirm_timeout = confirm_timeout
+        self.idle_reconnect = idle_reconnect
+        self.prefetch = prefetch
+        self.first_publish: dict[int, float] = {}
+        self.confirmed: dict[int, float] = {}
+        self.consumed: Counter[int] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.republished = 0
+        self._lock = threading.Lock()
+        self._stop_publishing = threading.Event()
+        self._stop = threading.Event()
+        self._armed: dict[int, tuple[float, socket.socket]] = {}  # publisher -> deadline
+        self._publishers = [
+            threading.Thread(target=self._publisher, args=(i,), daemon=True)
+            for i in range(publishers)
+        ]
+        self._threads = [
+            *self._publishers,
+            threading.Thread(target=self._consumer, daemon=True),
+            threading.Thread(target=self._watchdog, daemon=True),
+        ]
+
+    # -- lifecycle
+    def start(self) -> FaultLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop_publishing(self) -> None:
+        self._stop_publishing.set()
+        for t in self._publishers:
+            t.join(15)
+
+    def drain(self, timeout: float) -> bool:
+        """Until every confirmed id has been consumed (or ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.lost():
+                return True
+            time.sleep(0.1)
+        return not self.lost()
+
+    def stop(self) -> None:
+        self._stop_publishing.set()
+        self._stop.set()
+        for t in self._threads:
+            t.join(15)
+
+    # -- figures
+    def lost(self) -> set[int]:
+        with self._lock:
+            return set(self.confirmed) - set(self.consumed)
+
+    def duplicated(self) -> int:
+        with self._lock:
+            return sum(n - 1 for n in self.consumed.values() if n > 1)
+
+    def first_confirm_after(self, t0: float) -> float | None:
+        """Seconds from ``t0`` to the first confirm of a message first published after it."""
+        with self._lock:
+            times = [
+                self.confirmed[i]
+                for i, t in self.first_publish.items()
+                if t >= t0 and i in self.confirmed
+            ]
+        return min(times) - t0 if times else None
+
+    def confirmed_between(self, t0: float, t1: float) -> int:
+        with self._lock:
+            return sum(1 for t in self.confirmed.values() if t0 <= t <= t1)
+
+    def wait_confirm_after(self, t0: float, timeout: float) -> float | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            took = self.first_confirm_after(t0)
+            if took is not None:
+                return took
+            time.sleep(0.02)
+        return self.first_confirm_after(t0)
+
+    def summary(self) -> dict:
+        return {
+            "published": len(self.first_publish),
+            "confirmed": len(self.confirmed),
+            "consumed": len(self.consumed),
+            "lost": len(self.lost()),
+            "duplicated": self.duplicated(),
+            "republished": self.republished,
+            "errors": dict(self.errors),
+        }
+
+    # -- clients
+    def _connect(self) -> pika.BlockingConnection:
+        host, port = random.choice(self.endpoints())
+        for _hop in range(3):
+            params = pika.ConnectionParameters(
+                host,
+                port,
+                connection_attempts=1,
+                socket_timeout=1.0,
+                stack_timeout=2.0,
+                blocked_connection_timeout=2.0,
+                heartbeat=0,
+            )
+            try:
+                return pika.BlockingConnection(params)
+            except pika.exceptions.ProbableAccessDeniedError as exc:
+                found = LED_BY.search(str(exc))
+                if found is None:  # no leader at the moment, being recovered
+                    raise
+                host, port = found.group(2), int(found.group(3))
+        raise ConnectionError("530 hops did not end")
+
+    def _note(self, exc: BaseException) -> None:
+        with self._lock:
+            self.errors[type(exc).__name__] += 1
+
+    def _watchdog(self) -> None:
+        while not self._stop.is_set():
+            for key, (deadline, sock) in list(self._armed.items()):
+                if time.monotonic() > deadline:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    self._armed.pop(key, None)
+            time.sleep(0.05)
+
+    def _publisher(self, me: int) -> None:
+        pending: int | None = None
+        while not self._stop_publishing.is_set():
+            conn = None
+            try:
+                conn = self._connect()
+                sock = conn._impl._transport._sock  # to shut it when a confirm hangs
+                ch = conn.channel()
+                ch.confirm_delivery()
+                ch.queue_declare(self.queue, durable=True, arguments=self.arguments)
+                while not self._stop_publishing.is_set():
+                    if pending is None:
+                        with self._lock:
+                            pending = len(self.first_publish)
+                            self.first_publish[pending] = time.monotonic()
+                    self._armed[me] = (time.monotonic() + self.confirm_timeout, sock)
+                    ch.basic_publish("", self.queue, b"%d" % pending, PERSISTENT, mandatory=True)
+                    self._armed.pop(me, None)
+                    with self._lock:
+                        self.confirmed[pending] = time.monotonic()
+                    pending = None
+            except Exception as exc:  # any error: reconnect and republish
+                self._armed.pop(me, None)
+                self._note(exc)
+                if pending is not None:
+                    with self._lock:
+                        self.republished += 1
+                time.sleep(0.05)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+
+    def _consumer(self) -> None:
+        while not self._stop.is_set():
+            conn = None
+            try:
+                conn = self._connect()
+                ch = conn.channel()
+                ch.queue_declare(self.queue, durable=True, arguments=self.arguments)
+                ch.basic_qos(prefetch_count=self.prefetch)
+                last = time.monotonic()
+                for method, _props, body in ch.consume(self.queue, inactivity_timeout=0.25):
+                    if self._stop.is_set():
+                        break
+                    if method is None:
+                        if time.monotonic() - last > self.idle_reconnect:
+                            break  # maybe on a frozen or deposed node: go elsewhere
+                        continue
+                    last = time.monotonic()
+                    with self._lock:
+                        self.consumed[int(body)] += 1
+                    ch.basic_ack(method.delivery_tag)
+            except Exception as exc:
+                self._note(exc)
+                time.sleep(0.05)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()

@@ -1,0 +1,258 @@
+"""Streams benchmark (issue 25): RoarMQ vs RabbitMQ 3.10.8 streams over AMQP 0-9-1.
+
+    .venv/bin/python bench/streams.py [--broker roarmq|rabbitmq|both] [--quick]
+                                      [--messages N] [--json bench/results/streams.json]
+
+A benchmark, not a test. Each broker runs fresh (bench/harness.py's ``start_roarmq`` /
+``start_rabbitmq``) pinned to core 0; the load runs in this process (uvloop, the client of
+``bench/_amqp_load.py`` on our ``protocol/`` codec) pinned to core 1. One stream
+``bench.s``; N messages of 100-byte bodies, each with an ``x-stream-filter-value`` header:
+``spread`` on every 100th message (1% spread over the whole stream), ``block`` on a
+contiguous run of N/100 messages in the middle (1% in one place), ``common`` otherwise.
+
+Rows:
+
+* publish: one connection, confirms, at most 1,000 unconfirmed, batches of 100 writes;
+  msg/s = N / (last confirm - first write).
+* replay 1: one consumer from ``first`` (prefetch 1,000, one multiple-ack per received
+  batch) until it has all N; msg/s.
+* fan-out 10: ten consumers on one channel, each from ``first``: deliveries/s (10 N).
+* filtered 1% spread / 1% block (RoarMQ only: RabbitMQ 3.10 has no filtering, 3.13's
+  Bloom filter would need a client-side pass): ``x-stream-filter`` = the value; delivered
+  messages/s (= N/100 / time to the last) and the stream's ``filter_chunks_skipped`` read
+  from the management API before and after (``-`` if the row does not show it).
+* RSS: the broker's process group, idle before publishing and with N retained (after the
+  reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+import urllib.request
+from base64 import b64encode
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+from _amqp_load import CHANNEL, connect  # noqa: E402
+from _machine import machine_info  # noqa: E402
+
+from roarmq.protocol import spec  # noqa: E402
+from roarmq.protocol.frames import encode_content, encode_method  # noqa: E402
+from roarmq.protocol.properties import BasicProperties  # noqa: E402
+
+QUEUE = "bench.s"
+BODY = 100
+WINDOW = 1000
+BATCH = 100
+
+
+def value_of(i: int, n: int) -> str:
+    if i % 100 == 0:
+        return "spread"
+    if n // 2 <= i < n // 2 + n // 100:
+        return "block"
+    return "common"
+
+
+async def publish(port: int, n: int) -> dict[str, Any]:
+    c = await connect(port)
+    await c.call(
+        spec.QueueDeclare(queue=QUEUE, durable=True, arguments={"x-queue-type": "stream"}),
+        spec.QueueDeclareOk,
+    )
+    c.expect_confirms(n)
+    await c.call(spec.ConfirmSelect(), spec.ConfirmSelectOk)
+    frames = {}
+    for value in ("spread", "block", "common"):
+        props = BasicProperties(delivery_mode=2, headers={"x-stream-filter-value": value})
+        method = spec.BasicPublish(exchange="", routing_key=QUEUE)
+        frames[value] = encode_content(CHANNEL, method, props, b"x" * BODY, c.frame_max)
+    sent = 0
+    t0 = time.perf_counter()
+    while sent < n:
+        if c.lost.done():
+            raise RuntimeError(c.error)
+        room = WINDOW - (sent - c.confirmed)
+        if room <= 0:
+            await asyncio.wait_for(c.confirm_progress(), 30)
+            continue
+        if c.paused:
+            await asyncio.wait_for(c.writable(), 30)
+            continue
+        count = min(BATCH, room, n - sent)
+        c.transport.write(b"".join(frames[value_of(i, n)] for i in range(sent, sent + count)))
+        sent += count
+        await asyncio.sleep(0)
+    while c.confirmed < n:
+        await asyncio.wait_for(c.confirm_progress(), 60)
+    elapsed = time.perf_counter() - t0
+    await c.close()
+    return {"messages": n, "seconds": elapsed, "msg_per_s": n / elapsed, "nacked": c.nacked}
+
+
+async def consume(
+    port: int, consumers: int, expect: int, arguments: dict, timeout: float
+) -> dict[str, Any]:
+    c = await connect(port)
+    await c.call(spec.BasicQos(prefetch_count=1000), spec.BasicQosOk)
+    got = [0]
+    done = asyncio.get_running_loop().create_future()
+    t0 = time.perf_counter()
+    last = [t0]
+
+    def on_deliveries(batch: list, _now: int) -> None:
+        got[0] += len(batch)
+        last[0] = time.perf_counter()
+        tag = batch[-1].method.delivery_tag
+        c.transport.write(encode_method(CHANNEL, spec.BasicAck(delivery_tag=tag, multiple=True)))
+        if got[0] >= expect and not done.done():
+            done.set_result(None)
+
+    c.on_deliveries = on_deliveries
+    for k in range(consumers):
+        args = {"x-stream-offset": "first", **arguments}
+        await c.call(
+            spec.BasicConsume(queue=QUEUE, consumer_tag=f"c{k}", arguments=args),
+            spec.BasicConsumeOk,
+        )
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done, timeout)
+    await asyncio.sleep(0.2)  # anything beyond `expect` shows up now
+    await c.close()
+    elapsed = last[0] - t0
+    return {
+        "delivered": got[0],
+        "expected": expect,
+        "seconds": elapsed,
+        "msg_per_s": got[0] / elapsed if elapsed > 0 else 0.0,
+    }
+
+
+def skipped(broker: harness.Running) -> int | None:
+    if not broker.mgmt_port:
+        return None
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{broker.mgmt_port}/api/queues/%2F/{QUEUE}",
+        headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.load(resp).get("filter_chunks_skipped")
+    except OSError:
+        return None
+
+
+def rss(broker: harness.Running) -> int:
+    return sum(harness.vmrss(pid) for pid in harness.group_pids(broker.proc.pid))
+
+
+async def run(broker: harness.Running, n: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"broker": broker.kind, "version": broker.version}
+    out["rss_idle"] = rss(broker)
+    out["publish"] = await publish(broker.port, n)
+    timeout = max(60.0, n / 5000)
+    out["replay_1"] = await consume(broker.port, 1, n, {}, timeout)
+    out["fanout_10"] = await consume(broker.port, 10, 10 * n, {}, timeout)
+    if broker.kind == "roarmq":
+        for value in ("spread", "block"):
+            count = sum(1 for i in range(n) if value_of(i, n) == value)
+            before = skipped(broker)
+            row = await consume(broker.port, 1, count, {"x-stream-filter": value}, timeout)
+            after = skipped(broker)
+            row["chunks_skipped"] = None if before is None else after - before  # type: ignore[operator]
+            out[f"filtered_{value}"] = row
+    out["rss_retained"] = rss(broker)
+    return out
+
+
+def fmt(x: float | None, unit: str = "") -> str:
+    return "-" if x is None else f"{x:,.0f}{unit}"
+
+
+def table(results: list[dict[str, Any]], n: int) -> str:
+    lines = [
+        f"| row (N = {n:,}) | "
+        + " | ".join(f"{r['broker']} {r['version']}" for r in results)
+        + " |",
+        "|---|" + "---:|" * len(results),
+    ]
+
+    def row(label: str, get: Any) -> None:
+        lines.append(f"| {label} | " + " | ".join(get(r) for r in results) + " |")
+
+    row("publish, confirms (msg/s)", lambda r: fmt(r["publish"]["msg_per_s"]))
+    row("replay 1 consumer from first (msg/s)", lambda r: fmt(r["replay_1"]["msg_per_s"]))
+    row(
+        "fan-out 10 consumers from first (deliveries/s)", lambda r: fmt(r["fanout_10"]["msg_per_s"])
+    )
+    for value, label in (("spread", "1% spread"), ("block", "1% in one block")):
+        key = f"filtered_{value}"
+        row(
+            f"filtered consumer, {label} (delivered/s)",
+            lambda r, k=key: fmt(r[k]["msg_per_s"]) if k in r else "n/a (no filtering)",
+        )
+        row(
+            f"filtered consumer, {label}: delivered / chunks skipped",
+            lambda r, k=key: (
+                f"{r[k]['delivered']:,} / {fmt(r[k]['chunks_skipped'])}" if k in r else "n/a"
+            ),
+        )
+    row("RSS idle (MiB)", lambda r: f"{r['rss_idle'] / 2**20:,.0f}")
+    row("RSS with N retained (MiB)", lambda r: f"{r['rss_retained'] / 2**20:,.0f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--broker", choices=("roarmq", "rabbitmq", "both"), default="both")
+    ap.add_argument("--quick", action="store_true", help="N = 100,000 (default 2,000,000)")
+    ap.add_argument("--messages", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=Path("bench/results/streams.json"))
+    args = ap.parse_args()
+    n = args.messages or (100_000 if args.quick else 2_000_000)
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, {1})
+    kinds = ["roarmq", "rabbitmq"] if args.broker == "both" else [args.broker]
+    procs = harness.Procs()
+    results, skipped_brokers = [], {}
+    try:
+        for kind in kinds:
+            options = {"management": True} if kind == "roarmq" else {}
+            try:
+                with harness.broker_instance(kind, procs, 0, **options) as broker:
+                    results.append(asyncio.run(run(broker, n)))
+            except Exception as exc:  # noqa: BLE001 - a broker that did not come up: say so
+                skipped_brokers[kind] = repr(exc)
+                print(f"{kind}: skipped: {exc!r}", file=sys.stderr)
+    finally:
+        procs.stop_all()
+    text = table(results, n) if results else "(no results)"
+    print(text)
+    for kind, why in skipped_brokers.items():
+        print(f"\n{kind} skipped: {why}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps(
+            {
+                "machine": machine_info(),
+                "messages": n,
+                "results": results,
+                "skipped": skipped_brokers,
+                "table": text,
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Operating a cluster of three real nodes on a real etcd: `roarmq ctl move_vhost_leader`
+(a clean hand-over losing no confirmed message; a non-member refused), `cluster_status`,
+`forget_cluster_node`, and every node answering the API lists for the whole cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import urllib.error
+import urllib.request
+
+import pika
+import pytest
+from test_node import Node, placement, three_nodes, until
+
+from roarmq.broker import ctl
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+NAMES = {"n1", "n2", "n3"}
+
+
+def run_ctl(node: Node, *args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = ctl.main(["--url", f"http://127.0.0.1:{node.mgmt_port}", *args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def raw(node: Node, path: str) -> tuple[dict, object]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{node.mgmt_port}{path}",
+        headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="},
+    )
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        return dict(resp.headers), json.loads(resp.read())
+
+
+@pytest.fixture
+def cluster(etcd, tmp_path):
+    with three_nodes(etcd, tmp_path) as nodes:
+
+        def agreed():
+            seen = {placement(node) for node in nodes}
+            if len(seen) != 1:
+                return False
+            (leader, members, in_sync), *_ = seen
+            return leader is not None and set(members) == NAMES and set(in_sync) == NAMES
+
+        assert until(agreed, 30), [n.log.read_text()[-2000:] for n in nodes]
+        yield nodes
+
+
+def by_name(nodes: list[Node], name: str) -> Node:
+    return next(n for n in nodes if n.name == name)
+
+
+def test_move_status_lists_and_forget(cluster):
+    leader = by_name(cluster, placement(cluster[0])[0])
+    others = [n for n in cluster if n is not leader]
+
+    # Messages confirmed on the leader, in a quorum queue and a classic durable one.
+    conn = pika.BlockingConnection(leader.params())
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("qq", durable=True, arguments={"x-queue-type": "quorum"})
+    ch.queue_declare("classic", durable=True)
+    for i in range(200):
+        ch.basic_publish("", "qq", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+
+    # Every node lists the queues declared on the leader, once each.
+    for node in cluster:
+        headers, rows = raw(node, "/api/queues")
+        names = sorted(r["name"] for r in rows)
+        assert names == ["classic", "qq"], (node.name, rows)
+        assert "X-RoarMQ-Nodes-Skipped" not in headers
+        qq = next(r for r in rows if r["name"] == "qq")
+        assert qq["leader"] == leader.name
+        assert set(qq["members"]) == NAMES and set(qq["online"]) == NAMES
+        assert "leader" not in next(r for r in rows if r["name"] == "classic")
+        paged = node.api("/api/queues?page=1&page_size=1&sort=name")
+        assert paged["total_count"] == 2 and [r["name"] for r in paged["items"]] == ["classic"]
+        conns = node.api("/api/connections")
+        assert len(conns) == 1 and conns[0]["node"] == leader.name
+        exchanges = [x["name"] for x in node.api("/api/exchanges/%2F")]
+        assert "amq.direct" in exchanges and len(exchanges) == len(set(exchanges))
+
+    with pytest.raises(urllib.error.HTTPError) as missing:  # a vhost nobody has: 404
+        raw(others[0], "/api/queues/nowhere")
+    assert missing.value.code == 404
+
+    # cluster_status, from any node.
+    code, out, _ = run_ctl(others[0], "cluster_status")
+    assert code == 0
+    assert "Nodes" in out and "Vhosts" in out
+    for name in NAMES:
+        assert name in out
+    vhost_line = next(line for line in out.splitlines() if line.startswith("/ "))
+    assert leader.name in vhost_line
+
+    # A node that is not a member is refused, in words.
+    code, _, err = run_ctl(others[0], "move_vhost_leader", "/", "nope")
+    assert code != 0 and "not a member" in err, err
+
+    # The move: to an in-sync member, asked on a node that does not lead.
+    target = others[1]
+    closed: list[str] = []
+    code, out, err = run_ctl(others[0], "move_vhost_leader", "/", target.name)
+    assert code == 0, err
+    assert placement(target)[0] == target.name
+    try:  # the old leader's client is closed with 320 naming the new leader
+        conn.process_data_events(1.0)
+        ch.basic_publish("", "qq", b"late", pika.BasicProperties(delivery_mode=2))
+    except pika.exceptions.AMQPConnectionError as exc:
+        closed.append(repr(exc))
+    assert closed and "320" in closed[0] and target.name in closed[0], closed
+
+    # Every confirmed message is there on the new leader.
+    assert until(lambda: target.api("/api/vhosts/%2F")["leader"] == target.name, 10)
+
+    def consume():
+        c = pika.BlockingConnection(target.params())
+        got = []
+        cch = c.channel()
+        while True:
+            method, _props, body = cch.basic_get("qq", auto_ack=True)
+            if method is None:
+                break
+            got.append(int(body))
+        c.close()
+        return got
+
+    got = until(lambda: consume() or None, 15)
+    assert sorted(got) == list(range(200)), len(got or [])
+
+    # forget_cluster_node of the new leader: its leadership moves, it leaves the members.
+    code, out, err = run_ctl(others[0], "forget_cluster_node", target.name)
+    assert code == 0, err
+    assert "left 1 vhost" in out
+
+    def forgotten():
+        leader_name, members, in_sync = placement(others[0])
+        return (
+            leader_name not in (None, target.name)
+            and target.name not in members
+            and target.name not in in_sync
+        )
+
+    assert until(forgotten, 15), placement(others[0])
+    code, out, _ = run_ctl(others[0], "cluster_status")
+    vhost_line = next(line for line in out.splitlines() if line.startswith("/ "))
+    assert target.name not in vhost_line
+
+    # A node that does not answer (its lease still runs) is skipped, and the answer says so.
+    target.kill9()
+    headers, rows = raw(others[0], "/api/queues")
+    assert headers.get("X-RoarMQ-Nodes-Skipped") == target.name, headers
+    assert sorted(r["name"] for r in rows) == ["classic", "qq"]
