@@ -6,6 +6,28 @@ const $ = (sel, root = document) => root.querySelector(sel);
 const enc = encodeURIComponent;
 const size = n => n == null ? "?" : n >= 1 << 30 ? (n / (1 << 30)).toFixed(1) + " GiB" : n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MiB" : n + " B";
 
+
+// One entry per protocol and port, with its addresses (the API lists a row per address).
+function listenerText(rows) {
+  const byPort = new Map();
+  for (const l of rows) {
+    const key = l.protocol + " " + l.port;
+    if (!byPort.has(key)) byPort.set(key, []);
+    byPort.get(key).push(l.ip_address);
+  }
+  return [...byPort].map(([key, hosts]) => esc(`${key} (${hosts.join(", ")})`)).join(", ");
+}
+
+// The alarms an operator must see: memory, disk, and a message store that cannot write.
+function alarmText(o) {
+  const set = [];
+  if (o.memory_alarm) set.push("memory");
+  if (o.disk_free_alarm) set.push("disk");
+  const store = o.message_store || {};
+  if (store.state === "failed") set.push("message store failed: " + store.error);
+  return set.length ? `<span class="error">${esc(set.join("; "))}</span>` : "none";
+}
+
 function esc(value) {
   return String(value ?? "").replace(/[&<>"']/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 }
@@ -92,8 +114,8 @@ const pages = {
           ["Consumers", t.consumers], ["Messages", q.messages], ["Ready", q.messages_ready], ["Unacked", q.messages_unacknowledged]])
         + `<div class="charts"></div><div class="card"><h3>Node</h3><p>${esc(o.product_name)} ${esc(o.product_version)} on ${esc(o.node)} ·
           memory ${esc(size(o.mem_used))} of ${esc(size(o.mem_limit))} · disk free ${esc(size(o.disk_free))} (limit ${esc(size(o.disk_free_limit))}) ·
-          alarms: ${o.memory_alarm || o.disk_free_alarm ? '<span class="error">set</span>' : "none"}</p>
-          <p>Listeners: ${o.listeners.map(l => esc(l.protocol + " " + l.port)).join(", ")}</p></div>`;
+          alarms: ${alarmText(o)}</p>
+          <p>Listeners: ${listenerText(o.listeners)}</p></div>`;
       showCharts($(".charts", box), "overview", o, [depthChart(o => o.queue_totals),
         rateChart([["publish", BLUE, "publish"], ["deliver/get", GREEN, "deliver_get"], ["ack", ORANGE, "ack"]],
           `Totals: published ${m.publish}, delivered ${m.deliver_get}, acked ${m.ack}, confirmed ${m.confirm}, `

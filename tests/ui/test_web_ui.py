@@ -192,6 +192,10 @@ def test_log_in_see_charts_purge_a_queue_and_explain_a_route(browser, tmp_path):
         assert_charted(browser, "#chart-rates", ["publish", "deliver/get", "ack"])
         assert_charted(browser, "#chart-messages", ["ready", "unacked", "total"])
         shot(browser, "overview")
+        node = text_of(browser, "#view .card")
+        # each listener once, with its addresses; no alarm, the message store healthy
+        assert f"amqp {b.port} (127.0.0.1)" in node and node.count(f"amqp {b.port}") == 1
+        assert "alarms: none" in node
 
         browser.get(b.mgmt_url + "/#/queue/%2F/ui-orders")
         ready = str(ch.queue_declare("ui-orders", passive=True).method.message_count)
