@@ -153,9 +153,11 @@ PURE_TESTS := tests/protocol tests/routing tests/broker/test_pika.py tests/broke
 	tests/broker/test_hostile_input.py tests/broker/test_flow.py
 
 EXPECT_COMPILED := $(if $(shell command -v cc),ROARMQ_EXPECT_COMPILED=1)
+# Where apt-get and dpkg-deb are, `make tools` extracts etcd: its absence is then our failure.
+EXPECT_TOOLS := $(if $(and $(shell command -v apt-get),$(shell command -v dpkg-deb)),ROARMQ_EXPECT_TOOLS=1)
 
 test: $(DEV_STAMP) system-deps node-deps tools
-	$(call timed,$(EXPECT_COMPILED) $(PY) -m pytest \
+	$(call timed,$(EXPECT_COMPILED) $(EXPECT_TOOLS) $(PY) -m pytest \
 	  && ROARMQ_NO_EXTENSIONS=1 $(PY) -m pytest -q $(PURE_TESTS))
 
 # The edit-test loop: every test not marked `slow` (pyproject.toml says what that covers), no

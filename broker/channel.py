@@ -891,9 +891,11 @@ class Channel:
         for queue in queues:
             if queue.throttled is not None:
                 queue.hold_publisher(self.conn)
-        if self.confirm and TOUCHED:  # a stream took it: ack after the stream's fsync
-            stream_confirm_after(self, seq, token, ok)
-            return
+        if TOUCHED:  # streams took it: a confirm waits for their fsync; TOUCHED is this route's
+            if self.confirm:
+                stream_confirm_after(self, seq, token, ok)
+                return
+            TOUCHED.clear()
         if token is not None and ok and self.confirm:
             self.conn.broker.store.confirm_after(token, self, seq)
             return

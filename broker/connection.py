@@ -613,31 +613,38 @@ class Connection(asyncio.Protocol):
         self.heartbeat = m.heartbeat
         self._enter(AWAIT_OPEN)
 
-    def _open(self, m: spec.ConnectionOpen, waited: float = 0.0) -> None:
+    def _open(self, m: spec.ConnectionOpen) -> None:
+        self._open_vhost(m.virtual_host)
+
+    def _open_vhost(self, vhost: str, waited: float = 0.0, hand_on: bool = True) -> None:
+        """Admit the client to `vhost` here, or hand it to the vhost's leader (`hand_on`: a
+        connection handed over to us is never handed on: one hop at most)."""
         cluster = self.broker.cluster
-        if cluster is not None:  # a vhost led by another node: hand the client over to it
-            refusal = cluster.refusal(m.virtual_host)
+        if cluster is not None:
+            refusal = cluster.refusal(vhost)
             if refusal is not None:
-                if cluster.recovering(m.virtual_host) and waited < OPEN_WAIT_RECOVERY:
+                if cluster.recovering(vhost) and waited < OPEN_WAIT_RECOVERY:
                     # Just elected, still recovering its copy of the vhost: answer once it
-                    # serves (a client reconnecting after a failover sees a pause, not 530).
+                    # serves (a client reconnecting after a failover sees a pause, not 530),
+                    # whether it came straight here or was handed over by another node.
                     self.broker.clock.loop.call_later(
-                        OPEN_RETRY, self._open_again, m, waited + OPEN_RETRY
+                        OPEN_RETRY, self._open_again, vhost, waited + OPEN_RETRY, hand_on
                     )
                     return
-                if cluster.handoff.start(self, m.virtual_host, refusal):
+                if hand_on and cluster.handoff.start(self, vhost, refusal):
                     return  # not read until the relay owns the socket (or the 530)
                 raise connection_error(NOT_ALLOWED, refusal)
-        self._admit(m.virtual_host)
+        self._admit(vhost)
 
-    def _open_again(self, m: spec.ConnectionOpen, waited: float) -> None:
+    def _open_again(self, vhost: str, waited: float, hand_on: bool) -> None:
         if self.state is not AWAIT_OPEN or self.transport is None or self.transport.is_closing():
             return
         try:
-            self._open(m, waited)
+            self._open_vhost(vhost, waited, hand_on)
         except HardError as exc:
             if exc.class_id == 0:
-                exc.class_id, exc.method_id = m.CLASS_ID, m.METHOD_ID
+                exc.class_id = spec.ConnectionOpen.CLASS_ID
+                exc.method_id = spec.ConnectionOpen.METHOD_ID
             self.close_with_error(exc)
 
     def _admit(self, name: str) -> None:
@@ -726,11 +733,7 @@ class Connection(asyncio.Protocol):
                     f"Login was refused using authentication mechanism {mechanism}. "
                     "For details see the broker logfile.",
                 )
-            cluster = self.broker.cluster
-            refusal = cluster.refusal(vhost) if cluster is not None else None
-            if refusal is not None:  # never handed on again: one hop at most
-                raise connection_error(NOT_ALLOWED, refusal)
-            self._admit(vhost)
+            self._open_vhost(vhost, hand_on=False)
         except HardError as exc:
             self.close_with_error(exc)
         if data:

@@ -62,7 +62,7 @@ DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes
 _AGE = re.compile(r"^([0-9]+)([YMDhms])$")
 _AGE_SECONDS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
 
-#: Streams appended to since a confirming publisher last looked: bounded by the streams.
+#: Streams the message being routed was appended to; `Channel._route` empties it each time.
 TOUCHED: set[Stream] = set()
 
 

@@ -97,7 +97,10 @@ class Etcd:
 def etcd(tmp_path):
     binary = etcd_binary()
     if binary is None:
-        pytest.skip(".tools/etcd is absent: `make tools` extracts it from Debian's etcd-server")
+        why = ".tools/etcd is absent: `make tools` extracts it from Debian's etcd-server"
+        if os.environ.get("ROARMQ_EXPECT_TOOLS"):  # make test on a machine that has apt-get
+            pytest.fail(why)
+        pytest.skip(why)  # `make check`, or a machine without apt-get
     server = Etcd(binary, tmp_path / "etcd-data")
     server.start()
     try:
