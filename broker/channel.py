@@ -153,6 +153,9 @@ class Channel:
         return f"{self.conn.name} ({self.id})"
 
     def send_method(self, method: Any) -> None:
+        replicated = self.vhost.replicated
+        if replicated is not None and replicated.definitions_dirty:
+            replicated.hold_reply(self.conn)  # a durable declare waits for the in-sync set
         self.conn.send_method(self.id, method)
 
     def _enter(self, state: ChannelState) -> None:
@@ -351,8 +354,10 @@ class Channel:
     def _persisted(self, entry: Entry, body: bytes | None) -> bytes:
         """Delivering a stored message: note the first delivery, read a paged-out body back."""
         queue = entry.queue
-        store = self.conn.broker.store
-        if not entry.marked and queue is not None and queue.store is not None:
+        store = queue.store if queue is not None else None  # a clustered vhost's, or the node's
+        if store is None:
+            return body if body is not None else self.conn.broker.store.body(entry.msg)
+        if not entry.marked:
             entry.marked = True
             store.delivered(queue, entry.msg.store_id)
         return body if body is not None else store.body(entry.msg)
@@ -919,7 +924,9 @@ class Channel:
             self.conn.want_flush(self)
         else:
             self.flush_confirms()
-            self.send_method(spec.BasicNack(delivery_tag=seq, multiple=False, requeue=False))
+            self.conn.send_method(
+                self.id, spec.BasicNack(delivery_tag=seq, multiple=False, requeue=False)
+            )
 
     def confirm_later(self, seq: int) -> None:
         """The publish waits for its data to reach the disk before it may be acked."""
@@ -952,21 +959,22 @@ class Channel:
         if floor is None or max(ready) < floor:
             top = max(ready)
             multiple = len(ready) > 1 or top - self._acked_sent > 1
-            self.send_method(spec.BasicAck(delivery_tag=top, multiple=multiple))
+            self.conn.send_method(self.id, spec.BasicAck(delivery_tag=top, multiple=multiple))
             self._acked_sent = max(self._acked_sent, top)
             return
         ready.sort()
         below = [s for s in ready if s < floor]
         if below:
             top = below[-1]
-            self.send_method(
+            self.conn.send_method(
+                self.id,
                 spec.BasicAck(
                     delivery_tag=top, multiple=len(below) > 1 or top - self._acked_sent > 1
-                )
+                ),
             )
             self._acked_sent = max(self._acked_sent, top)
         for seq in ready[len(below) :]:
-            self.send_method(spec.BasicAck(delivery_tag=seq, multiple=False))
+            self.conn.send_method(self.id, spec.BasicAck(delivery_tag=seq, multiple=False))
 
     def _confirm_select(self, m: spec.ConfirmSelect) -> None:
         if self.tx is not None:

@@ -160,6 +160,9 @@ class ClusterConfig:
     min_in_sync: int = 1  # below this many in-sync copies, publishes are nacked
     lease_ttl: int = 5  # seconds; a dead leader is replaced after about this long
     replica_lag_ms: int = 10_000  # a follower this far behind leaves the in-sync set
+    #: A vhost's log is checkpointed (its live state rewritten at its head) and trimmed once
+    #: it holds this many bytes and more than twice its live data (docs/cluster.md).
+    checkpoint_bytes: int = 64 << 20
 
 
 def _default_users() -> tuple[UserConfig, ...]:
@@ -476,6 +479,7 @@ def _cluster(raw: dict[str, Any], flags: dict[str, str] | None = None) -> Cluste
         "min_in_sync": lambda k, v: _int(k, v, 1, 9),
         "lease_ttl": lambda k, v: _int(k, v, 2, 600),  # etcd grants no lease under 2 s
         "replica_lag_ms": lambda k, v: _int(k, v, 1),
+        "checkpoint_bytes": lambda k, v: _int(k, v, 1 << 16),
     }
     values = {k: checks[k](flags.get(k) or f"[cluster] {k}", v) for k, v in raw.items()}
     for required in ("etcd", "node"):

@@ -135,6 +135,7 @@ class Connection(asyncio.Protocol):
         "_out",
         "_out_bytes",
         "_dirty",
+        "output_held",
         "_confirm_channels",
         "_received",
         "_sent",
@@ -188,6 +189,9 @@ class Connection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._dirty = False
+        #: A clustered vhost's durable declare waits for its in-sync set: what is sent
+        #: meanwhile stays in `_out` (broker/cluster/replicated_store.py, `hold_reply`).
+        self.output_held = False
         self._confirm_channels: list[Channel] = []
         self._received = False
         self._sent = False
@@ -683,7 +687,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         self.flush()
-        rest = bytes(self.parser._tail) + self._unparsed
+        rest = self.unread()
         backlog = self._backlog
         if backlog is not None and backlog[1] < len(backlog[0]):
             log.warning(
@@ -694,6 +698,10 @@ class Connection(asyncio.Protocol):
         self._enter(CLOSED)
         self._cleanup()
         return transport, rest
+
+    def unread(self) -> bytes:
+        """Bytes read from the socket but not parsed yet (a hand-off carries them on)."""
+        return bytes(self.parser._tail) + self._unparsed
 
     def adopt(self, transport: asyncio.Transport, facts: dict[str, Any], data: bytes) -> None:
         """The leader's side: a connection another node authenticated and tuned, handed over
@@ -900,7 +908,7 @@ class Connection(asyncio.Protocol):
     def flush(self) -> None:
         self._dirty = False
         out = self._out
-        if not out:
+        if not out or self.output_held:
             return
         self._out = []
         transport = self.transport
@@ -915,6 +923,11 @@ class Connection(asyncio.Protocol):
             transport.write(out[0])
         else:
             transport.writelines(out)
+
+    def drop_output(self) -> None:
+        """Forget what waits to be sent (a held reply whose outcome is unknown)."""
+        self._out = []
+        self._out_bytes = 0
 
     def _write_now(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -18,3 +18,9 @@ def channel_error(code: int, message: str, class_id: int = 0, method_id: int = 0
 def connection_error(code: int, message: str, class_id: int = 0, method_id: int = 0) -> HardError:
     """A connection exception: the whole connection closes."""
     return HardError(code, message, class_id=class_id, method_id=method_id)
+
+
+class MetadataUnavailable(Exception):
+    """A cluster node could not write operator metadata (users, permissions, policies...)
+    to etcd, their one home (broker/cluster/metadata.py): nothing was changed. The
+    management API answers 503; the node keeps serving with its cached copy."""

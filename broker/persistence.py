@@ -174,14 +174,16 @@ class Persistence:
             self.broker.cluster.replicas.definitions_changed(vhost)
 
     def exchange_created(self, x: Exchange) -> None:
-        self._changed(x.vhost.name)
+        if x.durable:
+            self._changed(x.vhost.name)
         if x.durable and not x.builtin and not self.restoring:
             self.definitions.put_exchange(
                 ExchangeDef(x.vhost.name, x.name, x.type, x.auto_delete, x.internal, x.arguments)
             )
 
     def exchange_deleted(self, x: Exchange) -> None:
-        self._changed(x.vhost.name)
+        if x.durable:
+            self._changed(x.vhost.name)
         if x.durable and not x.builtin and not x.vhost.deleted:
             self.definitions.delete_exchange(x.vhost.name, x.name)
 
@@ -193,10 +195,12 @@ class Persistence:
             q.store = self.broker.store
             if self.broker.cluster is not None:  # a led vhost's queue lives in its log
                 self.broker.cluster.replicas.queue_created(q)
-        self._changed(q.vhost.name)
+        if q.store_id is not None:
+            self._changed(q.vhost.name)
 
     def queue_deleted(self, q: Queue) -> None:
-        self._changed(q.vhost.name)
+        if q.store_id is not None:
+            self._changed(q.vhost.name)
         if q.store_id is not None and not q.vhost.deleted:
             self.definitions.delete_queue(q.vhost.name, q.name)
 

@@ -8,11 +8,12 @@ blocks publishers, and the direct reply-to registry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,7 @@ class Broker:
         #: RabbitMQ's cluster name: the node's name until set (PUT /api/cluster-name).
         self.cluster_name: str = settings.get("cluster_name", self.node_name)
         self.auth: Authenticator = self.persistence.load_auth()
+        self._auth_deferred = 0  # changing() blocks open: reload_auth waits for the last
         #: RabbitMQ's vhost and user limits: ("vhost" | "user", name) -> {limit: value}.
         self.limits: dict[tuple[str, str], dict[str, int]] = {}
         for limit in self.persistence.definitions.limits():
@@ -502,9 +504,25 @@ class Broker:
     def user_connections(self, user: str) -> list[Connection]:
         return [c for c in self.connections if c.vhost is not None and c.user.name == user]
 
+    @contextlib.contextmanager
+    def changing(self, operation: str) -> Iterator[None]:
+        """Several changes to users, permissions, limits and policies through the methods
+        above as one transaction of the definitions store and one reload of the users at
+        the end (a cluster node applying etcd's copy: broker/cluster/metadata.py)."""
+        self._auth_deferred += 1
+        try:
+            with self.persistence.definitions.writing(operation):
+                yield
+        finally:
+            self._auth_deferred -= 1
+            if not self._auth_deferred:
+                self.reload_auth()
+
     def reload_auth(self) -> None:
         """Re-read users and permissions; open connections see the change at once (their
         next check), as the publish-exchange caches of their channels are dropped."""
+        if self._auth_deferred:
+            return  # changing(): once, at its end
         self.auth = self.persistence.load_auth()
         for conn in self.connections:
             if conn.user is None or conn.vhost is None:

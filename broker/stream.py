@@ -240,7 +240,13 @@ def confirm_after(channel: Channel, seq: int, token: int | None, ok: bool) -> No
 
 def _after_streams(channel: Channel, seq: int, token: int | None) -> None:
     store = channel.conn.broker.store
-    if token is not None and store is not None and store.log.synced_token < token:
+    if (
+        token is not None
+        and store is not None
+        and (
+            type(token) is not int or store.log.synced_token < token  # not int: a cluster's
+        )
+    ):
         store.confirm_after(token, channel, seq)
     elif seq in channel._acks_waiting:
         channel.disk_confirmed(seq)

@@ -161,6 +161,9 @@ class VirtualHost:
         #: Set once the vhost's definitions are deleted from the store (all in one
         #: transaction), so tearing down its queues and exchanges writes nothing more.
         self.deleted = False
+        #: The vhost's ReplicatedMessageStore while this cluster node leads it (None on a
+        #: single node): a durable declare's reply waits for its in-sync set there.
+        self.replicated: Any = None
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         self.queues: dict[str, Queue] = {}
         for xname, xtype in BUILTIN_EXCHANGES:
@@ -549,7 +552,8 @@ class VirtualHost:
         if exchange is None:
             return  # RabbitMQ drops the message when the DLX does not exist
         if msg.body is None:
-            msg = Message(msg.exchange, msg.routing_key, msg.header, self.broker.store.body(msg))  # type: ignore[union-attr]
+            store = queue.store or self.broker.store  # a clustered vhost's store, or the node's
+            msg = Message(msg.exchange, msg.routing_key, msg.header, store.body(msg))  # type: ignore[union-attr]
         old = msg.properties
         props = copy_properties(old)
         headers = dict(props.headers or {})

@@ -81,9 +81,20 @@ class PrefixCache:
         return True
 
     async def synced(self, timeout: float = 5.0) -> bool:
-        """Wait until the cache has seen etcd's current revision (or a later one)."""
-        _, current = await self.client.range(self.prefix + "\0")  # no key; just the revision
-        return await self.wait_for(lambda: self.revision >= current, timeout)
+        """Wait until the cache holds what etcd holds under the prefix now: it has seen
+        etcd's current revision, or its keys and their mod revisions are the ones a read
+        now returns (a watch reports no revision for writes outside its prefix, so after
+        those the revision alone would wait for the next change under it)."""
+        kvs, current = await self.client.range(self.prefix, prefix=True)
+        now = {kv.key: kv.mod_revision for kv in kvs}
+
+        def caught_up() -> bool:
+            return self.revision >= current or (
+                len(self.data) == len(now)
+                and all(now.get(k) == kv.mod_revision for k, kv in self.data.items())
+            )
+
+        return await self.wait_for(caught_up, timeout)
 
     def apply(self, events: list[Event]) -> None:
         for ev in events:

@@ -396,7 +396,14 @@ class Coordinator:
         try:
             preferred = (self.vhost_members(vhost) or [self.node])[0]
             if preferred != self.node and preferred in self.members():
-                await asyncio.sleep(self.campaign_grace)
+                # Wait for the preferred node, unless placement makes this node the
+                # preferred one meanwhile (a move back to it): then at once.
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + self.campaign_grace
+                while loop.time() < deadline:
+                    await asyncio.sleep(min(0.05, self.campaign_grace))
+                    if (self.vhost_members(vhost) or [self.node])[0] == self.node:
+                        break
             if self.leader(vhost) is None and vhost in self.following:
                 try:
                     await self.campaign(vhost)

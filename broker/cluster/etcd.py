@@ -144,8 +144,11 @@ def range_op(key: str, prefix: bool = False) -> dict:
     return {"request_range": req}
 
 
-def delete_op(key: str) -> dict:
-    return {"request_delete_range": {"key": _b64(key)}}
+def delete_op(key: str, prefix: bool = False) -> dict:
+    req: dict[str, Any] = {"key": _b64(key)}
+    if prefix:
+        req["range_end"] = _b64(prefix_end(key))
+    return {"request_delete_range": req}
 
 
 class EtcdClient:

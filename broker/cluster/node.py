@@ -12,10 +12,13 @@ invariant 7). What it does now (docs/cluster.md, "The node in the cluster"):
 * as a vhost's leader, adds live nodes to a vhost placed before they joined, up to
   `replicas`, and then to its in-sync set once `catch_up` says they have its data;
 * a connection for a vhost led elsewhere is handed to its leader at `connection.open`
-  (`handoff`, handoff.py: a relay over the leader's replication port), or refused with a
+  (`handoff`, handoff.py: its socket passed to a leader on this machine, else a relay over
+  the leader's replication port), or refused with a
   530 (`refusal`) while nobody leads it or the leader cannot be reached; a lost leadership
   closes that vhost's connections (320); a fenced lease blocks publishers.
 
+* keeps users, permissions, limits and policies as etcd has them (`metadata`,
+  metadata.py: the API writes there, every node applies its watch);
 * replicates each vhost's log (`VhostReplicas`, vhost_replicas.py): it follows the vhosts
   it is a member of, and a vhost it wins is recovered from its replicated log before it is
   served; a member added later joins the in-sync set once it has caught up (the leader's
@@ -35,6 +38,7 @@ from ..config import ClusterConfig
 from .coordination import Coordinator, IsrChange
 from .etcd import EtcdClient, EtcdError
 from .handoff import Handoffs
+from .metadata import OperatorMetadata
 from .vhost_replicas import VhostReplicas
 
 if TYPE_CHECKING:
@@ -66,6 +70,8 @@ class ClusterNode:
         self._moves: dict[str, str] = {}  # vhost -> why its clients are closed (move_leader)
         self.replicas = VhostReplicas(self)
         self.handoff = Handoffs(self)
+        #: Users, permissions, limits, policies: etcd's, applied here (metadata.py).
+        self.metadata = OperatorMetadata(broker, self.client, config.name, config.node)
 
     # -- life ----------------------------------------------------------------------------
 
@@ -99,7 +105,8 @@ class ClusterNode:
             lease_ttl=cfg.lease_ttl,
             replicas=cfg.replicas,
         )
-        c.info = {"amqp_port": b.port, "management_port": b.mgmt_port}
+        await self.handoff.listen()  # the Unix socket nodes on this machine pass clients to
+        c.info = {"amqp_port": b.port, "management_port": b.mgmt_port, **self.handoff.advertised()}
         c.on_lost.append(self._lost)
         c.on_won.append(self.replicas.won)
         c.fencing.on_restored.append(self._release_confirms)
@@ -112,6 +119,7 @@ class ClusterNode:
                 await self.replicas.start(address)
             await c.start()
             await c.nodes.synced()
+            await self.metadata.start()  # users & co. as etcd has them before any open
             for name in list(b.vhosts):
                 await c.place_vhost(name)
         except BaseException:
@@ -133,6 +141,7 @@ class ClusterNode:
                     await task
         self.handoff.close()
         await self.replicas.stop()
+        await self.metadata.stop()
         if self.coordinator is not None:
             self.coordinator.on_fenced.clear()  # leaving is not being fenced
             with contextlib.suppress(EtcdError):
@@ -232,6 +241,7 @@ class ClusterNode:
     def vhost_added(self, name: str) -> None:
         """A vhost created on this node (management API, definitions import): placed in the
         background; `placed(name)` waits for it."""
+        self.metadata.poke()  # its policies and metadata from etcd
         if self.coordinator is None or name in self._placing:
             return
         self._placing[name] = asyncio.get_running_loop().create_task(self._place(name))

@@ -90,10 +90,12 @@ def decode(payload: bytes) -> dict[str, Any]:
 def apply(broker: Broker, vhost: VHost, definitions: dict[str, Any]) -> dict[int, Any]:
     """Make the vhost's durable objects those of `definitions`; returns queues by log id.
 
-    Runs when this node becomes the vhost's leader, before recovery. Queues it holds that
-    the snapshot does not name are dropped from memory (a stale local copy); the others get
-    the snapshot's ids, so the replicated publish records find them. Nothing is written to
-    the local SQLite store: a clustered vhost's definitions live in its log.
+    Runs when this node becomes the vhost's leader, before recovery. Every durable queue it
+    holds is dropped from memory and made again from the snapshot, empty, with the
+    snapshot's ids, so recovery fills it from the log alone (a node that led the vhost
+    before in this process would otherwise add the log's messages to what it still held).
+    Durable exchanges the snapshot does not name go too. Nothing is written to the local
+    SQLite store: a clustered vhost's definitions live in its log.
     """
     from ..queue import Queue
 
@@ -110,8 +112,13 @@ def apply(broker: Broker, vhost: VHost, definitions: dict[str, Any]) -> dict[int
                     internal=x["internal"],
                     arguments=_untable(x["arguments"]),
                 )
+        named = {x["name"] for x in definitions["exchanges"]}
+        for name in [
+            n for n, x in vhost.exchanges.items() if x.durable and not x.builtin and n not in named
+        ]:
+            _forget_exchange(vhost, vhost.exchanges[name])
         wanted = {q["name"]: q for q in definitions["queues"]}
-        for name in [n for n, q in vhost.queues.items() if q.durable and n not in wanted]:
+        for name in [n for n, q in vhost.queues.items() if q.durable and q.exclusive_owner is None]:
             _forget_queue(vhost, vhost.queues[name])
         by_id: dict[int, Any] = {}
         for name, q in wanted.items():
@@ -135,6 +142,15 @@ def apply(broker: Broker, vhost: VHost, definitions: dict[str, Any]) -> dict[int
         return by_id
     finally:
         persistence.restoring = False
+
+
+def _forget_exchange(vhost: VHost, exchange: Any) -> None:
+    """Drop an exchange the log does not know from memory, without writing any record."""
+    for x in vhost.exchanges.values():
+        for key, dest, args in list(x.index.bindings()):
+            if dest is exchange:
+                x.unbind(key, dest, args)
+    vhost.exchanges.pop(exchange.name, None)
 
 
 def _forget_queue(vhost: VHost, queue: Any) -> None:

@@ -17,8 +17,20 @@ Shape (docs/cluster.md, "Replicated messages"):
   know the vhost's store (the channel's confirm and delivery paths) reach it through the
   token and the queue.
 
-Bodies stay in memory (no paging) in these stores: `broker.store.body(msg)` is called
-without the queue, so a paged-out body could not be found in the right store.
+* **Checkpoints** keep the replicated log (and so a failover's rebuild) near the size of
+  the live data: `checkpoint()` appends an epoch record, the definitions, every live
+  publish record of the working copy with its ack/delivered records, and a checkpoint
+  record naming where it began (replication_store.py). Recovery does not care about the
+  order of P, A and D records, so publishes and acks made while the checkpoint is being
+  written may interleave with it. Once the checkpoint is confirmed, the log is trimmed
+  below its base on the leader, and on each follower once it holds it durably.
+* **Durable declares wait for the in-sync set** as confirms do: a channel about to answer
+  a method that changed the vhost's durable definitions calls `hold_reply`, which appends
+  the definitions now and holds the connection's output (and its reading) until that
+  record is confirmed.
+
+Bodies page out as on a single node: whoever reads a paged-out body back asks the queue's
+store (`queue.store.body`), which is the vhost's own here.
 """
 
 from __future__ import annotations
@@ -26,23 +38,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import struct
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..store.messages import _MARK, MessageStore, confirm_waiting, encode_publish, nack_waiting
 from ..store.segments import LogFailed, SegmentLog
 from . import replicated_definitions as definitions
+from .replication_store import CHECKPOINT_TAG, EPOCH_TAG, checkpoint_record, epoch_record
 
 if TYPE_CHECKING:
     from ..channel import Channel
+    from ..connection import Connection
     from ..message import Message
     from ..queue import Queue
     from .replication import ReplicationLeader
     from .replication_store import SegmentRecordStore
 
 log = logging.getLogger("roarmq.cluster")
+
+#: What a checkpoint record carries after its base: the ids the next leader must not reuse
+#: (records naming older ones may survive below the base on a member that has not trimmed).
+_CHECKPOINT_IDS = struct.Struct(">QI")
+#: Payload bytes a checkpoint copies per loop turn (it yields between chunks).
+CHECKPOINT_CHUNK = 4 << 20
+#: The flow-control reason of a connection waiting for its declare to be confirmed.
+DEFINITIONS_BARRIER = "definitions: waiting for the in-sync set"
 
 
 class ReplicatedMessageStore(MessageStore):
@@ -66,7 +90,11 @@ class ReplicatedMessageStore(MessageStore):
         self.next_queue_id = 1
         self.definitions_dirty = False
         self._replicated_waiting: deque[tuple[int, Channel, int]] = deque()
+        self._held_replies: deque[tuple[int, Connection]] = deque()
         self._flusher: asyncio.Task[None] | None = None
+        self._definitions_offset = 0  # the last definitions record appended
+        self.checkpointing = False
+        self.checkpoints = 0
         replication.on_confirmed.append(lambda _offset: self.release_confirmed())
         replication.on_deposed.append(lambda _epoch, _node: self.nack_waiting("deposed"))
 
@@ -85,6 +113,8 @@ class ReplicatedMessageStore(MessageStore):
         loc, _ = self.log.append(payload)
         msg.store_id = msg_id
         self.index.add(msg_id, loc, len(queues))
+        if page_out:
+            msg.body = None
         self._want_sync()
         return (self, self._replicate(payload))
 
@@ -92,9 +122,6 @@ class ReplicatedMessageStore(MessageStore):
         super()._write_mark(kind, qid, msg_id, seg)
         self.append_definitions_if_changed()
         self._replicate(_MARK.pack(kind, qid, msg_id))
-
-    def load(self, msg_id: int, body_max: int) -> Message:
-        return super().load(msg_id, 1 << 62)  # bodies stay in memory (module doc)
 
     def _replicate(self, payload: bytes) -> int:
         offset = self.replication.append(payload)
@@ -112,6 +139,58 @@ class ReplicatedMessageStore(MessageStore):
             log.error("vhost %r: replicated log fsync failed: %r", leader.vhost, exc)
             self.nack_waiting("log failed")
 
+    def start_epoch(self) -> None:
+        """This leadership's records begin here (replication_store.py: epochs)."""
+        self._replicate(epoch_record(self.replication.epoch))
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    async def checkpoint(self) -> bool:
+        """Rewrite the vhost's live state at the log's head (module doc); False if it could
+        not finish (the leadership ended, or the working copy failed)."""
+        if self.checkpointing or self.failed is not None:
+            return False
+        self.checkpointing = True
+        leader = self.replication
+        try:
+            base = leader.store.last_offset + 1
+            self.start_epoch()
+            self.definitions_dirty = True
+            self.append_definitions_if_changed()
+            index, read, tombs = self.index, self.log.read, self._tombs
+            copied = 0
+            for msg_id in list(index.ids()):
+                if msg_id not in index:  # acked by every queue since the list was made
+                    continue
+                payload = read(index.location(msg_id))
+                self._replicate(payload)
+                copied += len(payload)
+                for location in tombs.get(msg_id, ()):
+                    self._replicate(read(location))
+                if copied >= CHECKPOINT_CHUNK:
+                    copied = 0
+                    await asyncio.sleep(0)
+                    if leader.deposed_by is not None or self.failed is not None:
+                        return False
+            ids = _CHECKPOINT_IDS.pack(self.next_id, self.next_queue_id)
+            self._replicate(checkpoint_record(base, ids))
+            self.checkpoints += 1
+            log.info(
+                "vhost %r: checkpoint of %d messages from offset %d",
+                leader.vhost,
+                len(index),
+                base,
+            )
+            return True
+        except (OSError, LogFailed, KeyError) as exc:
+            log.warning("vhost %r: checkpoint abandoned: %r", leader.vhost, exc)
+            return False
+        finally:
+            self.checkpointing = False
+
+    def live_bytes(self) -> int:
+        return sum(info.live_bytes for info in self.log.segments())
+
     # -- definitions ----------------------------------------------------------------------
 
     def new_queue_id(self) -> int:
@@ -127,10 +206,23 @@ class ReplicatedMessageStore(MessageStore):
             self.definitions_dirty = True
             self.loop.call_soon(self.append_definitions_if_changed)
 
-    def append_definitions_if_changed(self) -> None:
+    def append_definitions_if_changed(self) -> int:
+        """Append the definitions if they changed; returns the offset to wait for."""
         if self.definitions_dirty:
             self.definitions_dirty = False
-            self._replicate(definitions.encode(self.snapshot()))
+            self._definitions_offset = self._replicate(definitions.encode(self.snapshot()))
+        return self._definitions_offset
+
+    def hold_reply(self, conn: Connection) -> None:
+        """A reply to a method that changed durable definitions is about to be sent on
+        `conn`: it (and what follows it) goes out once the definitions are confirmed."""
+        offset = self.append_definitions_if_changed()
+        if offset <= self.replication.confirmed_offset() and self.may_confirm():
+            return
+        if not conn.output_held:
+            conn.output_held = True
+            conn.flow.hold(DEFINITIONS_BARRIER)
+        self._held_replies.append((offset, conn))
 
     # -- confirms -------------------------------------------------------------------------
 
@@ -142,15 +234,22 @@ class ReplicatedMessageStore(MessageStore):
     def release_confirmed(self) -> None:
         """Confirm every publish the replication has confirmed, while we may (fencing)."""
         waiting = self._replicated_waiting
-        if not waiting or not self.may_confirm():
+        if (not waiting and not self._held_replies) or not self.may_confirm():
             return
-        confirm_waiting(waiting, self.replication.confirmed_offset())
+        confirmed = self.replication.confirmed_offset()
+        confirm_waiting(waiting, confirmed)
+        held = self._held_replies
+        while held and held[0][0] <= confirmed:
+            _release_output(held.popleft()[1], send=True)
 
     def nack_waiting(self, reason: str) -> None:
         """Nothing waiting will be confirmed by this leadership: nack it."""
         waiting, self._replicated_waiting = self._replicated_waiting, deque()
         if nack_waiting(waiting):
             log.warning("%d publishes nacked: %s", len(waiting), reason)
+        held, self._held_replies = self._held_replies, deque()
+        for _, conn in held:  # their outcome is unknown: they never hear of it
+            _release_output(conn, send=False)
 
     async def close_replicated(self) -> None:
         if self._flusher is not None:
@@ -178,21 +277,50 @@ class ClusterMessageStore(MessageStore):
             store.delivered(queue, msg_id)
 
 
-def rebuild_message_dir(records: SegmentRecordStore, directory: Path) -> dict | None:
+def _release_output(conn: Connection, *, send: bool) -> None:
+    """End `hold_reply` on `conn`: send what waited (or drop it: the leadership ended and
+    the connection is about to be closed with 320), and read again."""
+    if not conn.output_held:
+        return
+    conn.output_held = False
+    if not send:
+        conn.drop_output()
+    conn.flush()
+    conn.flow.release(DEFINITIONS_BARRIER)
+
+
+@dataclass
+class Rebuilt:
+    """What `rebuild_message_dir` found besides the message records."""
+
+    definitions: dict | None = None  # the last definitions snapshot
+    next_id: int = 1  # no message id below this may be given again
+    next_queue_id: int = 1
+
+
+def rebuild_message_dir(records: SegmentRecordStore, directory: Path) -> Rebuilt:
     """Write the replicated log's message records into a fresh MessageStore directory (the
-    input of the ordinary recovery); return the last definitions snapshot in the log."""
+    input of the ordinary recovery); return the last definitions and the id floors."""
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
+    found = Rebuilt()
     last_definitions = None
     with SegmentLog.open(directory) as out:
         offset = records.first_offset
         while offset <= records.last_offset:
             batch = records.read(offset, 4 << 20)
             for _, payload in batch:
-                if payload[:1] == definitions.DEFINITIONS_TAG:
+                tag = payload[:1]
+                if tag == definitions.DEFINITIONS_TAG:
                     last_definitions = payload
-                else:
+                elif tag == CHECKPOINT_TAG:
+                    next_id, next_queue_id = _CHECKPOINT_IDS.unpack_from(payload, 9)
+                    found.next_id = max(found.next_id, next_id)
+                    found.next_queue_id = max(found.next_queue_id, next_queue_id)
+                elif tag != EPOCH_TAG:
                     out.append(payload)
             offset = batch[-1][0] + 1
         out.sync_now()
-    return definitions.decode(last_definitions) if last_definitions is not None else None
+    if last_definitions is not None:
+        found.definitions = definitions.decode(last_definitions)
+    return found

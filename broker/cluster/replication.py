@@ -24,9 +24,12 @@ Design (../shared/design/cluster.md; frames in replication_wire.py):
   holds (or above its head: a divergent tail), the leader sends RESET(start) and streams
   from `start`. `snapshot_start()` is the hook for a real snapshot later.
 
-Known gap, for the next step: a follower whose tail diverged from the new leader's log at
-the same length (it got unconfirmed records from a deposed leader) is not detected; that
-needs an epoch per record and Kafka's leader-epoch truncation (KIP-101).
+* A diverged tail (Kafka's KIP-101): a follower may hold records a deposed leader wrote
+  that the new leader never had, even at the same length. Its HELLO says the epoch of its
+  newest record; the leader answers with where its own log stops agreeing with that epoch
+  (`end_of_epoch`) and, if the follower holds more, TRUNCATE(last) before the stream.
+* Checkpoints (replication_store.py): once every in-sync member holds a checkpoint record,
+  the leader trims below its base; a follower trims once it holds one durably.
 """
 
 from __future__ import annotations
@@ -213,6 +216,7 @@ class ReplicationLeader:
             return
         self._confirmed = confirmed
         self._prune_durable_times()
+        self.store.trim_checkpointed(confirmed)  # every in-sync member holds those
         while self._waiters and self._waiters[0][0] <= confirmed:
             future = heapq.heappop(self._waiters)[2]
             if not future.done():
@@ -306,11 +310,24 @@ class ReplicationLeader:
         follower.writer = writer
         writer.transport.set_write_buffer_limits(high=self.high_water)
         writer.write(wire.control(wire.WELCOME, {"epoch": self.epoch, "start": offset + 1}))
-        if self._needs_snapshot(offset):
+        if offset > 0 and "last_epoch" in hello:  # where its log stops agreeing with ours
+            agreed = min(offset, self.store.end_of_epoch(int(hello["last_epoch"])))
+        else:
+            agreed = offset
+        if self._needs_snapshot(agreed):
             self._start_snapshot(follower)
         else:
-            follower.next_offset = offset + 1
-            self._on_ack(follower, offset)
+            if agreed < offset:
+                writer.write(wire.pair_frame(wire.TRUNCATE, self.epoch, agreed))
+                log.warning(
+                    "vhost %r: follower %s diverged after %d (it held %d): truncated",
+                    self.vhost,
+                    node,
+                    agreed,
+                    offset,
+                )
+            follower.next_offset = agreed + 1
+            self._on_ack(follower, agreed)
         pump = asyncio.create_task(self._pump(follower, writer))
         try:
             await self._read_acks(follower, reader)
@@ -464,7 +481,13 @@ class ReplicationFollower:
         syncer: asyncio.Task[None] | None = None
         try:
             offset = await asyncio.to_thread(self.store.sync)
-            hello = {"vhost": self.vhost, "node": self.node, "epoch": self.epoch, "offset": offset}
+            hello = {
+                "vhost": self.vhost,
+                "node": self.node,
+                "epoch": self.epoch,
+                "offset": offset,
+                "last_epoch": self.store.last_epoch(),
+            }
             writer.write(wire.control(wire.HELLO, hello))
             if not await self._welcomed(reader, writer):
                 return False
@@ -519,6 +542,13 @@ class ReplicationFollower:
                 self._check_epoch(epoch)
                 self.store.reset(start)
                 _run_all(self.on_reset, start)
+            elif kind == wire.TRUNCATE:
+                epoch, last = wire.decode_pair(body)
+                self._check_epoch(epoch)
+                log.warning("vhost %r: our records after %d diverged: dropped", self.vhost, last)
+                self.store.truncate(last)
+                if self.store.last_offset != last:  # it lost its checkpoint: start over
+                    raise wire.ProtocolError(f"truncated below our checkpoint to {last}")
             else:
                 raise wire.ProtocolError(f"unexpected frame {kind} from the leader")
             self._dirty.set()
@@ -538,6 +568,7 @@ class ReplicationFollower:
             await self._dirty.wait()
             self._dirty.clear()
             durable = await asyncio.to_thread(self.store.sync)
+            self.store.trim_checkpointed(durable)
             self.acked = durable
             writer.write(wire.pair_frame(wire.ACK, self.epoch, durable))
             await writer.drain()

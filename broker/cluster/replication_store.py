@@ -1,17 +1,32 @@
 """A vhost's replicated log on disk: (offset, payload) records in a SegmentLog directory.
 
 Both ends of replication keep one: the leader appends what its owner produces and streams
-from it; a follower appends what it receives. Each SegmentLog record is prefixed so that a
-restart rebuilds everything by replaying, with no other file to keep consistent:
+from it; a follower appends what it receives. A restart rebuilds everything by replaying
+the directory, with no other file to keep consistent. What the SegmentLog holds:
 
-    b"R" u64 offset  payload   a record of the vhost's log
-    b"B" u64 base              retention: every record below `base` is gone (leader compaction)
-    b"Z" u64 start             reset: everything held before is void, the next record is
-                               `start` (a follower taking a snapshot)
+    b"r" u32 gen  u64 offset  payload   a record of the vhost's log
+    b"t" u32 gen  u64 last              truncation: records of an older generation above
+                                        `last` are void (a diverged tail, KIP-101)
+    b"z" u32 gen  u64 start             reset: every record of an older generation is
+                                        void; the log starts again at `start` (a snapshot)
 
-Markers stay live in the SegmentLog (they are tiny), so no replay can resurrect what they
-cancelled; the records they cancel are released, and their segments are deleted by the log.
-After a replay, the durable offset is the last record found: everything replayed was on disk.
+Why generations: the markers must mean the same wherever they sit in the files, because
+compaction copies live records (markers included) behind newer ones. A truncation or a
+reset starts a new generation, and a marker voids only what older generations wrote, so a
+replay in any order gives the same log. Markers are never released (they are tiny and few:
+one per truncation or reset); compaction carries them along.
+
+Two kinds of payload mean something here, because they shape the log itself (the rest is
+opaque; replicated_store.py says what the payloads are):
+
+* ``EPOCH_TAG`` (b"E" u64 epoch): a leader starts its epoch with one, and every checkpoint
+  starts with one, so each record's epoch is that of the last epoch record at or below it
+  (`epochs`, `last_epoch`, `end_of_epoch`: a follower's diverged tail is found by comparing
+  epochs, not lengths).
+* ``CHECKPOINT_TAG`` (b"C" u64 base ...): the records from `base` up to this one hold the
+  vhost's whole live state, so everything below `base` may go. A follower trims once the
+  checkpoint is durable with it (`trim_checkpointed`), the leader once every in-sync member
+  has it; a replay trims at once.
 
 `sync()` blocks (one group-commit fsync): callers on the event loop run it in a thread. It
 may run while the loop appends: it makes durable what was appended before it started.
@@ -19,13 +34,31 @@ may run while the loop appends: it makes durable what was appended before it sta
 
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 from typing import Protocol
 
 from ..store.segments import Location, SegmentLog
 
-_TAG = struct.Struct(">cQ")
+_HEAD = struct.Struct(">cIQ")
+EPOCH_TAG = b"E"
+CHECKPOINT_TAG = b"C"
+_EPOCH = struct.Struct(">cQ")
+_CHECKPOINT_BASE = struct.Struct(">cQ")
+
+
+def epoch_record(epoch: int) -> bytes:
+    return _EPOCH.pack(EPOCH_TAG, epoch)
+
+
+def checkpoint_record(base: int, rest: bytes = b"") -> bytes:
+    """A checkpoint's last record: the state from `base` on is whole (`rest`: the owner's)."""
+    return _CHECKPOINT_BASE.pack(CHECKPOINT_TAG, base) + rest
+
+
+class LogFormatError(Exception):
+    """The directory holds records this version does not read."""
 
 
 class RecordStore(Protocol):
@@ -41,6 +74,14 @@ class RecordStore(Protocol):
 
     def reset(self, start: int) -> None: ...
 
+    def truncate(self, last: int) -> None: ...
+
+    def trim_checkpointed(self, upto: int) -> None: ...
+
+    def last_epoch(self) -> int: ...
+
+    def end_of_epoch(self, epoch: int) -> int: ...
+
     def read(self, start: int, max_bytes: int) -> list[tuple[int, bytes]]: ...
 
 
@@ -52,39 +93,102 @@ class SegmentRecordStore:
         self._locations: list[Location] = []  # index i holds offset first_offset + i
         self.first_offset = 1
         self.last_offset = 0
+        self.gen = 0
+        #: (start offset, epoch), by offset: where each epoch's records begin.
+        self.epochs: list[tuple[int, int]] = []
+        #: (offset of a checkpoint record, its base), not yet trimmed below.
+        self._checkpoints: list[tuple[int, int]] = []
+        #: The offset of the checkpoint record the log was last trimmed by (0: none): the
+        #: records below `first_offset` are only redundant while that record stands.
+        self.trimmed_by = 0
         self._replay()
         self.durable_offset = self.last_offset
 
-    def _replay(self) -> None:
-        for location, payload in self.log.replay():
-            tag, number = _TAG.unpack_from(payload, 0)
-            if tag == b"R":
-                self._replayed_record(location, number)
-            elif tag == b"B":
-                self._drop_below(number)
-            elif tag == b"Z":
-                self._drop_all(number)
+    # -- replay -----------------------------------------------------------------------------
 
-    def _replayed_record(self, location: Location, offset: int) -> None:
-        if offset <= self.last_offset and offset >= self.first_offset:
-            # A copy made by compaction: keep the newer, release the older.
-            i = offset - self.first_offset
-            self.log.release(self._locations[i])
-            self._locations[i] = location
-        elif offset == self.last_offset + 1:
+    def _replay(self) -> None:
+        records: list[tuple[int, int, Location, bytes]] = []  # gen, offset, location, head
+        truncations: list[tuple[int, int]] = []
+        resets: list[tuple[int, int]] = []
+        for location, payload in self.log.replay():
+            tag, gen, number = _HEAD.unpack_from(payload, 0)
+            self.gen = max(self.gen, gen)
+            if tag == b"r":
+                records.append((gen, number, location, bytes(payload[_HEAD.size : _HEAD.size + 9])))
+            elif tag == b"t":
+                truncations.append((gen, number))
+            elif tag == b"z":
+                resets.append((gen, number))
+            else:
+                raise LogFormatError(
+                    f"{self.log.directory}: record tag {tag!r} is not of this version's log "
+                    "(remove the directory: the node copies the log again from its leader)"
+                )
+        newest_reset = max(resets, default=(0, 1))
+        floor = newest_reset[1]
+
+        def valid(gen: int, offset: int) -> bool:
+            if gen < newest_reset[0] or offset < floor:
+                return False
+            return not any(gen < t_gen and offset > last for t_gen, last in truncations)
+
+        chosen: dict[int, tuple[int, Location, bytes]] = {}
+        for gen, offset, location, head in records:
+            if not valid(gen, offset):
+                self.log.release(location)
+                continue
+            held = chosen.get(offset)
+            if held is not None:
+                if held[0] > gen:  # an older generation's copy of this offset loses
+                    self.log.release(location)
+                    continue
+                self.log.release(held[1])  # a compaction copy: keep the later
+            chosen[offset] = (gen, location, head)
+        # The newest checkpoint whose records are all here starts the log: what lies below
+        # it was trimmed (some of it may survive in segments that still hold newer records).
+        for offset in sorted(
+            (o for o, c in chosen.items() if c[2][:1] == CHECKPOINT_TAG), reverse=True
+        ):
+            base = _CHECKPOINT_BASE.unpack_from(chosen[offset][2], 0)[1]
+            if all(o in chosen for o in range(base, offset)):
+                if base > floor:
+                    floor, self.trimmed_by = base, offset
+                break
+        for offset in [o for o in chosen if o < floor]:
+            self.log.release(chosen.pop(offset)[1])
+        offsets = sorted(chosen)
+        self.first_offset = offsets[0] if offsets else floor
+        self.last_offset = self.first_offset - 1
+        for offset in offsets:
+            gen, location, head = chosen[offset]
+            if offset != self.last_offset + 1:  # a hole (damage): nothing after it is kept
+                self.log.release(location)
+                continue
             self._locations.append(location)
             self.last_offset = offset
-        else:  # below a base already replayed: it was cancelled
-            self.log.release(location)
+            self._note(offset, head)
+        self.trim_checkpointed(self.last_offset)
+
+    def _note(self, offset: int, payload: bytes) -> None:
+        """Epoch and checkpoint records shape the log (module doc)."""
+        tag = payload[:1]
+        if tag == EPOCH_TAG and len(payload) >= _EPOCH.size:
+            epoch = _EPOCH.unpack_from(payload, 0)[1]
+            if not self.epochs or self.epochs[-1][1] != epoch:
+                self.epochs.append((offset, epoch))
+        elif tag == CHECKPOINT_TAG and len(payload) >= _CHECKPOINT_BASE.size:
+            self._checkpoints.append((offset, _CHECKPOINT_BASE.unpack_from(payload, 0)[1]))
 
     # -- writing ---------------------------------------------------------------------------
 
     def append(self, offset: int, payload: bytes) -> None:
         if offset != self.last_offset + 1:
             raise ValueError(f"offset {offset} does not follow {self.last_offset}")
-        location, _ = self.log.append(_TAG.pack(b"R", offset) + payload)
+        location, _ = self.log.append(_HEAD.pack(b"r", self.gen, offset) + payload)
         self._locations.append(location)
         self.last_offset = offset  # after the append: sync() relies on this order
+        if payload[:1] in (EPOCH_TAG, CHECKPOINT_TAG):
+            self._note(offset, payload)
 
     def sync(self) -> int:
         """Make everything appended so far durable (one fsync); return the durable offset."""
@@ -95,30 +199,89 @@ class SegmentRecordStore:
 
     def reset(self, start: int) -> None:
         """Void everything held; the next record appended is `start` (durable after sync)."""
-        self.log.append(_TAG.pack(b"Z", start))
-        self._drop_all(start)
-
-    def drop_below(self, base: int) -> None:
-        """Retention: forget records below `base` (a leader compacting its log)."""
-        base = min(base, self.last_offset + 1)
-        if base > self.first_offset:
-            self.log.append(_TAG.pack(b"B", base))
-            self._drop_below(base)
-
-    def _drop_all(self, start: int) -> None:
+        self.gen += 1
+        self.log.append(_HEAD.pack(b"z", self.gen, start))
         for location in self._locations:
             self.log.release(location)
         self._locations = []
         self.first_offset = start
         self.last_offset = start - 1
+        self.durable_offset = min(self.durable_offset, self.last_offset)
+        self.epochs = []
+        self._checkpoints = []
+        self.trimmed_by = 0
 
-    def _drop_below(self, base: int) -> None:
+    def truncate(self, last: int) -> None:
+        """Void the records above `last` (a tail the leader's log does not have).
+
+        If that takes away the checkpoint the log was trimmed by, what is left is not a
+        whole state any more: everything goes (the log starts again at 1, and the follower
+        asks its leader for a snapshot)."""
+        if last >= self.last_offset:
+            return
+        if last < self.first_offset - 1 or self.trimmed_by > last:
+            self.reset(1)
+            return
+        self.gen += 1
+        self.log.append(_HEAD.pack(b"t", self.gen, last))
+        keep = last + 1 - self.first_offset
+        for location in self._locations[keep:]:
+            self.log.release(location)
+        del self._locations[keep:]
+        self.last_offset = last
+        self.durable_offset = min(self.durable_offset, last)
+        self.epochs = [e for e in self.epochs if e[0] <= last]
+        self._checkpoints = [c for c in self._checkpoints if c[0] <= last]
+
+    def trim_checkpointed(self, upto: int) -> None:
+        """Forget what the checkpoints at or below offset `upto` made redundant."""
+        base = by = 0
+        while self._checkpoints and self._checkpoints[0][0] <= upto:
+            by, checkpoint_base = self._checkpoints.pop(0)
+            base = max(base, checkpoint_base)
+        if base > self.first_offset:
+            self.drop_below(base)
+            self.trimmed_by = by
+
+    def drop_below(self, base: int) -> None:
+        """Retention: forget records below `base` (not persisted as such: the checkpoint
+        record that allowed it is, and a replay trims again)."""
         cut = max(0, min(base, self.last_offset + 1) - self.first_offset)
         for location in self._locations[:cut]:
             self.log.release(location)
         del self._locations[:cut]
-        self.first_offset = max(self.first_offset, base)
-        self.last_offset = max(self.last_offset, self.first_offset - 1)
+        self.first_offset += cut
+        i = bisect.bisect_right(self.epochs, (self.first_offset, 1 << 64))
+        if i > 1:  # keep the epoch in force at the new first offset
+            del self.epochs[: i - 1]
+        if self.epochs and self.epochs[0][0] < self.first_offset:
+            self.epochs[0] = (self.first_offset, self.epochs[0][1])
+
+    def compact(self) -> None:
+        """Copy the live records out of mostly-trimmed segments (off the hot path)."""
+        self.log.compact(self._relocated)
+
+    def _relocated(self, old: Location, new: Location, payload: bytes) -> None:
+        tag, _, offset = _HEAD.unpack_from(payload, 0)
+        if tag == b"r" and self.first_offset <= offset <= self.last_offset:
+            i = offset - self.first_offset
+            if self._locations[i] == old:
+                self._locations[i] = new
+
+    # -- epochs ----------------------------------------------------------------------------
+
+    def last_epoch(self) -> int:
+        """The epoch of the newest record (0: none known)."""
+        return self.epochs[-1][1] if self.epochs else 0
+
+    def end_of_epoch(self, epoch: int) -> int:
+        """The last offset of this log written at `epoch` or before (Kafka's
+        OffsetsForLeaderEpoch): where a follower whose newest record is of `epoch` stops
+        agreeing with this log."""
+        for start, e in self.epochs:
+            if e > epoch:
+                return start - 1
+        return self.last_offset
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -129,7 +292,7 @@ class SegmentRecordStore:
         offset = max(start, self.first_offset)
         while offset <= self.last_offset and (not out or size < max_bytes):
             payload = self.log.read(self._locations[offset - self.first_offset])
-            out.append((offset, payload[_TAG.size :]))
+            out.append((offset, payload[_HEAD.size :]))
             size += len(payload)
             offset += 1
         return out
@@ -137,6 +300,10 @@ class SegmentRecordStore:
     def records(self) -> list[tuple[int, bytes]]:
         """Everything held, oldest first (for tests and checks)."""
         return self.read(self.first_offset, 1 << 62)
+
+    def size_bytes(self) -> int:
+        """Bytes the log's segment files take (what a checkpoint would shrink)."""
+        return sum(info.size for info in self.log.segments())
 
     def close(self) -> None:
         self.log.close()

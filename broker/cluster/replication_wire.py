@@ -2,14 +2,18 @@
 
 Every frame is ``u32 length | u8 kind | body`` (big-endian; length counts kind and body).
 
-    HELLO    F->L  JSON {"vhost", "node", "epoch", "offset"}: who I am, the epoch I know,
-                   the highest offset I hold durable
+    HELLO    F->L  JSON {"vhost", "node", "epoch", "offset", "last_epoch"}: who I am, the
+                   epoch I know, the highest offset I hold durable and the epoch it was
+                   written at
     WELCOME  L->F  JSON {"epoch", "start"}: records follow from offset `start`
     REFUSE   both  JSON {"reason", "epoch"}: then the sender closes
     RECORDS  L->F  u64 epoch, u32 count, count x (u64 offset, u32 length, payload)
     RESET    L->F  u64 epoch, u64 start: drop everything you hold; a snapshot (records from
                    `start`) follows, then the stream goes on
     ACK      F->L  u64 epoch, u64 durable offset
+    TRUNCATE L->F  u64 epoch, u64 last: drop your records above `last` (they were written
+                   at an epoch whose log ends there: a diverged tail); the stream goes on
+                   from `last` + 1
 
 Control frames are JSON because they are rare; RECORDS and ACK are packed because they are
 the stream. One RECORDS frame is one batch: the leader writes it with one call, the follower
@@ -23,7 +27,7 @@ import json
 import struct
 from collections.abc import Iterable
 
-HELLO, WELCOME, REFUSE, RECORDS, RESET, ACK = range(1, 7)
+HELLO, WELCOME, REFUSE, RECORDS, RESET, ACK, TRUNCATE = range(1, 8)
 
 _HEAD = struct.Struct(">IB")
 _U64U32 = struct.Struct(">QI")

@@ -13,6 +13,10 @@ HANDOFF frame is a client connection another node hands over (handoff.py).
   `MessageStore.recover`, and lead the log at the new epoch. Until that is done the vhost
   is not served (`serving`), so no client writes to it half-recovered.
 * Losing the leadership (`demote`): nack what waits, stop streaming, follow again.
+* Upkeep (`_maintain`, every `MAINTAIN_EVERY` s): the working copies are compacted as the
+  single node's store is, the logs' segments too, and a led vhost whose log has grown past
+  `checkpoint_bytes` and twice its live data gets a checkpoint (replicated_store.py), after
+  which every member trims it: a failover rebuilds about the live data, not the history.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("roarmq.cluster")
 
+#: Seconds between upkeep passes (compaction, and a look at whether a checkpoint is due).
+MAINTAIN_EVERY = 5.0
+
 
 class VhostReplicas:
     def __init__(self, node: ClusterNode) -> None:
@@ -56,6 +63,9 @@ class VhostReplicas:
         self._promoting: dict[str, asyncio.Task[None]] = {}
         self._isr_tasks: list[set[asyncio.Task]] = []
         self._server: asyncio.Server | None = None
+        self._maintainer: asyncio.Task[None] | None = None
+        #: Per led vhost: the log's bytes_written when its last checkpoint ended.
+        self._checkpointed_at: dict[str, int] = {}
 
     # -- life ----------------------------------------------------------------------------
 
@@ -63,10 +73,13 @@ class VhostReplicas:
         self._server = await asyncio.start_server(
             self._route, host, self.config.replication_port, reuse_address=True
         )
+        self._maintainer = asyncio.get_running_loop().create_task(self._maintain())
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._maintainer is not None:
+            self._maintainer.cancel()
         for task in self._promoting.values():
             task.cancel()
         for vhost in list(self.leaders):
@@ -87,8 +100,56 @@ class VhostReplicas:
         if records is None:
             path = self.vhost_dir(vhost) / "log"
             path.mkdir(parents=True, exist_ok=True)
-            records = self.logs[vhost] = SegmentRecordStore(path)
+            records = self.logs[vhost] = SegmentRecordStore(
+                path, segment_size=self.broker.config.storage.segment_size
+            )
         return records
+
+    # -- upkeep ----------------------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        while True:
+            await asyncio.sleep(MAINTAIN_EVERY)
+            for vhost in list(self.logs):
+                try:
+                    await self.maintain(vhost)
+                except Exception:
+                    log.exception("vhost %r: upkeep failed", vhost)
+
+    async def maintain(self, vhost: str) -> None:
+        """Compact the vhost's working copy and log; checkpoint a led vhost's log when due."""
+        records = self.logs[vhost]
+        store = self.stores.get(vhost)
+        if store is not None:
+            store.compact()
+            if self.checkpoint_due(vhost):
+                if await store.checkpoint():
+                    self._checkpointed_at[vhost] = records.log.bytes_written
+        records.compact()
+
+    def checkpoint_due(self, vhost: str) -> bool:
+        """The log has grown past `checkpoint_bytes` and twice the live data since the
+        last checkpoint (or, before the first one of this leadership, in all)."""
+        store, records = self.stores[vhost], self.logs[vhost]
+        room = max(self.config.checkpoint_bytes, 2 * store.live_bytes())
+        if vhost in self._checkpointed_at:
+            return records.log.bytes_written - self._checkpointed_at[vhost] > room
+        return records.size_bytes() > room
+
+    def log_status(self, vhost: str) -> dict[str, Any] | None:
+        """This node's copy of the vhost's log, for the API (None: it holds none)."""
+        records = self.logs.get(vhost)
+        if records is None:
+            return None
+        store = self.stores.get(vhost)
+        return {
+            "node": self.node.name,
+            "first_offset": records.first_offset,
+            "last_offset": records.last_offset,
+            "bytes": records.size_bytes(),
+            "epoch": records.last_epoch(),
+            "checkpoints": store.checkpoints if store is not None else None,
+        }
 
     # -- the listener ----------------------------------------------------------------------
 
@@ -166,10 +227,11 @@ class VhostReplicas:
         records = self.log_of(vhost)
         await asyncio.to_thread(records.sync)
         messages = self.vhost_dir(vhost) / "messages"
-        saved = await asyncio.to_thread(rebuild_message_dir, records, messages)
+        rebuilt = await asyncio.to_thread(rebuild_message_dir, records, messages)
         if not c.may_confirm(vhost, epoch):
             return  # lost again while recovering
         vhost_obj = self.broker.vhosts.get(vhost) or self.broker.add_vhost(vhost)
+        saved = rebuilt.definitions
         if saved is None:  # a new log: this node's own definitions start it
             saved = definitions.snapshot(vhost_obj)
         queues = definitions.apply(self.broker, vhost_obj, saved)
@@ -183,6 +245,11 @@ class VhostReplicas:
         )
         store = self._open_store(vhost, epoch, messages, leader, vhost_obj)
         self._recover(vhost, store, queues)
+        store.next_id = max(store.next_id, rebuilt.next_id)  # ids named below a checkpoint
+        store.next_queue_id = max(store.next_queue_id, rebuilt.next_queue_id)
+        self._checkpointed_at.pop(vhost, None)
+        store.start_epoch()
+        vhost_obj.replicated = store
         leader.start_routed()
         self._isr_tasks.append(attach_coordinator(c, leader))
         self.leaders[vhost] = leader
@@ -231,6 +298,9 @@ class VhostReplicas:
             leader.depose(leader.epoch + 1, self.node.name)
             await leader.stop()
         if store is not None:
+            vhost_obj = self.broker.vhosts.get(vhost)
+            if vhost_obj is not None and vhost_obj.replicated is store:
+                vhost_obj.replicated = None
             await store.close_replicated()
 
     # -- hooks from the broker (persistence) ------------------------------------------------

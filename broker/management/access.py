@@ -13,10 +13,12 @@ from .context import (
     USER,
     bad_request,
     broker_of,
+    change,
     keep_an_administrator,
     not_found,
     read_json,
     sees_vhost,
+    vhost_exists,
     vhost_refused,
     vhosts_of,
 )
@@ -43,7 +45,7 @@ async def put_vhost(request: web.Request) -> web.Response:
     body = await read_json(request) if request.can_read_body else {}
     metadata = vhost_metadata(body)  # RabbitMQ: a PUT with no body clears them too
     broker = broker_of(request)
-    created = broker.add_vhost(request.match_info["vhost"], metadata)
+    created = await change(broker, "add_vhost", request.match_info["vhost"], metadata)
     if created and broker.cluster is not None:
         await broker.cluster.placed(request.match_info["vhost"])  # its keys are in etcd
     return web.Response(status=201 if created else 204)
@@ -57,12 +59,12 @@ async def put_cluster_name(request: web.Request) -> web.Response:
     name = (await read_json(request)).get("name")
     if not isinstance(name, str) or not name:
         raise bad_request("name must be a non-empty string")
-    broker_of(request).set_cluster_name(name)
+    await change(broker_of(request), "set_cluster_name", name)
     return web.Response(status=204)
 
 
 async def delete_vhost(request: web.Request) -> web.Response:
-    if not broker_of(request).delete_vhost(request.match_info["vhost"]):
+    if not await change(broker_of(request), "delete_vhost", request.match_info["vhost"]):
         raise not_found()
     return web.Response(status=204)
 
@@ -102,7 +104,7 @@ async def put_user(request: web.Request) -> web.Response:
     existed = name in broker.auth.users
     if existed:
         keep_an_administrator(broker, {name: tuple(tags)})
-    broker.put_user(name, password_hash, tuple(tags))
+    await change(broker, "put_user", name, password_hash, tuple(tags))
     return web.Response(status=204 if existed else 201)
 
 
@@ -120,7 +122,7 @@ async def delete_user(request: web.Request) -> web.Response:
             "log in as another administrator to delete it"
         )
     keep_an_administrator(broker, {name: None})
-    broker.delete_user(name)
+    await change(broker, "delete_user", name)
     return web.Response(status=204)
 
 
@@ -131,7 +133,7 @@ def _rows_of_path(request: web.Request, rows: list[dict[str, Any]]) -> list[dict
     user, vhost = request.match_info.get("user"), request.match_info.get("vhost")
     if user is not None and user not in broker.auth.users:
         raise not_found()
-    if vhost is not None and vhost not in broker.vhosts:
+    if vhost is not None and not vhost_exists(broker, vhost):
         raise not_found()
     rows = [
         r
@@ -176,10 +178,12 @@ async def put_permission(request: web.Request) -> web.Response:
     body = await read_json(request)
     user, vhost = request.match_info["user"], request.match_info["vhost"]
     perms = _permission_fields(body, ("configure", "write", "read"))
-    if user not in broker.auth.users or vhost not in broker.vhosts:
+    if user not in broker.auth.users or not vhost_exists(broker, vhost):
         raise bad_request("vhost_or_user_not_found")
     existed = vhost in broker.auth.users[user].permissions
-    broker.set_permission(user, vhost, **perms)
+    await change(
+        broker, "set_permission", user, vhost, *(perms[k] for k in ("configure", "write", "read"))
+    )
     return web.Response(status=204 if existed else 201)
 
 
@@ -189,7 +193,7 @@ async def delete_permission(request: web.Request) -> web.Response:
     known = broker.auth.users.get(user)
     if known is None or vhost not in known.permissions:
         raise not_found()
-    broker.clear_permission(user, vhost)
+    await change(broker, "clear_permission", user, vhost)
     return web.Response(status=204)
 
 
@@ -211,10 +215,12 @@ async def put_topic_permission(request: web.Request) -> web.Response:
     user, vhost = request.match_info["user"], request.match_info["vhost"]
     perms = _permission_fields(body, ("exchange", "write", "read"))
     exchange = perms.pop("exchange")
-    if user not in broker.auth.users or vhost not in broker.vhosts:
+    if user not in broker.auth.users or not vhost_exists(broker, vhost):
         raise bad_request("vhost_or_user_not_found")
     existed = _has_topic_permissions(request, user, vhost)
-    broker.set_topic_permission(user, vhost, exchange, **perms)
+    await change(
+        broker, "set_topic_permission", user, vhost, exchange, perms["write"], perms["read"]
+    )
     return web.Response(status=204 if existed else 201)
 
 
@@ -225,7 +231,7 @@ async def delete_topic_permission(request: web.Request) -> web.Response:
     user, vhost = info["user"], info["vhost"]
     if not _has_topic_permissions(request, user, vhost):
         raise not_found()
-    broker_of(request).clear_topic_permissions(user, vhost, info.get("exchange"))
+    await change(broker_of(request), "clear_topic_permissions", user, vhost, info.get("exchange"))
     return web.Response(status=204)
 
 
@@ -236,8 +242,8 @@ def _limit_kind(request: web.Request) -> str:
 def _limit_owner(request: web.Request, kind: str) -> str:
     broker = broker_of(request)
     owner = request.match_info["owner"]
-    known = broker.vhosts if kind == "vhost" else broker.auth.users
-    if owner not in known:
+    known = owner in broker.auth.users if kind == "user" else vhost_exists(broker, owner)
+    if not known:
         raise not_found()
     if kind == "vhost" and not sees_vhost(request, owner):
         raise vhost_refused()
@@ -259,7 +265,7 @@ async def put_limit(request: web.Request) -> web.Response:
     owner = request.match_info["owner"]
     if kind == "user" and owner not in broker.auth.users:
         raise bad_request(["no_such_user", owner])  # RabbitMQ's 400 here
-    if kind == "vhost" and owner not in broker.vhosts:
+    if kind == "vhost" and not vhost_exists(broker, owner):
         raise web.HTTPNotFound(
             text='{"error":"not_found","reason":"vhost_not_found"}',
             content_type="application/json",
@@ -273,14 +279,14 @@ async def put_limit(request: web.Request) -> web.Response:
         value = limit_value(kind, name, body.get("value"))
     except ValueError as exc:
         raise bad_request(str(exc)) from None
-    broker.set_limit(kind, owner, name, value)
+    await change(broker, "set_limit", kind, owner, name, value)
     return web.Response(status=204)
 
 
 async def delete_limit(request: web.Request) -> web.Response:
     kind = _limit_kind(request)
     owner = _limit_owner(request, kind)
-    broker_of(request).clear_limit(kind, owner, request.match_info["limit"])
+    await change(broker_of(request), "clear_limit", kind, owner, request.match_info["limit"])
     return web.Response(status=204)
 
 
@@ -312,8 +318,13 @@ async def put_policy(request: web.Request) -> web.Response:
     vhost = vhosts_of(request)[0]
     body = await read_json(request)
     try:
-        new = broker_of(request).set_policy(
-            vhost.name, request.match_info["name"], body, _operator(request)
+        new = await change(
+            broker_of(request),
+            "set_policy",
+            vhost.name,
+            request.match_info["name"],
+            body,
+            _operator(request),
         )
     except PolicyError as exc:
         raise bad_request(str(exc)) from None
@@ -322,8 +333,12 @@ async def put_policy(request: web.Request) -> web.Response:
 
 async def delete_policy(request: web.Request) -> web.Response:
     vhost = vhosts_of(request)[0]
-    if not broker_of(request).clear_policy(
-        vhost.name, request.match_info["name"], _operator(request)
+    if not await change(
+        broker_of(request),
+        "clear_policy",
+        vhost.name,
+        request.match_info["name"],
+        _operator(request),
     ):
         raise not_found()
     return web.Response(status=204)

@@ -8,6 +8,11 @@
   the vhost but not its declarations); connections and channels from the node holding them.
   Sorting, `name=`, `columns=` and paging are applied after the merge. A node that does not
   answer is skipped and named in `X-RoarMQ-Nodes-Skipped`.
+* One vhost's objects (`/api/queues/{vhost}/{name}...`, `/api/exchanges/{vhost}/{name}...`,
+  `/api/bindings/{vhost}...`, `GET /api/definitions/{vhost}`, `/api/route/...`,
+  `/api/aliveness-test/{vhost}`), any method, asked of a node that does not lead the vhost:
+  forwarded as they are to its leader, which holds them (`at_the_leader`); the answer comes
+  back unchanged, marked `X-RoarMQ-Served-By`.
 * `POST /api/vhosts/{vhost}/leader` `{"node": NAME}` (administrator): move the vhost's
   leadership (`ClusterNode.move_leader`), forwarded to the current leader when asked
   elsewhere.
@@ -37,6 +42,18 @@ NODE_LOCAL = "X-RoarMQ-Node-Local"
 SKIPPED = "X-RoarMQ-Nodes-Skipped"
 #: Seconds a node waits for another's rows.
 PEER_TIMEOUT = 2.0
+
+#: On a forwarded answer: the node that served it.
+SERVED_BY = "X-RoarMQ-Served-By"
+#: Routes of one vhost's objects (as registered; lists merged above are not among them):
+#: only the vhost's leader holds these, so another node forwards them there.
+AT_THE_LEADER = (
+    "/api/queues/{vhost}/{name}",
+    "/api/exchanges/{vhost}/{name}",
+    "/api/bindings/{vhost}",
+    "/api/aliveness-test/{vhost}",
+    "/api/route/{vhost}/{exchange}",
+)
 
 #: Route -> whether its rows belong to a vhost (kept from its leader only).
 MERGED = {
@@ -127,6 +144,35 @@ async def _call_node(
         return resp.status, json.loads(text) if text else None
 
 
+#: Where writes change operator metadata (etcd's, broker/cluster/metadata.py).
+METADATA_PATHS = (
+    "/api/users",
+    "/api/permissions",
+    "/api/topic-permissions",
+    "/api/vhost-limits",
+    "/api/user-limits",
+    "/api/policies",
+    "/api/operator-policies",
+    "/api/definitions",
+    "/api/cluster-name",
+)
+
+
+@web.middleware
+async def metadata_barrier(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A write to users, permissions, policies... on a cluster node is checked against this
+    node's copy made as new as etcd's first (one read of etcd's revision), so what another
+    node wrote a moment ago is known; 503 when etcd cannot be reached."""
+    broker = broker_of(request)
+    if broker.cluster is None or request.method not in ("PUT", "POST", "DELETE"):
+        return await handler(request)
+    path = request.path
+    vhost = path.startswith("/api/vhosts/") and request.method != "POST"
+    if vhost or any(path == p or path.startswith(p + "/") for p in METADATA_PATHS):
+        await broker.cluster.metadata.barrier()
+    return await handler(request)
+
+
 @web.middleware
 async def merged_lists(request: web.Request, handler: Any) -> web.StreamResponse:
     broker = broker_of(request)
@@ -158,6 +204,55 @@ async def merged_lists(request: web.Request, handler: Any) -> web.StreamResponse
     rows.sort(key=_default_order)
     headers = {SKIPPED: ",".join(skipped)} if skipped else None
     return web.json_response(shape(rows, request.query), headers=headers)
+
+
+def _held_by_the_leader(route: str, method: str) -> bool:
+    if route == "/api/definitions/{vhost}":
+        return method == "GET"  # an import writes operator metadata too: etcd's path
+    return any(route == r or route.startswith(r + "/") for r in AT_THE_LEADER)
+
+
+@web.middleware
+async def at_the_leader(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Forward a request about one vhost's objects to the vhost's leader (module doc)."""
+    broker = broker_of(request)
+    cluster = broker.cluster
+    if cluster is None or request.headers.get(NODE_LOCAL):
+        return await handler(request)
+    vhost = request.match_info.get("vhost")
+    route = _route_of(request)
+    if vhost is None or route is None or not _held_by_the_leader(route, request.method):
+        return await handler(request)
+    leader = cluster.leader_of(vhost)
+    if leader is None or leader == cluster.name:
+        return await handler(request)  # ours, or nobody's at the moment: answered here
+    peer = next((n for n in _peers(request) if n["name"] == leader), None)
+    if peer is None:
+        return web.json_response(
+            _reason(f"the leader of vhost '{vhost}', node '{leader}', is not reachable"),
+            status=503,
+        )
+    headers = {
+        NODE_LOCAL: "1",
+        "Authorization": request.headers.get("Authorization", ""),
+        "Content-Type": request.headers.get("Content-Type", "application/json"),
+    }
+    body = await request.read()
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as session,
+        session.request(
+            request.method,
+            _base_url(request, peer) + request.rel_url.raw_path_qs,
+            data=body,
+            headers=headers,
+            ssl=False,
+        ) as resp,
+    ):
+        data = await resp.read()
+        answer = {SERVED_BY: leader}
+        if "Content-Type" in resp.headers and data:
+            answer["Content-Type"] = resp.headers["Content-Type"]
+        return web.Response(status=resp.status, body=data or None, headers=answer)
 
 
 def _default_order(row: Any) -> tuple[str, str]:

@@ -335,8 +335,12 @@ async def post_definitions(request: web.Request) -> web.Response:
     ):
         # an import replaces the tags of the users it names: not to leave no administrator
         keep_an_administrator(broker_of(request), {u["name"]: _tags_of(u) for u in users})
+    broker = broker_of(request)
     try:
-        import_definitions(broker_of(request), body)
+        if broker.cluster is not None:  # operator metadata through etcd (cluster/metadata.py)
+            await broker.cluster.metadata.import_definitions(body)
+        else:
+            import_definitions(broker, body)
     except (KeyError, TypeError, ValueError, ProtocolError) as exc:
         raise bad_request(f"cannot import definitions: {exc}") from None
     return web.Response(status=204)

@@ -132,6 +132,7 @@ async def nodes(request: web.Request) -> web.Response:
     }
     rows = [node]
     if b.cluster is not None:  # every node etcd knows of; this one keeps its own fields too
+        node.update(b.cluster.handoff.stats())  # connections passed / relayed to leaders
         rows = [
             {**other, **node} if other["name"] == b.node_name else other
             for other in b.cluster.nodes()

@@ -239,7 +239,7 @@ async def get_messages(request: web.Request) -> web.Response:
         q.stats_get += 1  # RabbitMQ's management get is a basic.get with manual ack
         taken.append(entry)
         msg = entry.msg
-        data = msg.body if msg.body is not None else broker.store.body(msg)
+        data = msg.body if msg.body is not None else (q.store or broker.store).body(msg)
         out.append(message_row(msg, data, entry.redelivered, q.message_count(), body, truncate))
     if ackmode == "ack_requeue_false":
         for entry in taken:

@@ -240,6 +240,7 @@ def vhost_row(vhost: Any, broker: Broker) -> dict[str, Any]:
         row["leader"] = cluster.leader_of(vhost.name)
         row["members"] = cluster.members(vhost.name)
         row["in_sync"] = cluster.in_sync(vhost.name)
+        row["replicated_log"] = cluster.replicas.log_status(vhost.name)
     return row
 
 

@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from ..api_query import list_query
+from ..errors import MetadataUnavailable
 from ..metrics import RabbitCollector, RoarCollector
 from ..rates import RateSampler
 from ..store.definitions import DefinitionsWriteFailed
@@ -100,6 +101,9 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         raise not_found() from None
     except web.HTTPException:
         raise
+    except MetadataUnavailable as exc:  # a cluster node without etcd: nothing changed
+        log.warning("%s", exc, extra={"method": request.method, "path": request.path})
+        return web.json_response({"error": "service_unavailable", "reason": str(exc)}, status=503)
     except DefinitionsWriteFailed as exc:  # the disk, not a bug: one line, no traceback
         exc.log_to(log, method=request.method, path=request.path)
         return web.json_response({"error": "internal_error", "reason": str(exc)}, status=500)
@@ -286,7 +290,15 @@ class ManagementServer:
         self.per_object.register(RoarCollector(broker, per_object=True))
         self._runner: web.AppRunner | None = None
         app = web.Application(
-            middlewares=[_errors, _no_browser_prompt, _auth, cluster.merged_lists, list_query]
+            middlewares=[
+                _errors,
+                _no_browser_prompt,
+                _auth,
+                cluster.metadata_barrier,
+                cluster.at_the_leader,
+                cluster.merged_lists,
+                list_query,
+            ]
         )
         app[SERVER] = self
         _add_routes(app.router)

@@ -14,6 +14,20 @@ from collections.abc import Callable
 
 import pika
 
+_HANDED_OUT: set[int] = set()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on, never the same twice in this process (the
+    kernel may give a just-closed port again; two nodes then clash on it)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
 
 async def until(predicate: Callable[[], object], timeout: float, step: float = 0.05) -> bool:
     """Poll `predicate` on the loop until it is true or `timeout` seconds have passed."""

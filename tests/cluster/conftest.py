@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from clusterlib import free_port
 
 ETCD = Path(__file__).resolve().parents[2] / ".tools" / "etcd"
 
@@ -23,20 +23,14 @@ def etcd_binary() -> str | None:
     return shutil.which("etcd")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Etcd:
     """One etcd member. `kill()` is kill -9; `start()` again reuses its data dir and ports."""
 
     def __init__(self, binary: str, data_dir: Path) -> None:
         self.binary = binary
         self.data_dir = data_dir
-        self.client_port = _free_port()
-        self.peer_port = _free_port()
+        self.client_port = free_port()
+        self.peer_port = free_port()
         self.url = f"http://127.0.0.1:{self.client_port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = data_dir.parent / "etcd.log"

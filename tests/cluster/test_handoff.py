@@ -1,19 +1,32 @@
 """Any node, any client: a client of a node that does not lead its vhost is handed to the
-leader (a relay over the replication port, broker/cluster/handoff.py) and notices nothing.
+leader (broker/cluster/handoff.py) and notices nothing.
 
-Three real nodes on a real etcd; pika on a non-leader: a durable queue, 100 persistent
-messages with confirms, consumed with manual acks, and the queue is the leader's;
-heartbeats through the relay; closing the client closes the leader's connection; a kill -9
-of the leader closes the relayed client, which reconnects to any node and reaches the new
-leader."""
+Three real nodes on a real etcd, all on this machine, so the client's socket itself is
+passed to the leader (SCM_RIGHTS over the leader's hand-off socket): pika on a non-leader
+publishes 100 persistent messages with confirms into a durable queue and consumes them
+with manual acks; the connection is the leader's own (API: the leader lists it with the
+client's port, the first node lists none, its counters say passed, no relay); heartbeats
+keep it alive; an amqps client on the same node is relayed instead (TLS state cannot move);
+a kill -9 of the first node leaves the passed client working. With the leader's hand-off
+socket gone, a client is relayed over the replication port (the fallback): the same
+traffic and heartbeats, closing it closes the leader's side, and a kill -9 of the leader
+closes the relayed client, which reconnects to any node and reaches the new leader."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import signal
+import ssl
 import time
+import urllib.request
 
+import aio_pika
 import pika
 import pytest
-from test_node import TTL, Node, placement, three_nodes, until
+import trustme
+from test_node import TTL, Node, free_port, placement, three_nodes, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -22,6 +35,35 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 def cluster(etcd, tmp_path):
     with three_nodes(etcd, tmp_path) as nodes:
         yield nodes
+
+
+@pytest.fixture
+def tls_cluster(etcd, tmp_path):
+    """Three nodes, each with an amqps listener too; yields (nodes, CA file)."""
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    cert, key, ca_file = tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem"
+    for blob in server.cert_chain_pems:
+        blob.write_to_path(str(cert), append=True)
+    server.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    nodes = [Node(tmp_path, f"n{i}", etcd.url) for i in (1, 2, 3)]
+    for node in nodes:
+        node.tls_port = free_port()
+        with open(node.config, "a") as config:
+            config.write(
+                f"[amqp.tls]\nenabled = true\nport = {node.tls_port}\n"
+                f"certfile = {json.dumps(str(cert))}\nkeyfile = {json.dumps(str(key))}\n"
+            )
+    try:
+        for node in nodes:
+            node.start()
+        yield nodes, ca_file
+    finally:
+        for node in nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                os.kill(node.proc.pid, signal.SIGCONT)
+            node.stop()
 
 
 def agreed_leader(nodes: list[Node]) -> str | None:
@@ -36,14 +78,141 @@ def connections_on(node: Node) -> list[dict]:
     return [c for c in node.api("/api/connections") if c.get("vhost") == "/"]
 
 
-def test_client_on_a_non_leader_is_handed_to_the_leader(cluster):
+def own_connections(node: Node) -> list[dict]:
+    """The connections this node holds itself (not the cluster-wide merge)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{node.mgmt_port}/api/connections",
+        headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q=", "X-RoarMQ-Node-Local": "1"},
+    )
+    with urllib.request.urlopen(request, timeout=2) as resp:
+        return json.loads(resp.read())
+
+
+def own_row(node: Node) -> dict:
+    """The node's own row of GET /api/nodes: its hand-off counters."""
+    return next(row for row in node.api("/api/nodes") if row["name"] == node.name)
+
+
+def local_port(conn: pika.BlockingConnection) -> int:
+    return conn._impl._transport._sock.getsockname()[1]
+
+
+def publish_and_consume(ch, queue: str, count: int, tag: bytes) -> None:
+    """`count` persistent messages with confirms, then consumed with manual acks, in order."""
+    bodies = [tag + b"%03d" % i for i in range(count)]
+    for body in bodies:
+        ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+    got = []
+    for _ in range(count):
+        method, _props, body = ch.basic_get(queue, auto_ack=False)
+        assert method is not None
+        got.append(body)
+        ch.basic_ack(method.delivery_tag)
+    assert got == bodies
+    assert ch.queue_declare(queue, passive=True).method.message_count == 0
+
+
+async def aiopika_roundtrip(port: int) -> None:
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/")
+    async with conn:
+        ch = await conn.channel(publisher_confirms=True)
+        queue = await ch.declare_queue("passed", durable=True)
+        for i in range(10):
+            await ch.default_exchange.publish(
+                aio_pika.Message(b"aio%d" % i, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key="passed",
+            )
+        got = []
+        for _ in range(10):
+            message = await queue.get(no_ack=False, timeout=5)
+            got.append(message.body)
+            await message.ack()
+        assert got == [b"aio%d" % i for i in range(10)]
+
+
+def test_client_on_a_follower_has_its_socket_passed_to_the_leader(tls_cluster):
+    nodes, ca_file = tls_cluster
+    leader_name = until(lambda: agreed_leader(nodes), 40)
+    assert leader_name, [n.log.read_text()[-2000:] for n in nodes]
+    leader = next(n for n in nodes if n.name == leader_name)
+    first, _third = [n for n in nodes if n is not leader]
+    assert own_row(leader)["handoff_socket"] == str(leader.data_dir / "handoff.sock")
+
+    params = first.params()
+    params.heartbeat = 2
+    conn = pika.BlockingConnection(params)
+    # Passed, not relayed: the first node keeps nothing of it, the leader has it as its own.
+    # (The leader acks the pass before it answers open-ok; the first node may count it a
+    # moment after the client is open.)
+    assert until(lambda: own_row(first)["handoffs_passed"] == 1, 5), own_row(first)
+    row = own_row(first)
+    assert (row["handoffs_passed"], row["handoffs_relayed"], row["relays"]) == (1, 0, 0), row
+    assert row["handoffs_pass_failed"] == 0
+    assert own_row(leader)["handoffs_adopted_passed"] == 1
+    assert own_connections(first) == []
+    (mine,) = own_connections(leader)
+    assert mine["peer_port"] == local_port(conn) and mine["vhost"] == "/"
+    assert mine["node"] == leader_name
+
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("passed", durable=True)
+    publish_and_consume(ch, "passed", 100, b"m")
+    assert leader.api("/api/queues/%2F/passed")["node"] == leader_name
+    conn.sleep(5)  # heartbeats (2 s) with the leader itself
+    assert conn.is_open
+
+    # amqps is relayed: its TLS session cannot leave the first node's process.
+    tls_params = pika.ConnectionParameters(
+        "127.0.0.1",
+        first.tls_port,
+        connection_attempts=1,
+        socket_timeout=3,
+        ssl_options=pika.SSLOptions(ssl.create_default_context(cafile=str(ca_file)), "127.0.0.1"),
+    )
+    tls = pika.BlockingConnection(tls_params)
+    row = own_row(first)
+    assert (row["handoffs_passed"], row["handoffs_relayed"], row["relays"]) == (1, 1, 1), row
+    assert row["handoffs_pass_failed"] == 0
+    tls_ch = tls.channel()
+    tls_ch.confirm_delivery()
+    publish_and_consume(tls_ch, "passed", 10, b"t")
+    tls.close()
+    assert until(lambda: own_row(first)["relays"] == 0, 5)
+
+    # aio-pika (its own handshake and pipelining) is passed too, and publishes with confirms.
+    asyncio.run(aiopika_roundtrip(first.port))
+    assert until(lambda: own_row(first)["handoffs_passed"] == 2, 5), own_row(first)
+    assert own_row(first)["handoffs_relayed"] == 1
+
+    # kill -9 of the first node: the passed client does not notice.
+    first.kill9()
+    conn.process_data_events(0.5)
+    assert conn.is_open
+    publish_and_consume(ch, "passed", 20, b"a")
+    conn.sleep(3)
+    assert conn.is_open
+    assert len(own_connections(leader)) == 1
+    # Closing it closes the leader's connection (an ordinary one of the leader's).
+    conn.close()
+    assert until(lambda: own_connections(leader) == [], 5), own_connections(leader)
+
+
+def test_relay_when_the_leader_socket_is_unavailable(cluster):
     leader_name = until(lambda: agreed_leader(cluster), 40)
     assert leader_name, [n.log.read_text()[-2000:] for n in cluster]
     leader = next(n for n in cluster if n.name == leader_name)
     relay, third = [n for n in cluster if n is not leader]
+    # The leader's hand-off socket goes away: clients of other nodes are relayed to it.
+    os.unlink(own_row(leader)["handoff_socket"])
 
     # Publish 100 persistent messages with confirms through a node that does not lead.
     conn = pika.BlockingConnection(relay.params())
+    row = own_row(relay)
+    assert (row["handoffs_passed"], row["handoffs_relayed"], row["relays"]) == (0, 1, 1), row
+    assert row["handoffs_pass_failed"] == 1
+    assert own_row(leader)["handoffs_adopted_relayed"] == 1
+    assert own_connections(relay) == []
     ch = conn.channel()
     ch.confirm_delivery()
     ch.queue_declare("handed", durable=True)
@@ -69,11 +238,13 @@ def test_client_on_a_non_leader_is_handed_to_the_leader(cluster):
     # Closing the client closes the leader's side.
     conn.close()
     assert until(lambda: connections_on(leader) == [], 5), connections_on(leader)
+    assert until(lambda: own_row(relay)["relays"] == 0, 5)
 
     # Heartbeats pass through (the leader sends them, the relay copies them).
     params = relay.params()
     params.heartbeat = 2
     hb = pika.BlockingConnection(params)
+    assert own_row(relay)["relays"] == 1
     hb.sleep(5)
     assert hb.is_open
     assert hb.channel().queue_declare("handed", passive=True).method.message_count == 0
@@ -109,6 +280,109 @@ def test_client_on_a_non_leader_is_handed_to_the_leader(cluster):
 
 def row_count(node: Node) -> int:
     return node.api("/api/queues/%2F/handed").get("messages", -1)
+
+
+def test_socket_address_falls_back_to_an_abstract_name(tmp_path):
+    from roarmq.broker.cluster import handoff
+
+    short = tmp_path / "d"
+    assert handoff.socket_address(str(short)) == (str(short / "handoff.sock"),) * 2
+    deep = tmp_path / ("x" * 120)
+    bind, shown = handoff.socket_address(str(deep))
+    assert bind.startswith("\0roarmq-handoff-") and shown == "@" + bind[1:]
+    assert handoff.socket_address(str(deep)) == (bind, shown)  # the same name every start
+    assert handoff.machine_id()  # Linux: the boot id and the hostname
+
+
+class _FakeConnection:
+    """What `Handoffs._pass` uses of a Connection at connection.open."""
+
+    def __init__(self, transport) -> None:
+        from types import SimpleNamespace
+
+        self.transport, self.tls, self.name = transport, None, "fake"
+        self.user, self.auth_mechanism = SimpleNamespace(name="guest"), "PLAIN"
+        self.frame_max, self.channel_max, self.heartbeat = 131072, 2047, 60
+        self.client_properties, self.capabilities = {"product": "test"}, {}
+        self.peer = ("127.0.0.1", 1)
+        self.detached = False
+
+    def flush(self) -> None:
+        pass
+
+    def unread(self) -> bytes:
+        return b"\x01\x00\x01"  # bytes read past connection.open, carried on
+
+    def detach(self):
+        self.detached = True
+        transport, self.transport = self.transport, None
+        return transport, b""
+
+
+async def test_pass_over_an_abstract_socket_and_refusals(tmp_path):
+    """In one process, no broker: a long data dir gets an abstract hand-off socket; a
+    client's TCP socket passed over it arrives with the preamble and the unread bytes, the
+    passing side forgets its copy and the client talks to the receiver; a socket that
+    answers with another node's name is not passed to (False: the caller relays), nor is a
+    missing one."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from roarmq.broker.cluster import handoff
+
+    def node(name: str, data_dir):
+        storage = SimpleNamespace(data_dir=str(data_dir))
+        broker = SimpleNamespace(config=SimpleNamespace(storage=storage))
+        return SimpleNamespace(name=name, broker=broker, coordinator=None)
+
+    loop = asyncio.get_running_loop()
+    leader = handoff.Handoffs(node("L", tmp_path / ("d" * 120)))
+    first = handoff.Handoffs(node("F", tmp_path / "f"))
+    adopted: list = []
+    leader._adopt = lambda transport, facts, data, passed: adopted.append(
+        (transport, facts, data, passed)
+    )
+    await leader.listen()
+    assert leader.socket_path.startswith("@roarmq-handoff-")
+    assert leader.advertised() == {
+        "machine": handoff.machine_id(),
+        "handoff_socket": leader.socket_path,
+    }
+
+    class Holder(asyncio.Protocol):
+        def connection_made(self, transport):
+            transport.pause_reading()  # as the flow hold leaves it
+            accepted.set_result(transport)
+
+    accepted = loop.create_future()
+    front = await loop.create_server(Holder, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
+    conn = _FakeConnection(await accepted)
+
+    # Refused: no such socket; a socket of another name. The connection is untouched.
+    assert not await first._pass(conn, "/", "L", "@roarmq-handoff-nobody")
+    assert not await first._pass(conn, "/", "X", leader.socket_path)
+    assert first.pass_failed == 2 and not conn.detached and not adopted
+
+    assert await first._pass(conn, "/", "L", leader.socket_path)
+    assert first.passed == 1 and conn.detached
+    for _ in range(100):
+        if adopted:
+            break
+        await asyncio.sleep(0.01)
+    transport, facts, data, passed = adopted[0]
+    assert passed and data == b"\x01\x00\x01"
+    assert facts["vhost"] == "/" and facts["user"] == "guest" and facts["via"] == "F"
+    assert facts["frame_max"] == 131072 and facts["client_properties"] == {"product": "test"}
+    # The first side's copy is closed, the client's socket is not: it talks to the receiver.
+    transport.write(b"from the leader")
+    assert await asyncio.wait_for(reader.readexactly(15), 5) == b"from the leader"
+    transport.close()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    front.close()
+    leader.close()
+    first.close()
 
 
 async def test_relay_backpressure_both_ways():

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,17 +16,12 @@ from pathlib import Path
 
 import pika
 import pytest
+from clusterlib import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Node:

@@ -23,7 +23,11 @@ from roarmq.broker.cluster.replication import (
     ReplicationLeader,
     attach_coordinator,
 )
-from roarmq.broker.cluster.replication_store import SegmentRecordStore
+from roarmq.broker.cluster.replication_store import (
+    SegmentRecordStore,
+    checkpoint_record,
+    epoch_record,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -37,7 +41,8 @@ async def until(predicate, timeout: float, step: float = 0.01) -> bool:
 
 def payloads(count: int, seed: int, max_size: int = 2000) -> list[bytes]:
     rng = random.Random(seed)
-    return [rng.randbytes(rng.randint(0, max_size)) for _ in range(count)]
+    # b"x" first: payloads starting with b"E" or b"C" are epoch and checkpoint records
+    return [b"x" + rng.randbytes(rng.randint(0, max_size)) for _ in range(count)]
 
 
 async def publish(leader: ReplicationLeader, items: list[bytes], flush_every: int = 250) -> None:
@@ -244,10 +249,12 @@ async def test_follower_behind_retention_gets_reset_and_snapshot(tmp_path):
         assert await until(lambda: f.acked == 100, 5)
         await c.stop_follower("b")
 
-        second = payloads(900, seed=6)
-        await publish(c.leader, second)
+        # The leader checkpoints: record 1000 says 600..999 hold the whole state, so once
+        # it is confirmed (b is out of the in-sync set: at once) 1..599 are trimmed.
         c.leader.remove_from_isr("b")
-        c.leader_store.drop_below(600)  # the leader compacted: 100..599 are gone
+        second = payloads(899, seed=6) + [checkpoint_record(600)]
+        await publish(c.leader, second)
+        assert c.leader_store.first_offset == 600
         resets: list[int] = []
         f = c.follower("b")
         f.on_reset.append(resets.append)
@@ -357,3 +364,63 @@ async def _isr(coord) -> list[str]:
 
     kv = await coord.client.get(coord.vhost_key(VHOST, "isr"))
     return json.loads(kv.value)
+
+
+async def test_diverged_tail_of_the_same_length_is_truncated_kip101(tmp_path):
+    """A deposed leader's follower holds records 31..40 of epoch 5 that the new leader (epoch
+    9) never had; the new leader's own 31..40 differ. Same length, so only the epochs tell:
+    the follower truncates to 30 and copies the leader's tail."""
+    old = payloads(41, seed=21)
+    leader_store = SegmentRecordStore(tmp_path / "a")
+    follower_store = SegmentRecordStore(tmp_path / "b")
+    leader_store.append(1, epoch_record(5))
+    follower_store.append(1, epoch_record(5))
+    for offset in range(2, 31):
+        leader_store.append(offset, old[offset])
+        follower_store.append(offset, old[offset])
+    for offset in range(31, 41):
+        follower_store.append(offset, b"stale" + old[offset])
+    leader_store.append(31, epoch_record(9))
+    for offset in range(32, 41):
+        leader_store.append(offset, b"new%d" % offset)
+    leader_store.sync()
+    follower_store.sync()
+    leader_store.close()
+    follower_store.close()
+
+    async with cluster(tmp_path, epoch=9, in_sync=("b",)) as c:
+        f = c.follower("b", epoch=9)
+        await publish(c.leader, [b"after"])
+        assert await until(lambda: c.leader.confirmed_offset() == 41, 5)
+        assert f.store.records() == c.leader_store.records()
+    assert replayed(tmp_path / "b") == replayed(tmp_path / "a")
+    assert replayed(tmp_path / "b")[30][1] == epoch_record(9)
+
+
+async def test_truncation_below_a_trimmed_checkpoint_starts_the_follower_over(tmp_path):
+    """A follower trimmed by a checkpoint the new leader never had must not keep a log
+    whose older half is gone: it drops everything and takes a snapshot."""
+    leader_store = SegmentRecordStore(tmp_path / "a")
+    follower_store = SegmentRecordStore(tmp_path / "b")
+    for store in (leader_store, follower_store):
+        store.append(1, epoch_record(5))
+        for offset in range(2, 21):
+            store.append(offset, b"x%d" % offset)
+    follower_store.append(21, epoch_record(5))
+    follower_store.append(22, b"copy")
+    follower_store.append(23, checkpoint_record(21))
+    follower_store.sync()
+    follower_store.trim_checkpointed(23)
+    assert follower_store.first_offset == 21
+    leader_store.append(21, epoch_record(9))
+    leader_store.append(22, b"new22")
+    for store in (leader_store, follower_store):
+        store.sync()
+        store.close()
+
+    async with cluster(tmp_path, epoch=9, in_sync=("b",)) as c:
+        f = c.follower("b", epoch=9)
+        await publish(c.leader, [b"after"])
+        assert await until(lambda: c.leader.confirmed_offset() == 23, 5)
+        assert f.store.records() == c.leader_store.records()
+        assert f.store.first_offset == 1

@@ -1,0 +1,226 @@
+"""Operator metadata (users, permissions, policies, limits) in etcd, applied by every node
+(broker/cluster/metadata.py): three real brokers on a real etcd, pika clients over real
+sockets. A user made on one node logs in on the others at once, a permission or a policy
+set through any node applies where the vhost is served, a deleted user is closed out
+everywhere, a node restarted later has it all, and without etcd writes get a 503 while
+every node keeps serving its cached copy."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pika
+import pytest
+from test_node import Node, connect, placement, three_nodes, until
+
+from roarmq.broker import ctl
+from roarmq.broker.cluster.etcd import EtcdClient
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+NAMES = {"n1", "n2", "n3"}
+GUEST = ("guest", "guest")
+
+
+def call(node: Node, method: str, path: str, body=None, auth=GUEST) -> tuple[int, object]:
+    """One management API call: (status, decoded body or None)."""
+    token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{node.mgmt_port}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            text = resp.read()
+            return resp.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as exc:
+        text = exc.read()
+        return exc.code, json.loads(text) if text else None
+
+
+def ok(node: Node, method: str, path: str, body=None) -> int:
+    status, answer = call(node, method, path, body)
+    assert status in (200, 201, 204), (method, path, status, answer)
+    return status
+
+
+def params(node: Node, user: str, password: str) -> pika.ConnectionParameters:
+    return pika.ConnectionParameters(
+        "127.0.0.1",
+        node.port,
+        credentials=pika.PlainCredentials(user, password),
+        connection_attempts=1,
+        socket_timeout=5,
+    )
+
+
+def logs_in(node: Node, user: str, password: str) -> bool:
+    """connection.open-ok on vhost / (through that node, handed to the leader if need be)."""
+    try:
+        conn = connect(params(node, user, password))
+    except pika.exceptions.AMQPConnectionError:
+        return False
+    conn.close()
+    return True
+
+
+def run_ctl(node: Node, *args: str) -> int:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        return ctl.main(["--url", f"http://127.0.0.1:{node.mgmt_port}", *args])
+
+
+def by_name(nodes: list[Node], name: str) -> Node:
+    return next(n for n in nodes if n.name == name)
+
+
+def etcd_value(url: str, key: str):
+    async def get():
+        async with EtcdClient([url]) as client:
+            kv = await client.get(key)
+            return json.loads(kv.value) if kv else None
+
+    return asyncio.run(get())
+
+
+@pytest.fixture
+def cluster(etcd, tmp_path):
+    with three_nodes(etcd, tmp_path) as nodes:
+
+        def agreed():
+            seen = {placement(node) for node in nodes}
+            if len(seen) != 1:
+                return False
+            (leader, members, in_sync), *_ = seen
+            return leader is not None and set(members) == NAMES and set(in_sync) == NAMES
+
+        assert until(agreed, 30), [n.log.read_text()[-2000:] for n in nodes]
+        yield nodes
+
+
+def test_users_permissions_policies_live_in_etcd(cluster, etcd):
+    n1, n2, n3 = cluster
+    leader = by_name(cluster, placement(n1)[0])
+    follower = next(n for n in cluster if n is not leader)
+
+    # Seeding: exactly one node copied its local users (the default guest) into etcd.
+    assert etcd_value(etcd.url, "/roarmq/meta/users/guest")["tags"] == ["administrator"]
+    seeders = [n for n in cluster if "etcd was empty" in n.log.read_text()]
+    assert len(seeders) == 1, [n.name for n in seeders]
+
+    # A user made on n1 and given permissions on n2 (which must know the user at once)
+    # logs in on every node: direct on the leader, handed over elsewhere.
+    assert ok(n1, "PUT", "/api/users/alice", {"password": "secret", "tags": ""}) == 201
+    perms = {"configure": ".*", "write": ".*", "read": ".*"}
+    assert ok(n2, "PUT", "/api/permissions/%2F/alice", perms) == 201
+    for node in cluster:
+        assert logs_in(node, "alice", "secret"), node.name
+        assert not logs_in(node, "alice", "wrong"), node.name
+    assert {"alice", "guest"} <= {u["name"] for u in n3.api("/api/users")}
+    assert etcd_value(etcd.url, "/roarmq/meta/permissions/%2F/alice") == perms
+
+    # A permission changed on n3 applies to a connection already open through n1.
+    conn = connect(params(n1, "alice", "secret"))
+    ch = conn.channel()
+    ch.queue_declare("alice.before", durable=True)
+    ok(n3, "PUT", "/api/permissions/%2F/alice", {"configure": "^$", "write": ".*", "read": ".*"})
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.queue_declare("alice.after", durable=True)
+    assert refused.value.reply_code == 403
+    rows = n1.api("/api/permissions/%2F/alice")
+    assert rows["configure"] == "^$"
+
+    # Deleting the user on n3 closes its open connection (held on the leader) and
+    # forbids it on every node.
+    assert ok(n3, "DELETE", "/api/users/alice") == 204
+    deadline = time.monotonic() + 5
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        while time.monotonic() < deadline:
+            conn.process_data_events(0.1)
+    assert "alice" in closed.value.reply_text and "deleted" in closed.value.reply_text
+    for node in cluster:
+        assert not logs_in(node, "alice", "secret"), node.name
+        assert "alice" not in {u["name"] for u in node.api("/api/users")}
+    assert etcd_value(etcd.url, "/roarmq/meta/permissions/%2F/alice") is None
+
+    # A policy set through a node that does not lead / applies to the leader's queues.
+    policy = {"pattern": "^capped$", "definition": {"max-length": 2}, "apply-to": "queues"}
+    assert ok(follower, "PUT", "/api/policies/%2F/cap", policy) == 201
+    conn = connect(leader.params())
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("capped", durable=True)
+    for i in range(5):
+        ch.basic_publish("", "capped", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    assert ch.queue_declare("capped", passive=True).method.message_count == 2
+    conn.close()
+    assert leader.api("/api/queues/%2F/capped")["policy"] == "cap"
+    assert all(n.api("/api/policies/%2F/cap")["definition"] == {"max-length": 2} for n in cluster)
+    # An operator policy and a vhost limit, from yet another node.
+    third = next(n for n in cluster if n not in (leader, follower))
+    op = {"pattern": ".*", "definition": {"max-length": 1}, "apply-to": "queues"}
+    ok(third, "PUT", "/api/operator-policies/%2F/op-cap", op)
+    assert until(lambda: leader.api("/api/queues/%2F/capped")["messages"] == 1, 5)
+    ok(third, "PUT", "/api/vhost-limits/%2F/max-queues", {"value": 50})
+    assert all(
+        n.api("/api/vhost-limits/%2F") == [{"vhost": "/", "value": {"max-queues": 50}}]
+        for n in cluster
+    )
+
+    # roarmq ctl on one node, a definitions import on another: logins everywhere.
+    assert run_ctl(n2, "add_user", "bob", "bobpw") == 0
+    assert run_ctl(n3, "set_permissions", "-p", "/", "bob", ".*", ".*", ".*") == 0
+    assert logs_in(n1, "bob", "bobpw")
+    doc = {
+        "users": [{"name": "carol", "password": "carolpw", "tags": "management"}],
+        "permissions": [
+            {"user": "carol", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}
+        ],
+        "topic_permissions": [
+            {"user": "carol", "vhost": "/", "exchange": "amq.topic", "write": "^c", "read": ".*"}
+        ],
+    }
+    assert ok(n1, "POST", "/api/definitions", doc) == 204
+    assert logs_in(n2, "carol", "carolpw") and logs_in(n3, "carol", "carolpw")
+    assert n2.api("/api/topic-permissions/%2F/carol")[0]["write"] == "^c"
+    assert call(n3, "GET", "/api/whoami", auth=("carol", "carolpw"))[0] == 200
+
+    # A node restarted later sees what changed while it was down.
+    n3.stop()
+    ok(n1, "PUT", "/api/users/dave", {"password": "davepw", "tags": "monitoring"})
+    ok(n1, "PUT", "/api/permissions/%2F/dave", perms)
+    ok(n2, "DELETE", "/api/users/bob")
+    ok(n2, "PUT", "/api/policies/%2F/cap", {**policy, "definition": {"max-length": 3}})
+    ok(n1, "PUT", "/api/cluster-name", {"name": "roar-test"})
+    n3.start()
+    assert until(lambda: "dave" in {u["name"] for u in n3.api("/api/users")}, 30)
+    users = {u["name"]: u for u in n3.api("/api/users")}
+    assert "bob" not in users and users["dave"]["tags"] == ["monitoring"]
+    assert n3.api("/api/policies/%2F/cap")["definition"] == {"max-length": 3}
+    assert n3.api("/api/cluster-name") == {"name": "roar-test"}
+    assert until(lambda: logs_in(n3, "dave", "davepw"), 15)
+    assert not logs_in(n3, "bob", "bobpw")
+
+    # etcd gone: writes are refused with a 503 and change nothing; every node keeps
+    # serving logins from its cached copy, and so does one restarted meanwhile.
+    etcd.kill()
+    status, answer = call(n2, "PUT", "/api/users/erin", {"password": "x", "tags": ""})
+    assert status == 503, (status, answer)
+    assert "etcd" in answer["reason"]
+    status, _ = call(n1, "PUT", "/api/permissions/%2F/dave", perms)
+    assert status == 503
+    assert "erin" not in {u["name"] for u in n2.api("/api/users")}
+    assert logs_in(leader, "dave", "davepw")
+    n3.stop()
+    n3.start()
+    assert until(lambda: "dave" in {u["name"] for u in n3.api("/api/users")}, 15)
+    assert "bob" not in {u["name"] for u in n3.api("/api/users")}
