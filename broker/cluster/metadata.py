@@ -208,14 +208,16 @@ class OperatorMetadata:
             for name, value in values.items():
                 ops.append(_put(m, "limits", kind, owner, name, value=value))
         for vhost in b.vhosts.values():
-            ops.append(_put(m, "vhosts", vhost.name, value=vhost.metadata))
             for p in vhost.policies.values():
                 ops.append(_put(m, "policies", vhost.name, p.name, value=p.row()))
             for p in vhost.operator_policies.values():
                 ops.append(_put(m, "operator_policies", vhost.name, p.name, value=p.row()))
         if "cluster_name" in store.settings():
             ops.append(_put(m, "global_parameters", "cluster_name", value=b.cluster_name))
-        return ops
+        # The vhosts first: the seeding txn (with the `seeded` marker) carries them, so a
+        # node that finds the marker knows every seeded vhost (one it lacks was deleted).
+        vhosts = [_put(m, "vhosts", v.name, value=v.metadata) for v in b.vhosts.values()]
+        return vhosts + ops
 
     async def _seed(self) -> None:
         """The first node of a new cluster copies its own in: one txn that creates the
@@ -402,6 +404,11 @@ class OperatorMetadata:
             or (cluster is not None and name in cluster.placements())
         )
 
+    def knows_vhost(self, name: str) -> bool:
+        """etcd's metadata has the vhost (seeded with every vhost, and written before any
+        vhost is made: one it lacks was deleted)."""
+        return self.meta.get("vhosts", name) is not None
+
     async def put_user(
         self, name: str, password_hash: str, tags: tuple[str, ...], loopback_only: bool = False
     ) -> None:
@@ -514,10 +521,14 @@ class OperatorMetadata:
         return created
 
     async def delete_vhost(self, name: str) -> bool:
-        """Its metadata, permissions, topic permissions, policies and limits go from etcd;
-        the vhost itself from this node (as the Broker's)."""
+        """Its metadata, permissions, topic permissions, policies, limits and placement go
+        from etcd in one txn; the vhost itself from this node (as the Broker's), and from
+        every other node when it sees the placement go (`ClusterNode._vhost_gone`)."""
         m = self.meta
-        ops = [delete_op(m.key("vhosts", name))] + [
+        cluster = self.broker.cluster
+        coordinator = cluster.coordinator if cluster is not None else None
+        placement = [delete_op(coordinator.vhost_key(name, ""), True)] if coordinator else []
+        ops = [delete_op(m.key("vhosts", name)), *placement] + [
             delete_op(m.under(kind, *path), True)
             for kind, path in (
                 ("permissions", (name,)),
@@ -530,7 +541,8 @@ class OperatorMetadata:
         if name not in self.broker.vhosts:
             return False
         await self._write(ops, f"delete vhost '{name}'")
-        return self.broker.delete_vhost(name)
+        self.broker.delete_vhost(name)  # unless seeing its placement go deleted it already
+        return True
 
     async def import_definitions(self, doc: dict[str, Any]) -> None:
         """A definitions file: its vhosts, users, limits, permissions, topic permissions and

@@ -61,6 +61,8 @@ class ClusterNode:
         self.name = config.node
         self.client = EtcdClient(list(config.etcd))
         self.coordinator: Coordinator | None = None
+        #: The vhosts placed when the cluster was last looked at (their going = deletion).
+        self._placed_seen: set[str] = set()
         self.joined = asyncio.Event()
         self._join_task: asyncio.Task[None] | None = None
         self._reconcile_task: asyncio.Task[None] | None = None
@@ -121,7 +123,12 @@ class ClusterNode:
             await c.nodes.synced()
             await self.metadata.start()  # users & co. as etcd has them before any open
             for name in list(b.vhosts):
-                await c.place_vhost(name)
+                if not self.metadata.knows_vhost(name) and not c.vhost_members(name):
+                    log.info("vhost %r: deleted from the cluster while away; deleting it", name)
+                    b.delete_vhost(name)
+                    await self.replicas.forget(name)
+                else:
+                    await c.place_vhost(name)
         except BaseException:
             with contextlib.suppress(Exception):
                 await c.stop()
@@ -291,7 +298,11 @@ class ClusterNode:
             c = self.coordinator
             assert c is not None
             try:
-                for vhost, members in self.placements().items():
+                placements = self.placements()
+                for vhost in self._placed_seen - set(placements) - set(self._placing):
+                    await self._vhost_gone(vhost)  # only a vhost's deletion removes it
+                self._placed_seen = set(placements)
+                for vhost, members in placements.items():
                     if self.name in members:
                         if vhost not in self.broker.vhosts:
                             log.info("vhost %r: placed on this node; creating it", vhost)
@@ -310,6 +321,18 @@ class ClusterNode:
                 log.warning("cluster bookkeeping failed (%s); retrying", exc)
                 self._dirty = True
                 await asyncio.sleep(0.5)
+
+    async def _vhost_gone(self, vhost: str) -> None:
+        """The vhost was deleted from the cluster (its placement went with its metadata,
+        metadata.delete_vhost): stop replicating it, delete it here and its copy."""
+        c = self.coordinator
+        assert c is not None
+        if vhost in c.following:
+            c.unfollow(vhost)
+        if vhost in self.broker.vhosts:
+            log.info("vhost %r: deleted from the cluster; deleting it here", vhost)
+            self.broker.delete_vhost(vhost)
+        await self.replicas.forget(vhost)
 
     async def _fill(self, c: Coordinator, vhost: str, epoch: int, members: list[str]) -> None:
         """Add live nodes to the vhost's members; each joins the in-sync set once it has

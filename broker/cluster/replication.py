@@ -129,6 +129,8 @@ class ReplicationLeader:
             await self._session(reader, writer, hello)
         except _lost_connection as exc:
             log.info("vhost %r: follower connection ended: %r", self.vhost, exc)
+        except asyncio.CancelledError:
+            pass  # stop(): the listener's task ends quietly (asyncio logs a cancelled one)
         finally:
             self._tasks.discard(task)
             _close(writer)

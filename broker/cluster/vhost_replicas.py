@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,7 @@ class VhostReplicas:
         self.logs: dict[str, SegmentRecordStore] = {}
         self.serving: set[str] = set()
         self._promoting: dict[str, asyncio.Task[None]] = {}
+        self._demoting: dict[str, asyncio.Future[None]] = {}
         self._isr_tasks: list[set[asyncio.Task]] = []
         self._server: asyncio.Server | None = None
         self._maintainer: asyncio.Task[None] | None = None
@@ -150,6 +152,18 @@ class VhostReplicas:
             "epoch": records.last_epoch(),
             "checkpoints": store.checkpoints if store is not None else None,
         }
+
+    async def forget(self, vhost: str) -> None:
+        """The vhost was deleted from the cluster: no more leading or following, and its
+        copy (log and working copy) goes from the disk."""
+        await self.unfollow(vhost)
+        await self.demote(vhost)  # (or wait for the one the lost leadership started)
+        self._checkpointed_at.pop(vhost, None)
+        records = self.logs.pop(vhost, None)
+        if records is not None:
+            with contextlib.suppress(Exception):
+                records.close()
+        await asyncio.to_thread(shutil.rmtree, self.vhost_dir(vhost), True)
 
     # -- the listener ----------------------------------------------------------------------
 
@@ -290,7 +304,16 @@ class VhostReplicas:
         log.info("vhost %r: recovered %d messages from its log", vhost, counts["messages"])
 
     async def demote(self, vhost: str) -> None:
-        """This node no longer leads the vhost: confirm nothing more, stop streaming."""
+        """This node no longer leads the vhost: confirm nothing more, stop streaming. One
+        at a time per vhost: a second caller waits for the first to have finished (a
+        deleted vhost's copy is removed only after its store is closed)."""
+        task = self._demoting.get(vhost)
+        if task is None:
+            task = self._demoting[vhost] = asyncio.ensure_future(self._demote(vhost))
+            task.add_done_callback(lambda _t: self._demoting.pop(vhost, None))
+        await asyncio.shield(task)
+
+    async def _demote(self, vhost: str) -> None:
         self.serving.discard(vhost)
         leader = self.leaders.pop(vhost, None)
         store = self.stores.pop(vhost, None)

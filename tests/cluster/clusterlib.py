@@ -3,16 +3,42 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import random
 import re
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 
 import pika
+
+
+def api_call(
+    port: int, method: str, path: str, body=None, auth=("guest", "guest")
+) -> tuple[int, dict, object]:
+    """One management API call on 127.0.0.1:`port`: (status, headers, decoded body or None);
+    an HTTP error is an answer too."""
+    token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            text = resp.read()
+            return resp.status, dict(resp.headers), json.loads(text) if text else None
+    except urllib.error.HTTPError as exc:
+        text = exc.read()
+        return exc.code, dict(exc.headers), json.loads(text) if text else None
+
 
 _HANDED_OUT: set[int] = set()
 

@@ -3,32 +3,17 @@ the vhost forwards the request to its leader (three real nodes, real etcd, real 
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pika
 import pytest
+from clusterlib import api_call
 from test_failover import PERSISTENT, agreed_leader, by_name, connect
 from test_node import three_nodes, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
-AUTH = {"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q=", "Content-Type": "application/json"}
-
 
 def call(node, method: str, path: str, body=None) -> tuple[int, dict, object]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{node.mgmt_port}{path}", data=data, method=method, headers=AUTH
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            text = resp.read()
-            return resp.status, dict(resp.headers), json.loads(text) if text else None
-    except urllib.error.HTTPError as exc:
-        text = exc.read()
-        return exc.code, dict(exc.headers), json.loads(text) if text else None
+    return api_call(node.mgmt_port, method, path, body)
 
 
 @pytest.fixture

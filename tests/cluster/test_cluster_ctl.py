@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import urllib.error
 import urllib.request
 
 import pika
 import pytest
+from clusterlib import api_call
 from test_node import Node, placement, three_nodes, until
 
 from roarmq.broker import ctl
@@ -29,12 +29,10 @@ def run_ctl(node: Node, *args: str) -> tuple[int, str, str]:
 
 
 def raw(node: Node, path: str) -> tuple[dict, object]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{node.mgmt_port}{path}",
-        headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="},
-    )
-    with urllib.request.urlopen(request, timeout=5) as resp:
-        return dict(resp.headers), json.loads(resp.read())
+    status, headers, answer = api_call(node.mgmt_port, "GET", path)
+    if status != 200:
+        raise urllib.error.HTTPError(path, status, str(answer), None, None)  # type: ignore[arg-type]
+    return headers, answer
 
 
 @pytest.fixture

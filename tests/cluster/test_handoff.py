@@ -139,7 +139,7 @@ def test_client_on_a_follower_has_its_socket_passed_to_the_leader(tls_cluster):
     assert own_row(leader)["handoff_socket"] == str(leader.data_dir / "handoff.sock")
 
     params = first.params()
-    params.heartbeat = 2
+    params.heartbeat = 1
     conn = pika.BlockingConnection(params)
     # Passed, not relayed: the first node keeps nothing of it, the leader has it as its own.
     # (The leader acks the pass before it answers open-ok; the first node may count it a
@@ -159,7 +159,7 @@ def test_client_on_a_follower_has_its_socket_passed_to_the_leader(tls_cluster):
     ch.queue_declare("passed", durable=True)
     publish_and_consume(ch, "passed", 100, b"m")
     assert leader.api("/api/queues/%2F/passed")["node"] == leader_name
-    conn.sleep(5)  # heartbeats (2 s) with the leader itself
+    conn.sleep(3)  # three heartbeat intervals (1 s) with the leader itself
     assert conn.is_open
 
     # amqps is relayed: its TLS session cannot leave the first node's process.
@@ -190,7 +190,7 @@ def test_client_on_a_follower_has_its_socket_passed_to_the_leader(tls_cluster):
     conn.process_data_events(0.5)
     assert conn.is_open
     publish_and_consume(ch, "passed", 20, b"a")
-    conn.sleep(3)
+    conn.sleep(2)
     assert conn.is_open
     assert len(own_connections(leader)) == 1
     # Closing it closes the leader's connection (an ordinary one of the leader's).
@@ -242,10 +242,10 @@ def test_relay_when_the_leader_socket_is_unavailable(cluster):
 
     # Heartbeats pass through (the leader sends them, the relay copies them).
     params = relay.params()
-    params.heartbeat = 2
+    params.heartbeat = 1
     hb = pika.BlockingConnection(params)
     assert own_row(relay)["relays"] == 1
-    hb.sleep(5)
+    hb.sleep(3)
     assert hb.is_open
     assert hb.channel().queue_declare("handed", passive=True).method.message_count == 0
 

@@ -8,16 +8,14 @@ every node keeps serving its cached copy."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import io
 import json
 import time
-import urllib.error
-import urllib.request
 
 import pika
 import pytest
+from clusterlib import api_call
 from test_node import Node, connect, placement, three_nodes, until
 
 from roarmq.broker import ctl
@@ -31,20 +29,8 @@ GUEST = ("guest", "guest")
 
 def call(node: Node, method: str, path: str, body=None, auth=GUEST) -> tuple[int, object]:
     """One management API call: (status, decoded body or None)."""
-    token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{node.mgmt_port}{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            text = resp.read()
-            return resp.status, json.loads(text) if text else None
-    except urllib.error.HTTPError as exc:
-        text = exc.read()
-        return exc.code, json.loads(text) if text else None
+    status, _headers, answer = api_call(node.mgmt_port, method, path, body, auth)
+    return status, answer
 
 
 def ok(node: Node, method: str, path: str, body=None) -> int:
@@ -53,10 +39,11 @@ def ok(node: Node, method: str, path: str, body=None) -> int:
     return status
 
 
-def params(node: Node, user: str, password: str) -> pika.ConnectionParameters:
+def params(node: Node, user: str, password: str, vhost: str = "/") -> pika.ConnectionParameters:
     return pika.ConnectionParameters(
         "127.0.0.1",
         node.port,
+        vhost,
         credentials=pika.PlainCredentials(user, password),
         connection_attempts=1,
         socket_timeout=5,
@@ -224,3 +211,58 @@ def test_users_permissions_policies_live_in_etcd(cluster, etcd):
     n3.start()
     assert until(lambda: "dave" in {u["name"] for u in n3.api("/api/users")}, 15)
     assert "bob" not in {u["name"] for u in n3.api("/api/users")}
+
+
+def _up(node: Node) -> bool:
+    try:
+        return call(node, "GET", "/api/overview")[0] == 200
+    except OSError:
+        return False
+
+
+def test_a_deleted_vhost_goes_from_every_node_and_stays_gone(cluster):
+    """DELETE /api/vhosts/{vhost} on any node: its placement goes with its metadata, every
+    node deletes it and its replicated copy; a node that was down then does not bring it
+    back when it rejoins; the same name made again starts empty."""
+    n1, n2, n3 = (by_name(cluster, n) for n in ("n1", "n2", "n3"))
+    ok(n1, "PUT", "/api/vhosts/doomed")
+    ok(n1, "PUT", "/api/permissions/doomed/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+
+    def placed_everywhere():
+        return all(
+            set(call(n, "GET", "/api/vhosts/doomed")[1].get("in_sync") or []) == NAMES
+            for n in cluster
+        )
+
+    assert until(placed_everywhere, 30)
+    leader = by_name(cluster, call(n1, "GET", "/api/vhosts/doomed")[1]["leader"])
+    conn = pika.BlockingConnection(params(leader, "guest", "guest", vhost="doomed"))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("q", durable=True)
+    ch.basic_publish("", "q", b"old", pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    away = next(n for n in cluster if n is not leader)
+    away.stop()
+    asker = next(n for n in cluster if n not in (leader, away))
+    assert call(asker, "DELETE", "/api/vhosts/doomed")[0] == 204
+    live = [n for n in cluster if n is not away]
+
+    def gone(nodes):
+        return all(
+            call(n, "GET", "/api/vhosts/doomed")[0] == 404
+            and not (n.data_dir / "vhosts" / "doomed").exists()
+            for n in nodes
+        )
+
+    assert until(lambda: gone(live), 20), [n.log.read_text()[-2000:] for n in live]
+    away.start()
+    assert until(lambda: _up(away) and placement(away)[0] is not None, 30)  # rejoined
+    time.sleep(1)  # what it would place, it has placed by now
+    assert gone(cluster), [call(n, "GET", "/api/vhosts")[1] for n in cluster]
+
+    ok(n2, "PUT", "/api/vhosts/doomed")
+    ok(n2, "PUT", "/api/permissions/doomed/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+    assert until(placed_everywhere, 30)
+    status, queues = call(n3, "GET", "/api/queues/doomed")
+    assert status == 200 and queues == [], queues
