@@ -39,47 +39,14 @@ ARGS ?=
 run: $(RUN_STAMP)
 	$(PY) -m roarmq --config config.toml $(ARGS)
 
-# A local cluster to try (docs/cluster.md): etcd on 127.0.0.1:2479 and three nodes n1..n3,
-# AMQP on 5681..5683, management on 15681..15683, replication ports 25681..25683, data, logs,
-# configs and pid files under ./cluster-demo/. `make cluster-stop` stops exactly those PIDs.
-CLUSTER_DIR := cluster-demo
-CLUSTER_ETCD := http://127.0.0.1:2479
+# A local cluster to try (docs/cluster.md): `roarmq cluster-demo` (broker/cluster_demo.py)
+# starts etcd on 127.0.0.1:2479 and three nodes n1..n3 (AMQP 5681..5683, management
+# 15681..15683), everything under ./cluster-demo/; `make cluster-stop` stops exactly those PIDs.
 cluster: $(RUN_STAMP) .tools/etcd
-	@test -x .tools/etcd || { echo "make cluster: no .tools/etcd (see make tools)"; exit 1; }
-	@for f in $(CLUSTER_DIR)/*.pid; do [ -f "$$f" ] && kill -0 "$$(cat "$$f")" 2>/dev/null \
-	  && { echo "make cluster: already running ($$f); make cluster-stop first"; exit 1; }; done; true
-	@mkdir -p $(CLUSTER_DIR)
-	@.tools/etcd --name demo --data-dir $(CLUSTER_DIR)/etcd --log-level warn \
-	  --listen-client-urls $(CLUSTER_ETCD) --advertise-client-urls $(CLUSTER_ETCD) \
-	  --listen-peer-urls http://127.0.0.1:2480 --initial-advertise-peer-urls http://127.0.0.1:2480 \
-	  --initial-cluster demo=http://127.0.0.1:2480 >$(CLUSTER_DIR)/etcd.log 2>&1 & \
-	  echo $$! >$(CLUSTER_DIR)/etcd.pid
-	@for _ in $$(seq 50); do $(PY) -c "import urllib.request as u; \
-	  u.urlopen('$(CLUSTER_ETCD)/health', timeout=1)" 2>/dev/null && break; sleep 0.2; done
-	@for i in 1 2 3; do \
-	  printf '[amqp]\nbind = ["127.0.0.1"]\nport = 568%s\n[management]\nbind = "127.0.0.1"\nport = 1568%s\n[cluster]\netcd = ["$(CLUSTER_ETCD)"]\nnode = "n%s"\nreplication_port = 2568%s\n' \
-	    $$i $$i $$i $$i >$(CLUSTER_DIR)/n$$i.toml; \
-	  $(PY) -m roarmq --config $(CLUSTER_DIR)/n$$i.toml --data-dir $(CLUSTER_DIR)/n$$i \
-	    >$(CLUSTER_DIR)/n$$i.log 2>&1 & echo $$! >$(CLUSTER_DIR)/n$$i.pid; \
-	done
-	@for _ in $$(seq 60); do $(PY) -c "import json, urllib.request as u; \
-	  r = u.Request('http://127.0.0.1:15681/api/vhosts/%2F', headers={'Authorization': 'Basic Z3Vlc3Q6Z3Vlc3Q='}); \
-	  v = json.load(u.urlopen(r, timeout=1)); assert v['leader']; \
-	  print('vhost / is led by', v['leader'] + ', members', ', '.join(v['members']))" 2>/dev/null \
-	  && break; sleep 0.5; done
-	@echo "etcd $(CLUSTER_ETCD); nodes n1 n2 n3: AMQP amqp://guest:guest@127.0.0.1:5681 (5682, 5683),"
-	@echo "  management http://127.0.0.1:15681 (15682, 15683), logs in $(CLUSTER_DIR)/*.log."
-	@echo "Connect to the node that leads the vhost (GET /api/vhosts/%2F says which); the others"
-	@echo "refuse with 530 naming it. No message is replicated yet. Stop with: make cluster-stop"
+	$(VENV)/bin/roarmq cluster-demo --make
 
 cluster-stop:
-	@for f in $(CLUSTER_DIR)/n1.pid $(CLUSTER_DIR)/n2.pid $(CLUSTER_DIR)/n3.pid $(CLUSTER_DIR)/etcd.pid; do \
-	  [ -f "$$f" ] || continue; pid=$$(cat "$$f"); \
-	  if kill "$$pid" 2>/dev/null; then \
-	    for _ in $$(seq 100); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; \
-	    echo "stopped $$(basename "$$f" .pid) (pid $$pid)"; fi; \
-	  rm -f "$$f"; \
-	done
+	$(VENV)/bin/roarmq cluster-demo stop
 
 # System packages the tests use: amqp-tools (librabbitmq's CLI), a Java runtime for Spark,
 # the openssl CLI (tests/broker/test_tls.py runs docs/security.md's certificate recipe), and

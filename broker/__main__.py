@@ -242,6 +242,7 @@ SUBCOMMANDS = {
     "check-config": "validate a TOML config file: exit 0 if valid, 1 naming the bad key",
     "ping": "health check: exit 0 if a broker answers the AMQP handshake",
     "ctl": "rabbitmqctl's everyday commands over the management API (roarmq ctl --help)",
+    "cluster-demo": "start (or stop) a local etcd and three cluster nodes to try a cluster",
 }
 
 
@@ -269,6 +270,10 @@ def cli(argv: list[str] | None = None) -> int:
         from .ctl import main as ctl
 
         return ctl(rest)
+    if command == "cluster-demo":
+        from .cluster_demo import main as cluster_demo
+
+        return cluster_demo(rest)
     if command == "check-config":
         p = argparse.ArgumentParser(prog="roarmq check-config", description=SUBCOMMANDS[command])
         p.add_argument("file", metavar="FILE", help="the TOML config file")

@@ -304,7 +304,9 @@ class Handoffs:
         if conn.transport is None or conn.transport.is_closing():
             upstream.close()  # the client went away meanwhile
             return
-        upstream.write(wire.control(HANDOFF, self.facts(conn, vhost)))
+        upstream.write(
+            wire.control(HANDOFF, {**self.facts(conn, vhost), "cookie": self.node.cookie})
+        )
         client, rest = conn.detach()
         relay.attach(client, rest)
         self.relayed += 1

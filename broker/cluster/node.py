@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
+import secrets
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from ..config import ClusterConfig
 from .coordination import Coordinator, IsrChange
-from .etcd import EtcdClient, EtcdError
+from .etcd import EtcdClient, EtcdError, compare, put_op
 from .handoff import Handoffs
 from .metadata import OperatorMetadata
 from .vhost_replicas import VhostReplicas
@@ -64,6 +66,10 @@ class ClusterNode:
         #: The vhosts placed when the cluster was last looked at (their going = deletion).
         self._placed_seen: set[str] = set()
         self.joined = asyncio.Event()
+        #: The cluster's shared secret (etcd's `{p}/cookie`, made by the first node): every
+        #: connection to a replication port (a follower's HELLO, a relayed client's
+        #: HANDOFF) must carry it, as Erlang nodes show their cookie. Empty until joined.
+        self.cookie = ""
         self._join_task: asyncio.Task[None] | None = None
         self._reconcile_task: asyncio.Task[None] | None = None
         self._dirty = False
@@ -117,6 +123,7 @@ class ClusterNode:
         c.on_members.append(lambda _: self._poke())
         c.vhosts.on_change.append(lambda _: self._poke())
         try:
+            self.cookie = await self._cluster_cookie()
             if self.replicas._server is None:
                 await self.replicas.start(address)
             await c.start()
@@ -137,6 +144,19 @@ class ClusterNode:
         self.joined.set()
         log.info("joined the cluster as %r (lease %x)", self.name, c.lease)
         self._poke()
+
+    async def _cluster_cookie(self) -> str:
+        """The cluster's cookie, made (put-if-absent) by the first node to ask."""
+        key = f"/{self.config.name}/cookie"
+        await self.client.txn([compare(key, "CREATE", 0)], [put_op(key, secrets.token_hex(32))])
+        kv = await self.client.get(key)
+        if kv is None:
+            raise EtcdError(f"{key} vanished")
+        return kv.value.decode() if isinstance(kv.value, bytes) else str(kv.value)
+
+    def cookie_matches(self, offered: object) -> bool:
+        """What a peer offered on the replication port is this cluster's cookie."""
+        return bool(self.cookie) and hmac.compare_digest(str(offered or ""), self.cookie)
 
     async def stop(self) -> None:
         """Leave: the lease is revoked, so this node's leaderships go at once."""

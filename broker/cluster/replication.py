@@ -417,8 +417,10 @@ class ReplicationFollower:
         *,
         epoch: int = 0,
         backoff: tuple[float, float] = (0.05, 1.0),
+        cookie: str = "",
     ) -> None:
         self.vhost = vhost
+        self.cookie = cookie  # the cluster's shared secret, for a node's listener
         self.leader = leader
         self.node = node
         self.store = store
@@ -490,6 +492,8 @@ class ReplicationFollower:
                 "offset": offset,
                 "last_epoch": self.store.last_epoch(),
             }
+            if self.cookie:
+                hello["cookie"] = self.cookie
             writer.write(wire.control(wire.HELLO, hello))
             if not await self._welcomed(reader, writer):
                 return False

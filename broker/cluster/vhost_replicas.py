@@ -172,14 +172,20 @@ class VhostReplicas:
         client connection handed over by another node (HANDOFF) becomes a Connection."""
         try:
             kind, body = await wire.read_frame(reader)
-            if kind == HANDOFF:
-                self.node.handoff.adopt(wire.decode_control(body), reader, writer)
-                return
-            if kind != wire.HELLO:
+            if kind not in (HANDOFF, wire.HELLO):
                 raise wire.ProtocolError(f"expected frame {wire.HELLO}, got {kind}")
             hello = wire.decode_control(body)
         except _lost_connection:
             writer.close()
+            return
+        if not self.node.cookie_matches(hello.pop("cookie", None)):
+            peer = writer.get_extra_info("peername")
+            log.warning("replication port: refused %s: not this cluster's cookie", peer)
+            writer.write(wire.control(wire.REFUSE, {"reason": "bad cookie", "epoch": 0}))
+            writer.close()
+            return
+        if kind == HANDOFF:
+            self.node.handoff.adopt(hello, reader, writer)
             return
         leader = self.leaders.get(str(hello.get("vhost")))
         if leader is None or hello.get("vhost") not in self.serving:
@@ -204,7 +210,12 @@ class VhostReplicas:
         follower = self.followers.get(vhost)
         if follower is None:
             follower = ReplicationFollower(
-                vhost, address, self.node.name, self.log_of(vhost), epoch=leader[1]
+                vhost,
+                address,
+                self.node.name,
+                self.log_of(vhost),
+                epoch=leader[1],
+                cookie=self.node.cookie,
             )
             self.followers[vhost] = follower
             follower.start()

@@ -444,3 +444,44 @@ async def test_relay_backpressure_both_ways():
     writer.close()
     leader_server.close()
     front.close()
+
+
+def test_the_replication_port_refuses_a_stranger_without_the_cluster_cookie(cluster, etcd):
+    """A HANDOFF claiming to be guest on "/" (what a relay sends), or a follower's HELLO,
+    from someone without the cluster's cookie (etcd's {name}/cookie): refused, nothing
+    adopted, nothing streamed."""
+    import socket as sockets
+
+    from roarmq.broker.cluster import replication_wire as wire
+    from roarmq.broker.cluster.handoff import HANDOFF
+
+    assert until(lambda: placement(cluster[0])[0], 30)
+    leader = next(n for n in cluster if n.name == placement(cluster[0])[0])
+    facts = {
+        "vhost": "/",
+        "user": "guest",
+        "auth_mechanism": "PLAIN",
+        "frame_max": 131072,
+        "channel_max": 2047,
+        "heartbeat": 0,
+        "client_properties": {},
+        "capabilities": {},
+        "peer": ["127.0.0.1", 1],
+        "tls": None,
+        "via": "n9",
+    }
+    hello = {"vhost": "/", "node": "n9", "epoch": 0, "offset": 0, "last_epoch": 0}
+    for kind, fields in (
+        (HANDOFF, facts),
+        (wire.HELLO, hello),
+        (HANDOFF, {**facts, "cookie": "x"}),
+    ):
+        with sockets.create_connection(("127.0.0.1", leader.repl_port), timeout=5) as s:
+            s.sendall(wire.control(kind, fields))
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+        assert answer[4] == wire.REFUSE and b"bad cookie" in answer, answer
+    conns = leader.api("/api/connections")
+    assert conns == [], conns
+    assert "not this cluster's cookie" in leader.log.read_text()
