@@ -304,6 +304,7 @@ class VhostReplicas:
             segment_size=storage.segment_size,
             sync_interval_ms=storage.sync_interval_ms,
             loop=asyncio.get_running_loop(),
+            fsync=False,  # a working copy: the log is what is durable (rebuilt from it)
         )
 
     @staticmethod

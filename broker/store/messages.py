@@ -260,7 +260,13 @@ class MessageStore:
     """
 
     def __init__(
-        self, directory: str | Path, *, segment_size: int, sync_interval_ms: int, loop: Any
+        self,
+        directory: str | Path,
+        *,
+        segment_size: int,
+        sync_interval_ms: int,
+        loop: Any,
+        fsync: bool = True,
     ) -> None:
         self.dir = Path(directory)
         self.loop = loop
@@ -271,6 +277,7 @@ class MessageStore:
             self.dir,
             segment_size=segment_size,
             sync_interval_ms=sync_interval_ms,
+            fsync=fsync,
             on_synced=self._synced_from_writer,
             on_error=self._error_from_writer,
             on_deleted=self._deleted_from_writer,
