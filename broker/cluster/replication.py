@@ -49,6 +49,9 @@ from .replication_store import RecordStore
 
 log = logging.getLogger("roarmq.cluster.replication")
 
+#: Bytes of the newest records a leader keeps in memory to stream from (per vhost).
+TAIL_BYTES = 4 << 20
+
 _lost_connection = (ConnectionError, asyncio.IncompleteReadError, wire.ProtocolError, OSError)
 
 
@@ -101,6 +104,11 @@ class ReplicationLeader:
         self._tie = itertools.count()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The newest records appended, from offset `_tail_first` (TAIL_BYTES or so): a
+        #: follower keeping up is streamed from here, not read back from the log's files.
+        self._tail: list[bytes] = []
+        self._tail_first = store.last_offset + 1
+        self._tail_bytes = 0
         self._lag_task: asyncio.Task[None] | None = None
         self._recompute()
 
@@ -156,9 +164,41 @@ class ReplicationLeader:
         """Add a record to the log (not yet durable anywhere); return its offset."""
         offset = self.store.last_offset + 1
         self.store.append(offset, payload)
+        self._tail.append(payload)
+        self._tail_bytes += len(payload)
+        if self._tail_bytes > 2 * TAIL_BYTES:
+            self._trim_tail()
         for follower in self._followers.values():
             follower.wake.set()
         return offset
+
+    def _trim_tail(self) -> None:
+        """Keep about TAIL_BYTES of the newest records (trimmed in bulk: amortized)."""
+        tail, kept, size = self._tail, 0, 0
+        for payload in reversed(tail):
+            if size >= TAIL_BYTES:
+                break
+            size += len(payload)
+            kept += 1
+        cut = len(tail) - kept
+        self._tail = tail[cut:]
+        self._tail_first += cut
+        self._tail_bytes = size
+
+    def _read(self, start: int) -> list[tuple[int, bytes]]:
+        """A batch from `start`: from the in-memory tail when it still holds it."""
+        i = start - self._tail_first
+        tail = self._tail
+        if 0 <= i < len(tail):
+            out, size = [], 0
+            for payload in tail[i:]:
+                out.append((start, payload))
+                start += 1
+                size += len(payload)
+                if size >= self.batch_bytes:
+                    break
+            return out
+        return self.store.read(start, self.batch_bytes)
 
     def local_durable(self, offset: int) -> None:
         """The owner made the leader's own log durable up to `offset`."""
@@ -366,7 +406,7 @@ class ReplicationLeader:
                 follower.wake.clear()
                 await follower.wake.wait()
                 continue
-            batch = self.store.read(follower.next_offset, self.batch_bytes)
+            batch = self._read(follower.next_offset)
             writer.write(wire.records_frame(self.epoch, batch))
             follower.next_offset = batch[-1][0] + 1
             await writer.drain()

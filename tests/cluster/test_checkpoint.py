@@ -31,8 +31,8 @@ def cluster(etcd, tmp_path):
 
 def the_leader(cluster):
     """The node every node agrees leads "/" with all three in sync."""
-    name = until(lambda: agreed_leader(cluster), 30)
-    assert name, [n.log.read_text()[-2000:] for n in cluster]
+    name = until(lambda: agreed_leader(cluster), 60)
+    assert name, "\n\n".join(f"{n.name}:\n{n.log.read_text()[-1500:]}" for n in cluster)
     return by_name(cluster, name)
 
 
