@@ -1,7 +1,8 @@
-"""Cluster benchmark: fault rounds (0 lost?) and the cost of replication, RoarMQ vs RabbitMQ.
+"""Cluster benchmark: fault rounds (0 lost?), the cost of replication and scale-out.
 
     .venv/bin/python bench/cluster.py [--rounds 100] [--broker roarmq|rabbitmq|both]
-                                      [--quick] [--json bench/results/cluster.json]
+                                      [--parts faults,rate,capacity,scale] [--quick]
+                                      [--json bench/results/cluster.json]
 
 A benchmark, not a test (the short version of part 1 is tests/cluster/test_fault_rounds.py,
 whose client load this uses: ``tests/cluster/clusterlib.py`` ``FaultLoad``).
@@ -25,18 +26,49 @@ Part 2, cost of replication: the same client load without faults for ``--seconds
 (``--publishers`` publisher threads) through our 3-node cluster, our single node
 (``harness.start_roarmq``), RabbitMQ's 3-node cluster with a quorum queue; msg/s =
 confirmed / seconds (and consumed / seconds). One run each. Everything runs on this
-machine unpinned (brokers, etcd and the pika client share its cores).
+machine unpinned (brokers, etcd and the pika client share its cores). Part 2 measures
+confirm latency (each pika publisher waits for every confirm), not capacity.
+
+Part 3, capacity: many confirms in flight. The load generator is bench/cluster_load.go
+built with bench/overload_load.go (Debian's golang-go; standard library only): per queue
+``--cap-publishers`` connections, each keeping up to ``--cap-window`` persistent messages
+(16-byte bodies) unconfirmed, written ``batch`` 100 per write, and ``--cap-consumers``
+consumers with manual acks (one basic.ack per delivery) and ``--cap-prefetch``; one
+durable queue (RabbitMQ: ``x-queue-type: quorum``). Every client connects to the leader
+(ours: the vhost's; RabbitMQ: r1, where the queue is declared, so its Raft leader).
+Setups: our 3-node cluster, our single node, RabbitMQ's 3-node cluster. After
+``--cap-warmup`` s, a ``--cap-seconds`` window: messages confirmed and consumed, publish
+-> deliver latency, and utime + stime of every broker process group from /proc (read when
+the generator opens and closes the window), the generator's own CPU, and what every other
+process on the machine used (/proc/stat busy time minus ours). ``--repeat`` runs per setup
+on fresh brokers; the table shows the median run and every run's rate.
+
+Part 4, scale-out: two vhosts (``/`` and ``v2``), each with the part-3 load, at once: both
+on one single-node broker, against a 2-node cluster whose vhosts are led by different
+nodes (placement puts ``v2`` on the node not leading ``/``; if not, ``move_vhost_leader``)
+with ``--scale-replicas`` copies of each (2: each node also follows the other's vhost;
+1: no replication, the pure partitioning). Aggregate confirmed msg/s and broker CPU per
+message; the target is 1.7 times the single node's aggregate.
+
+Before each measured window the script waits (``--quiet-wait`` s at most) for the other
+processes on the machine to use under 0.3 cores; what they used during the window is in
+the table ("others"). Parts not run keep their last results in the JSON file.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +201,429 @@ def rate(kind: str, args: Any, procs: Procs, say: Any) -> dict:
     return row
 
 
+# -- parts 3 and 4: capacity (many confirms in flight) and scale-out --------------------
+
+GENERATOR = [
+    harness.REPO / "bench" / "overload_load.go",
+    harness.REPO / "bench" / "cluster_load.go",
+]
+AUTH = "Basic " + base64.b64encode(b"guest:guest").decode()
+
+
+def build_generator(out_dir: Path) -> tuple[Path, str]:
+    """bench/overload_load.go + bench/cluster_load.go (its "capacity" role) -> a binary."""
+    go = shutil.which("go") or "/usr/lib/go/bin/go"
+    if not os.access(go, os.X_OK):
+        raise SystemExit("bench/cluster.py's capacity parts need Go: apt-get install golang-go")
+    binary = out_dir / "cluster_load"
+    build = subprocess.run(
+        [go, "build", "-o", str(binary), *map(str, GENERATOR)],
+        cwd=out_dir,
+        capture_output=True,
+        text=True,
+    )
+    if build.returncode != 0:
+        raise SystemExit(f"go build cluster_load failed:\n{build.stderr}")
+    version = subprocess.run([go, "version"], capture_output=True, text=True).stdout.strip()
+    return binary, version
+
+
+def api(port: int, method: str, path: str, body: Any = None, timeout: float = 10) -> Any:
+    """One management API call as guest; the decoded JSON answer (None if empty)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=data,
+        method=method,
+        headers={"Authorization": AUTH, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw.strip() else None
+
+
+def wait_for(what: str, check: Any, timeout: float = 60) -> Any:
+    """Poll ``check()`` (errors count as not yet) until it is truthy."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except (OSError, ValueError, KeyError) as exc:
+            last = exc
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out waiting for {what} (last error: {last})")
+
+
+def add_vhost(mgmt_ports: list[int], vhost: str) -> None:
+    """Create ``vhost`` (on the first port) and give guest every permission on it on each
+    node (users and permissions are still each node's own: docs/cluster.md)."""
+    api(mgmt_ports[0], "PUT", f"/api/vhosts/{vhost}", {})
+    perms = {"configure": ".*", "write": ".*", "read": ".*"}
+    for port in mgmt_ports:
+        wait_for(
+            f"vhost {vhost} on :{port}",
+            lambda port=port: api(port, "PUT", f"/api/permissions/{vhost}/guest", perms) or True,
+        )
+
+
+def vhost_row(cluster: LocalCluster, vhost: str) -> dict:
+    quoted = urllib.request.quote(vhost, safe="")
+    for m in cluster.nodes:
+        try:
+            return api(m.mgmt_port or 0, "GET", f"/api/vhosts/{quoted}", timeout=2)
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def cpu_of(pgids: dict[str, int]) -> dict[str, float]:
+    """utime + stime (s) so far of each named process group (/proc/PID/stat), and the
+    whole machine's busy time (``"_machine"``: /proc/stat, every CPU, idle and iowait
+    excluded), so that what other processes used during the window can be told."""
+    out = {name: harness.group_cpu_s(pgid) for name, pgid in pgids.items()}
+    out["_machine"] = machine_busy_s()
+    return out
+
+
+def machine_busy_s() -> float:
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(say: Any, limit: float, cores: float = 0.3, wait: float = 180) -> float:
+    """Wait (at most ``wait`` s) until the machine's busy time over 2 s is below ``cores``
+    (other engineers' jobs share it); the last figure seen."""
+    deadline = time.monotonic() + wait
+    while True:
+        b0 = machine_busy_s()
+        time.sleep(2)
+        busy = (machine_busy_s() - b0) / 2
+        if busy < cores or time.monotonic() > deadline or limit <= 0:
+            return round(busy, 2)
+        say(f"  machine busy ({busy:.2f} cores used by others): waiting")
+        time.sleep(5)
+
+
+def run_generator(binary: Path, spec: dict, procs: Procs, pgids: dict[str, int], say: Any) -> dict:
+    """Run the generator; the brokers' CPU times are read when it says the window opens
+    and closes. Its result plus ``broker_cpu_s`` (per process group) and ``loadavg``."""
+    proc = procs.start(
+        [str(binary), json.dumps(spec)],
+        instance="cluster-load",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    cpu0: dict[str, float] = {}
+    cpu1: dict[str, float] = {}
+    result: dict[str, Any] = {}
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            msg = json.loads(line)
+            if msg.get("window_start"):
+                cpu0 = cpu_of(pgids)
+            elif msg.get("window_end"):
+                cpu1 = cpu_of(pgids)
+            elif "ready" not in msg:
+                result = msg
+        proc.wait(30)
+    finally:
+        procs.stop(proc, grace=3)
+    if "error" in result or not cpu1:
+        err = proc.stderr.read() if proc.stderr else ""
+        raise RuntimeError(f"generator failed: {result} {err[-2000:]}")
+    busy = cpu1.pop("_machine") - cpu0.pop("_machine")
+    result["broker_cpu_s"] = {k: round(cpu1[k] - cpu0[k], 3) for k in cpu0}
+    ours = sum(result["broker_cpu_s"].values()) + result["cpu_s"]
+    result["others_cores"] = round(max(0.0, busy - ours) / result["window_s"], 2)
+    result["loadavg"] = harness.loadavg()
+    return result
+
+
+def target(name: str, port: int, vhost: str, args: Any, arguments: dict | None = None) -> dict:
+    return {
+        "name": name,
+        "port": port,
+        "vhost": vhost,
+        "queue": f"cap-{name}",
+        "arguments": arguments or {},
+        "persistent": True,
+        "publishers": args.cap_publishers,
+        "confirm_window": args.cap_window,
+        "batch": 100,
+        "consumers": args.cap_consumers,
+        "prefetch": args.cap_prefetch,
+    }
+
+
+def summarise(kind: str, version: str, res: dict, extra: dict) -> dict:
+    """A row: rates over the window, broker CPU per message received."""
+    window = res["window_s"]
+    confirmed = sum(t["confirmed"] for t in res["targets"])
+    received = sum(t["received"] for t in res["targets"])
+    brokers = {k: v for k, v in res["broker_cpu_s"].items() if k != "etcd"}
+    broker_cpu = sum(brokers.values())
+    row = {
+        "setup": kind,
+        "version": version,
+        "window_s": round(window, 2),
+        "confirmed_per_s": round(confirmed / window),
+        "received_per_s": round(received / window),
+        "per_target": [
+            {
+                "name": t["name"],
+                "vhost": t["vhost"],
+                "port": t["port"],
+                "confirmed_per_s": round(t["confirmed"] / window),
+                "received_per_s": round(t["received"] / window),
+                "latency_p50_ms": t["p50_ms"],
+                "latency_p99_ms": t["p99_ms"],
+                "errors": t["errors"],
+                "blocked": t["blocked"],
+            }
+            for t in res["targets"]
+        ],
+        "broker_cpu_s": res["broker_cpu_s"],
+        "broker_cores": round(broker_cpu / window, 2),
+        "broker_cpu_us_per_msg": round(1e6 * broker_cpu / received, 1) if received else None,
+        "generator_cores": round(res["cpu_s"] / window, 2),
+        "others_cores": res["others_cores"],
+        "others_cores_before": res.get("others_cores_before"),
+        "loadavg_after": res["loadavg"],
+        **extra,
+    }
+    lat = [t for t in res["targets"] if t.get("p50_ms") is not None]
+    if lat:
+        row["latency_p50_ms"] = round(max(t["p50_ms"] for t in lat), 1)
+        row["latency_p99_ms"] = round(max(t["p99_ms"] for t in lat), 1)
+    return row
+
+
+def capacity(kind: str, binary: Path, args: Any, procs: Procs, say: Any) -> dict:
+    """One setup under the windowed-confirm load, clients on the (queue's) leader."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"roarbench-cap-{kind}-", dir=args.tmp_dir))
+    cluster: LocalCluster | None = None
+    single = None
+    try:
+        if kind == "roarmq-single":
+            single = harness.start_roarmq(procs, tmp)
+            version, port, leader = single.version, single.port, "single"
+            pgids = {"single": single.proc.pid}
+            arguments = None
+        else:
+            if kind == "roarmq-cluster":
+                cluster = harness.start_roarmq_cluster(procs, tmp, lease_ttl=args.lease_ttl)
+                leader = cluster.healthy(60) or "?"
+                arguments = None
+            else:
+                cluster = harness.start_rabbitmq_cluster(procs, tmp)
+                leader = cluster.nodes[0].name  # declared there: client-local leader
+                arguments = QUORUM
+            version = cluster.version
+            port = cluster.members[leader].port
+            pgids = {m.name: m.proc.pid for m in cluster.nodes if m.proc is not None}
+            if cluster.etcd is not None and cluster.etcd.proc is not None:
+                pgids["etcd"] = cluster.etcd.proc.pid
+        say(f"  capacity {kind} {version}: clients on {leader} (:{port})")
+        spec = {
+            "role": "capacity",
+            "warmup_s": args.cap_warmup,
+            "window_s": args.cap_seconds,
+            "targets": [target("q", port, "/", args, arguments)],
+        }
+        quiet = wait_quiet(say, args.quiet_wait, wait=args.quiet_wait)
+        res = run_generator(binary, spec, procs, pgids, say)
+        res["others_cores_before"] = quiet
+        extra: dict[str, Any] = {"leader": leader}
+        if cluster is not None and cluster.kind == "rabbitmq":
+            extra["queue_leader"] = cluster.leader()[0]
+        row = summarise(kind, version, res, extra)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        if single is not None:
+            harness.stop_broker(procs, single)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    say(f"  capacity {row}")
+    return row
+
+
+def scale_out(kind: str, binary: Path, args: Any, procs: Procs, say: Any) -> dict:
+    """Two vhosts ("/" and "v2") under load at once: on one single-node broker, or on a
+    2-node cluster with each vhost led by a different node (``--scale-replicas`` copies)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"roarbench-scale-{kind}-", dir=args.tmp_dir))
+    cluster: LocalCluster | None = None
+    single = None
+    extra: dict[str, Any] = {}
+    try:
+        if kind == "roarmq-single":
+            single = harness.start_roarmq(procs, tmp, management=True)
+            assert single.mgmt_port is not None
+            add_vhost([single.mgmt_port], "v2")
+            version = single.version
+            ports = {"/": single.port, "v2": single.port}
+            pgids = {"single": single.proc.pid}
+            extra["leaders"] = {"/": "single", "v2": "single"}
+        else:
+            replicas = int(kind.rsplit("r", 1)[1])  # roarmq-2nodes-r2
+            cluster = harness.start_roarmq_cluster(
+                procs, tmp, nodes=2, lease_ttl=args.lease_ttl, replicas=replicas
+            )
+            version = cluster.version
+            mgmt = [m.mgmt_port or 0 for m in cluster.nodes]
+            add_vhost(mgmt, "v2")
+            first = wait_for("a leader of /", lambda: vhost_row(cluster, "/").get("leader"))
+            other = next(m.name for m in cluster.nodes if m.name != first)
+
+            def placed() -> bool:
+                row = vhost_row(cluster, "v2")
+                return bool(row.get("leader")) and len(row.get("in_sync") or ()) == replicas
+
+            wait_for("v2 led and in sync", placed)
+            if vhost_row(cluster, "v2")["leader"] != other:
+                if other not in vhost_row(cluster, "v2")["in_sync"]:
+                    raise RuntimeError(f"v2 cannot move to {other}: not in sync")
+                api(mgmt[0], "POST", "/api/vhosts/v2/leader", {"node": other}, timeout=30)
+                wait_for("v2 moved", lambda: vhost_row(cluster, "v2").get("leader") == other)
+            leaders = {v: vhost_row(cluster, v)["leader"] for v in ("/", "v2")}
+            if leaders["/"] == leaders["v2"]:
+                raise RuntimeError(f"both vhosts led by {leaders['/']}")
+            extra["leaders"] = leaders
+            extra["members"] = {v: vhost_row(cluster, v).get("members") for v in ("/", "v2")}
+            ports = {v: cluster.members[n].port for v, n in leaders.items()}
+            pgids = {m.name: m.proc.pid for m in cluster.nodes if m.proc is not None}
+            if cluster.etcd is not None and cluster.etcd.proc is not None:
+                pgids["etcd"] = cluster.etcd.proc.pid
+        say(f"  scale-out {kind} {version}: {extra['leaders']}")
+        spec = {
+            "role": "capacity",
+            "warmup_s": args.cap_warmup,
+            "window_s": args.cap_seconds,
+            "targets": [
+                target("a", ports["/"], "/", args),
+                target("b", ports["v2"], "v2", args),
+            ],
+        }
+        quiet = wait_quiet(say, args.quiet_wait, wait=args.quiet_wait)
+        res = run_generator(binary, spec, procs, pgids, say)
+        res["others_cores_before"] = quiet
+        row = summarise(kind, version, res, extra)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        if single is not None:
+            harness.stop_broker(procs, single)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    say(f"  scale-out {row}")
+    return row
+
+
+def repeated(kind: str, part: Any, binary: Path, args: Any, procs: Procs, say: Any) -> dict:
+    """``--repeat`` runs of one setup, each on a fresh broker: the median run (by confirmed
+    msg/s) with every run's figures in ``runs``."""
+    runs = []
+    for i in range(args.repeat):
+        try:
+            runs.append(part(kind, binary, args, procs, say))
+        except (harness.BrokerUnavailable, RuntimeError, AssertionError) as exc:
+            say(f"{kind} run {i + 1} skipped: {exc}")
+            if isinstance(exc, harness.BrokerUnavailable):
+                break
+    if not runs:
+        return {"setup": kind, "skipped": "no run completed (see the log above)"}
+    ordered = sorted(runs, key=lambda r: r["confirmed_per_s"])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    row["runs"] = [
+        {
+            k: r[k]
+            for k in (
+                "confirmed_per_s",
+                "received_per_s",
+                "broker_cores",
+                "broker_cpu_us_per_msg",
+                "others_cores",
+            )
+        }
+        for r in runs
+    ]
+    row["failed_runs"] = args.repeat - len(runs)
+    return row
+
+
+CAP_LABEL = {
+    "roarmq-cluster": "RoarMQ 3-node cluster (clients on the leader)",
+    "roarmq-single": "RoarMQ single node",
+    "rabbitmq-cluster": "RabbitMQ 3-node cluster, quorum queue (clients on its leader)",
+}
+
+
+def cap_label(kind: str) -> str:
+    if kind in CAP_LABEL:
+        return CAP_LABEL[kind]
+    replicas = kind.rsplit("r", 1)[1]
+    return f"RoarMQ 2 nodes, one vhost led by each, replicas = {replicas}"
+
+
+def capacity_table(rows: list[dict], scale: bool) -> list[str]:
+    """The median run of each setup; every run's confirmed msg/s; the CPU of the brokers
+    (per process: n1, n2, ...), the generator and every other process on the machine."""
+    head = "| setup | confirmed msg/s (median) | runs | consumed msg/s | latency p50 / p99, ms |"
+    head += " broker CPU, cores | broker CPU µs/msg | generator / others, cores |"
+    if scale:
+        head = head.replace("| setup |", "| setup (2 vhosts at once) |")
+        head += " per vhost, confirmed msg/s |"
+    lines = [head, "|" + "---|" * head.count(" |")]
+    base = None
+    for row in rows:
+        if "skipped" in row:
+            lines.append(f"| {cap_label(row['setup'])} | skipped: {row['skipped'][:80]} |")
+            continue
+        if scale and row["setup"] == "roarmq-single":
+            base = row["confirmed_per_s"]
+        cpu = " + ".join(f"{k} {v / row['window_s']:.2f}" for k, v in row["broker_cpu_s"].items())
+        runs = ", ".join(f"{r['confirmed_per_s']:,}" for r in row.get("runs", [row]))
+        line = (
+            f"| {cap_label(row['setup'])} {row['version']} | {row['confirmed_per_s']:,} | "
+            f"{runs} | {row['received_per_s']:,} | {row.get('latency_p50_ms', '-')} / "
+            f"{row.get('latency_p99_ms', '-')} | {row['broker_cores']} ({cpu}) | "
+            f"{row['broker_cpu_us_per_msg']} | {row['generator_cores']} / "
+            f"{row['others_cores']} |"
+        )
+        if scale:
+            per = ", ".join(f"`{t['vhost']}` {t['confirmed_per_s']:,}" for t in row["per_target"])
+            line += f" {per} |"
+        lines.append(line)
+    ratios = []
+    if scale and base:
+        for row in rows:
+            if "skipped" not in row and row["setup"] != "roarmq-single":
+                ratios.append(
+                    f"{cap_label(row['setup'])}: {row['confirmed_per_s'] / base:.2f}× the "
+                    "single node's aggregate."
+                )
+    if not scale:
+        by = {r["setup"]: r for r in rows if "skipped" not in r}
+        c, one, rq = (by.get(k) for k in ("roarmq-cluster", "roarmq-single", "rabbitmq-cluster"))
+        if c and one:
+            ratios.append(
+                f"Cluster / single node: {c['confirmed_per_s'] / one['confirmed_per_s']:.2f}."
+            )
+        if c and rq:
+            ratios.append(
+                f"Cluster / RabbitMQ quorum queue: {c['confirmed_per_s'] / rq['confirmed_per_s']:.2f}."
+            )
+    if ratios:
+        lines += ["", *ratios]
+    return lines
+
+
 def fault_table(kind: str, result: dict) -> list[str]:
     lines = []
     by_kind: dict[str, list[dict]] = {}
@@ -199,9 +654,36 @@ def fault_table(kind: str, result: dict) -> list[str]:
     return lines
 
 
+def tree_state() -> str:
+    """The commit measured, and the files of broker/ that differ from it (other engineers
+    edit the tree while benchmarks run)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=harness.REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--short", "--", "broker", "protocol", "roarmq"],
+            cwd=harness.REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.split("\n")
+    except OSError:
+        return "?"
+    changed = [line[3:] for line in dirty if line.strip()]
+    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--broker", choices=("roarmq", "rabbitmq", "both"), default="both")
+    p.add_argument(
+        "--parts",
+        default="faults,rate,capacity,scale",
+        help="comma-separated: faults, rate, capacity, scale (the JSON keeps the others' last run)",
+    )
     p.add_argument("--rounds", type=int, default=12, help="fault rounds per broker")
     p.add_argument("--quick", action="store_true", help="4 rounds (RoarMQ), 3 (RabbitMQ), 10 s")
     p.add_argument("--lease-ttl", type=int, default=2)
@@ -210,12 +692,40 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="part 2 run length")
     p.add_argument("--publishers", type=int, default=4)
     p.add_argument("--no-rate", action="store_true")
+    p.add_argument("--cap-seconds", type=float, default=20.0, help="parts 3-4: measured window")
+    p.add_argument("--cap-warmup", type=float, default=5.0, help="parts 3-4: before the window")
+    p.add_argument("--cap-publishers", type=int, default=2, help="per queue (vhost)")
+    p.add_argument("--cap-window", type=int, default=1000, help="unconfirmed per publisher")
+    p.add_argument("--cap-consumers", type=int, default=2, help="per queue (vhost)")
+    p.add_argument("--cap-prefetch", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=3, help="parts 3-4: runs per setup (median)")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=180,
+        help="parts 3-4: wait up to this long for other processes to leave the CPUs idle",
+    )
+    p.add_argument(
+        "--cap-setups",
+        default="roarmq-cluster,roarmq-single,rabbitmq-cluster",
+        help="part 3: which setups (rabbitmq-cluster only with --broker both/rabbitmq)",
+    )
+    p.add_argument(
+        "--scale-replicas", default="2,1", help="part 4: replicas of each vhost, one run each"
+    )
     p.add_argument("--tmp-dir", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep data dirs and logs")
     p.add_argument("--json", type=Path, default=harness.REPO / "bench" / "results" / "cluster.json")
     args = p.parse_args()
     if args.quick:
         args.rounds, args.seconds = 4, 10.0
+        args.cap_seconds, args.cap_warmup = 10.0, 3.0
+    parts = set(args.parts.split(","))
+    if args.no_rate:
+        parts.discard("rate")
+    unknown = parts - {"faults", "rate", "capacity", "scale"}
+    if unknown:
+        p.error(f"unknown parts: {', '.join(sorted(unknown))}")
     brokers = ("roarmq", "rabbitmq") if args.broker == "both" else (args.broker,)
     t_begin = time.monotonic()
 
@@ -223,24 +733,28 @@ def main() -> int:
         print(f"[{time.monotonic() - t_begin:6.1f}s] {text}", flush=True)
 
     procs = Procs()
+    machine = machine_info(command=" ".join(sys.argv), tree=tree_state())
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     result: dict[str, Any] = {
-        "machine": machine_info(command=" ".join(sys.argv)),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "machine": machine,
+        "settings": settings,
         "faults": {},
         "rate": [],
     }
+    work = Path(tempfile.mkdtemp(prefix="roarbench-cluster-gen-", dir=args.tmp_dir))
     try:
-        for kind in brokers:
-            try:
-                rounds = args.rounds if kind == "roarmq" or not args.quick else 3
-                saved = args.rounds
-                args.rounds = rounds
-                result["faults"][kind] = run_faults(kind, args, procs, say)
-                args.rounds = saved
-            except (harness.BrokerUnavailable, RuntimeError, AssertionError) as exc:
-                say(f"{kind} fault rounds skipped: {exc}")
-                result["faults"][kind] = {"skipped": str(exc)[:2000]}
-        if not args.no_rate:
+        if "faults" in parts:
+            for kind in brokers:
+                try:
+                    rounds = args.rounds if kind == "roarmq" or not args.quick else 3
+                    saved = args.rounds
+                    args.rounds = rounds
+                    result["faults"][kind] = run_faults(kind, args, procs, say)
+                    args.rounds = saved
+                except (harness.BrokerUnavailable, RuntimeError, AssertionError) as exc:
+                    say(f"{kind} fault rounds skipped: {exc}")
+                    result["faults"][kind] = {"skipped": str(exc)[:2000]}
+        if "rate" in parts:
             kinds = ["roarmq-cluster", "roarmq-single"]
             if "rabbitmq" in brokers:
                 kinds.append("rabbitmq-cluster")
@@ -250,33 +764,84 @@ def main() -> int:
                 except (harness.BrokerUnavailable, RuntimeError, AssertionError) as exc:
                     say(f"{kind} rate skipped: {exc}")
                     result["rate"].append({"broker": kind, "skipped": str(exc)[:2000]})
+        if parts & {"capacity", "scale"}:
+            binary, go_version = build_generator(work)
+            say(f"generator built ({go_version})")
+        if "capacity" in parts:
+            rows = []
+            kinds = [k for k in args.cap_setups.split(",") if k]
+            if "rabbitmq" not in brokers:
+                kinds = [k for k in kinds if not k.startswith("rabbitmq")]
+            for kind in kinds:
+                rows.append(repeated(kind, capacity, binary, args, procs, say))
+            result["capacity"] = {
+                "machine": machine,
+                "settings": settings,
+                "generator": go_version,
+                "rows": rows,
+                "table": "\n".join(capacity_table(rows, scale=False)),
+            }
+        if "scale" in parts:
+            rows = []
+            kinds = ["roarmq-single"]
+            kinds += [f"roarmq-2nodes-r{r}" for r in args.scale_replicas.split(",") if r]
+            for kind in kinds:
+                rows.append(repeated(kind, scale_out, binary, args, procs, say))
+            result["scale_out"] = {
+                "machine": machine,
+                "settings": settings,
+                "generator": go_version,
+                "rows": rows,
+                "table": "\n".join(capacity_table(rows, scale=True)),
+            }
     finally:
         procs.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
 
-    lines = [
-        "| broker | round | n | failover median, s | failover max, s | no confirm in 30 s |",
-        "|---|---|---|---|---|---|",
-    ]
-    for kind, res in result["faults"].items():
-        if "skipped" in res:
-            lines.append(f"| {harness.LABEL[kind]} | skipped | | | | |")
-        else:
-            lines += fault_table(kind, res)
-    if result["rate"]:
-        lines += ["", "| setup | confirmed msg/s | consumed msg/s |", "|---|---|---|"]
-        for row in result["rate"]:
-            if "skipped" in row:
-                lines.append(f"| {row['broker']} | skipped | |")
+    tables = []
+    if parts & {"faults", "rate"}:
+        lines = []
+        if result["faults"]:
+            lines += [
+                "| broker | round | n | failover median, s | failover max, s | no confirm in 30 s |",
+                "|---|---|---|---|---|---|",
+            ]
+        for kind, res in result["faults"].items():
+            if "skipped" in res:
+                lines.append(f"| {harness.LABEL[kind]} | skipped | | | | |")
             else:
-                lines.append(
-                    f"| {row['broker']} {row['version']} | {row['confirmed_per_s']} | "
-                    f"{row['consumed_per_s']} |"
-                )
-    table = "\n".join(lines)
-    print("\n" + table)
-    result["table"] = table
+                lines += fault_table(kind, res)
+        if result["rate"]:
+            lines += ["", "| setup | confirmed msg/s | consumed msg/s |", "|---|---|---|"]
+            for row in result["rate"]:
+                if "skipped" in row:
+                    lines.append(f"| {row['broker']} | skipped | |")
+                else:
+                    lines.append(
+                        f"| {row['broker']} {row['version']} | {row['confirmed_per_s']} | "
+                        f"{row['consumed_per_s']} |"
+                    )
+        result["table"] = "\n".join(lines)
+        tables.append(result["table"])
+    for key in ("capacity", "scale_out"):
+        if key in result:
+            tables.append(result[key]["table"])
+    print("\n" + "\n\n".join(tables))
+    # Parts not run this time keep their last figures in the JSON file.
+    out = result
+    if args.json.exists() and not parts >= {"faults", "rate", "capacity", "scale"}:
+        try:
+            out = json.loads(args.json.read_text())
+        except ValueError:
+            out = {}
+        if parts & {"faults", "rate"}:
+            for key in ("machine", "settings", "faults", "rate", "table"):
+                out[key] = result[key]
+        for key in ("capacity", "scale_out"):
+            if key in result:
+                out[key] = result[key]
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    args.json.write_text(json.dumps(out, indent=2) + "\n")
     print(f"\nwrote {args.json} ({time.monotonic() - t_begin:.0f} s)")
     lost = sum(r.get("summary", {}).get("lost", 0) for r in result["faults"].values())
     return 1 if lost else 0

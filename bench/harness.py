@@ -182,10 +182,19 @@ def pinned(cpu: int | None, cmd: list[str]) -> list[str]:
     return cmd if cpu is None else ["taskset", "-c", str(cpu), *cmd]
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, never the same twice in this process (the
+    kernel may give a just-closed port again; two servers then clash on it)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def amqp_probe(port: int, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -740,12 +749,14 @@ class LocalCluster:
             return None, 0
         return None, 0
 
-    def healthy(self, timeout: float) -> str | None:
-        """The leader, once every member is in sync (RabbitMQ: online), or None."""
+    def healthy(self, timeout: float, in_sync: int | None = None) -> str | None:
+        """The leader, once every member (or ``in_sync`` of them) is in sync (RabbitMQ:
+        online), or None."""
+        want = len(self.members) if in_sync is None else in_sync
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            leader, in_sync = self.leader()
-            if leader and in_sync == len(self.members):
+            leader, synced = self.leader()
+            if leader and synced == want:
                 return leader
             time.sleep(0.2)
         return None
@@ -776,10 +787,12 @@ def start_roarmq_cluster(
     lease_ttl: int = 2,
     replica_lag_ms: int = 1000,
     ready_timeout: float = 60,
+    replicas: int | None = None,
 ) -> LocalCluster:
     """etcd (``.tools/etcd``) and ``nodes`` RoarMQ nodes n1.. on free loopback ports with
-    ``[cluster]`` (``lease_ttl``, ``replica_lag_ms``); ready once one node leads ``/`` with
-    every node in sync."""
+    ``[cluster]`` (``lease_ttl``, ``replica_lag_ms``, ``replicas`` when given, else the
+    default 3); ready once one node leads ``/`` with every member in sync (all ``nodes``, or
+    ``replicas`` of them)."""
     cluster = LocalCluster("roarmq", procs)
     client, peer = free_port(), free_port()
     url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
@@ -822,12 +835,13 @@ def start_roarmq_cluster(
             f'[management]\nenabled = true\nbind = "127.0.0.1"\nport = {mgmt}\n'
             f'[cluster]\netcd = ["{url}"]\nnode = "{name}"\nreplication_port = {repl}\n'
             f"lease_ttl = {lease_ttl}\nreplica_lag_ms = {replica_lag_ms}\n"
+            + (f"replicas = {replicas}\n" if replicas is not None else "")
         )
         cmd = roarmq_command(cfg, tmp / name, port=port, log_level="info")
         member = Member(name, port, cmd, dict(os.environ), tmp / f"{name}.log", mgmt_port=mgmt)
         cluster.members[name] = member
         cluster.start(member)
-    if cluster.healthy(ready_timeout) is None:
+    if cluster.healthy(ready_timeout, min(nodes, replicas or nodes)) is None:
         tails = "\n".join(f"--- {m.name}\n{_tail(m.log)}" for m in cluster.nodes)
         cluster.stop()
         raise RuntimeError(f"RoarMQ cluster not ready after {ready_timeout:.0f} s\n{tails}")
