@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import threading
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
 
 from .etcd import EtcdClient, EtcdError
 
@@ -52,6 +55,15 @@ class Fencing:
             self._timer = loop.call_later(delay, self._check)
         if was_fenced:
             _run_all(self.on_restored, "fencing-restored")
+
+    def renewed_in_thread(self, sent_at: float) -> None:
+        """A keep-alive sent at `sent_at` by `LeaseKeeper.renewing_in_thread` succeeded while
+        the loop was busy: only the window moves (one float store, safe from another thread);
+        the loop's own timer sees it when it runs. A fenced window stays fenced until a
+        renewal on the loop reopens it (and rechecks the leaderships)."""
+        at = self._renewed_at
+        if not self._fenced and at is not None and sent_at > at:
+            self._renewed_at = sent_at
 
     def expire(self) -> None:
         """The lease is gone (revoked, expired on etcd, or we are shutting down)."""
@@ -135,6 +147,51 @@ class LeaseKeeper:
             return False
         self.fencing.renewed(sent)
         return True
+
+    @contextlib.contextmanager
+    def renewing_in_thread(self) -> Iterator[None]:
+        """Keep the lease alive from a thread while the event loop is starved by a long step
+        (a promotion: the rebuild's thread holding the GIL, then `MessageStore.recover` over
+        the whole vhost log on the loop): the loop's keep-alives are late or time out
+        meanwhile, and a busy new leader whose lease expires hands the vhost to yet another
+        election. Renewals are timed from when they were sent, as on the loop; a frozen
+        process freezes this thread too, so fencing (invariant 5) is kept. Scoped to the
+        step: a loop that is wedged for good still loses its lease."""
+        stop = threading.Event()
+        lease, endpoints, timeout = self.lease, list(self.client.endpoints), self.ttl / 3
+
+        def keepalive() -> bool | None:
+            body = json.dumps({"ID": lease}).encode()
+            for endpoint in endpoints:
+                try:
+                    req = urllib.request.Request(
+                        endpoint + "/v3/lease/keepalive",
+                        data=body,
+                        headers={"Content-Type": "application/json"},
+                    )
+                    with urllib.request.urlopen(req, timeout=timeout) as resp:
+                        reply = json.loads(resp.read() or b"{}")
+                    return int(reply.get("result", {}).get("TTL", 0)) > 0
+                except (OSError, ValueError):
+                    continue
+            return None  # no endpoint answered: the loop's keeper will say what it means
+
+        def run() -> None:
+            while not stop.is_set():
+                sent = self.fencing.clock()
+                alive = keepalive()
+                if alive is False:
+                    return  # gone on etcd: the loop's next renewal finds out and runs on_lost
+                if alive:
+                    self.fencing.renewed_in_thread(sent)
+                stop.wait(self.ttl / 3 if alive else self.ttl / 10)
+
+        if lease and not self.lost:
+            threading.Thread(target=run, name=f"etcd-lease-{lease:x}-busy", daemon=True).start()
+        try:
+            yield
+        finally:
+            stop.set()
 
     def _lose(self) -> None:
         if self.lost:

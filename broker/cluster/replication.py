@@ -293,6 +293,15 @@ class ReplicationLeader:
                 )
                 _run_all(self.on_lagging, node)
 
+    def report_lagging(self, node: str) -> None:
+        """Take `node` out of the in-sync set through the owner now (`on_lagging`), without
+        waiting `replica_lag_ms`: the owner knows it is gone (its lease expired)."""
+        follower = self._follower(node)
+        if node in self.in_sync and not follower.lag_reported:
+            follower.lag_reported = True
+            log.warning("vhost %r: in-sync member %s is not running", self.vhost, node)
+            _run_all(self.on_lagging, node)
+
     @property
     def lag_limit(self) -> float:
         return self.replica_lag_ms / 1000

@@ -249,6 +249,18 @@ class VhostReplicas:
         await self.unfollow(vhost)
         if vhost in self.leaders:
             await self.demote(vhost)
+        # Recovery takes as long as the live data is big, much of it on the loop
+        # (`MessageStore.recover`) or holding the GIL (the rebuild's thread): the lease is
+        # kept alive from a thread meanwhile, or this node loses the leadership it is
+        # recovering for and the vhost goes through another election.
+        keeper = c.keeper
+        busy = keeper.renewing_in_thread() if keeper is not None else contextlib.nullcontext()
+        with busy:
+            await self._recover_as_leader(vhost, epoch)
+
+    async def _recover_as_leader(self, vhost: str, epoch: int) -> None:
+        c = self.node.coordinator
+        assert c is not None
         records = self.log_of(vhost)
         await asyncio.to_thread(records.sync)
         messages = self.vhost_dir(vhost) / "messages"
@@ -277,6 +289,10 @@ class VhostReplicas:
         vhost_obj.replicated = store
         leader.start_routed()
         self._isr_tasks.append(attach_coordinator(c, leader))
+        live = c.members()
+        for node in sorted(leader.in_sync):  # gone (its lease with it): no waiting for lag
+            if node not in live:
+                leader.report_lagging(node)
         self.leaders[vhost] = leader
         self.stores[vhost] = store
         self.serving.add(vhost)

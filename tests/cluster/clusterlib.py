@@ -77,7 +77,11 @@ class FaultLoad:
     anything else: another random endpoint) they reconnect and the publisher republishes
     its unconfirmed message. Bodies are the message ids, a counter. A publish whose confirm
     has not come after ``confirm_timeout`` (a frozen leader) has its socket shut, which
-    counts as an error like any other."""
+    counts as an error like any other. An endpoint that failed is avoided for
+    ``avoid_failed`` seconds (while another is left), as a client with a list of hosts
+    tries the next one: a frozen node still accepts TCP connections (the kernel answers)
+    and costs a whole handshake timeout per try, so picking uniformly again could spend a
+    whole freeze retrying it."""
 
     def __init__(
         self,
@@ -89,6 +93,7 @@ class FaultLoad:
         idle_reconnect: float = 3.0,
         prefetch: int = 200,
         publishers: int = 1,
+        avoid_failed: float = 5.0,
     ) -> None:
         self.endpoints = endpoints
         self.queue = queue
@@ -96,6 +101,8 @@ class FaultLoad:
         self.confirm_timeout = confirm_timeout
         self.idle_reconnect = idle_reconnect
         self.prefetch = prefetch
+        self.avoid_failed = avoid_failed
+        self._failed_at: dict[tuple[str, int], float] = {}  # endpoint -> when it last failed
         self.first_publish: dict[int, float] = {}
         self.confirmed: dict[int, float] = {}
         self.consumed: Counter[int] = Counter()
@@ -185,8 +192,28 @@ class FaultLoad:
         }
 
     # -- clients
+    def _pick(self) -> tuple[str, int]:
+        """A random endpoint that has not failed in the last ``avoid_failed`` s; when every
+        one has, the one that failed longest ago."""
+        endpoints = self.endpoints()
+        now = time.monotonic()
+        failed = {e: self._failed_at.get(e, -1e9) for e in endpoints}
+        fresh = [e for e in endpoints if now - failed[e] > self.avoid_failed]
+        return random.choice(fresh) if fresh else min(endpoints, key=failed.__getitem__)
+
+    def _failed(self, endpoint: tuple[str, int]) -> None:
+        self._failed_at[endpoint] = time.monotonic()
+
     def _connect(self) -> pika.BlockingConnection:
-        host, port = random.choice(self.endpoints())
+        first = self._pick()
+        try:
+            return self._connect_from(first)
+        except Exception:
+            self._failed(first)
+            raise
+
+    def _connect_from(self, endpoint: tuple[str, int]) -> pika.BlockingConnection:
+        host, port = endpoint
         for _hop in range(3):
             params = pika.ConnectionParameters(
                 host,
@@ -225,6 +252,7 @@ class FaultLoad:
             conn = None
             try:
                 conn = self._connect()
+                endpoint = conn._impl.params.host, conn._impl.params.port
                 sock = conn._impl._transport._sock  # to shut it when a confirm hangs
                 ch = conn.channel()
                 ch.confirm_delivery()
@@ -243,6 +271,8 @@ class FaultLoad:
             except Exception as exc:  # any error: reconnect and republish
                 self._armed.pop(me, None)
                 self._note(exc)
+                if conn is not None:  # e.g. a confirm that never came: try another node
+                    self._failed(endpoint)
                 if pending is not None:
                     with self._lock:
                         self.republished += 1
