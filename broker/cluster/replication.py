@@ -97,6 +97,8 @@ class ReplicationLeader:
         self.on_caught_up: list[Callable[[str], object]] = []
         self.on_deposed: list[Callable[[int, str], object]] = []
         self.on_confirmed: list[Callable[[int], object]] = []
+        #: A follower's connection ended (the owner may find its process gone).
+        self.on_follower_gone: list[Callable[[str], object]] = []
         self._followers: dict[str, _Follower] = {}
         self._durable_at: list[tuple[int, float]] = []  # (offset, when durable), by offset
         self._confirmed = 0
@@ -295,7 +297,8 @@ class ReplicationLeader:
 
     def report_lagging(self, node: str) -> None:
         """Take `node` out of the in-sync set through the owner now (`on_lagging`), without
-        waiting `replica_lag_ms`: the owner knows it is gone (its lease expired)."""
+        waiting `replica_lag_ms`: the owner knows it is gone (its lease expired, or its
+        process: its replication port refuses connections)."""
         follower = self._follower(node)
         if node in self.in_sync and not follower.lag_reported:
             follower.lag_reported = True
@@ -388,6 +391,8 @@ class ReplicationLeader:
                 await pump
             if follower.writer is writer:
                 follower.writer = None
+                if self.deposed_by is None:
+                    _run_all(self.on_follower_gone, follower.node)
 
     def _needs_snapshot(self, offset: int) -> bool:
         """The follower's offset is older than what we hold, or beyond our head (divergent)."""
@@ -481,6 +486,8 @@ class ReplicationFollower:
         self.on_stale_leader: list[Callable[[int], object]] = []
         self.on_refused: list[Callable[[str, int], object]] = []
         self.on_reset: list[Callable[[int], object]] = []
+        #: (address, epoch): connecting to the leader was refused (its process is gone).
+        self.on_leader_refused: list[Callable[[tuple[str, int], int], object]] = []
         self._task: asyncio.Task[None] | None = None
         self._dirty = asyncio.Event()
         self._writer: asyncio.StreamWriter | None = None
@@ -518,6 +525,8 @@ class ReplicationFollower:
                     delay = self.backoff[0]  # it streamed: the next break is a new one
             except _lost_connection as exc:
                 log.info("vhost %r: replication from %s ended: %r", self.vhost, self.leader, exc)
+                if isinstance(exc, ConnectionRefusedError):  # no process listens there
+                    _run_all(self.on_leader_refused, self.leader, self.epoch)
             except Exception as exc:
                 log.error("vhost %r: follower store failed, stopping: %r", self.vhost, exc)
                 self.failed = exc

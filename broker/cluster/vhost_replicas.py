@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from . import replicated_definitions as definitions
 from . import replication_wire as wire
 from .coordination import encode
+from .etcd import EtcdError
 from .handoff import HANDOFF
 from .replicated_store import ReplicatedMessageStore, rebuild_message_dir
 from .replication import (
@@ -66,6 +67,8 @@ class VhostReplicas:
         self._isr_tasks: list[set[asyncio.Task]] = []
         self._server: asyncio.Server | None = None
         self._maintainer: asyncio.Task[None] | None = None
+        self._checking_leader: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
         #: Per led vhost: the log's bytes_written when its last checkpoint ended.
         self._checkpointed_at: dict[str, int] = {}
 
@@ -218,11 +221,70 @@ class VhostReplicas:
                 cookie=self.node.cookie,
             )
             self.followers[vhost] = follower
+            follower.on_leader_refused.append(
+                lambda address, epoch, v=vhost: self._leader_refused(v, address, epoch)
+            )
             follower.start()
             log.info("vhost %r: following %s at %s", vhost, leader[0], address)
         elif follower.leader != address or follower.epoch < leader[1]:
             follower.follow(address, leader[1])
             log.info("vhost %r: following %s at %s", vhost, leader[0], address)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _drop_if_gone(self, leader: ReplicationLeader, node: str) -> None:
+        """A follower's connection ended: if its process is gone (its replication port
+        refuses connections), it leaves the in-sync set now rather than after
+        `replica_lag_ms` of confirms waiting for it. Leaving is always safe (invariant 2:
+        etcd first); a follower only slow or cut off is left to the lag rule."""
+        c = self.node.coordinator
+        info = c.members().get(node) if c is not None else None
+        if info is None:  # no lease any more: gone
+            leader.report_lagging(node)
+            return
+        if await _refuses((info["address"], int(info["replication_port"]))):
+            leader.report_lagging(node)
+
+    def _leader_refused(self, vhost: str, address: tuple[str, int], epoch: int) -> None:
+        if vhost not in self._checking_leader:
+            task = asyncio.get_running_loop().create_task(
+                self._revoke_if_gone(vhost, address, epoch)
+            )
+            self._checking_leader[vhost] = task
+            task.add_done_callback(lambda _t: self._checking_leader.pop(vhost, None))
+
+    async def _revoke_if_gone(self, vhost: str, address: tuple[str, int], epoch: int) -> None:
+        """Fast failover when the leader's *process* is gone (kill -9, a crash): its
+        replication port refuses connections, so nothing of it can confirm any more, and
+        its lease is revoked at once instead of waiting out `lease_ttl`.
+
+        Only a refusal counts: the kernel answers one for a port nobody listens on. A
+        frozen leader (SIGSTOP) still accepts connections, a partitioned or powered-off
+        machine answers nothing: those are replaced by lease expiry, which fencing
+        (invariant 5) relies on, since a live leader may confirm until its lease runs out."""
+        c = self.node.coordinator
+        if c is None:
+            return
+        kv = c.vhosts.get(c.vhost_key(vhost, "leader"))
+        if kv is None or kv.create_revision != epoch or not kv.lease:
+            return  # another leadership already
+        if not await _refuses(address):  # once more: not a restart under way
+            return
+        leader = c.leader(vhost)
+        if leader is None or leader[1] != epoch:
+            return
+        log.warning(
+            "vhost %r: leader %s's replication port %s refuses connections: its process is "
+            "gone; revoking its lease for a fast failover",
+            vhost,
+            leader[0],
+            address,
+        )
+        with contextlib.suppress(EtcdError):
+            await c.client.lease_revoke(kv.lease)
 
     async def unfollow(self, vhost: str) -> None:
         follower = self.followers.pop(vhost, None)
@@ -289,6 +351,7 @@ class VhostReplicas:
         vhost_obj.replicated = store
         leader.start_routed()
         self._isr_tasks.append(attach_coordinator(c, leader))
+        leader.on_follower_gone.append(lambda node: self._spawn(self._drop_if_gone(leader, node)))
         live = c.members()
         for node in sorted(leader.in_sync):  # gone (its lease with it): no waiting for lag
             if node not in live:
@@ -369,3 +432,16 @@ class VhostReplicas:
         store = self.stores.get(vhost)
         if store is not None:
             store.definitions_changed()
+
+
+async def _refuses(address: tuple[str, int]) -> bool:
+    """Nothing listens at `address`: the kernel refused the connection (a process that is
+    alive, even frozen, accepts; an unreachable machine does not answer: False)."""
+    try:
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), 1.0)
+    except ConnectionRefusedError:
+        return True
+    except (TimeoutError, OSError):
+        return False
+    writer.close()
+    return False

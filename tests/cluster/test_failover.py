@@ -6,6 +6,9 @@ after catching up on restart."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pika
 import pytest
 from test_node import TTL, Node, placement, three_nodes, until
@@ -13,6 +16,7 @@ from test_node import TTL, Node, placement, three_nodes, until
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 N = 200
+REVOKED = "refuses connections: its process is gone; revoking its lease"
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
@@ -103,6 +107,33 @@ def test_leader_kill9_loses_nothing_confirmed(cluster):
     assert not lost, f"{len(lost)} confirmed messages lost"
     assert got[: len(confirmed)] == confirmed  # in publish order
     assert got[len(confirmed) :] == more
+    # The process is gone (its port refuses): a follower revoked its lease, no TTL wait.
+    assert any(REVOKED in n.log.read_text() for n in survivors)
+
+
+def test_a_frozen_leader_is_replaced_by_lease_expiry_not_revoked(cluster):
+    """SIGSTOP: the frozen leader's ports still accept connections, so nobody may take it
+    for dead and revoke its lease (a live leader confirms until its lease runs out): it is
+    replaced when its lease expires, then follows the new leader once thawed."""
+    leader_name = until(lambda: agreed_leader(cluster), 30)
+    assert leader_name, [n.log.read_text()[-2000:] for n in cluster]
+    leader = by_name(cluster, leader_name)
+    publish_confirmed(leader, "q", [b"before"])
+    os.kill(leader.proc.pid, signal.SIGSTOP)
+    survivors = [n for n in cluster if n is not leader]
+    try:
+
+        def new_leader():
+            name = placement(survivors[0])[0]
+            return name if name not in (None, leader_name) else None
+
+        assert until(new_leader, 4 * TTL + 5, step=0.1)
+    finally:
+        os.kill(leader.proc.pid, signal.SIGCONT)
+    assert not any(REVOKED in n.log.read_text() for n in survivors)
+    assert until(lambda: agreed_leader(cluster), 30), "the thawed node did not rejoin"
+    successor = by_name(cluster, agreed_leader(cluster))
+    assert drain(successor, "q") == [b"before"]
 
 
 def test_follower_kill9_shrinks_then_rejoins(cluster):
@@ -118,6 +149,8 @@ def test_follower_kill9_shrinks_then_rejoins(cluster):
     assert len(confirmed) == 50
     in_sync = leader.api("/api/vhosts/%2F")["in_sync"]
     assert victim.name not in in_sync and leader_name in in_sync
+    # Its port refused: it left at once, not after replica_lag_ms of waiting confirms.
+    assert f"in-sync member {victim.name} is not running" in leader.log.read_text()
 
     victim.start()
 
