@@ -10,6 +10,14 @@ consumer, a policy, a user with permissions, a topic permission and a vhost limi
 each endpoint of the list below on both. A field is a JSON path (list items merged); an
 endpoint "answers alike" when the status codes are equal. Prints a table and the fields
 RoarMQ lacks most often; writes JSON (default bench/results/api_compare.json).
+
+Then the parity checks of issue 26 (item 5), each a value both brokers must give alike:
+connection and channel names (RabbitMQ's "client -> server" form), channel and vhost
+`message_stats` (keys and counts), vhost octets and rate details, exclusive queues left out
+of definitions, the statuses of permission and topic-permission PUTs (made, then changed),
+`properties_key` of bindings with and without arguments (made over AMQP and over the API),
+`amq.rabbitmq.trace` and the firehose's copies (routing keys, headers). Prints each check
+as "same" or the two values, and exits 1 when any differ.
 """
 
 from __future__ import annotations
@@ -17,10 +25,12 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
 import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -43,6 +53,10 @@ ENDPOINTS = [
     "/api/exchanges",
     "/api/exchanges/cmp",
     "/api/exchanges/cmp/cx",
+    "/api/exchanges/cmp/amq.rabbitmq.trace",
+    "/api/connections/{conn}",
+    "/api/connections/{conn}/channels",
+    "/api/channels/{channel}",
     "/api/exchanges/cmp/cx/bindings/source",
     "/api/exchanges/cmp/cx/bindings/destination",
     "/api/queues",
@@ -103,6 +117,10 @@ def get(base: str, path: str) -> tuple[int, Any]:
             return exc.code, json.loads(body)
         except ValueError:
             return exc.code, None
+
+
+def q(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
 
 
 def call(base: str, method: str, path: str, body: Any = None) -> int:
@@ -177,6 +195,167 @@ def scenario(base: str, amqp_port: int) -> None:
     return conn
 
 
+NAME = re.compile(r"^\d+\.\d+\.\d+\.\d+:\d+ -> \d+\.\d+\.\d+\.\d+:\d+$")
+
+
+def _counts(stats: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (stats or {}).items() if not k.endswith("_details")}
+
+
+def _details(row: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """Which of `keys` the row has, and which of their `_details` carry a rate."""
+    return {k: (k in row, "rate" in (row.get(f"{k}_details") or {})) for k in keys}
+
+
+def parity(base: str, amqp_port: int) -> dict[str, Any]:
+    """Issue 26's item 5 on one broker: what it answers, in values comparable across brokers
+    (no ports, node names or times)."""
+    out: dict[str, Any] = {}
+    call(base, "PUT", "/api/vhosts/par")
+    perms = {"configure": ".*", "write": ".*", "read": ".*"}
+    out["PUT permission (made)"] = call(base, "PUT", "/api/permissions/par/guest", perms)
+    out["PUT permission (changed)"] = call(base, "PUT", "/api/permissions/par/guest", perms)
+    topic = {"exchange": "amq.topic", "write": ".*", "read": ".*"}
+    out["PUT topic-permission (made)"] = call(
+        base, "PUT", "/api/topic-permissions/par/guest", topic
+    )
+    out["PUT topic-permission (changed)"] = call(
+        base, "PUT", "/api/topic-permissions/par/guest", topic
+    )
+    call(base, "DELETE", "/api/topic-permissions/par/guest")
+    conn = pika.BlockingConnection(
+        pika.ConnectionParameters(
+            "127.0.0.1", amqp_port, "par", pika.PlainCredentials("guest", "guest")
+        )
+    )
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("q1")
+    ch.queue_declare("", exclusive=True)
+    ch.queue_declare("exq", exclusive=True)
+    ch.queue_bind("exq", "amq.topic", "ex.#")
+    ch.exchange_declare("hx", "headers")
+    ch.exchange_declare("tx", "topic")
+    ch.queue_bind("q1", "hx", "", arguments={"x-match": "all", "a": "b"})
+    ch.queue_bind("q1", "hx", "rk", arguments={"x-match": "any", "n": 5})
+    ch.queue_bind("q1", "hx", "", arguments={"b": True})
+    ch.queue_bind("q1", "tx", "k", arguments={"z": 1, "a": "s", "big": 2**40, "t": {"y": 1}})
+    ch.queue_bind("q1", "amq.topic", "a.b c/~d")
+    ch.queue_bind("q1", "amq.direct", "")
+    call(
+        base,
+        "POST",
+        "/api/bindings/par/e/tx/q/q1",
+        {"routing_key": "api", "arguments": {"n": 5, "f": 1.5, "m": {"z": 1, "a": 2}, "l": [1]}},
+    )
+    _, rows = get(base, "/api/bindings/par")
+    out["properties_key of each binding"] = sorted(
+        (
+            r["source"],
+            r["routing_key"],
+            json.dumps(r["arguments"], sort_keys=True),
+            r["properties_key"],
+        )
+        for r in rows
+        if not r["destination"].startswith("amq.gen")
+    )
+    _, defs = get(base, "/api/definitions/par")
+    out["definitions/{vhost} queues"] = sorted(x["name"] for x in defs["queues"])
+    out["definitions/{vhost} bindings"] = sorted(
+        (x["source"], x["destination"], x["routing_key"]) for x in defs["bindings"]
+    )
+    _, defs = get(base, "/api/definitions")
+    out["definitions queues (vhost par)"] = sorted(
+        x["name"] for x in defs["queues"] if x["vhost"] == "par"
+    )
+    for _ in range(10):
+        ch.basic_publish("", "q1", b"x" * 10)
+    ch.basic_publish("amq.direct", "nowhere", b"y")
+    m = ch.basic_get("q1")
+    ch.basic_ack(m[0].delivery_tag)
+    ch.basic_get("q1", auto_ack=True)
+    m = ch.basic_get("q1")
+    ch.basic_nack(m[0].delivery_tag, requeue=True)
+    ch2 = conn.channel()
+    got: list[int] = []
+
+    def on_message(chan: Any, method: Any, props: Any, body: bytes) -> None:
+        got.append(1)
+        chan.basic_ack(method.delivery_tag)
+
+    ch2.basic_consume("q1", on_message)
+    deadline = time.monotonic() + 10
+    while len(got) < 8 and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    conn.channel()  # never used
+    conn.process_data_events(0.2)
+    time.sleep(6)  # one statistics interval on both
+    conn.process_data_events(0.1)
+    _, conns = get(base, "/api/connections")
+    (row,) = [c for c in conns if c["vhost"] == "par"]
+    name = row["name"]
+    out["connection name form"] = bool(NAME.match(name)) and name == (
+        f"{row['peer_host']}:{row['peer_port']} -> {row['host']}:{row['port']}"
+    )
+    out["GET /api/connections/{name}"] = get(base, f"/api/connections/{q(name)}")[0]
+    _, chans = get(base, f"/api/connections/{q(name)}/channels")
+    chans.sort(key=lambda c: c["number"])
+    out["channel names"] = [c["name"].replace(name, "<conn>") for c in chans]
+    out["GET /api/channels/{name}"] = get(base, f"/api/channels/{q(chans[0]['name'])}")[0]
+    for c in chans:
+        out[f"channel {c['number']} message_stats"] = _counts(c.get("message_stats"))
+        stats = c.get("message_stats") or {}
+        out[f"channel {c['number']} rate details"] = sorted(
+            k for k, v in stats.items() if k.endswith("_details") and "rate" in v
+        )
+    _, vhost = get(base, "/api/vhosts/par")
+    out["vhost message_stats keys"] = list(_counts(vhost.get("message_stats")))
+    counts = _counts(vhost.get("message_stats"))
+    out["vhost message_stats (publish side)"] = {
+        k: counts.get(k) for k in ("publish", "confirm", "drop_unroutable", "get", "get_no_ack")
+    }
+    out["vhost octets and depths"] = _details(
+        vhost, ["recv_oct", "send_oct", "messages", "messages_ready", "messages_unacknowledged"]
+    )
+    out["vhost recv_oct and send_oct counted"] = (
+        vhost.get("recv_oct", 0) > 0 and vhost.get("send_oct", 0) > 0
+    )
+    # the firehose
+    _, x = get(base, "/api/exchanges/par/amq.rabbitmq.trace")
+    out["amq.rabbitmq.trace"] = {
+        k: x.get(k) for k in ("type", "durable", "internal", "auto_delete")
+    }
+    out["PUT vhost tracing"] = call(base, "PUT", "/api/vhosts/par", {"tracing": True})
+    out["vhost tracing"] = get(base, "/api/vhosts/par")[1].get("tracing")
+    ch.queue_declare("tr", exclusive=True)
+    ch.queue_bind("tr", "amq.rabbitmq.trace", "#")
+    ch.queue_declare("q3")
+    ch.queue_bind("q3", "amq.direct", "q3k")
+    props = pika.BasicProperties(
+        content_type="text/plain", headers={"h": 1}, delivery_mode=2, message_id="m1"
+    )
+    ch.basic_publish("amq.direct", "q3k", b"hello", props)
+    m = ch.basic_get("q3")
+    ch.basic_nack(m[0].delivery_tag, requeue=True)
+    ch.basic_get("q3", auto_ack=True)
+    ch.basic_publish("", "q3", b"cc", pika.BasicProperties(headers={"CC": ["q3"]}))
+    time.sleep(0.5)
+    copies = []
+    while True:
+        method, props_, body = ch.basic_get("tr", auto_ack=True)
+        if method is None:
+            break
+        headers = dict(props_.headers or {})
+        headers["connection"] = NAME.match(str(headers.get("connection", ""))) is not None
+        headers["node"] = bool(headers.get("node"))
+        copies.append((method.routing_key, body.decode(), headers))
+    out["firehose copies"] = copies
+    call(base, "PUT", "/api/vhosts/par", {"tracing": False})
+    out["vhost tracing off"] = get(base, "/api/vhosts/par")[1].get("tracing")
+    conn.close()
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default=str(REPO / "bench" / "results" / "api_compare.json"))
@@ -198,10 +377,14 @@ def main() -> int:
             time.sleep(6)  # one statistics interval on both
             nodes = {rabbit: get(rabbit, "/api/overview")[1]["node"], roar: b.broker.cluster_name}
             ports = {rabbit: r_port, roar: b.port}
+            names = {}
+            for base in (rabbit, roar):
+                first = get(base, "/api/connections")[1][0]["name"]
+                names[base] = {"conn": q(first), "channel": q(first + " (1)")}
             for template in ENDPOINTS:
                 answers = {}
                 for base in (rabbit, roar):
-                    path = template.format(node=nodes[base], amqp_port=ports[base])
+                    path = template.format(node=nodes[base], amqp_port=ports[base], **names[base])
                     answers[base] = get(base, path)
                 (rs, rbody), (os_, obody) = answers[rabbit], answers[roar]
                 rf, of = fields(rbody), fields(obody)
@@ -219,6 +402,7 @@ def main() -> int:
                 )
             for c in conns:
                 c.close()
+            seen = {base: parity(base, port) for base, port in ((rabbit, r_port), (roar, b.port))}
         stop_broker(procs, rabbitmq)
     finally:
         procs.stop_all()
@@ -243,6 +427,17 @@ def main() -> int:
             counts[leaf] = counts.get(leaf, 0) + 1
     top = sorted(counts.items(), key=lambda kv: -kv[1])[: args.show_missing]
     print("most often missing:", ", ".join(f"{k} ({n})" for k, n in top))
+    checks = []
+    print("\nissue 26, item 5: RabbitMQ 3.10.8 against RoarMQ")
+    for key, theirs in seen[rabbit].items():
+        ours = seen[roar].get(key)
+        checks.append({"check": key, "rabbitmq": theirs, "roarmq": ours, "same": theirs == ours})
+        print(f"  {'same     ' if theirs == ours else 'DIFFERENT'}  {key}")
+        if theirs != ours:
+            print(f"      RabbitMQ: {json.dumps(theirs, default=str)}")
+            print(f"      RoarMQ:   {json.dumps(ours, default=str)}")
+    differ = sum(not c["same"] for c in checks)
+    print(f"{len(checks) - differ} of {len(checks)} checks the same")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(
         json.dumps(
@@ -252,11 +447,12 @@ def main() -> int:
                 "shared_fields": shared,
                 "rabbitmq_fields": total_r,
                 "rows": rows,
+                "parity_checks": checks,
             },
             indent=2,
         )
     )
-    return 0
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import urllib.request
 from base64 import b64encode
@@ -107,10 +109,13 @@ async def consume(
     done = asyncio.get_running_loop().create_future()
     t0 = time.perf_counter()
     last = [t0]
+    first = [0.0]
 
     def on_deliveries(batch: list, _now: int) -> None:
         got[0] += len(batch)
         last[0] = time.perf_counter()
+        if not first[0]:
+            first[0] = last[0]
         tag = batch[-1].method.delivery_tag
         c.transport.write(encode_method(CHANNEL, spec.BasicAck(delivery_tag=tag, multiple=True)))
         if got[0] >= expect and not done.done():
@@ -133,6 +138,7 @@ async def consume(
         "expected": expect,
         "seconds": elapsed,
         "msg_per_s": got[0] / elapsed if elapsed > 0 else 0.0,
+        "first_delivery_ms": (first[0] - t0) * 1000 if first[0] else None,
     }
 
 
@@ -154,14 +160,17 @@ def rss(broker: harness.Running) -> int:
     return sum(harness.vmrss(pid) for pid in harness.group_pids(broker.proc.pid))
 
 
-async def run(broker: harness.Running, n: int) -> dict[str, Any]:
+async def run(broker: harness.Running, n: int, rows: set[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"broker": broker.kind, "version": broker.version}
     out["rss_idle"] = rss(broker)
     out["publish"] = await publish(broker.port, n)
+    out["rss_published"] = rss(broker)
     timeout = max(60.0, n / 5000)
-    out["replay_1"] = await consume(broker.port, 1, n, {}, timeout)
-    out["fanout_10"] = await consume(broker.port, 10, 10 * n, {}, timeout)
-    if broker.kind == "roarmq":
+    if "replay" in rows:
+        out["replay_1"] = await consume(broker.port, 1, n, {}, timeout)
+    if "fanout" in rows:
+        out["fanout_10"] = await consume(broker.port, 10, 10 * n, {}, timeout)
+    if broker.kind == "roarmq" and "filtered" in rows:
         for value in ("spread", "block"):
             count = sum(1 for i in range(n) if value_of(i, n) == value)
             before = skipped(broker)
@@ -171,6 +180,24 @@ async def run(broker: harness.Running, n: int) -> dict[str, Any]:
             out[f"filtered_{value}"] = row
     out["rss_retained"] = rss(broker)
     return out
+
+
+async def restarted(procs: harness.Procs, kind: str, tmp: Path, n: int) -> dict[str, Any]:
+    """The same broker started again on its data: seconds until it serves AMQP, a consumer
+    from `first`'s time to its first delivery, RSS."""
+    t0 = time.perf_counter()
+    options = {"management": True} if kind == "roarmq" else {}
+    broker = harness.STARTERS[kind](procs, tmp, 0, **options)
+    try:
+        ready = time.perf_counter() - t0
+        first = await consume(broker.port, 1, min(n, 1000), {}, 60)
+        return {
+            "start_s": ready,
+            "first_ms": first["first_delivery_ms"],
+            "rss_mib": rss(broker) / 2**20,
+        }
+    finally:
+        harness.stop_broker(procs, broker)
 
 
 def fmt(x: float | None, unit: str = "") -> str:
@@ -188,11 +215,17 @@ def table(results: list[dict[str, Any]], n: int) -> str:
     def row(label: str, get: Any) -> None:
         lines.append(f"| {label} | " + " | ".join(get(r) for r in results) + " |")
 
+    def get(r: dict, key: str, field: str = "msg_per_s", digits: int = 0) -> str:
+        value = r.get(key, {}).get(field)
+        return "-" if value is None else f"{value:,.{digits}f}"
+
     row("publish, confirms (msg/s)", lambda r: fmt(r["publish"]["msg_per_s"]))
-    row("replay 1 consumer from first (msg/s)", lambda r: fmt(r["replay_1"]["msg_per_s"]))
+    row("replay 1 consumer from first (msg/s)", lambda r: get(r, "replay_1"))
     row(
-        "fan-out 10 consumers from first (deliveries/s)", lambda r: fmt(r["fanout_10"]["msg_per_s"])
+        "replay: first delivery after basic.consume (ms)",
+        lambda r: get(r, "replay_1", "first_delivery_ms"),
     )
+    row("fan-out 10 consumers from first (deliveries/s)", lambda r: get(r, "fanout_10"))
     for value, label in (("spread", "1% spread"), ("block", "1% in one block")):
         key = f"filtered_{value}"
         row(
@@ -206,7 +239,12 @@ def table(results: list[dict[str, Any]], n: int) -> str:
             ),
         )
     row("RSS idle (MiB)", lambda r: f"{r['rss_idle'] / 2**20:,.0f}")
-    row("RSS with N retained (MiB)", lambda r: f"{r['rss_retained'] / 2**20:,.0f}")
+    row("RSS with N published (MiB)", lambda r: f"{r['rss_published'] / 2**20:,.0f}")
+    row("RSS with N retained, after the reads (MiB)", lambda r: f"{r['rss_retained'] / 2**20:,.0f}")
+    if any("restart" in r for r in results):
+        row("restart: seconds until AMQP is served", lambda r: get(r, "restart", "start_s", 2))
+        row("restart: first delivery from first (ms)", lambda r: get(r, "restart", "first_ms"))
+        row("restart: RSS (MiB)", lambda r: get(r, "restart", "rss_mib"))
     return "\n".join(lines)
 
 
@@ -216,7 +254,18 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="N = 100,000 (default 2,000,000)")
     ap.add_argument("--messages", type=int, default=0)
     ap.add_argument("--json", type=Path, default=Path("bench/results/streams.json"))
+    ap.add_argument(
+        "--rows",
+        default="replay,fanout,filtered",
+        help="what to run after publishing (comma-separated: replay, fanout, filtered)",
+    )
+    ap.add_argument(
+        "--restart",
+        action="store_true",
+        help="then restart the broker on its data (start-up time, first delivery, RSS)",
+    )
     args = ap.parse_args()
+    rows = set(args.rows.split(",")) if args.rows else set()
     n = args.messages or (100_000 if args.quick else 2_000_000)
     with contextlib.suppress(OSError):
         os.sched_setaffinity(0, {1})
@@ -226,12 +275,17 @@ def main() -> int:
     try:
         for kind in kinds:
             options = {"management": True} if kind == "roarmq" else {}
+            keep = Path(tempfile.mkdtemp(prefix=f"roarbench-{kind}-"))
             try:
-                with harness.broker_instance(kind, procs, 0, **options) as broker:
-                    results.append(asyncio.run(run(broker, n)))
+                with harness.broker_instance(kind, procs, 0, keep=keep, **options) as broker:
+                    results.append(asyncio.run(run(broker, n, rows)))
+                if args.restart and kind == "roarmq":  # (a RabbitMQ node's dirs are per start)
+                    results[-1]["restart"] = asyncio.run(restarted(procs, kind, keep, n))
             except Exception as exc:  # noqa: BLE001 - a broker that did not come up: say so
                 skipped_brokers[kind] = repr(exc)
                 print(f"{kind}: skipped: {exc!r}", file=sys.stderr)
+            finally:
+                shutil.rmtree(keep, ignore_errors=True)
     finally:
         procs.stop_all()
     text = table(results, n) if results else "(no results)"

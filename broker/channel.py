@@ -27,6 +27,7 @@ from roarmq.protocol.errors import (
 )
 from roarmq.protocol.frames import encode_content, encode_deliver
 
+from . import trace
 from .errors import channel_error, connection_error
 from .exchange import EXCHANGE_TYPES, unknown_exchange_type
 from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
@@ -110,6 +111,10 @@ class Consumer:
         return not (ch.prefetch_size and ch.unacked_bytes >= ch.prefetch_size)
 
 
+# Channel.stats: the rarer message_stats counters (metrics.channel_counts reads them in order).
+_RETURNED, _DROPPED, _REDELIVERED, _GET, _GET_NO_ACK, _GET_EMPTY, _NACKED = range(7)
+
+
 class Channel:
     def __init__(self, conn: Connection, channel_id: int) -> None:
         self.conn = conn
@@ -136,7 +141,15 @@ class Channel:
         self._acked_sent = 0
         self.tx: list[Callable[[], None]] | None = None
         self.reply_key: str | None = None
+        # message_stats (metrics.channel_counts): integers bumped where the work is done
+        # anyway; deliveries are counted by `delivery_tag` itself, confirms by `publish_seq`.
+        # The rarer ones share one list: a Channel keeps at most 29 attributes, since past
+        # 30 CPython 3.11 stops sharing the instance dict's keys and every attribute read
+        # on the message path gets slower (callgrind, direct: +3%).
         self.stats_published = 0
+        self.stats_no_ack = 0  # deliveries and basic.gets without acks
+        self.stats_acked = 0
+        self.stats = [0] * 7  # returned, dropped, redelivered, get, get_no_ack, get_empty, nacked
         self._publish_exchanges: dict[str, Any] = {}  # checked for existence and permission
         # Consumer timeout: the shortest timeout of the queues we take deliveries from, and
         # (time, delivery_tag) marks that bound when each unacked delivery went out.
@@ -263,7 +276,9 @@ class Channel:
         queue = entry.queue
         if entry.redelivered and queue is not None:
             queue.stats_redelivered += 1
+            self.stats[_REDELIVERED] += 1
         if no_ack:
+            self.stats_no_ack += 1
             if queue is not None:
                 queue.stats_no_ack += 1
                 queue.settle(entry)
@@ -664,13 +679,18 @@ class Channel:
         entry = queue.get()
         if entry is None:
             queue.stats_get_empty += 1
+            self.stats[_GET_EMPTY] += 1
             self.send_method(spec.BasicGetEmpty())
             return
         if m.no_ack:
             queue.stats_get_no_ack += 1
+            self.stats[_GET_NO_ACK] += 1
         else:
             queue.stats_get += 1
+            self.stats[_GET] += 1
             self._note_timeout(queue)
+        if self.vhost.tracing:
+            trace.delivered(self, entry)
         tag, body = self._hand_out(entry, m.no_ack)
         msg = entry.msg
         method = spec.BasicGetOk(
@@ -744,6 +764,7 @@ class Channel:
             return
 
         def ack(entries: list[Entry]) -> None:
+            self.stats_acked += len(entries)
             for entry in entries:
                 if entry.queue is not None and not entry.queue.deleted:
                     entry.queue.ack(entry)
@@ -758,6 +779,7 @@ class Channel:
         if entry is None:
             raise _unknown_tag(tag)
         self._release(entry)
+        self.stats_acked += 1
         queue = entry.queue
         if queue is not None and not queue.deleted:
             queue.ack(entry)
@@ -884,10 +906,14 @@ class Channel:
         archive = self.conn.broker.archive
         if archive is not None:
             archive.record(self.vhost.name, msg, queues)
+        if self.vhost.tracing:
+            trace.published(self, msg, queues)
         if not queues:
             exchange.stats_unroutable += 1
             if mandatory:
                 self._return(msg, 312, "NO_ROUTE")
+            else:
+                self.stats[_DROPPED] += 1
             self._confirmed(seq, True)
             return
         if msg.flags & FLAG_HEADERS and "BCC" in msg.headers:
@@ -908,6 +934,7 @@ class Channel:
 
     def _return(self, msg: Message, code: int, text: str) -> None:
         self.conn.broker.totals.returned += 1
+        self.stats[_RETURNED] += 1
         method = spec.BasicReturn(
             reply_code=code, reply_text=text, exchange=msg.exchange, routing_key=msg.routing_key
         )
@@ -923,6 +950,7 @@ class Channel:
             self._acks_ready.append(seq)
             self.conn.want_flush(self)
         else:
+            self.stats[_NACKED] += 1
             self.flush_confirms()
             self.conn.send_method(
                 self.id, spec.BasicNack(delivery_tag=seq, multiple=False, requeue=False)

@@ -162,7 +162,7 @@ class ClusterConfig:
     replica_lag_ms: int = 10_000  # a follower this far behind leaves the in-sync set
     #: A vhost's log is checkpointed (its live state rewritten at its head) and trimmed once
     #: it holds this many bytes and more than twice its live data (docs/cluster.md).
-    checkpoint_bytes: int = 16 << 20
+    checkpoint_bytes: int = 8 << 20
 
 
 def _default_users() -> tuple[UserConfig, ...]:

@@ -219,8 +219,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.peer = (peer[0], peer[1])
-            host = f"[{peer[0]}]" if ":" in peer[0] else peer[0]
-            self.name = f"{host}:{peer[1]}"
+            self.name = connection_name(self.peer, transport.get_extra_info("sockname"))
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:  # amqps: made once the TLS handshake is done
             self.tls = session_of(ssl_object, self.broker.config.amqp.tls)
@@ -712,8 +711,8 @@ class Connection(asyncio.Protocol):
         peer = facts.get("peer")
         if peer:
             self.peer = (str(peer[0]), int(peer[1]))
-            host = f"[{peer[0]}]" if ":" in str(peer[0]) else peer[0]
-            self.name = f"{host}:{peer[1]}"
+            local = facts.get("sockname") or transport.get_extra_info("sockname")
+            self.name = connection_name(self.peer, local)
         tls = facts.get("tls")
         self.tls = TlsSession(**tls) if tls else None
         self.client_properties = facts.get("client_properties") or {}
@@ -976,6 +975,24 @@ class Connection(asyncio.Protocol):
             queue.vhost.delete_queue(queue, reason="exclusive owner gone")
         self.exclusive_queues.clear()
         self.broker.connection_closed(self)
+
+
+def _host(address: str) -> str:
+    """An address as RabbitMQ writes it in names: IPv6 in brackets, an IPv4-mapped IPv6
+    address as plain IPv4 (rabbit_misc:ntoab)."""
+    if address.startswith("::ffff:") and "." in address:
+        return address[len("::ffff:") :]
+    return f"[{address}]" if ":" in address else address
+
+
+def connection_name(peer: tuple[str, int], local: Any) -> str:
+    """RabbitMQ's connection name, "client_host:client_port -> server_host:server_port": the
+    `name` of /api/connections rows, what /api/connections/{name} and `ctl close_connection`
+    take, and the start of each channel's name."""
+    name = f"{_host(peer[0])}:{peer[1]}"
+    if isinstance(local, (tuple, list)) and len(local) >= 2:
+        return f"{name} -> {_host(str(local[0]))}:{local[1]}"
+    return name
 
 
 def _negotiation_error(field: str, value: int, side: str, bound: int) -> HardError:

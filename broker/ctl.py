@@ -359,6 +359,27 @@ def close_connection(api: Api, a: argparse.Namespace) -> str:
     return f'Closing connection "{a.connection}", reason: {a.explanation} ...'
 
 
+def _tracing(api: Api, vhost: str, on: bool) -> None:
+    """The vhost's firehose on or off; its description and tags sent back as they are (a PUT
+    of a vhost replaces them)."""
+    row = api.call("GET", f"/api/vhosts/{q(vhost)}")
+    api.call(
+        "PUT",
+        f"/api/vhosts/{q(vhost)}",
+        {"description": row.get("description", ""), "tags": row.get("tags", []), "tracing": on},
+    )
+
+
+def trace_on(api: Api, a: argparse.Namespace) -> str:
+    _tracing(api, a.vhost, True)
+    return f'Starting tracing for vhost "{a.vhost}" ...'
+
+
+def trace_off(api: Api, a: argparse.Namespace) -> str:
+    _tracing(api, a.vhost, False)
+    return f'Stopping tracing for vhost "{a.vhost}" ...'
+
+
 def archive_roll(api: Api, a: argparse.Namespace) -> str:
     """Close the archive's open journals into Parquet now (the pipeline reads only those)."""
     result = api.call("POST", "/api/archive/roll")
@@ -634,6 +655,13 @@ def _parser() -> argparse.ArgumentParser:
     c = command("close_connection", close_connection, "close a connection (320, with reason)")
     c.add_argument("connection", help="its name, as list_connections shows it")
     c.add_argument("explanation")
+    command(
+        "trace_on",
+        trace_on,
+        "copy every publish and delivery in the vhost to amq.rabbitmq.trace (the firehose)",
+        vhost=True,
+    )
+    command("trace_off", trace_off, "stop the vhost's firehose", vhost=True)
     command(
         "export_definitions", export_definitions, "write definitions JSON (- for stdout)"
     ).add_argument("file")

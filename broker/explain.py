@@ -28,6 +28,7 @@ def _matches(
 def explain(vhost: Any, exchange: Exchange, routing_key: str, headers: Mapping | None) -> dict:
     keys = sender_selected_keys(routing_key, headers) or [routing_key]
     queues: set[str] = set()
+    streams: dict[str, Any] = {}  # the streams among them: a stream appends, never removes
     bindings: list[dict[str, Any]] = []
     notes: list[str] = []
     for key in keys:
@@ -59,6 +60,8 @@ def explain(vhost: Any, exchange: Exchange, routing_key: str, headers: Mapping |
             if not current.name:  # the default exchange: the key names the queue
                 for dest in found:
                     queues.add(dest.name)
+                    if dest.queue_type == "stream":
+                        streams[dest.name] = dest
                     bindings.append(_row(current, dest, key, {}, key))
                 continue
             targets = {id(d) for d in found}
@@ -72,8 +75,12 @@ def explain(vhost: Any, exchange: Exchange, routing_key: str, headers: Mapping |
                         stack.append(dest)
                 else:
                     queues.add(dest.name)
+                    if dest.queue_type == "stream":
+                        streams[dest.name] = dest
     if len(keys) > 1:
         notes.append(f"CC/BCC: routed with the keys {', '.join(repr(k) for k in keys)}")
+    for name in sorted(streams):
+        notes.append(_stream_note(streams[name], headers))
     if not queues:
         notes.append("unroutable: a mandatory publish would be returned (312 NO_ROUTE)")
     return {
@@ -81,6 +88,7 @@ def explain(vhost: Any, exchange: Exchange, routing_key: str, headers: Mapping |
         "exchange": exchange.name,
         "routing_key": routing_key,
         "queues": sorted(queues),
+        "streams": sorted(streams),
         "bindings": bindings,
         "notes": notes,
     }
@@ -93,7 +101,25 @@ def _row(source: Exchange, dest: Any, key: str, args: Any, routed_key: str) -> d
         "source": source.name,
         "destination": dest.name,
         "destination_type": "exchange" if isinstance(dest, Exchange) else "queue",
+        **({} if isinstance(dest, Exchange) else {"queue_type": dest.queue_type}),
         "routing_key": key,
         "arguments": json_safe(args or {}),
         "matched_key": routed_key,
     }
+
+
+def _stream_note(stream: Any, headers: Mapping | None) -> str:
+    """Where a stream would put the message: the offset it would get, and its filter value
+    (what `x-stream-filter` consumers select on)."""
+    from .stream import FILTER_HEADER
+
+    text = (
+        f"stream '{stream.name}': appended at offset {stream.next_offset} (retained, not "
+        "removed by consuming)"
+    )
+    value = (headers or {}).get(FILTER_HEADER)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return f"{text}, filter value '{value}'"
+    return f"{text}, no filter value (filtered consumers get it with x-stream-match-unfiltered)"

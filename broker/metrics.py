@@ -31,6 +31,7 @@ from prometheus_client.core import (
 
 from . import __version__
 from .store.segments import FSYNC_BUCKETS
+from .stream import metric_families as stream_families
 
 if TYPE_CHECKING:
     from .exchange import Exchange
@@ -89,8 +90,58 @@ class Totals:
 
     def retire_channel(self, ch: Any) -> None:
         """A channel is gone: keep its count of publishes in confirm mode (`publish_seq`,
-        the confirm sequence it keeps anyway) for `messages_received_confirm`."""
+        the confirm sequence it keeps anyway) for `messages_received_confirm`, and its
+        `message_stats` in its vhost's (RabbitMQ's vhost counts outlive the channels)."""
         self.received_confirm += ch.publish_seq
+        kept = ch.vhost.channel_stats
+        for i, n in enumerate(channel_counts(ch)):
+            kept[i] += n
+
+
+#: A channel's and a vhost's `message_stats`, in RabbitMQ 3.10's order for a vhost; a
+#: channel shows the first four once it published, the rest once it took a message.
+CHANNEL_STATS = (
+    "publish", "confirm", "return_unroutable", "drop_unroutable",
+    "get", "get_no_ack", "deliver", "deliver_no_ack", "redeliver", "ack", "deliver_get",
+    "get_empty",
+)  # fmt: skip
+PUBLISH_STATS = 4
+
+
+def channel_counts(ch: Any) -> tuple[int, ...]:
+    """A channel's counters in CHANNEL_STATS order. Every delivery and basic.get-ok takes a
+    delivery tag, so `delivery_tag` is deliver_get and deliver is what the others leave."""
+    taken = ch.delivery_tag
+    returned, dropped, redelivered, get, get_no_ack, get_empty, nacked = ch.stats
+    # a publish in confirm mode is confirmed unless still waiting or nacked
+    confirmed = ch.publish_seq - len(ch._acks_waiting) - len(ch._acks_ready) - nacked
+    return (
+        ch.stats_published, confirmed, returned, dropped,
+        get, get_no_ack, taken - get - ch.stats_no_ack, ch.stats_no_ack - get_no_ack,
+        redelivered, ch.stats_acked, taken, get_empty,
+    )  # fmt: skip
+
+
+def channel_stats(ch: Any) -> dict[str, int]:
+    """A channel's `message_stats` as RabbitMQ shows them: the publishing counters once it
+    published, the delivering ones once it took (or asked for) a message."""
+    counts = channel_counts(ch)
+    out: dict[str, int] = {}
+    if ch.stats_published:
+        out.update(zip(CHANNEL_STATS[:PUBLISH_STATS], counts[:PUBLISH_STATS], strict=True))
+    if ch.delivery_tag or ch.stats[5]:  # took a message, or asked for one (get_empty)
+        out.update(zip(CHANNEL_STATS[PUBLISH_STATS:], counts[PUBLISH_STATS:], strict=True))
+    return out
+
+
+def vhost_counts(vhost: Any, channels: Any) -> list[int]:
+    """A vhost's `message_stats` (CHANNEL_STATS order): its closed channels' and those of
+    `channels` (its live ones)."""
+    total = list(vhost.channel_stats)
+    for ch in channels:
+        for i, n in enumerate(channel_counts(ch)):
+            total[i] += n
+    return total
 
 
 def queue_counts(q: Any) -> dict[str, int]:
@@ -276,6 +327,7 @@ class RoarCollector(_Collector):
                 "roarmq_archive_rows_written", "Envelopes written to Parquet", archive.written_rows
             )
             yield from _archive_drops(archive)
+        yield from stream_families(b, self.per_object, rabbit=False)
         if self.per_object:
             labels = ["vhost", "exchange"]
             bindings = GaugeMetricFamily(
@@ -459,6 +511,7 @@ class RabbitCollector(_Collector):
         yield _by_protocol(GaugeMetricFamily, g + "publishers", "Publishing channels", publishers)
         yield _by_protocol(GaugeMetricFamily, g + "consumers", "Consumers", consumers)
         yield from self._per_queue_type(queues)
+        yield from stream_families(b, self.per_object, rabbit=True)
         yield from self._process(b)
 
     def _identity(self) -> Iterator[Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from . import queue_arguments
+from . import queue_arguments, trace
 from .policy import Policy, effective_definition
 from .ready import Cleared, FifoReady, PriorityReady
 
@@ -224,6 +224,8 @@ class Queue:
         if self.consumer_count and not self.ready.n:
             consumer = self._next_consumer()
             if consumer is not None:
+                if self.vhost.tracing:
+                    trace.delivered(consumer.channel, entry)
                 consumer.channel.deliver(consumer, entry)
                 self.stats_delivered += 1
                 return True
@@ -405,6 +407,7 @@ class Queue:
                 self._unblock()
             return
         now = self.vhost.clock.monotonic() if self._timed else None
+        tracing = self.vhost.tracing  # the firehose: read once a batch
         delivered = 0
         if self._saturated:
             self._unblock()
@@ -418,6 +421,8 @@ class Queue:
             if now is not None and entry.expires_at is not None and entry.expires_at <= now:
                 self._expire_entry(entry)
                 continue
+            if tracing:
+                trace.delivered(consumer.channel, entry)
             consumer.channel.deliver(consumer, entry)
             delivered += 1
             if delivered >= DISPATCH_BATCH:

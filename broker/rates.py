@@ -6,15 +6,21 @@ counter's rate over the last interval; so does this, from the integers queues, e
 every `interval` seconds, only while the management API runs, in slices of SLICE queues so
 that no turn of the event loop is held long (`bench/management.py`: one whole pass over
 100,000 queues takes 0.066 s).
+
+Each pass is also kept for a while (`History`): the last HISTORY_PASSES passes (10 minutes
+at 5 s, RabbitMQ's "basic" retention) of the overview's totals and of at most HISTORY_OBJECTS
+queues and exchanges, so that `?lengths_age=`/`?msg_rates_age=` (broker/management/history.py)
+answer charts with the last minutes at once, as RabbitMQ's management plugin does.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .metrics import churn_counts, global_counts, queue_counts
+from .metrics import CHANNEL_STATS, channel_counts, churn_counts, global_counts, queue_counts
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -33,10 +39,23 @@ QUEUE_FIELDS = (
 )  # fmt: skip
 EXCHANGE_FIELDS = ("publish_in", "publish_out")
 CONNECTION_FIELDS = ("recv_oct", "send_oct")
-CHANNEL_FIELDS = ("_activity",)
+CHANNEL_FIELDS = ("_activity", *CHANNEL_STATS)
+#: A vhost's: its channels' message_stats (closed ones' too), its connections' octets, and
+#: its queues' depths.
+VHOST_FIELDS = (*CHANNEL_STATS, "recv_oct", "send_oct", "_ready", "_unacked")
 DEPTH_FIELDS = ("_ready", "_unacked")
 #: Fields whose first N counts, unchanged between samples, make an object idle.
 _STILL = {QUEUE_FIELDS: len(QUEUE_FIELDS) - 1, CHANNEL_FIELDS: 1}
+
+#: Passes kept in the history: 121 x 5 s, RabbitMQ's "basic" sample retention (605 s).
+HISTORY_PASSES = 121
+#: Queues and exchanges with a history at most (the overview's totals always have one). A
+#: queue's ring is HISTORY_PASSES x 12 doubles (11.6 KiB): at most ~12 MiB in all.
+HISTORY_OBJECTS = 1000
+#: Fields an object is kept for, and how many of them say it moved.
+_KEPT = {QUEUE_FIELDS: len(QUEUE_FIELDS) - 1, EXCHANGE_FIELDS: len(EXCHANGE_FIELDS)}
+#: The rings every broker keeps: message_stats, churn_rates, queue_totals.
+GLOBAL_KEYS = ("global", "churn", "depth")
 
 
 def _iso(wall: float) -> str:
@@ -63,6 +82,7 @@ class RateSampler:
         self._before: dict[Any, tuple[Any, tuple[str, ...], tuple[float, ...]]] = {}
         # id(object) -> (object, wall time of the first sample that saw its counters still)
         self._idle: dict[int, tuple[Any, float]] = {}
+        self.history = History()
 
     def start(self) -> None:
         self.sample()
@@ -85,12 +105,13 @@ class RateSampler:
 
         step()
 
-    def sample(self) -> None:
-        """Take the counters now, in one go; rates are their change since the sample before."""
-        for _ in self._steps():
+    def sample(self, at: float | None = None) -> None:
+        """Take the counters now, in one go; rates are their change since the sample before.
+        `at` (tests) is the wall time the history notes for this pass instead of now."""
+        for _ in self._steps(at):
             pass
 
-    def _steps(self) -> Iterator[bool]:
+    def _steps(self, at: float | None = None) -> Iterator[bool]:
         clock = self.broker.clock
         now = clock.precise()  # the interval, and the queues' blocked time, on this clock
         totals = global_counts(self.broker)
@@ -101,11 +122,15 @@ class RateSampler:
         }
         done = 0
         ready_all = unacked_all = 0
+        per_vhost: dict[Any, list[int]] = {}
         for vhost in list(self.broker.vhosts.values()):
+            in_vhost = per_vhost[vhost] = [*vhost.channel_stats, 0, 0, 0, 0]
             for q in list(vhost.queues.values()):
                 ready, unacked = q.message_count(), q.unacked
                 ready_all += ready
                 unacked_all += unacked
+                in_vhost[-2] += ready
+                in_vhost[-1] += unacked
                 c = queue_counts(q)
                 current[id(q)] = (
                     q,
@@ -122,16 +147,37 @@ class RateSampler:
             for x in list(vhost.exchanges.values()):
                 counts = (x.stats_in, x.stats_in - x.stats_unroutable)
                 current[id(x)] = (x, EXCHANGE_FIELDS, counts)
+        width = len(CHANNEL_STATS)
         for conn in list(self.broker.connections):
             current[id(conn)] = (conn, CONNECTION_FIELDS, (conn.recv_oct, conn.send_oct))
+            in_vhost = per_vhost.get(conn.vhost)
+            if in_vhost is not None:
+                in_vhost[width] += conn.recv_oct
+                in_vhost[width + 1] += conn.send_oct
             for ch in list(conn.channels.values()):
-                activity = (ch.stats_published + ch.delivery_tag,)
-                current[id(ch)] = (ch, CHANNEL_FIELDS, activity)
+                counts = channel_counts(ch)
+                current[id(ch)] = (
+                    ch,
+                    CHANNEL_FIELDS,
+                    (ch.stats_published + ch.delivery_tag, *counts),
+                )
+                if in_vhost is not None:
+                    for i, n in enumerate(counts):
+                        in_vhost[i] += n
+        for vhost, in_vhost in per_vhost.items():
+            current[id(vhost)] = (vhost, VHOST_FIELDS, tuple(in_vhost))
         current["depth"] = (None, DEPTH_FIELDS, (ready_all, unacked_all))
         self._elapsed = None if self._at is None else now - self._at
         self._at = now
-        self._note_idle(current, clock.wall())
+        wall = clock.wall()
+        self._note_idle(current, wall)
+        yield from self.history.record(current, self._last, wall if at is None else at)
         self._before, self._last = self._last, current
+
+    def watch(self, obj: Any) -> None:
+        """A queue's or exchange's page was looked at: keep its history (from the last two
+        samples on, if it had none) while it is looked at."""
+        self.history.watch(obj, self._last.get(id(obj)), self._before.get(id(obj)))
 
     def _note_idle(self, current: dict[Any, Any], wall: float) -> None:
         """A queue or channel whose counters did not move since the last sample is idle
@@ -201,4 +247,159 @@ class RateSampler:
         for name, value in counts.items():
             out[name] = value
             out[f"{name}_details"] = {"rate": round(rates.get(name, 0.0), 1)}
+        return out
+
+
+class _Ring:
+    """One object's counts over the history's passes: `values[slot * width + i]` is field i
+    in the pass whose slot that is; valid for passes from `start` on."""
+
+    __slots__ = ("obj", "fields", "width", "values", "start", "moved", "watched")
+
+    def __init__(self, obj: Any, fields: tuple[str, ...], start: int, passes: int) -> None:
+        self.obj = obj
+        self.fields = fields
+        self.width = len(fields)
+        self.values = array("d", bytes(8 * passes * self.width))
+        self.start = start  # the first pass it holds
+        self.moved = start  # the last pass its counters changed in
+        self.watched = -1  # looked at: kept until this pass
+
+    def put(self, slot: int, counts: tuple[float, ...]) -> None:
+        w = self.width
+        self.values[slot * w : slot * w + w] = array("d", counts)
+
+    def get(self, slot: int) -> array:
+        w = self.width
+        return self.values[slot * w : slot * w + w]
+
+
+class History:
+    """The last `passes` samples of the overview's totals and of up to `limit` queues and
+    exchanges, in rings of plain doubles (nothing per message: written once a pass).
+
+    Which objects: those whose page was looked at lately (`watch`; kept while looked at),
+    then those whose counters moved, while there is room; an object whose counters stood
+    still for a whole ring gives its place up to one that moves. The pass times are one ring
+    shared by all (`times`, wall clock in ms)."""
+
+    def __init__(self, passes: int = HISTORY_PASSES, limit: int = HISTORY_OBJECTS) -> None:
+        self.passes = passes
+        self.limit = limit
+        self.count = 0  # passes recorded so far
+        self.times = array("d", bytes(8 * passes))
+        self.rings: dict[Any, _Ring] = {}
+
+    def _slot(self, n: int) -> int:
+        return n % self.passes
+
+    def _objects(self) -> int:
+        """Queues and exchanges with a ring (the limit's count)."""
+        return len(self.rings) - sum(key in self.rings for key in GLOBAL_KEYS)
+
+    def record(self, current: dict[Any, Any], last: dict[Any, Any], wall: float) -> Iterator[bool]:
+        """Note one pass of the sampler (`current`; `last` is the pass before)."""
+        n, slot = self.count, self._slot(self.count)
+        if n and wall * 1000.0 < self.times[self._slot(n - 1)]:
+            for ring in self.rings.values():  # the clock went back: start again from here
+                ring.start = ring.moved = n
+        self.times[slot] = wall * 1000.0
+        self.count += 1
+        for key in GLOBAL_KEYS:
+            if key not in self.rings and key in current:
+                self.rings[key] = _Ring(None, current[key][1], n, self.passes)
+        stale = []
+        for key, ring in list(self.rings.items()):
+            entry = current.get(key)
+            if entry is None or entry[0] is not ring.obj:
+                del self.rings[key]  # deleted (or its id taken by another object)
+                continue
+            counts = entry[2]
+            if n > ring.start:
+                still = _KEPT.get(ring.fields, ring.width)
+                if tuple(ring.get(self._slot(n - 1))[:still]) != tuple(counts[:still]):
+                    ring.moved = n
+            ring.put(slot, counts)
+            if ring.obj is not None and ring.watched < n and n - ring.moved >= self.passes:
+                stale.append(key)
+        room = self.limit - self._objects() + len(stale)
+        if room <= 0:
+            return
+        seen = 0
+        for key, (obj, fields, counts) in current.items():
+            seen += 1
+            if seen % SLICE == 0:
+                yield True
+            still = _KEPT.get(fields)
+            if still is None or key in self.rings:
+                continue
+            before = last.get(key)
+            if before is not None and before[0] is obj and before[2][:still] == counts[:still]:
+                continue  # not moving: not worth a place
+            if self._objects() >= self.limit:
+                if not stale:
+                    return  # a page looked at took the place meanwhile
+                del self.rings[stale.pop()]
+            ring = self.rings[key] = _Ring(obj, fields, n, self.passes)
+            ring.put(slot, counts)
+            if before is not None and before[0] is obj and n >= 1:
+                ring.put(self._slot(n - 1), before[2])  # the pass before: how it moved
+                ring.start = n - 1
+            room -= 1
+            if room == 0:
+                return
+
+    def watch(self, obj: Any, last: Any, before: Any) -> None:
+        """Keep `obj`'s history while it is looked at; started from the sampler's last two
+        passes (`last`, `before`: its entries there, or None) when it had none."""
+        key = id(obj)
+        ring = self.rings.get(key)
+        if ring is not None and ring.obj is not obj:
+            del self.rings[key]
+            ring = None
+        if ring is None:
+            entry = last if last is not None and last[0] is obj else None
+            if entry is None or _KEPT.get(entry[1]) is None or self.count == 0:
+                return  # not sampled yet: the next pass admits it (it moved: it is new)
+            if self._objects() >= self.limit:
+                evictable = [
+                    (r.moved, k)
+                    for k, r in self.rings.items()
+                    if r.obj is not None and r.watched < self.count
+                ]
+                if not evictable:
+                    return
+                del self.rings[min(evictable, key=lambda e: e[0])[1]]
+            n = self.count - 1
+            ring = self.rings[key] = _Ring(obj, entry[1], n, self.passes)
+            ring.put(self._slot(n), entry[2])
+            if before is not None and before[0] is obj and n >= 1:
+                ring.put(self._slot(n - 1), before[2])
+                ring.start = n - 1
+        ring.watched = self.count + self.passes
+
+    def series(
+        self, key: Any, obj: Any, names: tuple[str, ...], first: float, last: float, incr: float
+    ) -> dict[str, list[tuple[float, float]]] | None:
+        """{field: [(timestamp ms, value)], oldest first} at each of first, first + incr, ...,
+        last (ms): the value of the latest pass at or before that time; points before the
+        object's history begins are left out. None when it has no history."""
+        ring = self.rings.get(key)
+        if ring is None or (obj is not None and ring.obj is not obj):
+            return None
+        index = {f: i for i, f in enumerate(ring.fields)}
+        wanted = [(name, index[name]) for name in names if name in index]
+        out: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in wanted}
+        passes = range(max(ring.start, self.count - self.passes), self.count)
+        at = -1  # index into passes of the latest pass at or before t
+        newest = self.times[self._slot(passes[-1])] if passes else first
+        t = first
+        while t <= last and t - incr < newest:  # up to the first point after the newest pass
+            while at + 1 < len(passes) and self.times[self._slot(passes[at + 1])] <= t:
+                at += 1
+            if at >= 0:
+                row = ring.get(self._slot(passes[at]))
+                for name, i in wanted:
+                    out[name].append((t, row[i]))
+            t += incr
         return out

@@ -7,8 +7,17 @@ record per message: offset, timestamp, the flag "first of its chunk", exchange, 
 key, raw content header, body. Memory does not grow with the stream's length: it holds
 one `_Segment` summary per segment file, a sparse index (offset, segment, position,
 timestamp) every `INDEX_EVERY` records, and the last `TAIL_RECORDS` records, so readers
-at the tail never touch the disk. A chunk is what one loop turn appended (RabbitMQ's
-osiris batches the same way); ``x-stream-offset: last`` starts at the last chunk.
+at the tail never touch the disk; the segment log counts a segment's records instead of
+keeping a bit per record (`whole_segments`), and retention releases a segment without
+reading it. While a stream has two consumers or more, the messages built for deliveries
+are kept in a bounded ring (`RING`, `RING_BYTES`) that readers of the same region share:
+fan-out parses and builds each message once. A delivery's header is the publisher's raw
+property list with `x-stream-offset` spliced into its headers table (nothing decoded).
+A complete segment (and, at a clean stop, the active one) has a summary file
+``NNNNNNNN.idx`` (its totals, index entries, filter values): start-up takes the segments
+that have a matching one without reading them. A chunk is what one loop turn appended
+(RabbitMQ's osiris batches the same way); ``x-stream-offset: last`` starts at the last
+chunk.
 
 Offsets are handed to consumers only once fsynced (``committed``), so a crash can lose
 an unconfirmed message but never deliver an offset twice; publisher confirms wait for
@@ -19,16 +28,19 @@ offsets are the client's business (AMQP 0-9-1 has no place to store them).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import datetime
+import json
 import os
 import re
 import shutil
 import struct
 import time
+import zlib
 from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +48,9 @@ from pyroaring import BitMap
 
 from roarmq.protocol.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from roarmq.protocol.frames import ContentHeader
+from roarmq.protocol.tables import encode_value
 
-from . import queue_arguments
+from . import queue_arguments, trace
 from .errors import channel_error, connection_error
 from .message import Message, copy_properties
 from .queue import Entry, Queue
@@ -55,6 +68,14 @@ FILTER_HEADER = "x-stream-filter-value"
 _HDR = struct.Struct("<4sII")
 INDEX_EVERY = 1024  # one sparse index entry per this many records
 TAIL_RECORDS = 4096  # the newest records kept in memory for readers at the tail
+TAIL_BYTES = 16 << 20  # ... and at most this many bytes of them (large bodies)
+# The deliveries built lately, shared by readers of the same region, while a stream has two
+# consumers or more: slots (a power of 2; independent consumers reading from `first` drift
+# apart by thousands of offsets), and the bytes the ring may hold, bodies and about
+# RING_SLOT_BYTES a message (a message that would pass it is built but not kept)
+RING = 1 << 16
+RING_BYTES = 16 << 20
+RING_SLOT_BYTES = 400
 READ_AHEAD = 256 << 10  # bytes one disk read fetches for a reader
 DISPATCH_BATCH = 2000  # deliveries per consumer per dispatch pass before yielding
 DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
@@ -76,20 +97,58 @@ def age_seconds(value: Any) -> int | None:
     return int(m.group(1)) * _AGE_SECONDS[m.group(2)]
 
 
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _load_summary(directory: Path, seg_id: int) -> dict | None:
+    """A segment's summary if it matches the segment file: the file's size, and an intact
+    record where the summary says its last one is; None otherwise (the segment is read)."""
+    try:
+        summary = json.loads((directory / f"{seg_id:08d}.idx").read_text())
+        if summary.get("version") != 1 or summary["segment"] != seg_id:
+            return None
+        path = directory / f"{seg_id:08d}.seg"
+        if os.path.getsize(path) != summary["size"]:
+            return None
+        pos, n = summary["last_pos"], summary["last_len"]
+        with open(path, "rb") as f:
+            f.seek(pos)
+            raw = f.read(HEADER_SIZE + n)
+        magic, length, crc = _HDR.unpack_from(raw)
+        if magic != MAGIC or length != n or zlib.crc32(raw[HEADER_SIZE:]) != crc:
+            return None
+        if _RECORD.unpack_from(raw, HEADER_SIZE)[0] != summary["last"]:
+            return None
+        return summary
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+
+
 def _stream_dir(queue: Queue, store_id: int) -> Path:
     return Path(queue.vhost.broker.config.storage.data_dir) / "streams" / str(store_id)
 
 
 class _Segment:
-    """What memory keeps of one segment file."""
+    """What memory keeps of one segment file (and its summary file holds, with the index
+    entries and filter summaries of its blocks)."""
 
-    __slots__ = ("id", "first", "last", "first_ts", "last_ts", "bytes")
+    __slots__ = (
+        "id", "first", "last", "first_ts", "last_ts", "bytes", "records", "last_pos",
+        "last_len", "last_chunk",
+    )  # fmt: skip
 
     def __init__(self, seg_id: int, offset: int, ts: int) -> None:
         self.id = seg_id
         self.first = self.last = offset
         self.first_ts = self.last_ts = ts
         self.bytes = 0
+        self.records = 0
+        self.last_pos = self.last_len = 0  # where its newest record is (file position)
+        self.last_chunk = -1  # the first offset of its newest chunk (-1: none starts here)
 
 
 class _Reader:
@@ -262,6 +321,64 @@ def close_all(broker: Any) -> None:
                 queue.close()
 
 
+def streams_of(broker: Any) -> list[Stream]:
+    return [q for v in broker.vhosts.values() for q in v.queues.values() if type(q) is Stream]
+
+
+def metric_families(broker: Any, per_object: bool, rabbit: bool) -> Iterator[Any]:
+    """Prometheus families of streams, read at scrape time. `rabbit`: RabbitMQ's family
+    (`rabbitmq_stream_consumer_max_offset_lag`, per stream in per-object mode, else the
+    highest over all streams); otherwise RoarMQ's own: retained messages and bytes,
+    segments, chunks skipped by filters (totals, or per stream with the first and
+    committed offsets in per-object mode)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    streams = streams_of(broker)
+    labels = ["vhost", "queue"] if per_object else []
+
+    def family(kind: type, name: str, doc: str, value: Any) -> Any:
+        fam = kind(name, doc, labels=labels)
+        if per_object:
+            for s in streams:
+                fam.add_metric([s.vhost.name, s.name], value(s))
+        return fam
+
+    if rabbit:
+        fam = family(
+            GaugeMetricFamily,
+            "rabbitmq_stream_consumer_max_offset_lag",
+            "Highest consumer offset lag of a stream",
+            Stream.max_offset_lag,
+        )
+        if not per_object:
+            fam.add_metric([], max((s.max_offset_lag() for s in streams), default=0))
+        yield fam
+        return
+    specs = [
+        (GaugeMetricFamily, "roarmq_stream_messages", "Messages retained in streams",
+         Stream.message_count),
+        (GaugeMetricFamily, "roarmq_stream_bytes", "Bytes of stream segments on disk",
+         lambda s: s.retained_bytes),
+        (GaugeMetricFamily, "roarmq_stream_segments", "Stream segment files",
+         lambda s: len(s.segs)),
+        (CounterMetricFamily, "roarmq_stream_filter_chunks_skipped",
+         "Chunks filtered stream consumers skipped without reading them",
+         lambda s: s.filter_chunks_skipped),
+    ]  # fmt: skip
+    if per_object:
+        specs += [
+            (GaugeMetricFamily, "roarmq_stream_first_offset", "The oldest retained offset",
+             lambda s: s.first_offset),
+            (GaugeMetricFamily, "roarmq_stream_committed_offset",
+             "The newest offset consumers may read (-1: none)", lambda s: s.committed - 1),
+        ]  # fmt: skip
+    for kind, name, doc, value in specs:
+        fam = family(kind, name, doc, value)
+        if not per_object:
+            fam.add_metric([], sum(value(s) for s in streams))
+        yield fam
+
+
 def queue_class(arguments: dict | None) -> type[Queue]:
     """The class a queue with these x-arguments is made of."""
     if arguments and arguments.get("x-queue-type") in ("stream", b"stream"):
@@ -293,13 +410,23 @@ class Stream(Queue):
         self._ix_bits: list[BitMap | None] = []
         self._ix_unf = bytearray()
         self._fvals: dict[str, int] = {}  # filter value -> small int (rebuilt at recovery)
+        self._fnames: list[str] = []  # and back
         self.filter_chunks_skipped = 0
-        self._tail: deque[tuple] = deque(maxlen=TAIL_RECORDS)
+        # the newest records (off, ts, exchange, key, header, body, fid, segment, end):
+        # at most TAIL_RECORDS and TAIL_BYTES of bodies
+        self._tail: deque[tuple] = deque()
+        self._tail_bytes = 0
+        # the messages built for the latest deliveries, by offset modulo RING: (offset,
+        # message, filter id, segment, end of its record), so readers of the same region
+        # (fan-out) build each message once and parse each record once
+        self._ring: list[tuple | None] | None = None  # while 2+ consumers
+        self._ring_bytes = 0
         self._pending: deque[tuple[int, int]] = deque()  # (token, offsets below are in it)
         self.waiters: deque[tuple[int, list]] = deque()  # (token, confirm waiter)
         self._readers: dict[Consumer, _Reader] = {}
         self._chunk_open = False
         self._rolled = False
+        self._opening = False  # replaying the segments at start-up
         self._sid: int | None = None
         self.max_age = None
         self.segment_size = DEFAULT_SEGMENT_SIZE
@@ -341,16 +468,36 @@ class Stream(Queue):
 
     def _open(self, directory: Path) -> None:
         storage = self.vhost.broker.config.storage
-        loop = self.vhost.clock.loop
+        try:
+            loop = self.vhost.clock.loop
+        except RuntimeError:  # restored before the loop runs (a broker built on a thread)
+            loop = asyncio.get_event_loop_policy().get_event_loop()
         self.directory = directory
         self.log = SegmentLog(
             directory,
             segment_size=max(self.segment_size or DEFAULT_SEGMENT_SIZE, 4096),
             sync_interval_ms=storage.sync_interval_ms,
             on_synced=lambda token: loop.call_soon_threadsafe(self._synced, token),
+            whole_segments=True,  # retention drops whole segments: no memory per record
         )
+        # Segments with a summary (written when each was complete) are taken from it
+        # without reading them: start-up costs a file per segment, not a pass over the data.
+        summaries = {}
+        for seg_id in self.log.segments_to_replay:
+            summary = _load_summary(directory, seg_id)
+            if summary is not None:
+                summaries[seg_id] = summary
+        for name in os.listdir(directory):  # summaries of segments gone: crash leftovers
+            if name.endswith(".idx") and name[:-4].isdigit() and int(name[:-4]) not in summaries:
+                _remove(directory / name)
+        known = {i: (s["size"], s["records"], s["bytes"] - HEADER_SIZE * s["records"])
+                 for i, s in summaries.items()}  # fmt: skip
+        pending = sorted(summaries)
         last = -1
-        for loc, payload in self.log.replay(copy=False):
+        self._opening = True
+        for loc, payload in self.log.replay(copy=False, known=known):
+            while pending and pending[0] < loc.segment:
+                last = self._apply_summary(summaries[pending.pop(0)])
             off, ts, flags, *_ = _RECORD.unpack_from(payload)
             fid = -1
             if flags & _FILTERED:
@@ -359,8 +506,14 @@ class Stream(Queue):
                 fid = self._intern(bytes(payload[p : p + n]).decode("utf-8", "replace"))
             self._note(off, ts, loc, fid)
             if flags & _CHUNK_START:
-                self.last_chunk = off
+                self.last_chunk = self.segs[-1].last_chunk = off
             last = off
+        while pending:
+            last = self._apply_summary(summaries[pending.pop(0)])
+        self._opening = False
+        for seg in self.segs:  # every old segment is complete now: a fresh one takes appends
+            if seg.id not in summaries:
+                self._write_summary(seg)
         self._rolled = False
         if self.segs:
             self.first_offset = self.segs[0].first
@@ -375,17 +528,24 @@ class Stream(Queue):
             try:
                 self.log.close()
             except Exception:  # noqa: BLE001 - a failed log has nothing left to write
-                pass
+                return
+            if self.segs and not self.deleted:
+                # written and synced: the active segment is complete too (the next start
+                # appends to a fresh one), so a clean restart reads no segment at all
+                self._write_summary(self.segs[-1])
 
     def _intern(self, value: str) -> int:
         fid = self._fvals.get(value)
         if fid is None:
             fid = self._fvals[value] = len(self._fvals)
+            self._fnames.append(value)
         return fid
 
     def _note(self, off: int, ts: int, loc: Location, fid: int = -1) -> None:
         segs = self.segs
         if not segs or segs[-1].id != loc.segment:
+            if segs and not self._opening:
+                self._write_summary(segs[-1])  # complete: the log rolled to a new segment
             segs.append(_Segment(loc.segment, off, ts))
             self._rolled = len(segs) > 1
             self._index(off, loc, ts)
@@ -400,9 +560,74 @@ class Stream(Queue):
             self._ix_unf[-1] = 1
         seg = segs[-1]
         seg.last, seg.last_ts = off, ts
+        seg.last_pos, seg.last_len = loc.offset, loc.length
+        seg.records += 1
         size = HEADER_SIZE + loc.length
         seg.bytes += size
         self.retained_bytes += size
+
+    # -- segment summaries ---------------------------------------------------------------
+
+    def _write_summary(self, seg: _Segment) -> None:
+        """Write a complete segment's summary (``NNNNNNNN.idx``, JSON): its totals, where its
+        last record is (checked at start-up), its index entries and their filter values.
+        Not fsynced: a summary lost or torn by a crash only means that segment is read."""
+        if self.directory is None:
+            return
+        lo = bisect.bisect_left(self._ix_off, seg.first)
+        hi = bisect.bisect_right(self._ix_off, seg.last)
+        names = self._fnames
+        values: dict[str, int] = {}
+        index = []
+        for k in range(lo, hi):
+            bits = self._ix_bits[k]
+            ids = [values.setdefault(names[f], len(values)) for f in bits] if bits else []
+            index.append([self._ix_off[k], self._ix_pos[k], self._ix_ts[k], self._ix_unf[k], ids])
+        summary = {
+            "version": 1,
+            "segment": seg.id,
+            "size": seg.bytes,
+            "records": seg.records,
+            "bytes": seg.bytes,
+            "first": seg.first,
+            "last": seg.last,
+            "first_ts": seg.first_ts,
+            "last_ts": seg.last_ts,
+            "last_pos": seg.last_pos,
+            "last_len": seg.last_len,
+            "last_chunk": seg.last_chunk,
+            "values": list(values),
+            "index": index,
+        }
+        path = self.directory / f"{seg.id:08d}.idx"
+        tmp = path.with_suffix(".idx.tmp")
+        try:
+            tmp.write_text(json.dumps(summary, separators=(",", ":")))
+            os.replace(tmp, path)
+        except OSError:
+            _remove(tmp)  # no summary: the segment is read at the next start
+
+    def _apply_summary(self, summary: dict) -> int:
+        """Take a segment from its summary, as replaying its records would have; returns its
+        last offset."""
+        seg = _Segment(summary["segment"], summary["first"], summary["first_ts"])
+        seg.last, seg.last_ts = summary["last"], summary["last_ts"]
+        seg.bytes, seg.records = summary["bytes"], summary["records"]
+        seg.last_pos, seg.last_len = summary["last_pos"], summary["last_len"]
+        seg.last_chunk = summary["last_chunk"]
+        self.segs.append(seg)
+        self.retained_bytes += seg.bytes
+        ids = [self._intern(v) for v in summary["values"]]
+        for off, pos, ts, unf, vals in summary["index"]:
+            self._ix_off.append(off)
+            self._ix_seg.append(seg.id)
+            self._ix_pos.append(pos)
+            self._ix_ts.append(ts)
+            self._ix_bits.append(BitMap([ids[v] for v in vals]) if vals else None)
+            self._ix_unf.append(unf)
+        if seg.last_chunk >= 0:
+            self.last_chunk = seg.last_chunk
+        return seg.last
 
     def _index(self, off: int, loc: Location, ts: int) -> None:
         self._ix_off.append(off)
@@ -458,7 +683,17 @@ class Stream(Queue):
         self.next_offset = off + 1
         self.last_token = token
         self._note(off, ts, loc, fid)
-        self._tail.append((off, ts, msg.exchange, msg.routing_key, header, body, fid))
+        if flags & _CHUNK_START:
+            self.segs[-1].last_chunk = off
+        tail = self._tail
+        tail.append(
+            (off, ts, msg.exchange, msg.routing_key, header, body, fid, loc.segment,
+             loc.offset + HEADER_SIZE + loc.length)
+        )  # fmt: skip
+        self._tail_bytes += len(body)
+        if len(tail) > TAIL_RECORDS or self._tail_bytes > TAIL_BYTES:
+            while len(tail) > 1 and (len(tail) > TAIL_RECORDS or self._tail_bytes > TAIL_BYTES):
+                self._tail_bytes -= len(tail.popleft()[5])
         self._pending.append((token, off + 1))
         self.stats_published += 1
         TOUCHED.add(self)
@@ -498,8 +733,10 @@ class Stream(Queue):
             channel.flush_confirms()
             channel.conn.flush()
         if self._rolled:
-            self._rolled = False
             self._retain()
+            segs = self.segs
+            if len(segs) < 2 or segs[-2].last < self.committed:
+                self._rolled = False  # every complete segment was committed when it ran
         self.dispatch()
 
     # -- retention -----------------------------------------------------------------------
@@ -538,21 +775,12 @@ class Stream(Queue):
             self.log.schedule_sync()  # type: ignore[union-attr]
 
     def _drop_segment(self, seg: _Segment) -> None:
-        """Release every record of a segment: the log deletes the file after its next sync."""
+        """Release a whole segment, reading nothing: the log deletes the file after its next
+        sync; its summary goes now (a summary without its segment is ignored at start-up)."""
         assert self.log is not None
-        path = os.path.join(self.log.directory, f"{seg.id:08d}.seg")
-        with open(path, "rb") as f:
-            data = f.read()
-        pos, end = 0, len(data)
-        while pos + HEADER_SIZE <= end:
-            magic, n, _crc = _HDR.unpack_from(data, pos)
-            if magic != MAGIC:
-                break
-            try:
-                self.log.release(Location(seg.id, pos, n))
-            except KeyError:
-                pass
-            pos += HEADER_SIZE + n
+        self.log.release_segment(seg.id)
+        if self.directory is not None:
+            _remove(self.directory / f"{seg.id:08d}.idx")
 
     # -- consumers -----------------------------------------------------------------------
 
@@ -576,6 +804,8 @@ class Stream(Queue):
             reader.unfiltered = unfiltered
         self.consumer_count += 1
         self._had_consumers = True
+        if len(self._readers) >= 2 and self._ring is None:
+            self._ring = [None] * RING
         self.dispatch()
 
     def _offset_at(self, ts_ms: int) -> int:
@@ -601,6 +831,8 @@ class Stream(Queue):
         if reader is not None:
             reader.close()
             self.consumer_count -= 1
+            if len(self._readers) < 2:
+                self._ring, self._ring_bytes = None, 0
 
     def consumers(self) -> list[Consumer]:
         return list(self._readers)
@@ -617,8 +849,11 @@ class Stream(Queue):
             return
         committed = self.committed
         again = False
+        ring = self._ring
+        tracing = self.vhost.tracing
         for reader in list(self._readers.values()):
             consumer = reader.consumer
+            deliver = consumer.channel.deliver
             filt = reader.filt
             sent = passed = 0
             while reader.next < committed and consumer.has_credit():
@@ -626,19 +861,28 @@ class Stream(Queue):
                     self._skip_chunks(reader, committed)
                     if reader.next >= committed:
                         break
-                record = self._record(reader)
-                if record is None:
-                    break
-                reader.next = record[0] + 1
-                if filt is not None:
-                    fid = record[6]
-                    if not (fid in filt if fid >= 0 else reader.unfiltered):
-                        passed += 1  # exact filtering: the client needs no second pass
-                        if passed >= 4 * DISPATCH_BATCH:
-                            again = True
-                            break
-                        continue
-                self._deliver(consumer, record)
+                off = reader.next
+                slot = ring[off & (RING - 1)] if ring is not None else None
+                if slot is not None and slot[0] == off:  # another reader built it lately
+                    _, msg, fid, reader.seg, reader.pos = slot
+                else:
+                    record = self._record(reader)
+                    if record is None:
+                        break
+                    off, msg, fid = record[0], None, record[6]
+                reader.next = off + 1
+                if filt is not None and not (fid in filt if fid >= 0 else reader.unfiltered):
+                    passed += 1  # exact filtering: the client needs no second pass
+                    if passed >= 4 * DISPATCH_BATCH:
+                        again = True
+                        break
+                    continue
+                if msg is None:
+                    msg = self._build(record)
+                entry = Entry(msg, off, self)
+                if tracing:
+                    trace.delivered(consumer.channel, entry)
+                deliver(consumer, entry)
                 sent += 1
                 if sent >= DISPATCH_BATCH:
                     again = True
@@ -677,15 +921,35 @@ class Stream(Queue):
         if reader.next != start:
             reader.seg = -1  # seek: the index has an entry at every chunk start
 
-    def _deliver(self, consumer: Consumer, record: tuple) -> None:
-        off, _ts, exchange, key, raw, body, _fid = record
-        header = ContentHeader(60, len(body), raw)
-        props = copy_properties(header.properties)
-        headers = dict(props.headers or {})
-        headers["x-stream-offset"] = off
-        props.headers = headers
-        msg = Message(exchange, key, ContentHeader.from_properties(props, 60, len(body)), body)
-        consumer.channel.deliver(consumer, Entry(msg, off, self))
+    def _build(self, record: tuple) -> Message:
+        """The message a record is delivered as: its content header with `x-stream-offset`
+        added to the headers (spliced into the raw property list, so the publisher's
+        encoding is kept and nothing is decoded); kept in the ring for other readers."""
+        off, _ts, exchange, key, raw, body, fid, seg, end = record
+        size = len(body)
+        spliced = _with_offset(raw, off)
+        if spliced is not None:
+            msg = Message._rebuilt(
+                exchange, key, ContentHeader(60, size, spliced), body, size, True, 0
+            )
+        else:  # an x-stream-offset header already there, or property-flag continuation
+            props = copy_properties(ContentHeader(60, size, raw).properties)
+            headers = dict(props.headers or {})
+            headers["x-stream-offset"] = off
+            props.headers = headers
+            msg = Message(exchange, key, ContentHeader.from_properties(props, 60, size), body)
+        ring = self._ring
+        if ring is not None:
+            i = off & (RING - 1)
+            old = ring[i]
+            held = self._ring_bytes - (old[1].size + RING_SLOT_BYTES if old is not None else 0)
+            if held + size + RING_SLOT_BYTES <= RING_BYTES:
+                ring[i] = (off, msg, fid, seg, end)
+                self._ring_bytes = held + size + RING_SLOT_BYTES
+            elif old is not None:
+                ring[i] = None
+                self._ring_bytes = held
+        return msg
 
     def _record(self, reader: _Reader) -> tuple | None:
         """The record at reader.next: from the tail in memory, else read from its segment."""
@@ -723,9 +987,10 @@ class Stream(Queue):
                     self._fill(reader, HEADER_SIZE + n)
                     buf, need = reader.buf, 0
                 start = need + HEADER_SIZE
-                record = _parse(memoryview(buf)[start : start + n], self._intern)
                 reader.pos += HEADER_SIZE + n
-                return record
+                return _parse(
+                    memoryview(buf)[start : start + n], self._intern, reader.seg, reader.pos
+                )
             # the end of this segment: on to the next one
             later = [s.id for s in self.segs if s.id > reader.seg]
             if not later:
@@ -750,6 +1015,14 @@ class Stream(Queue):
 
     def ack(self, entry: Entry) -> None:
         """An ack returns credit (the channel's counts); nothing is removed."""
+
+    def lend(self, size: int) -> None:
+        """A stream's deliveries are not its unacked messages: RabbitMQ reports a stream's
+        `messages_unacknowledged` as 0 and its `messages` as the retained ones (the credit
+        lives on the consumer and the channel)."""
+
+    def take_back(self, count: int, size: int) -> None:
+        pass
 
     def settle(self, entry: Entry) -> None:
         pass
@@ -787,11 +1060,62 @@ class Stream(Queue):
     def message_count(self) -> int:
         return max(self.committed - self.first_offset, 0)
 
+    def position(self, consumer: Consumer) -> dict[str, int]:
+        """A consumer's place, as RabbitMQ's stream consumers report it: `offset`, the next
+        offset it will be sent, and `offset_lag`, the committed messages it has not been
+        sent yet (a filtered consumer's lag counts the messages its filter will skip)."""
+        reader = self._readers.get(consumer)
+        if reader is None:
+            return {}
+        return {"offset": reader.next, "offset_lag": max(self.committed - reader.next, 0)}
+
+    def max_offset_lag(self) -> int:
+        """The highest `offset_lag` of its consumers (0 without consumers)."""
+        committed = self.committed
+        return max(0, max((committed - r.next for r in self._readers.values()), default=0))
+
     def iter_ready(self) -> Iterable[Entry]:
         return iter(())
 
 
-def _parse(view: memoryview, intern: Any) -> tuple:
+_HEADERS_FLAG = 0x2000
+_OFFSET_KEY = b"\x0fx-stream-offset"
+_U32 = struct.Struct(">I")
+
+
+def _with_offset(raw: bytes, off: int) -> bytes | None:
+    """A raw property list with the `x-stream-offset` header appended to its headers table
+    (the table added if there is none); None where that needs a decode (the header already
+    there, or a continued property-flags word)."""
+    if len(raw) < 2:
+        return None
+    flags = raw[0] << 8 | raw[1]
+    if flags & 1:
+        return None
+    p = 2
+    if flags & 0x8000:  # content-type, content-encoding: shortstrs before the headers
+        p += 1 + raw[p]
+    if flags & 0x4000:
+        p += 1 + raw[p]
+    field = _OFFSET_KEY + encode_value(off)
+    if flags & _HEADERS_FLAG:
+        (n,) = _U32.unpack_from(raw, p)
+        stop = p + 4 + n
+        if raw.find(b"x-stream-offset", p + 4, stop) >= 0:
+            return None
+        return b"".join((raw[:p], _U32.pack(n + len(field)), raw[p + 4 : stop], field, raw[stop:]))
+    return b"".join(
+        (
+            (flags | _HEADERS_FLAG).to_bytes(2, "big"),
+            raw[2:p],
+            _U32.pack(len(field)),
+            field,
+            raw[p:],
+        )
+    )
+
+
+def _parse(view: memoryview, intern: Any, seg: int = -1, end: int = 0) -> tuple:
     off, ts, flags, nx, nk, nh = _RECORD.unpack_from(view)
     p = _RECORD.size
     fid = -1
@@ -805,4 +1129,4 @@ def _parse(view: memoryview, intern: Any) -> tuple:
     key = bytes(view[p : p + nk]).decode()
     p += nk
     header = bytes(view[p : p + nh])
-    return off, ts, exchange, key, header, bytes(view[p + nh :]), fid
+    return off, ts, exchange, key, header, bytes(view[p + nh :]), fid, seg, end

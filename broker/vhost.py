@@ -36,6 +36,7 @@ from .routing.graph import route_key, route_message
 from .store.definitions import DefinitionsWriteFailed
 from .store.segments import LogFailed
 from .stream import queue_class
+from .trace import TRACE_EXCHANGE
 
 if TYPE_CHECKING:
     from .clock import Clock
@@ -50,6 +51,7 @@ BUILTIN_EXCHANGES = (
     ("amq.topic", "topic"),
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
+    (TRACE_EXCHANGE, "topic"),  # internal: the firehose's (broker/trace.py)
 )
 
 
@@ -164,11 +166,23 @@ class VirtualHost:
         #: The vhost's ReplicatedMessageStore while this cluster node leads it (None on a
         #: single node): a durable declare's reply waits for its in-sync set there.
         self.replicated: Any = None
+        #: message_stats of the vhost's closed channels (metrics.CHANNEL_STATS order).
+        self.channel_stats = [0] * 12
+        #: The firehose (broker/trace.py): publishes and deliveries copied to
+        #: amq.rabbitmq.trace; the message path reads only this flag.
+        self.tracing = False
+        self.trace_pending: list[Message] = []
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         self.queues: dict[str, Queue] = {}
         for xname, xtype in BUILTIN_EXCHANGES:
             self.exchanges[xname] = Exchange(
-                self, xname, xtype, durable=True, builtin=True, cache_keys=self.cache_keys
+                self,
+                xname,
+                xtype,
+                durable=True,
+                internal=xname == TRACE_EXCHANGE,
+                builtin=True,
+                cache_keys=self.cache_keys,
             )
 
     def account_bytes(self, delta: int) -> None:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from ..auth import hash_password
 from ..policy import PolicyError
+from ..trace import set_tracing
 from .context import (
     USER,
     bad_request,
@@ -16,6 +17,7 @@ from .context import (
     change,
     keep_an_administrator,
     not_found,
+    rates_of,
     read_json,
     sees_vhost,
     vhost_exists,
@@ -30,15 +32,16 @@ from .definitions import (
     user_rows,
     vhost_metadata,
 )
-from .rows import vhost_row
+from .rows import connections_by_vhost, vhost_row
 
 
 async def vhosts(request: web.Request) -> web.Response:
-    broker = broker_of(request)
+    broker, rates = broker_of(request), rates_of(request)
     if "vhost" in request.match_info:
-        return web.json_response(vhost_row(vhosts_of(request)[0], broker))
+        return web.json_response(vhost_row(vhosts_of(request)[0], broker, rates))
     rows = sorted(vhosts_of(request), key=lambda v: v.name.encode())  # as RabbitMQ
-    return web.json_response([vhost_row(v, broker) for v in rows])
+    conns = connections_by_vhost(broker)
+    return web.json_response([vhost_row(v, broker, rates, conns.get(v, [])) for v in rows])
 
 
 async def put_vhost(request: web.Request) -> web.Response:
@@ -48,6 +51,9 @@ async def put_vhost(request: web.Request) -> web.Response:
     created = await change(broker, "add_vhost", request.match_info["vhost"], metadata)
     if created and broker.cluster is not None:
         await broker.cluster.placed(request.match_info["vhost"])  # its keys are in etcd
+    vhost = broker.vhosts.get(request.match_info["vhost"])
+    if isinstance(body.get("tracing"), bool) and vhost is not None:
+        set_tracing(vhost, body["tracing"])  # this node's firehose (absent: unchanged)
     return web.Response(status=201 if created else 204)
 
 
@@ -180,11 +186,12 @@ async def put_permission(request: web.Request) -> web.Response:
     perms = _permission_fields(body, ("configure", "write", "read"))
     if user not in broker.auth.users or not vhost_exists(broker, vhost):
         raise bad_request("vhost_or_user_not_found")
-    existed = vhost in broker.auth.users[user].permissions
     await change(
         broker, "set_permission", user, vhost, *(perms[k] for k in ("configure", "write", "read"))
     )
-    return web.Response(status=204 if existed else 201)
+    # RabbitMQ 3.10.8 answers 204 whether it made the permission or changed it (a topic
+    # permission, below, is 201 when it is the user's first in the vhost).
+    return web.Response(status=204)
 
 
 async def delete_permission(request: web.Request) -> web.Response:

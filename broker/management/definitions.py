@@ -18,6 +18,7 @@ from ..auth import hash_password
 from ..exchange import Exchange
 from ..queue_arguments import QUEUE_TYPES
 from .context import bad_request, broker_of, keep_an_administrator, read_json, vhosts_of
+from .erlang import ApiArguments
 from .rows import json_safe
 
 if TYPE_CHECKING:
@@ -134,6 +135,8 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
                 }
             )
         for q in vhost.queues.values():
+            if q.exclusive_owner is not None:
+                continue  # as RabbitMQ: an exclusive queue (and its bindings) dies with its owner
             queues.append(
                 {
                     "name": q.name,
@@ -147,6 +150,8 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
             if not x.name:
                 continue
             for key, dest, args in x.index.bindings():
+                if getattr(dest, "exclusive_owner", None) is not None:
+                    continue
                 bindings.append(
                     {
                         "source": x.name,
@@ -202,8 +207,9 @@ def vhost_metadata(body: dict[str, Any]) -> dict[str, Any]:
         if queue_type not in usable:
             raise bad_request(f"default queue type {queue_type!r} is not " + " or ".join(usable))
         out["default_queue_type"] = queue_type
-    if body.get("tracing") is True:
-        raise bad_request("tracing (RabbitMQ's firehose) is not supported by RoarMQ")
+    tracing = body.get("tracing")
+    if tracing is not None and not isinstance(tracing, bool):
+        raise bad_request("tracing must be true or false")
     return out
 
 
@@ -280,15 +286,21 @@ def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
                 vhost.get_queue(b["destination"]),
                 source,
                 b.get("routing_key", ""),
-                b.get("arguments") or None,
+                _json_arguments(b.get("arguments")),
             )
         else:
             vhost.bind_exchange(
                 vhost.get_exchange(b["destination"]),
                 source,
                 b.get("routing_key", ""),
-                b.get("arguments") or None,
+                _json_arguments(b.get("arguments")),
             )
+
+
+def _json_arguments(arguments: Any) -> Any:
+    """A binding's arguments from a definitions file: typed as JSON's in its properties_key,
+    as RabbitMQ types them."""
+    return ApiArguments(arguments) if isinstance(arguments, dict) and arguments else None
 
 
 def _import_limits(broker: Broker, kind: str, owner: str, values: Any) -> None:

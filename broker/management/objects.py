@@ -16,6 +16,7 @@ from ..api_query import paged_objects
 from ..explain import explain
 from ..message import Message
 from .context import bad_request, broker_of, not_found, rates_of, read_json, vhosts_of
+from .erlang import ApiArguments
 from .rows import (
     binding_row,
     exchange_row,
@@ -322,6 +323,8 @@ async def post_binding(request: web.Request) -> web.Response:
     body = await read_json(request)
     key = str(body.get("routing_key", ""))
     args = body.get("arguments") or None
+    if isinstance(args, dict):
+        args = ApiArguments(args)  # typed as JSON's in its properties_key, as RabbitMQ
     try:
         if request.match_info["kind"] == "q":
             vhost.bind_queue(dest, source, key, args)

@@ -7,16 +7,15 @@ list, a single object's page and a paged list build a row the same way.
 from __future__ import annotations
 
 import base64
-import json
 import urllib.parse
-import zlib
 from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.properties import BasicProperties
 
 from ..exchange import Exchange
-from ..metrics import queue_counts
+from ..metrics import CHANNEL_STATS, channel_stats, queue_counts, vhost_counts
 from ..tls import PLAIN_REPORT
+from .erlang import args_hash as arguments_hash
 
 if TYPE_CHECKING:
     from ..rates import RateSampler
@@ -115,17 +114,25 @@ def quorum_row(q: Any, broker: Broker) -> dict[str, Any]:
 
 def stream_row(q: Any) -> dict[str, Any]:
     """A stream's own columns: retained messages (nothing is ever unacknowledged away from
-    it), its bytes on disk, segments and offsets (RabbitMQ shows messages the same way)."""
+    it), its bytes on disk, segments and offsets; `members`, `online` and `readers` as
+    RabbitMQ 3.10 shows a stream (its node, and its consumers there)."""
+    node = q.vhost.broker.node_name
     return {
         "messages": q.message_count(),
         "messages_ready": q.message_count(),
+        "messages_unacknowledged": 0,
         "message_bytes": q.retained_bytes,
         "message_bytes_ready": q.retained_bytes,
+        "message_bytes_unacknowledged": 0,
         "messages_persistent": q.message_count(),
         "message_bytes_persistent": q.retained_bytes,
         "memory": 0,
+        "members": [node],
+        "online": [node],
+        "readers": {node: q.consumer_count},
         "segments": len(q.segs),
         "first_offset": q.first_offset,
+        "last_offset": q.committed - 1,  # the newest message consumers can read (-1: none)
         "committed_offset": q.committed - 1,
         "filter_chunks_skipped": q.filter_chunks_skipped,  # blocks a filter let a reader skip
     }
@@ -137,18 +144,11 @@ def _quote_key(text: str) -> str:
     return urllib.parse.quote_plus(text, safe=".-_").replace("~", "%7E")
 
 
-def arguments_hash(arguments: dict[str, Any]) -> str:
-    """A short, stable name for a binding's arguments (RabbitMQ's `args_hash` is Erlang's
-    phash2; clients treat it as opaque): base64url of a 32-bit CRC of their canonical JSON."""
-    canonical = json.dumps(json_safe(arguments), sort_keys=True, separators=(",", ":"))
-    crc = zlib.crc32(canonical.encode()).to_bytes(4, "big")
-    return base64.urlsafe_b64encode(crc).decode().rstrip("=")
-
-
 def properties_key(key: str, arguments: dict[str, Any] | None) -> str:
     """What names one binding among those between two ends, as RabbitMQ 3.10 packs it: the
     quoted routing key, then "~" and the arguments' hash if there are arguments ("~" alone
-    for an empty key without them). Two bindings that differ only in arguments differ here."""
+    for an empty key without them): erlang:phash2 of the arguments, as RabbitMQ computes it
+    (`erlang.args_hash`). Two bindings that differ only in arguments differ here."""
     if not arguments:
         return _quote_key(key) if key else "~"
     return f"{_quote_key(key)}~{_quote_key(arguments_hash(arguments))}"
@@ -210,15 +210,31 @@ def message_row(
     }
 
 
-def vhost_row(vhost: Any, broker: Broker) -> dict[str, Any]:
+def connections_by_vhost(broker: Broker) -> dict[Any, list[Any]]:
+    """The open connections of each vhost (one pass, for a list of vhost rows)."""
+    out: dict[Any, list[Any]] = {}
+    for c in broker.connections:
+        if c.vhost is not None:
+            out.setdefault(c.vhost, []).append(c)
+    return out
+
+
+def vhost_row(
+    vhost: Any, broker: Broker, rates: RateSampler | None = None, conns: list[Any] | None = None
+) -> dict[str, Any]:
+    """A vhost as RabbitMQ 3.10 lists it: its channels' message_stats (closed ones' too),
+    its connections' octets (`conns`: its open connections, if known) and its queues'
+    depths, each with its rate."""
     queues = vhost.queues.values()
     ready = sum(q.message_count() for q in queues)
     unacked = sum(q.unacked for q in queues)
-    counts = {"publish": 0, "deliver_get": 0, "ack": 0}
-    for q in queues:
-        counts["publish"] += q.stats_published
-        counts["deliver_get"] += q.stats_delivered
-        counts["ack"] += q.stats_acked
+    if conns is None:
+        conns = connections_by_vhost(broker).get(vhost, [])
+    counts = vhost_counts(vhost, (ch for c in conns for ch in c.channels.values()))
+    octets = {
+        "send_oct": sum(c.send_oct for c in conns),
+        "recv_oct": sum(c.recv_oct for c in conns),
+    }
     row = {
         "name": vhost.name,
         "description": vhost.metadata["description"],
@@ -228,12 +244,14 @@ def vhost_row(vhost: Any, broker: Broker) -> dict[str, Any]:
             "tags": list(vhost.metadata["tags"]),
         },
         "default_queue_type": vhost.metadata["default_queue_type"],
-        "tracing": False,
-        "messages": ready + unacked,
+        "tracing": vhost.tracing,
+        "cluster_state": {broker.node_name: "running"},
+        **stats(rates, vhost, octets),
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
-        "message_stats": counts,
-        "cluster_state": {broker.node_name: "running"},
+        "messages": ready + unacked,
+        **(rates.depth(vhost) if rates is not None else {}),
+        "message_stats": stats(rates, vhost, dict(zip(CHANNEL_STATS, counts, strict=True))),
     }
     cluster = broker.cluster
     if cluster is not None:  # placement from etcd; absent single-node
@@ -253,6 +271,7 @@ def connection_row(c: Any, broker: Broker, rates: RateSampler) -> dict[str, Any]
         "type": "network",
         "protocol": "AMQP 0-9-1",
         "user": getattr(c.user, "name", None),
+        "user_who_performed_action": getattr(c.user, "name", None),
         "vhost": getattr(c.vhost, "name", None),
         "state": c.flow_state(),
         "channels": len(c.channels),
@@ -283,13 +302,18 @@ def channel_row(conn: Any, ch: Any, rates: RateSampler) -> dict[str, Any]:
         "user": conn.user.name if conn.user is not None else None,
         "vhost": conn.vhost.name if conn.vhost is not None else None,
         "connection_details": {"name": conn.name, "peer_host": peer[0], "peer_port": peer[1]},
+        "node": conn.broker.node_name,
+        "user_who_performed_action": conn.user.name if conn.user is not None else None,
         "consumer_count": len(ch.consumers),
         "messages_unacknowledged": len(ch.unacked),
+        "messages_unconfirmed": len(ch._acks_waiting) + len(ch._acks_ready),
+        "pending_raft_commands": 0,
         "prefetch_count": ch.prefetch_count,
         "global_prefetch_count": ch.prefetch_global,
         "confirm": bool(ch.confirm),
         "transactional": ch.tx is not None,
         "state": "running",
+        **({"message_stats": stats(rates, ch, counts)} if (counts := channel_stats(ch)) else {}),
     }
 
 
@@ -312,6 +336,7 @@ def consumer_row(conn: Any, ch: Any, c: Any) -> dict[str, Any]:
         "prefetch_count": c.prefetch,
         "exclusive": bool(getattr(c, "exclusive", False)),
         "arguments": {},
+        **(c.queue.position(c) if c.queue.queue_type == "stream" else {}),
     }
 
 
@@ -326,6 +351,7 @@ def consumer_details(broker: Broker, q: Any) -> list[dict[str, Any]]:
             "exclusive": bool(c.exclusive),
             "arguments": json_safe(c.arguments or {}),
             "active": True,
+            **(q.position(c) if q.queue_type == "stream" else {}),
         }
         for conn in broker.connections
         for ch in conn.channels.values()

@@ -20,7 +20,7 @@ from ..metrics import RabbitCollector, RoarCollector
 from ..rates import RateSampler
 from ..store.definitions import DefinitionsWriteFailed
 from ..tls import server_context
-from . import access, clients, cluster, definitions, node, objects
+from . import access, clients, cluster, console, definitions, history, node, objects
 from .context import SERVER, USER, broker_of, not_authorised, not_found
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_static("/ui/", WWW, show_index=False)
     router.add_get("/metrics", node.metrics)
     router.add_get("/metrics/per-object", node.metrics)
-    router.add_get("/api/overview", node.overview)
+    router.add_get("/api/overview", history.ranged(node.overview))
     router.add_get("/api/vhosts", access.vhosts)
     router.add_get("/api/vhosts/{vhost}", access.vhosts)
     router.add_get("/api/whoami", access.whoami)
@@ -186,7 +186,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/exchanges/{vhost}", objects.exchanges)
     router.add_get("/api/queues", objects.queues)
     router.add_get("/api/queues/{vhost}", objects.queues)
-    router.add_get("/api/queues/{vhost}/{name}", objects.queue)
+    router.add_get("/api/queues/{vhost}/{name}", history.ranged(objects.queue))
     router.add_get("/api/connections", clients.connections)
     router.add_get("/api/definitions", definitions.get_definitions)
     router.add_post("/api/definitions", definitions.post_definitions)
@@ -223,7 +223,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         router.add_get(base + "/{vhost}/{name}", access.policy)
         router.add_put(base + "/{vhost}/{name}", access.put_policy)
         router.add_delete(base + "/{vhost}/{name}", access.delete_policy)
-    router.add_get("/api/exchanges/{vhost}/{name}", objects.exchange)
+    router.add_get("/api/exchanges/{vhost}/{name}", history.ranged(objects.exchange))
     router.add_put("/api/exchanges/{vhost}/{name}", objects.put_exchange)
     router.add_delete("/api/exchanges/{vhost}/{name}", objects.delete_exchange)
     router.add_post("/api/exchanges/{vhost}/{name}/publish", objects.publish)
@@ -273,6 +273,8 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/api/vhosts/{vhost}/leader", cluster.move_leader)
     router.add_delete("/api/vhosts/{vhost}/members/{node}", cluster.remove_member)
     router.add_delete("/api/nodes/{name}", cluster.forget_node)
+    router.add_get("/api/queue-arguments", console.queue_arguments)
+    router.add_post("/api/queues/{vhost}/{name}/move", console.move_messages)
 
 
 class ManagementServer:

@@ -256,13 +256,45 @@ class _Live:
         self.nbytes -= length
 
 
+class _Count:
+    """A segment's live records by count alone, for owners that never release a record but
+    drop whole segments (`SegmentLog.release_segment`): streams. No per-record memory."""
+
+    __slots__ = ("n", "nbytes")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def __contains__(self, offset: int) -> bool:
+        return self.n > 0  # not known per record: any may be live
+
+    @property
+    def offsets(self) -> list[int]:
+        return []  # nothing to compact record by record
+
+    def add(self, offset: int, length: int) -> None:
+        self.n += 1
+        self.nbytes += length
+
+    def remove(self, offset: int, length: int) -> None:
+        self.n -= 1
+        self.nbytes -= length
+
+
 class _Segment:
     __slots__ = ("id", "size", "live", "state", "damaged", "skip_compaction")
 
-    def __init__(self, seg_id: int, state: str) -> None:
+    def __init__(self, seg_id: int, state: str, live: type = _Live) -> None:
         self.id = seg_id
         self.size = 0
-        self.live = _Live()
+        self.live = live()
         self.state = state
         self.damaged = False
         self.skip_compaction = False
@@ -325,6 +357,10 @@ def _resync(data: bytes, view: memoryview, start: int, end: int) -> int:
 class SegmentLog:
     """An append-only log of CRC-checked records in rotated segment files (see module doc)."""
 
+    #: How segments count their live records: per record (`release`), or, with
+    #: ``whole_segments=True``, by count only (`release_segment`; no memory per record).
+    _live_class: type = _Live
+
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -339,7 +375,10 @@ class SegmentLog:
         on_synced: Callable[[int], object] | None = None,
         on_error: Callable[[BaseException], object] | None = None,
         on_deleted: Callable[[int], object] | None = None,
+        whole_segments: bool = False,
     ) -> None:
+        if whole_segments:
+            self._live_class = _Count
         if segment_size <= HEADER_SIZE:
             raise ValueError("segment_size too small")
         self.directory = os.fspath(directory)
@@ -388,7 +427,7 @@ class SegmentLog:
         self._cond = threading.Condition(self._lock)  # wakes the writer
         self._done = threading.Condition(threading.Lock())  # batch completions
         self._segments: dict[int, _Segment] = {}
-        self._seg = _Segment(first, _ACTIVE)  # the active segment
+        self._seg = _Segment(first, _ACTIVE, self._live_class)  # the active segment
         self._segments[first] = self._seg
         self._size = 0  # bytes appended to the active segment
         # Write buffers. Records of the active segment from offset _buf_base up to _size
@@ -508,6 +547,17 @@ class SegmentLog:
             seg.live.remove(off, n)
             if not seg.live and seg.state == _SEALED:
                 self._doom_locked(seg)
+
+    def release_segment(self, seg_id: int) -> bool:
+        """Mark every record of a sealed segment dead at once (it is deleted after the next
+        batch is durable); False if it is not a sealed segment of this log."""
+        with self._lock:
+            seg = self._segments.get(seg_id)
+            if seg is None or seg.state != _SEALED:
+                return False
+            seg.live = self._live_class()
+            self._doom_locked(seg)
+            return True
 
     # ------------------------------------------------------------------ syncing
 
@@ -633,7 +683,7 @@ class SegmentLog:
             seg.state = _SEALED  # type: ignore[union-attr]
             if not seg.live:  # type: ignore[union-attr]
                 self._doom_locked(seg)  # type: ignore[arg-type]
-        self._seg = _Segment(old.id + 1, _ACTIVE)
+        self._seg = _Segment(old.id + 1, _ACTIVE, self._live_class)
         self._segments[self._seg.id] = self._seg
         self._seg_id, self._live = self._seg.id, self._seg.live
         self._buf_base = self._size = 0
@@ -682,18 +732,41 @@ class SegmentLog:
 
     # ------------------------------------------------------------------ recovery
 
-    def replay(self, *, copy: bool = True) -> Iterator[tuple[Location, bytes]]:
+    @property
+    def segments_to_replay(self) -> list[int]:
+        """The pre-existing segments `replay` will read (before it has run)."""
+        return list(self._to_replay or ())
+
+    def replay(
+        self, *, copy: bool = True, known: dict[int, tuple[int, int, int]] | None = None
+    ) -> Iterator[tuple[Location, bytes]]:
         """Yield (location, payload) of every intact record of the pre-existing segments.
 
         Repairs as it goes (see module doc); never raises for damage. Run it once, to the end.
         With copy=False the payloads are read-only memoryviews into the segment just read,
         for owners that parse a record and keep nothing of the view (no copy per record).
+        `known`: segments the owner has checked and summed up itself, as id -> (file size,
+        records, payload bytes): taken as they are (all records live), not read.
         """
         if self._to_replay is None:
             raise RuntimeError("replay() can only run once")
         ids, self._to_replay = self._to_replay, None
         report = self.recovery
+        known = known or {}
         for seg_id in ids:
+            if seg_id in known:
+                size, records, nbytes = known[seg_id]
+                seg = _Segment(seg_id, _RECOVERING, self._live_class)
+                seg.size = size
+                if self._live_class is _Count:
+                    seg.live.n, seg.live.nbytes = records, nbytes
+                else:
+                    raise ValueError("known segments need whole_segments=True")
+                with self._lock:
+                    self._segments[seg_id] = seg
+                report.segments += 1
+                report.records_ok += records
+                continue
             yield from self._replay_segment(seg_id, report, copy)
         with self._lock:
             for seg_id in ids:
@@ -738,7 +811,7 @@ class SegmentLog:
             report.records_dropped += 1
             return
         report.segments += 1
-        seg = _Segment(seg_id, _RECOVERING)
+        seg = _Segment(seg_id, _RECOVERING, self._live_class)
         seg.size = len(data)
         with self._lock:
             self._segments[seg_id] = seg
@@ -957,7 +1030,7 @@ class SegmentLog:
         self._seal_locked()
         old.size = self._size
         old.state = _SEALED
-        self._seg = _Segment(old.id + 1, _ACTIVE)
+        self._seg = _Segment(old.id + 1, _ACTIVE, self._live_class)
         self._segments[self._seg.id] = self._seg
         self._seg_id = self._seg.id
         self._live = self._seg.live

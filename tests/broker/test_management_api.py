@@ -354,8 +354,10 @@ def test_vhost_metadata_and_cluster_name_survive_a_restart(tmp_path):
     with BrokerThread(cfg, management=True) as b:
         assert b.api("PUT", "/api/vhosts/staging", body)[0] == 201
         assert b.api("PUT", "/api/cluster-name", {"name": "shop-prod"})[0] == 204
-        status, refused = b.api("PUT", "/api/vhosts/staging", {"tracing": True})
+        status, refused = b.api("PUT", "/api/vhosts/staging", {**body, "tracing": "yes"})
         assert status == 400 and "tracing" in refused["reason"]
+        assert b.api("PUT", "/api/vhosts/staging", {**body, "tracing": True})[0] == 204
+        assert b.api("GET", "/api/vhosts/staging")[1]["tracing"] is True
         exported = b.api("GET", "/api/definitions")[1]["vhosts"]
     assert {"name": "staging", "description": "Staging, EU", "tags": ["a", "b"]}.items() <= next(
         v for v in exported if v["name"] == "staging"
@@ -368,6 +370,7 @@ def test_vhost_metadata_and_cluster_name_survive_a_restart(tmp_path):
             "quorum",
         )
         assert row["metadata"] == {"description": "Staging, EU", "tags": ["a", "b"]}
+        assert row["tracing"] is False  # the running node's, as RabbitMQ's: not stored
         assert b.api("GET", "/api/cluster-name")[1] == {"name": "shop-prod"}
         overview = b.api("GET", "/api/overview")[1]
         assert overview["cluster_name"] == "shop-prod" and overview["node"] != "shop-prod"

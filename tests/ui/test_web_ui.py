@@ -1,9 +1,13 @@
-"""The web UI in a real headless browser (Debian's chromium + chromedriver, through Selenium):
-log in, see a queue appear after a publish, see the overview's, a queue's and an exchange's
-charts drawn from traffic, purge the queue, explain a route; set and clear topic permissions.
+"""The web console in a real headless browser (Debian's chromium + chromedriver, through
+Selenium): log in, see a queue appear after a publish, see the overview's, a queue's and an
+exchange's charts drawn from the broker's sample history, purge the queue (confirmed),
+explain a route; set and clear topic permissions; and an operator's whole session: add an
+exchange and a queue with arguments from their forms, bind them, publish, watch the queues
+list refresh by itself (and not while paused), get the message, full charts on a page's
+first load, unbind and delete with confirmation.
 
-ROARMQ_UI_SCREENSHOTS=DIR saves the overview and a queue page there (docs/ui-*.png were
-made so: `ROARMQ_UI_SCREENSHOTS=docs .venv/bin/python -m pytest tests/ui`).
+ROARMQ_UI_SCREENSHOTS=DIR saves screenshots there (docs/screenshots/*.png were made so:
+`ROARMQ_UI_SCREENSHOTS=docs/screenshots .venv/bin/python -m pytest tests/ui`).
 """
 
 from __future__ import annotations
@@ -99,14 +103,27 @@ def fill(form, **fields):
         field.send_keys(value)
 
 
+class Samples:
+    """The broker's rate sampler, driven by hand (its timer stopped): each sample is noted in
+    its history as taken 5 s after the one before, the last one a moment ago, so that a few
+    rounds of traffic in a second of real time fill a chart as 5 s samples would."""
+
+    def __init__(self, b, count):
+        self.b, self.sampler = b, b.broker._management.rates
+        self.at = time.time() - 5 * count
+
+    def __call__(self):
+        at, self.at = self.at, self.at + 5
+        self.b.call(lambda: self.sampler.sample(at=at))
+
+
 def traffic(b, driver, ch, rounds=3):
     """Rounds of publishes to ui-shop (one unroutable) and of gets from ui-orders (one
     redelivered, one left unacked until the next round); after each, the broker samples its
-    rates (by hand: the test stopped its timer) and the page shown is drawn again, so that
-    each of its charts gains a point."""
-    sampler = b.broker._management.rates
+    rates (by hand) and the page shown is drawn again from the broker's history."""
+    sample = Samples(b, rounds + 1)
     pause = 1.0 if os.environ.get("ROARMQ_UI_SCREENSHOTS") else 0.2  # docs: a few seconds' worth
-    b.call(sampler.sample)
+    sample()
     unacked = None
     for i in range(rounds):
         for _ in range(4 + 2 * i):
@@ -120,7 +137,7 @@ def traffic(b, driver, ch, rounds=3):
             ch.basic_ack(ch.basic_get("ui-orders")[0].delivery_tag)
         unacked = ch.basic_get("ui-orders")[0].delivery_tag
         time.sleep(pause)
-        b.call(sampler.sample)
+        sample()
         driver.execute_async_script("route().then(arguments[arguments.length - 1])")
 
 
@@ -162,11 +179,47 @@ def assert_charted(driver, chart, labels):
     assert all(pixels[label] > 20 for label in labels), pixels
 
 
+def assert_drawn(driver, chart, labels):
+    """These series of the chart are drawn as lines on its canvas (more than a dot)."""
+    pixels = wait_for(lambda: painted(driver, chart))
+    assert all(pixels[label] > 60 for label in labels), pixels
+
+
+def accept(driver, question=None, dismiss=False):
+    """Answer the confirmation the page asked (it must have asked)."""
+    alert = wait_for(lambda: driver.switch_to.alert, timeout=5)
+    if question is not None:
+        assert question in alert.text, alert.text
+    if dismiss:
+        alert.dismiss()
+    else:
+        alert.accept()
+
+
+def row_of(driver, css, name):
+    """{column title: cell text} of the row of a list that names `name` (read in one go: a
+    refresh may redraw the list at any moment)."""
+    return driver.execute_script(
+        r"""
+        const box = document.querySelector(arguments[0]);
+        if (!box) return null;
+        const titles = [...box.querySelectorAll("thead th")].map(th => th.innerText.trim());
+        for (const tr of box.querySelectorAll("tbody tr")) {
+          const cells = [...tr.querySelectorAll(":scope > td")].map(td => td.innerText.trim());
+          if (cells.includes(arguments[1])) return Object.fromEntries(titles.map((t, i) => [t, cells[i]]));
+        }
+        return null;
+        """,
+        css,
+        name,
+    )
+
+
 def test_log_in_see_charts_purge_a_queue_and_explain_a_route(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
     with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
-        b.call(b.broker._management.rates.stop)  # sampled by hand in traffic()
+        b.call(b.broker._management.rates.stop)  # sampled by hand (Samples)
         conn = pika.BlockingConnection(pika.URLParameters(b.url))
         ch = conn.channel()
         ch.exchange_declare("ui-shop", "topic")
@@ -179,12 +232,7 @@ def test_log_in_see_charts_purge_a_queue_and_explain_a_route(browser, tmp_path):
             ch.basic_publish("ui-shop", "order.new", b"order %d" % i)
         browser.get(b.mgmt_url + "/#/queues")
         wait_for(lambda: "ui-orders" in text_of(browser, "#view table"))
-        row = next(
-            r
-            for r in browser.find_elements(By.CSS_SELECTOR, "#view tbody tr")
-            if "ui-orders" in r.text
-        )
-        assert row.find_elements(By.TAG_NAME, "td")[3].text == "3"  # ready
+        assert row_of(browser, "#view", "ui-orders")["Ready"] == "3"
 
         browser.get(b.mgmt_url + "/#/")
         wait_for(lambda: "3" in text_of(browser, '[data-total="Ready"] b'))
@@ -205,6 +253,7 @@ def test_log_in_see_charts_purge_a_queue_and_explain_a_route(browser, tmp_path):
         assert_charted(browser, "#chart-messages", ["ready", "unacked", "total"])
         shot(browser, "queue")
         browser.find_element(By.ID, "purge").click()
+        accept(browser, "Purge all messages of queue ui-orders?")
         wait_for(lambda: text_of(browser, '[data-total="Ready"] b') == "0")
         assert ch.queue_declare("ui-orders", passive=True).method.message_count == 0
 
@@ -253,12 +302,194 @@ def test_set_and_clear_topic_permissions(browser, tmp_path):
             if "amq.topic" in r.text
         )
         row.find_element(By.CSS_SELECTOR, "[data-clear]").click()
+        accept(browser, "Clear this permission?")
         wait_for(lambda: "amq.topic" not in text_of(browser, card + " table"))
         assert [t["exchange"] for t in b.api("GET", "/api/topic-permissions")[1]] == ["ui-events"]
 
         form = browser.find_element(By.CSS_SELECTOR, card)
         fill(form, user="guest")
         form.find_element(By.CSS_SELECTOR, "[data-clear-all]").click()
+        accept(browser)
         wait_for(lambda: "(none)" in text_of(browser, card + " table"))
         assert b.api("GET", "/api/topic-permissions")[1] == []
         assert "guest" in text_of(browser, "#set-permissions table")  # the vhost permission stays
+
+
+def set_argument(form, key, value):
+    """Pick `key` from the form's "Add:" helper and type its value."""
+    from selenium.webdriver.common.by import By
+
+    form.find_element(By.CSS_SELECTOR, f'[data-arg="{key}"]').click()
+    for row in form.find_elements(By.CSS_SELECTOR, ".arg-row"):
+        if row.find_element(By.CSS_SELECTOR, ".arg-key").get_attribute("value") == key:
+            row.find_element(By.CSS_SELECTOR, ".arg-value").send_keys(value)
+            return
+    raise AssertionError(f"no row for {key}")
+
+
+def choose(form, name, value):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(form.find_element(By.NAME, name)).select_by_value(value)
+
+
+def test_an_operator_session(browser, tmp_path):
+    """Add an exchange and a queue with arguments, bind them, publish, watch the list,
+    get the message, charts full on first load, unbind and delete with confirmation."""
+    from selenium.webdriver.common.by import By
+
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
+        b.call(b.broker._management.rates.stop)  # sampled by hand (Samples)
+        log_in(browser, b.mgmt_url)
+
+        # An exchange, with an alternate exchange from the form's helper.
+        browser.get(b.mgmt_url + "/#/exchanges")
+        wait_for(lambda: "amq.topic" in text_of(browser, "#rows table"))
+        browser.find_element(By.CSS_SELECTOR, "#add-exchange-card summary").click()
+        form = browser.find_element(By.ID, "add-exchange")
+        fill(form, name="ops-x")
+        choose(form, "type", "topic")
+        set_argument(form, "alternate-exchange", "ops-ae")
+        form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
+        wait_for(lambda: row_of(browser, "#rows", "ops-x"))
+        assert row_of(browser, "#rows", "ops-x")["Features"].split() == ["D", "AE"]
+        x = b.api("GET", "/api/exchanges/%2F/ops-x")[1]
+        assert (x["type"], x["durable"], x["arguments"]) == (
+            "topic",
+            True,
+            {"alternate-exchange": "ops-ae"},
+        )
+
+        # A queue with a message TTL and a length limit (numbers, as the helper types them).
+        browser.get(b.mgmt_url + "/#/queues")
+        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#rows table"))
+        browser.find_element(By.CSS_SELECTOR, "#add-queue-card summary").click()
+        form = browser.find_element(By.ID, "add-queue")
+        assert "Delivery limit" not in form.text  # quorum only: hidden for a classic queue
+        fill(form, name="ops-q")
+        set_argument(form, "x-message-ttl", "60000")
+        set_argument(form, "x-max-length", "100")
+        browser.execute_script("arguments[0].scrollIntoView()", form)
+        shot(browser, "add-queue")
+        form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
+        wait_for(lambda: row_of(browser, "#rows", "ops-q"))
+        assert row_of(browser, "#rows", "ops-q")["Features"].split() == ["D", "TTL", "Lim"]
+        q = b.api("GET", "/api/queues/%2F/ops-q")[1]
+        assert q["arguments"] == {"x-message-ttl": 60000, "x-max-length": 100}
+        shot(browser, "queues")
+
+        # Bind it from the queue's page; its arguments shown as a table, not JSON.
+        browser.get(b.mgmt_url + "/#/queue/%2F/ops-q")
+        form = wait_for(lambda: browser.find_element(By.ID, "bind"))
+        assert "x-message-ttl 60000" in text_of(browser, "#arguments")
+        fill(form, source="ops-x", key="ops.#")
+        form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
+        wait_for(lambda: "ops.#" in text_of(browser, "#bindings table"))
+        assert [(r["source"], r["routing_key"]) for r in b.api("GET", "/api/queues/%2F/ops-q/bindings")[1]] == [
+            ("", "ops-q"), ("ops-x", "ops.#")
+        ]  # fmt: skip
+
+        # Publish from the exchange's page, which lists the binding from its side.
+        browser.get(b.mgmt_url + "/#/exchange/%2F/ops-x")
+        wait_for(lambda: "ops-q" in text_of(browser, "#bindings table"))
+        assert "alternate-exchange ops-ae" in text_of(browser, "#arguments")
+        assert "Durable true" in text_of(browser, "#details")
+        form = browser.find_element(By.ID, "publish")
+        fill(form, key="ops.created", payload="hello ops")
+        form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
+        wait_for(lambda: "Message published." in text_of(browser, "#publish .ok"))
+
+        # The queues list shows it, and then a client's publish without a reload.
+        browser.get(b.mgmt_url + "/#/queues")
+        wait_for(lambda: (row_of(browser, "#rows", "ops-q") or {}).get("Ready") == "1")
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        ch.basic_publish("ops-x", "ops.updated", b"second")
+        wait_for(lambda: row_of(browser, "#rows", "ops-q")["Ready"] == "2", timeout=12)
+        # Paused, it stays as it was; refreshing again, it catches up.
+        choose(browser, "refresh", "0")
+        assert "paused" in text_of(browser, "#refreshed")
+        ch.basic_publish("ops-x", "ops.updated", b"third")
+        time.sleep(6)
+        assert row_of(browser, "#rows", "ops-q")["Ready"] == "2"
+        choose(browser, "refresh", "5")
+        wait_for(lambda: row_of(browser, "#rows", "ops-q")["Ready"] == "3", timeout=12)
+        # Filtered by a regular expression, on the server.
+        filter_box = browser.find_element(By.CSS_SELECTOR, "#rows .filter")
+        browser.find_element(By.CSS_SELECTOR, "#rows .regex").click()
+        filter_box.send_keys("^ops-[q]$")
+        wait_for(lambda: text_of(browser, "#rows .where").split("· ")[1].startswith("1 of "))
+        assert [r for r in ("ops-q", "ui-other") if row_of(browser, "#rows", r)] == ["ops-q"]
+
+        # Get the message published from the exchange's page: removed ("Automatic ack").
+        browser.get(b.mgmt_url + "/#/queue/%2F/ops-q")
+        form = wait_for(lambda: browser.find_element(By.ID, "get"))
+        choose(form, "ackmode", "ack_requeue_false")
+        form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
+        wait_for(lambda: "hello ops" in text_of(browser, "#got"))
+        assert "ops.created" in text_of(browser, "#got")
+        wait_for(lambda: text_of(browser, '[data-total="Ready"] b') == "2")
+
+        # Traffic, sampled; then the queue's page opens with its charts already drawn.
+        browser.get(b.mgmt_url + "/#/")
+        sample = Samples(b, 4)
+        sample()
+        held = None
+        for i in range(3):
+            for _ in range(3 + i):
+                ch.basic_publish("ops-x", "ops.tick", b"tick")
+            ch.basic_publish("ops-x", "nowhere", b"lost")  # in, not out (no ops-ae)
+            ch.basic_ack(ch.basic_get("ops-q")[0].delivery_tag)
+            ch.basic_nack(ch.basic_get("ops-q")[0].delivery_tag, requeue=True)
+            if held is not None:
+                ch.basic_ack(held)
+            held = ch.basic_get("ops-q")[0].delivery_tag  # one unacked at each sample
+            sample()
+        ch.basic_ack(held)
+        browser.get(b.mgmt_url + "/#/queue/%2F/ops-q")
+        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#chart-rates canvas"))
+        assert_drawn(browser, "#chart-messages", ["ready", "unacked", "total"])
+        assert_drawn(browser, "#chart-rates", ["publish", "deliver/get", "ack"])
+        shot(browser, "queue-first-load")
+
+        # The exchange's page: charts there too at once; unbind, asked first.
+        browser.get(b.mgmt_url + "/#/exchange/%2F/ops-x")
+        wait_for(lambda: "ops-q" in text_of(browser, "#bindings table"))
+        assert_drawn(browser, "#chart-rates", ["publish in", "publish out"])
+        shot(browser, "exchange")
+        browser.find_element(By.CSS_SELECTOR, "#bindings button.unbind").click()
+        accept(browser, "Remove this binding?", dismiss=True)
+        assert b.api("GET", "/api/bindings/%2F/e/ops-x/q/ops-q")[1] != []
+        browser.find_element(By.CSS_SELECTOR, "#bindings button.unbind").click()
+        accept(browser, "Remove this binding?")
+        wait_for(lambda: "ops-q" not in text_of(browser, "#bindings"))
+        assert b.api("GET", "/api/bindings/%2F/e/ops-x/q/ops-q")[1] == []
+
+        # Delete the queue: cancelled, it stays; confirmed, it goes.
+        browser.get(b.mgmt_url + "/#/queue/%2F/ops-q")
+        wait_for(lambda: browser.find_element(By.ID, "delete")).click()
+        accept(browser, "Delete queue ops-q?", dismiss=True)
+        assert b.api("GET", "/api/queues/%2F/ops-q")[0] == 200
+        browser.find_element(By.ID, "delete").click()
+        accept(browser, "Delete queue ops-q?")
+        wait_for(lambda: browser.current_url.endswith("#/queues"))
+        assert b.api("GET", "/api/queues/%2F/ops-q")[0] == 404
+
+        browser.get(b.mgmt_url + "/#/exchange/%2F/ops-x")
+        wait_for(lambda: browser.find_element(By.ID, "delete")).click()
+        accept(browser, "Delete exchange ops-x?")
+        wait_for(lambda: browser.current_url.endswith("#/exchanges"))
+        assert b.api("GET", "/api/exchanges/%2F/ops-x")[0] == 404
+
+        # Closing a connection asks too.
+        browser.get(b.mgmt_url + "/#/connections")
+        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#rows button.close-conn")).click()
+        accept(browser, "Close connection")
+
+        def closed():
+            if conn.is_open:
+                conn.process_data_events(0)  # raises once the broker has closed it
+            return not conn.is_open
+
+        wait_for(closed)
