@@ -14,6 +14,7 @@ behaviour, checked against it):
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
@@ -125,6 +126,19 @@ def paged_objects(
     return envelope
 
 
+def paged_stream(request: web.Request, count: int, objects: Any, row: Any) -> dict[str, Any]:
+    """A `page=` request without `sort=` or `name=` over `count` objects in their own order
+    (an iterable, walked only up to the page's end): rows are built for that page only."""
+    page, size = _page_params(request.query)
+    envelope = _envelope_counts(count, page, size, count)
+    start = (page - 1) * size
+    rows = [row(o) for o in itertools.islice(objects, start, start + envelope["item_count"])]
+    columns = [c.split(".") for c in request.query.get("columns", "").split(",") if c]
+    envelope["items"] = [_project(r, columns) for r in rows] if columns else rows
+    request[SHAPED] = True
+    return envelope
+
+
 def _by_name(items: list[Any], query: Any, name_of: Any) -> list[Any]:
     """RabbitMQ's `name=` filter: a case-insensitive substring, or with `use_regex=true` a
     case-insensitive regular expression."""
@@ -152,24 +166,29 @@ def _page_params(query: Any) -> tuple[int, int]:
     return page, size
 
 
-def _envelope(items: list[Any], page: int, size: int, total: int) -> dict[str, Any]:
-    filtered = len(items)
+def _envelope_counts(filtered: int, page: int, size: int, total: int) -> dict[str, Any]:
+    """The envelope of page `page` of `filtered` items, without them (400 past the end)."""
     page_count = max((filtered + size - 1) // size, 1)
     if page > page_count:
         raise _bad(
             "page_out_of_range",
             f"Page out of range, page: {page} page size: {size}, len: {filtered}",
         )
-    chunk = items[(page - 1) * size : page * size]
     return {
         "filtered_count": filtered,
-        "item_count": len(chunk),
-        "items": chunk,
+        "item_count": max(min(size, filtered - (page - 1) * size), 0),
+        "items": [],
         "page": page,
         "page_count": page_count,
         "page_size": size,
         "total_count": total,
     }
+
+
+def _envelope(items: list[Any], page: int, size: int, total: int) -> dict[str, Any]:
+    envelope = _envelope_counts(len(items), page, size, total)
+    envelope["items"] = items[(page - 1) * size : page * size]
+    return envelope
 
 
 @web.middleware

@@ -218,6 +218,25 @@ class RateSampler:
             for name, now, then in zip(last[1], last[2], before[2], strict=True)
         }
 
+    def rate(self, obj: Any, *names: str) -> float:
+        """The rate `stats()`/`depth()` report for one counter (or the sum of several, as
+        `messages_details` is), read from the last two samples without building the rest:
+        a sort key for a list of 100,000 queues, nothing computed per message."""
+        key = obj if isinstance(obj, str) else id(obj)
+        last, before = self._last.get(key), self._before.get(key)
+        if not self._elapsed or last is None or before is None:
+            return 0.0
+        if last[0] is not before[0] or (not isinstance(obj, str) and last[0] is not obj):
+            return 0.0
+        fields, total = last[1], 0.0
+        for name in names:
+            if name not in fields:
+                continue
+            i = fields.index(name)
+            change = last[2][i] - before[2][i]
+            total += (change if name.startswith("_") else max(change, 0)) / self._elapsed
+        return round(total, 1)
+
     def depth(self, obj: Any) -> dict[str, Any]:
         """`messages_details` and its ready/unacknowledged kin: how fast a queue's depth (or,
         for "depth", every queue's) changed over the last interval, as RabbitMQ reports it."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import urllib.parse
+from operator import itemgetter
 from typing import Any
 
 from aiohttp import web
@@ -12,7 +13,8 @@ from roarmq.protocol.errors import ProtocolError
 from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
 
-from ..api_query import paged_objects
+from ..api_query import paged_objects, paged_stream
+from ..exchange import Exchange
 from ..explain import explain
 from ..message import Message
 from .context import bad_request, broker_of, not_found, rates_of, read_json, vhosts_of
@@ -43,6 +45,8 @@ QUEUE_SORT_KEYS = {
     "consumers": lambda q: q.consumer_count,
     "policy": lambda q: q.policy.name if q.policy is not None else None,
     "message_stats.publish": lambda q: q.stats_published,
+    "message_stats.deliver_get": lambda q: q.stats_delivered,
+    "message_stats.ack": lambda q: q.stats_acked,
 }
 EXCHANGE_SORT_KEYS = {
     "name": _name,
@@ -51,7 +55,36 @@ EXCHANGE_SORT_KEYS = {
     "durable": lambda x: x.durable,
     "policy": lambda x: x.policy.name if x.policy is not None else None,
     "message_stats.publish_in": lambda x: x.stats_in,
+    "message_stats.publish_out": lambda x: x.stats_in - x.stats_unroutable,
 }
+
+#: A queue's rate columns: the sort key -> the sampler's fields it is the rate of.
+QUEUE_RATE_KEYS = {
+    **{
+        f"message_stats.{name}_details.rate": (name,)
+        for name in (
+            "publish", "deliver_get", "deliver", "deliver_no_ack", "ack", "redeliver", "get",
+            "get_no_ack", "get_empty",
+        )
+    },
+    "messages_details.rate": ("_ready", "_unacked"),
+    "messages_ready_details.rate": ("_ready",),
+    "messages_unacknowledged_details.rate": ("_unacked",),
+}  # fmt: skip
+EXCHANGE_RATE_KEYS = {
+    "message_stats.publish_in_details.rate": ("publish_in",),
+    "message_stats.publish_out_details.rate": ("publish_out",),
+}
+
+
+def _with_rates(keys: dict[str, Any], rate_keys: dict[str, tuple[str, ...]], rates: Any) -> Any:
+    """`keys` and the rate columns, each read from the sampler's last two passes (what the
+    rows report, so a paged sort orders as the unpaged one does)."""
+    out = dict(keys)
+    for sort, fields in rate_keys.items():
+        out[sort] = lambda o, fields=fields: rates.rate(o, *fields)
+    return out
+
 
 #: POST .../get's ackmodes, RabbitMQ's four.
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
@@ -95,9 +128,8 @@ def _queue_of(request: web.Request) -> Any:
 async def exchanges(request: web.Request) -> web.Response:
     rates = rates_of(request)
     listed = [x for v in vhosts_of(request) for x in v.exchanges.values()]
-    paged = paged_objects(
-        request, listed, _name, lambda x: exchange_row(x, rates), EXCHANGE_SORT_KEYS
-    )
+    keys = _with_rates(EXCHANGE_SORT_KEYS, EXCHANGE_RATE_KEYS, rates)
+    paged = paged_objects(request, listed, _name, lambda x: exchange_row(x, rates), keys)
     if paged is not None:
         return web.json_response(paged)
     return web.json_response([exchange_row(x, rates) for x in listed])
@@ -154,7 +186,8 @@ async def queues(request: web.Request) -> web.Response:
     def row(q: Any) -> dict[str, Any]:
         return queue_row(q, broker, rates)
 
-    paged = paged_objects(request, listed, _name, row, QUEUE_SORT_KEYS)
+    keys = _with_rates(QUEUE_SORT_KEYS, QUEUE_RATE_KEYS, rates)
+    paged = paged_objects(request, listed, _name, row, keys)
     if paged is not None:
         return web.json_response(paged)
     return web.json_response([row(q) for q in listed])
@@ -253,17 +286,61 @@ async def get_messages(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
-async def bindings(request: web.Request) -> web.Response:
-    out = []
-    for vhost in vhosts_of(request):
-        for x in vhost.exchanges.values():
+def _bindings_of(vhosts: list[Any]) -> Any:
+    """Every binding of `vhosts` as (vhost, source, destination, key, arguments), in the order
+    GET /api/bindings lists them (RabbitMQ's: the default exchange's implicit ones too)."""
+    for vhost in vhosts:
+        for x in list(vhost.exchanges.values()):
             if not x.name:
-                for q in vhost.queues.values():  # RabbitMQ lists the implicit ones too
-                    out.append(binding_row(vhost.name, "", q, q.name, None))
+                for q in list(vhost.queues.values()):
+                    yield vhost.name, "", q, q.name, None
                 continue
             for key, dest, args in x.index.bindings():
-                out.append(binding_row(vhost.name, x.name, dest, key, args))
-    return web.json_response(out)
+                yield vhost.name, x.name, dest, key, args
+
+
+def _binding_count(vhosts: list[Any]) -> int:
+    """How many `_bindings_of(vhosts)` yields, without walking them where an index knows."""
+    count = 0
+    for vhost in vhosts:
+        for x in vhost.exchanges.values():
+            if not x.name:
+                count += len(vhost.queues)
+            elif hasattr(x.index, "__len__"):
+                count += len(x.index)
+            else:
+                count += sum(1 for _ in x.index.bindings())
+    return count
+
+
+def _binding_row(b: tuple[Any, ...]) -> dict[str, Any]:
+    return binding_row(*b)
+
+
+#: Fields a paged list of bindings sorts on from its tuples (the rows' values exactly).
+BINDING_SORT_KEYS = {
+    "vhost": itemgetter(0),
+    "source": itemgetter(1),
+    "destination": lambda b: b[2].name,
+    "destination_type": lambda b: "exchange" if isinstance(b[2], Exchange) else "queue",
+    "routing_key": itemgetter(3),
+}
+
+
+async def bindings(request: web.Request) -> web.Response:
+    vhosts = vhosts_of(request)
+    query = request.query
+    if "page" in query and "sort" not in query and not query.get("name"):
+        # RabbitMQ's order, unfiltered: count, then build the rows of one page only.
+        paged = paged_stream(request, _binding_count(vhosts), _bindings_of(vhosts), _binding_row)
+        return web.json_response(paged)
+    if "page" in query:
+        # A binding row has no name: `name=` filters on "", as the general path does.
+        listed = list(_bindings_of(vhosts))
+        paged = paged_objects(request, listed, lambda b: "", _binding_row, BINDING_SORT_KEYS)
+        if paged is not None:
+            return web.json_response(paged)
+    return web.json_response([binding_row(*b) for b in _bindings_of(vhosts)])
 
 
 async def object_bindings(request: web.Request) -> web.Response:

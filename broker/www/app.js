@@ -185,6 +185,8 @@ const objectPath = (kind, r) => `#/${kind}/${enc(r.vhost)}/${enc(r.name || "amq.
 const link = (kind, r) => `<a href="${objectPath(kind, r)}">${esc(r.name || "(AMQP default)")}</a>`;
 const details = (r, key) => (r.message_stats && r.message_stats[key + "_details"]) || null;
 const rate = (r, key) => (details(r, key) || { rate: 0 }).rate;
+// The API's sort key of a rate column (the broker sorts on its last sample, page by page).
+const rateSort = key => `message_stats.${key}_details.rate`;
 const rateText = (r, key) => r.message_stats && r.message_stats[key + "_details"] ? `${rate(r, key)}/s` : "";
 
 // RabbitMQ's abbreviations of the arguments a queue or exchange list shows (global.js's
@@ -424,9 +426,9 @@ const queueColumns = () => [
   { key: "messages_unacknowledged", title: "Unacked", sort: "messages_unacknowledged", cls: "num" },
   { key: "messages", title: "Total", sort: "messages", cls: "num" },
   { key: "consumers", title: "Consumers", sort: "consumers", cls: "num" },
-  { key: "incoming", title: "incoming", value: r => rateText(r, "publish"), cls: "num" },
-  { key: "deliver_get", title: "deliver / get", value: r => rateText(r, "deliver_get"), cls: "num" },
-  { key: "ack", title: "ack", value: r => rateText(r, "ack"), cls: "num" },
+  { key: "incoming", title: "incoming", sort: rateSort("publish"), value: r => rateText(r, "publish"), cls: "num" },
+  { key: "deliver_get", title: "deliver / get", sort: rateSort("deliver_get"), value: r => rateText(r, "deliver_get"), cls: "num" },
+  { key: "ack", title: "ack", sort: rateSort("ack"), value: r => rateText(r, "ack"), cls: "num" },
 ];
 
 const exchangeColumns = () => [
@@ -434,8 +436,8 @@ const exchangeColumns = () => [
   { key: "name", title: "Name", sort: "name", html: r => link("exchange", r) },
   { key: "type", title: "Type", sort: "type" },
   { key: "features", title: "Features", html: features },
-  { key: "in", title: "Message rate in", value: r => rateText(r, "publish_in"), cls: "num" },
-  { key: "out", title: "Message rate out", value: r => rateText(r, "publish_out"), cls: "num" },
+  { key: "in", title: "Message rate in", sort: rateSort("publish_in"), value: r => rateText(r, "publish_in"), cls: "num" },
+  { key: "out", title: "Message rate out", sort: rateSort("publish_out"), value: r => rateText(r, "publish_out"), cls: "num" },
 ];
 
 const bindingColumns = (unbind, from = true, to = true) => [
@@ -620,6 +622,42 @@ const pages = {
       }
     } });
   },
+  async limits() {
+    const vhosts = await vhostOptions();
+    const limitOptions = names => names.map(n => `<option value="${n}">${n}</option>`).join("");
+    $("#view").innerHTML = `<h2>Limits</h2><div id="live"></div>
+      <form class="card" id="set-vhost-limit"><h3>Set a virtual host limit</h3>
+        <label>Virtual host <select name="vhost">${vhosts}</select></label>
+        <label>Limit <select name="limit">${limitOptions(LIMITS.vhost)}</select></label>
+        <label>Value <input name="value" type="number" step="1" required></label><button>Set limit</button></form>
+      <form class="card" id="set-user-limit"><h3>Set a user limit</h3>
+        <label>User <input name="user" required></label>
+        <label>Limit <select name="limit">${limitOptions(LIMITS.user)}</select></label>
+        <label>Value <input name="value" type="number" step="1" required></label><button>Set limit</button></form>`;
+    for (const kind of ["vhost", "user"]) {
+      $(`#set-${kind}-limit`).onsubmit = submit(async f => {
+        await api("PUT", `/${kind}-limits/${enc(f[kind].value)}/${enc(f.limit.value)}`, { value: Number(f.value.value) });
+        f.value.value = "";
+        await state.update();
+      }, false);
+    }
+    return live(() => Promise.all([api("GET", "/vhost-limits"), api("GET", "/user-limits")]), (box, [vhostRows, userRows]) => {
+      const card = (kind, title, rows) => {
+        const flat = rows.flatMap(r => Object.entries(r.value).map(([limit, value]) => ({ owner: r[kind], limit, value })));
+        return `<div class="card" id="${kind}-limits"><h3>${esc(title)}</h3>${table(flat, [
+          { key: "owner", title: kind === "vhost" ? "Virtual host" : "User" }, { key: "limit", title: "Limit" },
+          { key: "value", title: "Value", cls: "num" },
+          { key: "x", title: "", html: r => `<button class="clear-limit" data-kind="${kind}" data-owner="${esc(r.owner)}" data-limit="${esc(r.limit)}">Clear</button>` },
+        ])}</div>`;
+      };
+      box.innerHTML = card("vhost", "Virtual host limits", vhostRows) + card("user", "User limits", userRows);
+      for (const b of $$(".clear-limit", box)) {
+        const { kind, owner, limit } = b.dataset;
+        dangerous(b, `Clear the ${limit} limit of ${kind === "vhost" ? "virtual host" : "user"} ${owner}?`,
+          async () => { await api("DELETE", `/${kind}-limits/${enc(owner)}/${enc(limit)}`); await state.update(); });
+      }
+    });
+  },
   async definitions() {
     $("#view").innerHTML = `<h2>Definitions</h2><div class="card"><h3>Export</h3><button id="download">Download definitions.json</button></div>
       <form class="card" id="upload"><h3>Import</h3><input type="file" name="file" accept=".json" required> <button>Upload</button></form>`;
@@ -783,6 +821,8 @@ const GRANTS = [
     about: `On a topic exchange, the routing keys a user may publish with (write) and bind with (read); {username} and
       {vhost} in them stand for the user's and the vhost's names. Without one on an exchange, a user may use any key there.` },
 ];
+// The limits the API takes (RabbitMQ's, broker/management/definitions.py LIMIT_NAMES).
+const LIMITS = { vhost: ["max-connections", "max-queues"], user: ["max-connections", "max-channels"] };
 const capital = word => word[0].toUpperCase() + word.slice(1);
 // The API path of one user's grant in a vhost (and, for a topic permission, on one exchange).
 const grantPath = (grant, r) => `/${grant.path}/${enc(r.vhost)}/${enc(r.user)}` + (r.exchange === undefined ? "" : "/" + enc(r.exchange));

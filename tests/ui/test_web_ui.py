@@ -493,3 +493,50 @@ def test_an_operator_session(browser, tmp_path):
             return not conn.is_open
 
         wait_for(closed)
+
+
+def test_limits_page_and_rate_columns_sort(browser, tmp_path):
+    """Set a vhost limit and a user limit from the Limits page, see them in the API, clear
+    one (cancelled first, then confirmed); the queues list sorts by a rate column."""
+    from selenium.webdriver.common.by import By
+
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
+        log_in(browser, b.mgmt_url)
+        browser.get(b.mgmt_url + "/#/limits")
+        form = wait_for(lambda: browser.find_element(By.ID, "set-vhost-limit"))
+        choose(form, "limit", "max-queues")
+        fill(form, value="7")
+        form.find_element(By.TAG_NAME, "button").click()
+        wait_for(lambda: "max-queues" in text_of(browser, "#vhost-limits table"))
+        assert b.api("GET", "/api/vhost-limits")[1] == [{"vhost": "/", "value": {"max-queues": 7}}]
+        form = browser.find_element(By.ID, "set-user-limit")
+        choose(form, "limit", "max-channels")
+        fill(form, user="guest", value="20")
+        form.find_element(By.TAG_NAME, "button").click()
+        wait_for(lambda: "max-channels" in text_of(browser, "#user-limits table"))
+        assert b.api("GET", "/api/user-limits")[1] == [
+            {"user": "guest", "value": {"max-channels": 20}}
+        ]
+        shot(browser, "limits")
+
+        clear = '#vhost-limits [data-limit="max-queues"]'
+        browser.find_element(By.CSS_SELECTOR, clear).click()
+        accept(browser, "Clear the max-queues limit of virtual host /?", dismiss=True)
+        time.sleep(0.3)
+        assert b.api("GET", "/api/vhost-limits")[1] != []  # cancelled: it stays
+        browser.find_element(By.CSS_SELECTOR, clear).click()
+        accept(browser, "Clear the max-queues limit of virtual host /?")
+        wait_for(lambda: "max-queues" not in text_of(browser, "#vhost-limits table"))
+        assert b.api("GET", "/api/vhost-limits")[1] == []
+        assert "max-channels" in text_of(browser, "#user-limits table")  # the other stays
+
+        for name in ("ui-a", "ui-b"):
+            b.api("PUT", f"/api/queues/%2F/{name}", {})
+        browser.get(b.mgmt_url + "/#/queues")
+        head = '#list-queues th[data-sort="message_stats.publish_details.rate"]'
+        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, head)).click()
+        wait_for(
+            lambda: "sorted" in browser.find_element(By.CSS_SELECTOR, head).get_attribute("class")
+        )
+        assert text_of(browser, "#list-queues .list-error") == ""
+        assert "ui-a" in text_of(browser, "#list-queues table")
