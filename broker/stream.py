@@ -54,7 +54,7 @@ from . import queue_arguments, trace
 from .errors import channel_error, connection_error
 from .message import Message, copy_properties
 from .queue import Entry, Queue
-from .store.segments import HEADER_SIZE, MAGIC, Location, LogFailed, SegmentLog
+from .store.segments import HEADER_SIZE, MAGIC, Location, SegmentLog, SegmentLogError
 
 if TYPE_CHECKING:
     from .channel import Channel, Consumer
@@ -129,7 +129,15 @@ def _load_summary(directory: Path, seg_id: int) -> dict | None:
 
 
 def _stream_dir(queue: Queue, store_id: int) -> Path:
-    return Path(queue.vhost.broker.config.storage.data_dir) / "streams" / str(store_id)
+    broker = queue.vhost.broker
+    if broker.cluster is not None:  # beside the vhost's replicated log, which rebuilds it
+        return broker.cluster.replicas.vhost_dir(queue.vhost.name) / "streams" / str(store_id)
+    return Path(broker.config.storage.data_dir) / "streams" / str(store_id)
+
+
+def record_offset(payload: bytes | memoryview) -> int:
+    """The stream offset a stored record carries (the replicated log's copies name it)."""
+    return _RECORD.unpack_from(payload)[0]
 
 
 class _Segment:
@@ -283,7 +291,7 @@ def refuse(what: str, queue: Queue) -> Exception:
 def confirm_after(channel: Channel, seq: int, token: int | None, ok: bool) -> None:
     """A confirming publish reached streams (TOUCHED): ack it once each one's appends are
     fsynced (and the message store's `token`, if a durable queue took it too)."""
-    streams = [s for s in TOUCHED if s.log is not None and s.log.synced_token < s.last_token]
+    streams = [s for s in TOUCHED if s.log is not None and s.unsettled()]
     TOUCHED.clear()
     if not ok:
         channel._confirmed(seq, False)
@@ -294,7 +302,7 @@ def confirm_after(channel: Channel, seq: int, token: int | None, ok: bool) -> No
     channel.confirm_later(seq)
     waiter = [len(streams), channel, seq, token]
     for stream in streams:
-        stream.waiters.append((stream.last_token, waiter))
+        stream.waiters.append((stream.last_token, waiter, stream.last_replicated))
 
 
 def _after_streams(channel: Channel, seq: int, token: int | None) -> None:
@@ -421,8 +429,15 @@ class Stream(Queue):
         # (fan-out) build each message once and parse each record once
         self._ring: list[tuple | None] | None = None  # while 2+ consumers
         self._ring_bytes = 0
-        self._pending: deque[tuple[int, int]] = deque()  # (token, offsets below are in it)
-        self.waiters: deque[tuple[int, list]] = deque()  # (token, confirm waiter)
+        # (token, offsets below are in it, replicated-log offset) and (token, confirm
+        # waiter, replicated-log offset): each waits for the local log to have written the
+        # records (`_synced`) and, in a clustered vhost, for the in-sync set to hold their
+        # copies in the vhost's log (`replication_confirmed`); elsewhere the third is 0.
+        self._pending: deque[tuple[int, int, int]] = deque()
+        self.waiters: deque[tuple[int, list, int]] = deque()
+        self._written = 0  # the local log's newest written (synced) token
+        self.last_replicated = 0  # the vhost log's offset of the newest copy (cluster)
+        self._replicated_ok = 0  # ... and the newest offset the in-sync set holds
         self._readers: dict[Consumer, _Reader] = {}
         self._chunk_open = False
         self._rolled = False
@@ -479,6 +494,9 @@ class Stream(Queue):
             sync_interval_ms=storage.sync_interval_ms,
             on_synced=lambda token: loop.call_soon_threadsafe(self._synced, token),
             whole_segments=True,  # retention drops whole segments: no memory per record
+            # In a cluster the vhost's replicated log is durable and a new leader rebuilds
+            # this directory from it: the stream's own files are a working copy.
+            fsync=self.vhost.broker.cluster is None,
         )
         # Segments with a summary (written when each was complete) are taken from it
         # without reading them: start-up costs a file per segment, not a pass over the data.
@@ -676,9 +694,12 @@ class Stream(Queue):
                 body,
             )
         )
+        replicated = self.vhost.replicated
         try:
+            if replicated is not None:  # a led clustered vhost: a copy in its log first
+                self.last_replicated = replicated.replicate_stream(self, payload)
             loc, token = log.append(payload)
-        except (LogFailed, ValueError):
+        except (SegmentLogError, ValueError):  # failed, or closed (a deposed cluster leader)
             return False
         self.next_offset = off + 1
         self.last_token = token
@@ -694,7 +715,7 @@ class Stream(Queue):
         if len(tail) > TAIL_RECORDS or self._tail_bytes > TAIL_BYTES:
             while len(tail) > 1 and (len(tail) > TAIL_RECORDS or self._tail_bytes > TAIL_BYTES):
                 self._tail_bytes -= len(tail.popleft()[5])
-        self._pending.append((token, off + 1))
+        self._pending.append((token, off + 1, self.last_replicated))
         self.stats_published += 1
         TOUCHED.add(self)
         return True
@@ -710,11 +731,34 @@ class Stream(Queue):
                 pass
 
     def _synced(self, token: int) -> None:
+        """The local log wrote (and, outside a cluster, fsynced) everything up to `token`."""
+        if token > self._written:
+            self._written = token
+        self._advance()
+
+    def replication_confirmed(self, offset: int) -> bool:
+        """Cluster: the in-sync set holds the vhost's log up to `offset` (and the leader may
+        confirm). True when no copy of this stream's waits for more."""
+        if offset > self._replicated_ok:
+            self._replicated_ok = offset
+            self._advance()
+        return self.last_replicated <= offset
+
+    def unsettled(self) -> bool:
+        """Appends made that are not yet both written here and (cluster) held in sync."""
+        log = self.log
+        return (
+            log is not None and log.synced_token < self.last_token
+        ) or self._replicated_ok < self.last_replicated
+
+    def _advance(self) -> None:
+        """Commit (deliverable offsets) and confirm what both gates have passed."""
         if self.deleted:
             return
+        written, replicated = self._written, self._replicated_ok
         pending = self._pending
         committed = self.committed
-        while pending and pending[0][0] <= token:
+        while pending and pending[0][0] <= written and pending[0][2] <= replicated:
             committed = pending.popleft()[1]
         if committed > self.committed:
             self.committed = committed
@@ -723,7 +767,7 @@ class Stream(Queue):
                 self.last_chunk = chunk
         waiters = self.waiters
         flush: dict[Any, None] = {}
-        while waiters and waiters[0][0] <= token:
+        while waiters and waiters[0][0] <= written and waiters[0][2] <= replicated:
             waiter = waiters.popleft()[1]
             waiter[0] -= 1
             if waiter[0] == 0:
@@ -738,6 +782,45 @@ class Stream(Queue):
             if len(segs) < 2 or segs[-2].last < self.committed:
                 self._rolled = False  # every complete segment was committed when it ran
         self.dispatch()
+
+    def stored_records(self, start: int, end: int) -> Iterator[bytes]:
+        """Each stored record with `start` <= offset < `end`, in offset order, read from the
+        segment files (a cluster leader's checkpoint copies them into the vhost's log; the
+        caller has had the log write them). A segment retention drops meanwhile is skipped."""
+        assert self.log is not None
+        for seg in list(self.segs):
+            if seg.last < start:
+                continue
+            if seg.first >= end:
+                return
+            k = bisect.bisect_right(self._ix_off, start) - 1  # start reading near `start`
+            pos = self._ix_pos[k] if k >= 0 and self._ix_seg[k] == seg.id else 0
+            try:
+                fd = os.open(os.path.join(self.log.directory, f"{seg.id:08d}.seg"), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                buf, at = b"", pos
+                while True:
+                    need = pos - at
+                    if need + HEADER_SIZE > len(buf):
+                        buf, at, need = os.pread(fd, READ_AHEAD, pos), pos, 0
+                        if len(buf) < HEADER_SIZE:
+                            break
+                    _magic, n, _crc = _HDR.unpack_from(buf, need)
+                    if need + HEADER_SIZE + n > len(buf):
+                        buf, at, need = os.pread(fd, max(READ_AHEAD, HEADER_SIZE + n), pos), pos, 0
+                        if HEADER_SIZE + n > len(buf):
+                            break
+                    payload = buf[need + HEADER_SIZE : need + HEADER_SIZE + n]
+                    pos += HEADER_SIZE + n
+                    off = _RECORD.unpack_from(payload)[0]
+                    if off >= end:
+                        return
+                    if off >= start:
+                        yield payload
+            finally:
+                os.close(fd)
 
     # -- retention -----------------------------------------------------------------------
 

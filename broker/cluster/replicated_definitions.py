@@ -36,6 +36,11 @@ def _untable(text: str) -> dict[str, Any]:
     return decode_table(base64.b64decode(text), 0)[0]
 
 
+def queue_arguments(q: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot queue's arguments."""
+    return _untable(q["arguments"])
+
+
 def snapshot(vhost: VHost) -> dict[str, Any]:
     """Everything durable in the vhost, with each queue's message-log id."""
     exchanges = [
@@ -59,12 +64,14 @@ def snapshot(vhost: VHost) -> dict[str, Any]:
         for q in vhost.queues.values()
         if q.store_id is not None
     ]
+    from ..queue import Queue
+
     bindings = []
     for x in vhost.exchanges.values():
         if not x.durable or x.name == "":
             continue
         for key, dest, args in x.index.bindings():
-            is_queue = dest.__class__.__name__ == "Queue"
+            is_queue = isinstance(dest, Queue)  # a Stream is one too
             if (dest.store_id is None) if is_queue else not dest.durable:
                 continue
             bindings.append(
@@ -97,7 +104,7 @@ def apply(broker: Broker, vhost: VHost, definitions: dict[str, Any]) -> dict[int
     Durable exchanges the snapshot does not name go too. Nothing is written to the local
     SQLite store: a clustered vhost's definitions live in its log.
     """
-    from ..queue import Queue
+    from ..stream import queue_class
 
     persistence = broker.persistence
     persistence.restoring = True
@@ -124,12 +131,13 @@ def apply(broker: Broker, vhost: VHost, definitions: dict[str, Any]) -> dict[int
         for name, q in wanted.items():
             queue = vhost.queues.get(name)
             if queue is None:
-                queue = Queue(
+                arguments = _untable(q["arguments"])
+                queue = queue_class(arguments)(
                     vhost,
                     name,
                     durable=True,
                     auto_delete=q["auto_delete"],
-                    arguments=_untable(q["arguments"]),
+                    arguments=arguments,
                 )
                 vhost.queues[name] = queue
             queue.store_id = q["id"]
@@ -161,4 +169,7 @@ def _forget_queue(vhost: VHost, queue: Any) -> None:
                 x.unbind(key, dest, args)
     queue.store = None
     queue.deleted = True
+    close = getattr(queue, "close", None)  # a stream's files: a new leader rebuilds them
+    if close is not None:
+        close()
     vhost.queues.pop(queue.name, None)

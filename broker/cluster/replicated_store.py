@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..store.messages import _MARK, MessageStore, confirm_waiting, encode_publish, nack_waiting
 from ..store.segments import LogFailed, SegmentLog
+from ..stream import DEFAULT_SEGMENT_SIZE, record_offset
 from . import replicated_definitions as definitions
 from .replication_store import CHECKPOINT_TAG, EPOCH_TAG, checkpoint_record, epoch_record
 
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from ..connection import Connection
     from ..message import Message
     from ..queue import Queue
+    from ..stream import Stream
     from .replication import ReplicationLeader
     from .replication_store import SegmentRecordStore
 
@@ -65,6 +67,13 @@ log = logging.getLogger("roarmq.cluster")
 _CHECKPOINT_IDS = struct.Struct(">QI")
 #: Payload bytes a checkpoint copies per loop turn (it yields between chunks).
 CHECKPOINT_CHUNK = 4 << 20
+#: A stream's record in the vhost's log: STREAM_TAG, the stream's queue id, the record as
+#: the stream stores it (it names its offset). STREAM_START_TAG, the id and the stream's
+#: first retained offset begin a checkpoint's copy of that stream.
+STREAM_TAG = b"S"
+STREAM_START_TAG = b"s"
+_STREAM_ID = struct.Struct(">I")
+_STREAM_START = struct.Struct(">IQ")
 #: The flow-control reason of a connection waiting for its declare to be confirmed.
 DEFINITIONS_BARRIER = "definitions: waiting for the in-sync set"
 
@@ -80,9 +89,12 @@ class ReplicatedMessageStore(MessageStore):
         may_confirm: Callable[[], bool],
         min_in_sync: int,
         snapshot: Callable[[], dict],
+        streams: Callable[[], list[Stream]] = list,
         **options: Any,
     ) -> None:
         super().__init__(directory, **options)
+        self.streams = streams  # the vhost's streams (a checkpoint copies what they retain)
+        self._streams_waiting: set[Stream] = set()
         self.replication = replication
         self.may_confirm = may_confirm
         self.min_in_sync = min_in_sync
@@ -117,6 +129,15 @@ class ReplicatedMessageStore(MessageStore):
             msg.body = None
         self._want_sync()
         return (self, self._replicate(payload))
+
+    def replicate_stream(self, stream: Stream, payload: bytes) -> int:
+        """A stream's record goes into the vhost's log too (before the stream's own files:
+        its commit and confirms wait for this offset); refused as `persist` is."""
+        if 1 + len(self.replication.in_sync) < self.min_in_sync:
+            raise LogFailed(f"fewer than min_in_sync={self.min_in_sync} copies in sync")
+        self.append_definitions_if_changed()
+        self._streams_waiting.add(stream)
+        return self._replicate(STREAM_TAG + _STREAM_ID.pack(stream.store_id) + payload)
 
     def _write_mark(self, kind: bytes, qid: int, msg_id: int, seg: int) -> None:
         super()._write_mark(kind, qid, msg_id, seg)
@@ -172,6 +193,9 @@ class ReplicatedMessageStore(MessageStore):
                     await asyncio.sleep(0)
                     if leader.deposed_by is not None or self.failed is not None:
                         return False
+            for stream in self.streams():
+                if not await self._copy_stream(stream):
+                    return False
             ids = _CHECKPOINT_IDS.pack(self.next_id, self.next_queue_id)
             self._replicate(checkpoint_record(base, ids))
             self.checkpoints += 1
@@ -188,8 +212,35 @@ class ReplicatedMessageStore(MessageStore):
         finally:
             self.checkpointing = False
 
+    async def _copy_stream(self, stream: Stream) -> bool:
+        """A checkpoint's copy of one stream: its start, then every record it retains up to
+        its newest (records appended meanwhile are in the log already, in between)."""
+        log_ = stream.log
+        if log_ is None or stream.deleted:
+            return True
+        end, token = stream.next_offset, stream.last_token
+        log_.schedule_sync()
+        while log_.synced_token < token:  # the files hold every record below `end`
+            await asyncio.sleep(0.002)
+            if stream.deleted or self.replication.deposed_by is not None:
+                return not stream.deleted
+        self._replicate(STREAM_START_TAG + _STREAM_START.pack(stream.store_id, stream.first_offset))
+        head = STREAM_TAG + _STREAM_ID.pack(stream.store_id)
+        copied = 0
+        for payload in stream.stored_records(stream.first_offset, end):
+            self._replicate(head + payload)
+            copied += len(payload)
+            if copied >= CHECKPOINT_CHUNK:
+                copied = 0
+                await asyncio.sleep(0)
+                if self.replication.deposed_by is not None or self.failed is not None:
+                    return False
+        return True
+
     def live_bytes(self) -> int:
-        return sum(info.live_bytes for info in self.log.segments())
+        """The live data a checkpoint rewrites: messages and what streams retain."""
+        live = sum(info.live_bytes for info in self.log.segments())
+        return live + sum(stream.retained_bytes for stream in self.streams())
 
     # -- definitions ----------------------------------------------------------------------
 
@@ -234,13 +285,18 @@ class ReplicatedMessageStore(MessageStore):
     def release_confirmed(self) -> None:
         """Confirm every publish the replication has confirmed, while we may (fencing)."""
         waiting = self._replicated_waiting
-        if (not waiting and not self._held_replies) or not self.may_confirm():
+        if not (waiting or self._held_replies or self._streams_waiting) or not self.may_confirm():
             return
         confirmed = self.replication.confirmed_offset()
         confirm_waiting(waiting, confirmed)
         held = self._held_replies
         while held and held[0][0] <= confirmed:
             _release_output(held.popleft()[1], send=True)
+        streams = self._streams_waiting
+        if streams:
+            for stream in list(streams):
+                if stream.replication_confirmed(confirmed):
+                    streams.discard(stream)
 
     def nack_waiting(self, reason: str) -> None:
         """Nothing waiting will be confirmed by this leadership: nack it."""
@@ -300,27 +356,126 @@ class Rebuilt:
 
 def rebuild_message_dir(records: SegmentRecordStore, directory: Path) -> Rebuilt:
     """Write the replicated log's message records into a fresh MessageStore directory (the
-    input of the ordinary recovery); return the last definitions and the id floors."""
+    input of the ordinary recovery) and its streams' records into fresh stream directories
+    beside it (``../streams/<id>``, opened by the streams as they are declared); return the
+    last definitions and the id floors."""
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     found = Rebuilt()
     last_definitions = None
-    with SegmentLog.open(directory) as out:
-        offset = records.first_offset
-        while offset <= records.last_offset:
-            batch = records.read(offset, 4 << 20)
-            for _, payload in batch:
-                tag = payload[:1]
-                if tag == definitions.DEFINITIONS_TAG:
-                    last_definitions = payload
-                elif tag == CHECKPOINT_TAG:
-                    next_id, next_queue_id = _CHECKPOINT_IDS.unpack_from(payload, 9)
-                    found.next_id = max(found.next_id, next_id)
-                    found.next_queue_id = max(found.next_queue_id, next_queue_id)
-                elif tag != EPOCH_TAG:
-                    out.append(payload)
-            offset = batch[-1][0] + 1
-        out.sync_now()
-    if last_definitions is not None:
-        found.definitions = definitions.decode(last_definitions)
+    streams = _StreamsRebuild(directory.parent / "streams")
+    try:
+        with SegmentLog.open(directory) as out:
+            offset = records.first_offset
+            while offset <= records.last_offset:
+                batch = records.read(offset, 4 << 20)
+                for _, payload in batch:
+                    tag = payload[:1]
+                    if tag == definitions.DEFINITIONS_TAG:
+                        last_definitions = payload
+                        streams.definitions(payload)
+                    elif tag == STREAM_TAG:
+                        streams.record(payload)
+                    elif tag == STREAM_START_TAG:
+                        streams.start(payload)
+                    elif tag == CHECKPOINT_TAG:
+                        next_id, next_queue_id = _CHECKPOINT_IDS.unpack_from(payload, 9)
+                        found.next_id = max(found.next_id, next_id)
+                        found.next_queue_id = max(found.next_queue_id, next_queue_id)
+                    elif tag != EPOCH_TAG:
+                        out.append(payload)
+                offset = batch[-1][0] + 1
+            out.sync_now()
+        if last_definitions is not None:
+            found.definitions = definitions.decode(last_definitions)
+        streams.finish(found.definitions)
+    finally:
+        streams.close()
     return found
+
+
+class _StreamsRebuild:
+    """Each stream's records, from the vhost's log, into a fresh directory of its own, in
+    offset order and each once.
+
+    A stream's copies in the log are in offset order except where a checkpoint copied its
+    history while new records were appended (they interleave), and a record may be there
+    twice (an older copy above the log's trim point, and a checkpoint's). So per stream:
+    the next offset wanted; a record below it is a second copy (skipped), one above it
+    waits until the gap is filled. A checkpoint's start record moves the next offset up to
+    the stream's first retained one (retention dropped the rest). What still waits at the
+    end follows in order (a segment dropped while a checkpoint copied it leaves a gap)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        shutil.rmtree(root, ignore_errors=True)
+        self.logs: dict[int, SegmentLog] = {}
+        self.next: dict[int, int] = {}
+        self.waiting: dict[int, dict[int, bytes]] = {}
+        self.segment_size: dict[int, int] = {}
+
+    def definitions(self, payload: bytes) -> None:
+        """Each stream's segment size, from the definitions that precede its records."""
+        for q in definitions.decode(payload)["queues"]:
+            size = definitions.queue_arguments(q).get("x-stream-max-segment-size-bytes")
+            if isinstance(size, int) and size > 0:
+                self.segment_size[q["id"]] = size
+
+    def start(self, payload: bytes) -> None:
+        sid, first = _STREAM_START.unpack_from(payload, 1)
+        if self.next.get(sid, -1) < first:
+            self.next[sid] = first
+            self._drain(sid)
+
+    def record(self, payload: bytes) -> None:
+        (sid,) = _STREAM_ID.unpack_from(payload, 1)
+        stored = payload[1 + _STREAM_ID.size :]
+        off = record_offset(stored)
+        want = self.next.setdefault(sid, off)
+        if off == want:
+            self._write(sid, stored)
+            self.next[sid] = off + 1
+            self._drain(sid)
+        elif off > want:
+            self.waiting.setdefault(sid, {})[off] = bytes(stored)
+
+    def _drain(self, sid: int) -> None:
+        waiting = self.waiting.get(sid)
+        if not waiting:
+            return
+        want = self.next[sid]
+        for off in [o for o in waiting if o < want]:
+            del waiting[off]
+        while want in waiting:
+            self._write(sid, waiting.pop(want))
+            want += 1
+        self.next[sid] = want
+
+    def _write(self, sid: int, stored: bytes) -> None:
+        log_ = self.logs.get(sid)
+        if log_ is None:
+            log_ = self.logs[sid] = SegmentLog.open(
+                self.root / str(sid),
+                segment_size=max(self.segment_size.get(sid, DEFAULT_SEGMENT_SIZE), 4096),
+                whole_segments=True,
+                fsync=False,  # a working copy of the log's records, rebuilt at each promotion
+            )
+        log_.append(stored)
+
+    def finish(self, final: dict | None) -> None:
+        """What still waits goes in order; streams the final definitions lack go."""
+        for sid, waiting in self.waiting.items():
+            for off in sorted(waiting):
+                if off >= self.next[sid]:
+                    self._write(sid, waiting[off])
+        self.waiting.clear()
+        kept = {q["id"] for q in final["queues"]} if final is not None else set()
+        for sid in list(self.logs):
+            if sid not in kept:
+                self.logs.pop(sid).close()
+                shutil.rmtree(self.root / str(sid), ignore_errors=True)
+
+    def close(self) -> None:
+        for log_ in self.logs.values():
+            log_.close()  # writes what is buffered
+        self.logs.clear()

@@ -28,6 +28,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..stream import Stream
 from . import replicated_definitions as definitions
 from . import replication_wire as wire
 from .coordination import encode
@@ -380,6 +381,9 @@ class VhostReplicas:
             may_confirm=lambda: c.may_confirm(vhost, epoch),
             min_in_sync=self.config.min_in_sync,
             snapshot=lambda: definitions.snapshot(vhost_obj),
+            streams=lambda: [
+                q for q in vhost_obj.queues.values() if isinstance(q, Stream) and not q.deleted
+            ],
             segment_size=storage.segment_size,
             sync_interval_ms=storage.sync_interval_ms,
             loop=asyncio.get_running_loop(),
@@ -416,6 +420,9 @@ class VhostReplicas:
             if vhost_obj is not None and vhost_obj.replicated is store:
                 vhost_obj.replicated = None
             await store.close_replicated()
+            for queue in vhost_obj.queues.values() if vhost_obj is not None else ():
+                if isinstance(queue, Stream):  # its files: a working copy, rebuilt if we lead again
+                    queue.close()
 
     # -- hooks from the broker (persistence) ------------------------------------------------
 

@@ -95,13 +95,16 @@ def queue_row(q: Any, broker: Broker, rates: RateSampler, detailed: bool = False
         "effective_policy_definition": q.effective_policy,
         "message_stats": stats(rates, q, queue_counts(q)),
         **(stream_row(q) if q.queue_type == "stream" else {}),
-        **(quorum_row(q, broker) if q.queue_type == "quorum" and broker.cluster else {}),
+        **(
+            quorum_row(q, broker) if q.queue_type in ("quorum", "stream") and broker.cluster else {}
+        ),
     }
 
 
 def quorum_row(q: Any, broker: Broker) -> dict[str, Any]:
-    """A quorum queue on a cluster node, as RabbitMQ's: its vhost's leader, members and the
-    members running now (node names)."""
+    """A quorum queue (or a stream) on a cluster node, as RabbitMQ's: its vhost's leader,
+    members and the members running now (node names): both are replicated with the
+    vhost's log."""
     cluster = broker.cluster
     members = cluster.members(q.vhost.name)
     running = {n["name"] for n in cluster.nodes() if n.get("running")}

@@ -47,6 +47,7 @@ class BrokerProcess:
         """`storage`: lines for the [storage] section; `extra`: further sections."""
         self.data_dir = Path(data_dir)
         self.storage = storage
+        self._port_given = port is not None
         self.port = port or free_port()
         self.mgmt_port = free_port()
         self.extra = extra
@@ -59,12 +60,23 @@ class BrokerProcess:
         return self.proc.pid
 
     def start(self) -> BrokerProcess:
+        """Start it and wait until its log says it serves (a port taken meanwhile by
+        another test's process: new ports, up to five tries; a connection alone would
+        reach whatever holds the port)."""
+        for _ in range(5):
+            if self._launch():
+                return self
+            self.port, self.mgmt_port = self.port if self._port_given else free_port(), free_port()
+        raise AssertionError(f"broker did not start: {self.log.read_text()[-2000:]}")
+
+    def _launch(self) -> bool:
         config = self.data_dir.parent / f"config-{self.port}.toml"
         config.write_text(
             '[amqp]\nbind = ["127.0.0.1"]\n'
             f'[management]\nenabled = true\nbind = "127.0.0.1"\nport = {self.mgmt_port}\n'
             "[storage]\nsegment_size = 1048576\n" + self.storage + "\n" + self.extra
         )
+        start = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [
@@ -86,12 +98,15 @@ class BrokerProcess:
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
-                return self
-            except OSError:
-                assert self.proc.poll() is None, self.log.read_text()
-                time.sleep(0.02)
+            with open(self.log, "rb") as f:
+                f.seek(start)
+                said = f.read().decode(errors="replace")
+            if f"AMQP on 127.0.0.1 port {self.port}" in said:
+                return True
+            if self.proc.poll() is not None:
+                assert "address already in use" in said, said
+                return False
+            time.sleep(0.02)
         raise AssertionError("broker did not start")
 
     def kill9(self) -> None:
