@@ -101,9 +101,11 @@ def apply(broker: Broker, vhost: VHost, definitions: dict[str, Any]) -> dict[int
     holds is dropped from memory and made again from the snapshot, empty, with the
     snapshot's ids, so recovery fills it from the log alone (a node that led the vhost
     before in this process would otherwise add the log's messages to what it still held).
-    Durable exchanges the snapshot does not name go too. Nothing is written to the local
+    Durable exchanges the snapshot does not name go too, and so do bindings between durable
+    exchanges it does not hold. Nothing is written to the local
     SQLite store: a clustered vhost's definitions live in its log.
     """
+    from ..exchange import Exchange
     from ..stream import queue_class
 
     persistence = broker.persistence
@@ -124,6 +126,13 @@ def apply(broker: Broker, vhost: VHost, definitions: dict[str, Any]) -> dict[int
             n for n, x in vhost.exchanges.items() if x.durable and not x.builtin and n not in named
         ]:
             _forget_exchange(vhost, vhost.exchanges[name])
+        # Bindings between durable exchanges are the snapshot's alone (queues' go with the
+        # queues below): one this process still holds may have been removed since.
+        for x in vhost.exchanges.values():
+            if x.durable:
+                for key, dest, args in list(x.index.bindings()):
+                    if isinstance(dest, Exchange) and dest.durable:
+                        x.unbind(key, dest, args)
         wanted = {q["name"]: q for q in definitions["queues"]}
         for name in [n for n, q in vhost.queues.items() if q.durable and q.exclusive_owner is None]:
             _forget_queue(vhost, vhost.queues[name])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 
+import pika
 import pytest
 from test_failover import PERSISTENT, agreed_leader, by_name, connect, drain
 from test_node import TTL, placement, three_nodes, until
@@ -153,9 +154,27 @@ def test_leadership_away_and_back_in_one_process_recovers_no_duplicates(cluster)
     ch.queue_declare("kept", durable=True)
     for i in range(50):
         ch.basic_publish("", "kept", b"%d" % i, PERSISTENT)
+    # an exchange-to-exchange binding the vhost drops while `first` is away
+    ch.exchange_declare("e1", "fanout", durable=True)
+    ch.exchange_declare("e2", "fanout", durable=True)
+    ch.exchange_bind("e2", "e1")
+    ch.queue_declare("via", durable=True)
+    ch.queue_bind("via", "e2")
     conn.close()
     for target in (second, first):
         code, _out, err = run_ctl(target, "move_vhost_leader", "/", target.name)
         assert code == 0, err
         assert until(lambda t=target: agreed_leader(cluster) == t.name, 20)
+        if target is second:
+            conn = connect(second)
+            conn.channel().exchange_unbind("e2", "e1")
+            conn.close()
     assert drain(first, "kept") == [b"%d" % i for i in range(50)]
+    conn = connect(first)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):  # e1 routes nowhere now
+        ch.basic_publish("e1", "", b"x", PERSISTENT, mandatory=True)
+    ch.basic_publish("e2", "", b"y", PERSISTENT, mandatory=True)  # e2 -> via still stands
+    conn.close()
+    assert drain(first, "via") == [b"y"]
