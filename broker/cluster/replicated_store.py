@@ -103,7 +103,7 @@ class ReplicatedMessageStore(MessageStore):
         self.definitions_dirty = False
         self._replicated_waiting: deque[tuple[int, Channel, int]] = deque()
         self._held_replies: deque[tuple[int, Connection]] = deque()
-        self._flusher: asyncio.Task[None] | None = None
+        self._log_sync_requested = False  # the log's writer will call _log_synced
         self._definitions_offset = 0  # the last definitions record appended
         self.checkpointing = False
         self.checkpoints = 0
@@ -127,8 +127,13 @@ class ReplicatedMessageStore(MessageStore):
         self.index.add(msg_id, loc, len(queues))
         if page_out:
             msg.body = None
-        self._want_sync()
         return (self, self._replicate(payload))
+
+    def _want_sync(self) -> None:
+        """Nothing waits for the working copy's writes (the log is what is durable, and a
+        record not written yet is read from memory): its writer writes a buffer when it
+        fills, not once per batch, so it neither competes with the loop for the GIL nor
+        wakes it with a callback per batch."""
 
     def replicate_stream(self, stream: Stream, payload: bytes) -> int:
         """A stream's record goes into the vhost's log too (before the stream's own files:
@@ -146,19 +151,27 @@ class ReplicatedMessageStore(MessageStore):
 
     def _replicate(self, payload: bytes) -> int:
         offset = self.replication.append(payload)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = self.loop.create_task(self._flush_log())
+        if not self._log_sync_requested:
+            self._log_sync_requested = True
+            self.replication.store.sync_soon(self._log_synced_from_writer)
         return offset
 
-    async def _flush_log(self) -> None:
-        """Group commit of the replicated log: one fsync covers everything appended."""
+    def _log_synced_from_writer(self, durable: int, error: BaseException | None) -> None:
+        self.loop.call_soon_threadsafe(self._log_synced, durable, error)
+
+    def _log_synced(self, durable: int, error: BaseException | None) -> None:
+        """Group commit of the replicated log: the writer's fsync covered everything
+        appended before it was asked for; ask again if more came meanwhile."""
         leader = self.replication
-        try:
-            while leader.store.last_offset > leader.durable:
-                await leader.flush()
-        except Exception as exc:  # the leader's own log failed: nothing more is confirmed
-            log.error("vhost %r: replicated log fsync failed: %r", leader.vhost, exc)
+        if error is not None:  # the leader's own log failed: nothing more is confirmed
+            log.error("vhost %r: replicated log fsync failed: %r", leader.vhost, error)
             self.nack_waiting("log failed")
+            return
+        self._log_sync_requested = False
+        leader.local_durable(durable)
+        if leader.store.last_offset > durable:
+            self._log_sync_requested = True
+            leader.store.sync_soon(self._log_synced_from_writer)
 
     def start_epoch(self) -> None:
         """This leadership's records begin here (replication_store.py: epochs)."""
@@ -280,7 +293,8 @@ class ReplicatedMessageStore(MessageStore):
     def confirm_replicated(self, offset: int, channel: Channel, seq: int) -> None:
         channel.confirm_later(seq)
         self._replicated_waiting.append((offset, channel, seq))
-        self.release_confirmed()
+        if offset <= self.replication.confirmed_offset():  # else: at the next on_confirmed
+            self.release_confirmed()
 
     def release_confirmed(self) -> None:
         """Confirm every publish the replication has confirmed, while we may (fencing)."""
@@ -308,8 +322,6 @@ class ReplicatedMessageStore(MessageStore):
             _release_output(conn, send=False)
 
     async def close_replicated(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
         self.nack_waiting("leadership ended")
         self.close()
 

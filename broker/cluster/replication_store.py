@@ -37,6 +37,9 @@ from __future__ import annotations
 import bisect
 import os
 import struct
+import threading
+from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from ..store.segments import Location, SegmentLog
@@ -89,7 +92,13 @@ class SegmentRecordStore:
     """RecordStore on a SegmentLog in `directory` (see module doc); replays on open."""
 
     def __init__(self, directory: str | os.PathLike[str], **log_options) -> None:  # type: ignore[no-untyped-def]
-        self.log = SegmentLog.open(directory, **log_options)
+        #: `sync_soon` callers: (the log's token, offset, callback), by token.
+        self._sync_waiters: deque[tuple[int, int, Callable[[int, BaseException | None], object]]]
+        self._sync_waiters = deque()
+        self._sync_lock = threading.Lock()
+        self.log = SegmentLog.open(
+            directory, on_synced=self._log_synced, on_error=self._log_failed, **log_options
+        )
         self._locations: list[Location] = []  # index i holds offset first_offset + i
         self.first_offset = 1
         self.last_offset = 0
@@ -189,6 +198,33 @@ class SegmentRecordStore:
         self.last_offset = offset  # after the append: sync() relies on this order
         if payload[:1] in (EPOCH_TAG, CHECKPOINT_TAG):
             self._note(offset, payload)
+
+    def sync_soon(self, done: Callable[[int, BaseException | None], object]) -> None:
+        """`sync` without blocking: the log's writer fsyncs what was appended so far, then
+        calls ``done(durable offset, None)`` on its own thread (``done(offset, error)`` if
+        the log failed). No thread of the caller's waits for it."""
+        token = self.log.last_token
+        self._sync_waiters.append((token, self.last_offset, done))
+        self.log.schedule_sync()
+        synced = self.log.synced_token
+        if synced >= token:  # written by a batch that ended before the waiter was seen
+            self._log_synced(synced)
+
+    def _log_synced(self, token: int) -> None:  # the writer's thread (or sync_soon's)
+        with self._sync_lock:
+            waiters = self._sync_waiters
+            while waiters and waiters[0][0] <= token:
+                _token, offset, done = waiters.popleft()
+                if offset > self.durable_offset:
+                    self.durable_offset = offset
+                done(offset, None)
+
+    def _log_failed(self, error: BaseException) -> None:  # the writer's thread
+        with self._sync_lock:
+            waiters = self._sync_waiters
+            while waiters:
+                _token, offset, done = waiters.popleft()
+                done(offset, error)
 
     def sync(self) -> int:
         """Make everything appended so far durable (one fsync); return the durable offset."""

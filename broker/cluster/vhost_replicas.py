@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("roarmq.cluster")
 
+#: When a follower's connection ends: delays before each look at whether its replication
+#: port refuses connections (its process is gone: it leaves the in-sync set at once).
+GONE_RECHECKS = (0.0, 0.05, 0.2, 0.5)
 #: Seconds between upkeep passes (compaction, and a look at whether a checkpoint is due).
 MAINTAIN_EVERY = 5.0
 
@@ -246,8 +249,15 @@ class VhostReplicas:
         if info is None:  # no lease any more: gone
             leader.report_lagging(node)
             return
-        if await _refuses((info["address"], int(info["replication_port"]))):
-            leader.report_lagging(node)
+        # A process being killed closes its sockets one by one: the replication connection
+        # may end while its listener still completes handshakes for a moment (it resets
+        # them as it closes). Ask again a little later before taking it for alive.
+        address = (info["address"], int(info["replication_port"]))
+        for delay in GONE_RECHECKS:
+            await asyncio.sleep(delay)
+            if await _refuses(address):
+                leader.report_lagging(node)
+                return
 
     def _leader_refused(self, vhost: str, address: tuple[str, int], epoch: int) -> None:
         if vhost not in self._checking_leader:

@@ -142,3 +142,39 @@ def test_random_truncations_resets_checkpoints_and_compactions_replay_exactly(tm
     store = reopen(store)
     assert store.records() == sorted(model.items())
     store.close()
+
+
+def test_sync_soon_answers_every_caller_once_even_when_already_synced(tmp_path):
+    """`sync_soon` without blocking (the leader's group commit): every call is answered once
+    with an offset at least its own, also when a batch that ended before it was asked (a
+    blocking `sync`, another caller's batch) already made its records durable."""
+    import asyncio
+
+    async def run() -> list[int]:
+        store = SegmentRecordStore(tmp_path / "log")
+        loop = asyncio.get_running_loop()
+        answered: list[int] = []
+
+        def done(offset: int, error: BaseException | None) -> None:
+            assert error is None
+            loop.call_soon_threadsafe(answered.append, offset)
+
+        asked = []
+        for offset in range(1, 1001):
+            store.append(offset, b"x%d" % offset)
+            if offset % 7 == 0:
+                await asyncio.to_thread(store.sync)
+            store.sync_soon(done)
+            asked.append(offset)
+            if offset % 3 == 0:
+                await asyncio.sleep(0)
+        for _ in range(200):
+            if len(answered) == len(asked):
+                break
+            await asyncio.sleep(0.01)
+        store.close()
+        return answered
+
+    answered = asyncio.run(run())
+    assert len(answered) == 1000
+    assert answered == sorted(answered) and answered[-1] == 1000
