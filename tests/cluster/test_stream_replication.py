@@ -136,3 +136,40 @@ def test_stream_history_survives_checkpoints_and_trimming(cluster):
     assert [off for off, _ in got] == list(range(row["first_offset"], len(bodies)))
     assert [body for _, body in got] == bodies[row["first_offset"] :]
     assert 300_000 < row["message_bytes"] <= 400_000, row
+
+
+def test_frozen_leader_thaws_follows_and_leads_its_stream_again(cluster):
+    """SIGSTOP the leader past its lease: a follower takes the stream over and appends to
+    it; the old leader wakes, follows, and when it leads again (a clean move) in the same
+    process it serves the stream as the log has it, not as its own files had it."""
+    import os
+    import signal
+
+    from test_cluster_ctl import run_ctl
+
+    leader = the_leader(cluster)
+    declare(leader)
+    first = [b"a%03d" % i for i in range(100)]
+    publish(leader, first, 0)
+    os.kill(leader.proc.pid, signal.SIGSTOP)
+    survivors = [n for n in cluster if n is not leader]
+    try:
+
+        def new_leader():
+            name = placement(survivors[0])[0]
+            return name if name not in (None, leader.name) else None
+
+        name = until(new_leader, 4 * TTL + 10, step=0.1)
+        assert name, [n.log.read_text()[-3000:] for n in survivors]
+        successor = by_name(survivors, name)
+        second = [b"b%03d" % i for i in range(50)]
+        publish(successor, second, 100)
+    finally:
+        os.kill(leader.proc.pid, signal.SIGCONT)
+    assert until(lambda: agreed_leader(cluster) == successor.name, 30), "no rejoin"
+    code, _out, err = run_ctl(successor, "move_vhost_leader", "/", leader.name)
+    assert code == 0, err
+    assert until(lambda: agreed_leader(cluster) == leader.name, 30)
+    assert read_stream(leader, 150) == list(enumerate(first + second))
+    publish(leader, [b"c"], 150)
+    assert read_stream(leader, 151)[-1] == (150, b"c")
