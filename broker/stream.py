@@ -744,6 +744,20 @@ class Stream(Queue):
             self._advance()
         return self.last_replicated <= offset
 
+    def fail_replicated(self) -> None:
+        """Cluster: this leadership (or its log) ended before the in-sync set held what
+        these confirms wait for: they are nacked, each once (a publish that reached several
+        streams shares one waiter)."""
+        waiters, self.waiters = self.waiters, deque()
+        channels: dict[Any, None] = {}
+        for _token, waiter, _replicated in waiters:
+            if waiter[0] > 0:
+                waiter[0] = 0
+                waiter[1].disk_failed(waiter[2])
+                channels[waiter[1]] = None
+        for channel in channels:
+            channel.conn.flush()
+
     def unsettled(self) -> bool:
         """Appends made that are not yet both written here and (cluster) held in sync."""
         log = self.log

@@ -235,8 +235,10 @@ class ReplicatedMessageStore(MessageStore):
         log_.schedule_sync()
         while log_.synced_token < token:  # the files hold every record below `end`
             await asyncio.sleep(0.002)
-            if stream.deleted or self.replication.deposed_by is not None:
-                return not stream.deleted
+            if log_.error is not None or self.replication.deposed_by is not None:
+                return False
+            if stream.deleted:
+                return True
         self._replicate(STREAM_START_TAG + _STREAM_START.pack(stream.store_id, stream.first_offset))
         head = STREAM_TAG + _STREAM_ID.pack(stream.store_id)
         copied = 0
@@ -320,6 +322,9 @@ class ReplicatedMessageStore(MessageStore):
         held, self._held_replies = self._held_replies, deque()
         for _, conn in held:  # their outcome is unknown: they never hear of it
             _release_output(conn, send=False)
+        streams, self._streams_waiting = self._streams_waiting, set()
+        for stream in streams:
+            stream.fail_replicated()
 
     async def close_replicated(self) -> None:
         self.nack_waiting("leadership ended")
