@@ -419,6 +419,8 @@ class Stream(Queue):
         self._ix_unf = bytearray()
         self._fvals: dict[str, int] = {}  # filter value -> small int (rebuilt at recovery)
         self._fnames: list[str] = []  # and back
+        self._fstored: list[bytes] = []  # and as a record stores it (length + utf-8)
+        self._chunk_ts = 0  # the open chunk's timestamp: its records share it (osiris's)
         self.filter_chunks_skipped = 0
         # the newest records (off, ts, exchange, key, header, body, fid, segment, end):
         # at most TAIL_RECORDS and TAIL_BYTES of bodies
@@ -557,6 +559,8 @@ class Stream(Queue):
         if fid is None:
             fid = self._fvals[value] = len(self._fvals)
             self._fnames.append(value)
+            stored = value.encode()[:65535]
+            self._fstored.append(_FLEN.pack(len(stored)) + stored)
         return fid
 
     def _note(self, off: int, ts: int, loc: Location, fid: int = -1) -> None:
@@ -662,12 +666,13 @@ class Stream(Queue):
         if self.deleted or log is None:
             return True
         off = self.next_offset
-        ts = int(self.vhost.clock.wall() * 1000)
         flags = 0
         if not self._chunk_open:
             flags = _CHUNK_START
             self._chunk_open = True
+            self._chunk_ts = int(self.vhost.clock.wall() * 1000)
             self.vhost.clock.loop.call_soon(self._end_chunk, off)
+        ts = self._chunk_ts
         exchange = msg.exchange.encode()
         key = msg.routing_key.encode()
         header = msg.header.raw
@@ -680,10 +685,11 @@ class Stream(Queue):
             if isinstance(value, bytes):
                 value = value.decode("utf-8", "replace")
             if isinstance(value, str):
-                filt = value.encode()[:65535]
-                fid = self._intern(filt.decode("utf-8", "replace"))
+                fid = self._fvals.get(value)  # a value seen before: nothing to encode
+                if fid is None:
+                    fid = self._intern(value.encode()[:65535].decode("utf-8", "replace"))
                 flags |= _FILTERED
-                filt = _FLEN.pack(len(filt)) + filt
+                filt = self._fstored[fid]
         payload = b"".join(
             (
                 _RECORD.pack(off, ts, flags, len(exchange), len(key), len(header)),
