@@ -22,3 +22,11 @@ def mgmt_broker(tmp_path):
     """A broker on its own thread with the management API on (user guest/guest)."""
     with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
         yield b
+
+
+@pytest.fixture
+def mgmt_broker_sampled_by_hand(mgmt_broker):
+    """`mgmt_broker` with its rate sampler stopped: the test calls `sample(at=...)` itself,
+    so rates and histories are exact."""
+    mgmt_broker.call(mgmt_broker.broker._management.rates.stop)
+    return mgmt_broker

@@ -18,16 +18,13 @@ import pytest
 
 from roarmq.broker import ctl
 from roarmq.broker.management.erlang import ApiArguments, Atom, args_hash, phash2
-from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def b(tmp_path):
-    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as broker:
-        broker.call(broker.broker._management.rates.stop)  # sampled by hand
-        yield broker
+def b(mgmt_broker_sampled_by_hand):
+    return mgmt_broker_sampled_by_hand
 
 
 def sample(b) -> None:
