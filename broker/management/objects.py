@@ -222,7 +222,10 @@ async def delete_queue(request: web.Request) -> web.Response:
 
 async def purge_queue(request: web.Request) -> web.Response:
     _, q = _queue_of(request)
-    q.purge()
+    try:
+        q.purge()
+    except ProtocolError as exc:  # a stream: 400 with the AMQP text, as RabbitMQ 3.10.8
+        raise bad_request(exc.text) from None
     return web.Response(status=204)
 
 
@@ -267,7 +270,10 @@ async def get_messages(request: web.Request) -> web.Response:
     broker = broker_of(request)
     taken, out = [], []
     for _ in range(max(count, 0)):
-        entry = q.get()
+        try:
+            entry = q.get()
+        except ProtocolError as exc:  # a stream: RabbitMQ 3.10.8 says "540 basic.get not..."
+            raise bad_request(f"{exc.reply_code} {exc.text}") from None
         if entry is None:
             break
         q.stats_get += 1  # RabbitMQ's management get is a basic.get with manual ack
