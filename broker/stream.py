@@ -21,7 +21,9 @@ chunk.
 
 Offsets are handed to consumers only once fsynced (``committed``), so a crash can lose
 an unconfirmed message but never deliver an offset twice; publisher confirms wait for
-the same fsync. Retention (``x-max-length-bytes``, ``x-max-age``, their policy keys)
+the same fsync. In a clustered vhost the stream's files are a working copy and each
+record has a copy in the vhost's replicated log: an offset is delivered and confirmed
+once that copy is held by every in-sync member (`_advance` waits for both). Retention (``x-max-length-bytes``, ``x-max-age``, their policy keys)
 removes whole segments, oldest first, never the last one holding records. Consumer
 offsets are the client's business (AMQP 0-9-1 has no place to store them).
 """

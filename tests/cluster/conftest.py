@@ -23,6 +23,19 @@ def etcd_binary() -> str | None:
     return shutil.which("etcd")
 
 
+def etcd_binary_or_skip() -> str:
+    """The etcd binary; without one the test fails under `make test` on a machine with
+    apt-get (ROARMQ_EXPECT_TOOLS: our Makefile should have extracted it) and skips, saying
+    why, elsewhere (`make check`, or a machine without apt-get)."""
+    binary = etcd_binary()
+    if binary is None:
+        why = ".tools/etcd is absent: `make tools` extracts it from Debian's etcd-server"
+        if os.environ.get("ROARMQ_EXPECT_TOOLS"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return binary
+
+
 class Etcd:
     """One etcd member. `kill()` is kill -9; `start()` again reuses its data dir and ports."""
 
@@ -89,13 +102,7 @@ class Etcd:
 
 @pytest.fixture
 def etcd(tmp_path):
-    binary = etcd_binary()
-    if binary is None:
-        why = ".tools/etcd is absent: `make tools` extracts it from Debian's etcd-server"
-        if os.environ.get("ROARMQ_EXPECT_TOOLS"):  # make test on a machine that has apt-get
-            pytest.fail(why)
-        pytest.skip(why)  # `make check`, or a machine without apt-get
-    server = Etcd(binary, tmp_path / "etcd-data")
+    server = Etcd(etcd_binary_or_skip(), tmp_path / "etcd-data")
     server.start()
     try:
         yield server

@@ -11,7 +11,7 @@ import sys
 
 import pika
 import pytest
-from conftest import etcd_binary
+from conftest import etcd_binary_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -47,8 +47,7 @@ def demo(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cluster_demo_starts_serves_and_stops(tmp_path):
-    if etcd_binary() is None:
-        pytest.skip("no etcd binary (make tools)")
+    etcd_binary_or_skip()  # the demo finds it itself
     where = tmp_path / "demo"
     ports = [
         f"--etcd-port={free_run(2)}",
