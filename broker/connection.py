@@ -34,8 +34,10 @@ from roarmq.protocol.frames import (
     PROTOCOL_HEADER,
     ContentMessage,
     FrameParser,
+    Heartbeat,
     MethodFrame,
     ProtocolHeaderReceived,
+    encode_content,
     encode_method,
 )
 
@@ -45,6 +47,7 @@ from .channel import Channel, ClosedChannel
 from .errors import connection_error
 from .flow import (
     ALARM,
+    AWAIT_RECOVERY,
     BACKLOG,
     PARSE_CHUNK,
     READ_BUDGET,
@@ -630,6 +633,8 @@ class Connection(asyncio.Protocol):
                     # Just elected, still recovering its copy of the vhost: answer once it
                     # serves (a client reconnecting after a failover sees a pause, not 530),
                     # whether it came straight here or was handed over by another node.
+                    # Frames the client pipelines after connection.open wait for it.
+                    self.flow.hold(AWAIT_RECOVERY)
                     self.broker.clock.loop.call_later(
                         OPEN_RETRY, self._open_again, vhost, waited + OPEN_RETRY, hand_on
                     )
@@ -640,6 +645,7 @@ class Connection(asyncio.Protocol):
         self._admit(vhost)
 
     def _open_again(self, vhost: str, waited: float, hand_on: bool) -> None:
+        self.flow.release(AWAIT_RECOVERY)  # (held again below if it must wait more)
         if self.state is not AWAIT_OPEN or self.transport is None or self.transport.is_closing():
             return
         try:
@@ -681,26 +687,40 @@ class Connection(asyncio.Protocol):
 
     def detach(self) -> tuple[asyncio.Transport, bytes]:
         """The relaying node's side: give the socket up, unclosed and not read (the relay's
-        protocol takes it), and forget this connection. Returns the transport and the bytes
-        read but not parsed yet (the client waits for open-ok, so normally none)."""
+        protocol takes it), and forget this connection. Returns the transport and what the
+        client sent past connection.open (`unread`: normally nothing, as clients wait for
+        open-ok; a client that pipelines gets its frames answered by the leader)."""
         transport = self.transport
         assert transport is not None
         self.flush()
         rest = self.unread()
-        backlog = self._backlog
-        if backlog is not None and backlog[1] < len(backlog[0]):
-            log.warning(
-                "frames sent before connection.open-ok dropped at the hand-off",
-                extra={"conn": self.name},
-            )
         self.transport = None
         self._enter(CLOSED)
         self._cleanup()
         return transport, rest
 
     def unread(self) -> bytes:
-        """Bytes read from the socket but not parsed yet (a hand-off carries them on)."""
-        return bytes(self.parser._tail) + self._unparsed
+        """What the client sent that this node has not handled, as bytes for a hand-off to
+        carry on: frames parsed but not handled yet (framed again, in order), then the
+        parser's partial frame, then bytes not parsed yet. A parse error among them ends
+        what is carried (logged): the leader sees the frames before it."""
+        parts: list[bytes] = []
+        backlog = self._backlog
+        if backlog is not None:
+            events, i = backlog
+            for event in events[i:]:
+                framed = _frame_again(event, self.frame_max)
+                if framed is None:
+                    log.warning(
+                        "a malformed frame pipelined before connection.open-ok dropped at "
+                        "the hand-off, with what followed it",
+                        extra={"conn": self.name},
+                    )
+                    return b"".join(parts)
+                parts.append(framed)
+        parts.append(bytes(self.parser._tail))
+        parts.append(self._unparsed)
+        return b"".join(parts)
 
     def adopt(self, transport: asyncio.Transport, facts: dict[str, Any], data: bytes) -> None:
         """The leader's side: a connection another node authenticated and tuned, handed over
@@ -743,8 +763,12 @@ class Connection(asyncio.Protocol):
             self._open_vhost(vhost, hand_on=False)
         except HardError as exc:
             self.close_with_error(exc)
-        if data:
-            self.data_received(data)
+        if data:  # frames the client pipelined after connection.open
+            if self.flow.reasons:  # the vhost is still recovering: they wait for open-ok
+                self.recv_oct += len(data)
+                self._unparsed, self._backlog = data, ([], 0)
+            else:
+                self.data_received(data)
 
     def _check_connection_limits(self, vhost: Any) -> None:
         """RabbitMQ's vhost and user max-connections, with its texts (530 NOT_ALLOWED)."""
@@ -1006,6 +1030,17 @@ def _negotiation_error(field: str, value: int, side: str, bound: int) -> HardErr
 
 _ROWS = bind_rows(CONNECTION_RULES, Connection, "connection")
 _UNOPENED_ROWS = bind_rows(UNOPENED_RULES, Connection, "unopened")
+
+
+def _frame_again(event: Any, frame_max: int) -> bytes | None:
+    """A parsed frame as the bytes a parser reads it from again (None: a parse error)."""
+    if isinstance(event, ContentMessage):
+        return encode_content(event.channel, event.method, event.header, event.body, frame_max)
+    if isinstance(event, MethodFrame):
+        return encode_method(event.channel, event.method)
+    if isinstance(event, Heartbeat):
+        return HEARTBEAT_FRAME
+    return None
 
 
 class _Failure:

@@ -59,6 +59,8 @@ class _Reason:
 ALARM = _Reason("alarm")
 WRITES = _Reason("writes")
 BACKLOG = _Reason("backlog")
+#: connection.open waits for a just-elected leader to recover its vhost (cluster only).
+AWAIT_RECOVERY = _Reason("vhost recovering")
 
 
 class FlowControl:
@@ -131,6 +133,7 @@ class FlowControl:
 
 __all__ = [
     "ALARM",
+    "AWAIT_RECOVERY",
     "BACKLOG",
     "PARSE_CHUNK",
     "READ_BUDGET",

@@ -123,7 +123,7 @@ class Coordinator:
 
     async def start(self) -> None:
         """Take a lease, register this node, and start watching members and vhosts."""
-        await self._join()
+        await self._join(starting=True)
         await self.nodes.start()
         await self.vhosts.start()
 
@@ -141,14 +141,18 @@ class Coordinator:
         if self.keeper is not None:
             await self.keeper.stop(revoke=True)
 
-    async def _join(self) -> None:
+    async def _join(self, starting: bool = False) -> None:
+        """A lease and this node's membership key. Starting the node (re)adds it to the
+        cluster, so it clears a `forget_cluster_node` mark; a rejoin after a lost lease
+        (frozen, cut off from etcd) does not: a node being drained stays forgotten."""
         keeper = LeaseKeeper(self.client, self.lease_ttl, self.fencing)
         keeper.on_lost.append(self._lease_lost)
         await keeper.start()
         self.keeper = keeper
         info = {**self.info, "address": self.address, "replication_port": self.replication_port}
         await self.client.put(self.node_key(self.node), json.dumps(info), lease=keeper.lease)
-        await self.client.delete(self.forgotten_key(self.node))  # joining is (re)adding
+        if starting:
+            await self.client.delete(self.forgotten_key(self.node))
 
     @property
     def lease(self) -> int:
@@ -305,7 +309,8 @@ class Coordinator:
 
     async def forget(self, node: str) -> None:
         """Mark node as decommissioned: leaders stop adding it to members. A node clears its
-        own mark when it (re)joins: starting a node with [cluster] adds it."""
+        own mark when it starts (starting a node with [cluster] adds it), not when it
+        rejoins after losing its lease while running."""
         await self.client.put(self.forgotten_key(node), "{}")
 
     async def is_forgotten(self, node: str) -> bool:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import signal
+import time
 import urllib.error
 import urllib.request
 
 import pika
 import pytest
 from clusterlib import api_call
-from test_node import Node, placement, three_nodes, until
+from test_node import TTL, Node, placement, three_nodes, until
 
 from roarmq.broker import ctl
 
@@ -149,6 +151,18 @@ def test_move_status_lists_and_forget(cluster):
     code, out, _ = run_ctl(others[0], "cluster_status")
     vhost_line = next(line for line in out.splitlines() if line.startswith("/ "))
     assert target.name not in vhost_line
+
+    # Frozen past its lease, the forgotten node rejoins when it wakes, and stays forgotten:
+    # no leader adds it back (only starting a node clears its mark).
+    rejoins = target.log.read_text().count("rejoined the cluster")
+    target.proc.send_signal(signal.SIGSTOP)
+    time.sleep(2 * TTL + 1)
+    target.proc.send_signal(signal.SIGCONT)
+    assert until(lambda: target.log.read_text().count("rejoined the cluster") > rejoins, 15)
+    running = lambda: {n["name"] for n in others[0].api("/api/nodes") if n.get("running")}  # noqa: E731
+    assert until(lambda: target.name in running(), 10)
+    time.sleep(2)  # a leader's member fill runs on the membership change
+    assert target.name not in placement(others[0])[1], placement(others[0])
 
     # A node that does not answer (its lease still runs) is skipped, and the answer says so.
     target.kill9()

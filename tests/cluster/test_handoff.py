@@ -21,12 +21,24 @@ import signal
 import ssl
 import time
 import urllib.request
+from typing import Any
 
 import aio_pika
 import pika
 import pytest
 import trustme
 from test_node import TTL, Node, free_port, placement, three_nodes, until
+
+from roarmq.protocol import spec
+from roarmq.protocol.frames import (
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    FrameParser,
+    MethodFrame,
+    encode_content,
+    encode_method,
+)
+from roarmq.protocol.properties import BasicProperties
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -130,6 +142,87 @@ async def aiopika_roundtrip(port: int) -> None:
         assert got == [b"aio%d" % i for i in range(10)]
 
 
+async def pipelined_session(port: int, queue: str, count: int) -> list[Any]:
+    """A client that does not wait for connection.open-ok: connection.open, channel.open,
+    confirm.select, a durable queue.declare, `count` persistent publishes and a heartbeat
+    go in one write after tune-ok (RabbitMQ answers them all). The methods it gets back."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    parser = FrameParser(expect_protocol_header=False)
+    got: list[Any] = []
+
+    async def method() -> Any:
+        while not got:
+            data = await asyncio.wait_for(reader.read(65536), 10)
+            if not data:
+                raise ConnectionError("the broker closed the socket")
+            got.extend(e.method for e in parser.feed(data) if isinstance(e, MethodFrame))
+        return got.pop(0)
+
+    writer.write(PROTOCOL_HEADER)
+    assert isinstance(await method(), spec.ConnectionStart)
+    writer.write(
+        encode_method(
+            0,
+            spec.ConnectionStartOk(
+                client_properties={"product": "pipelining"},
+                mechanism="PLAIN",
+                response=b"\x00guest\x00guest",
+                locale="en_US",
+            ),
+        )
+    )
+    tune = await method()
+    assert isinstance(tune, spec.ConnectionTune)
+    persistent = BasicProperties(delivery_mode=2)
+    frames = [
+        encode_method(
+            0,
+            spec.ConnectionTuneOk(
+                channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0
+            ),
+        ),
+        encode_method(0, spec.ConnectionOpen(virtual_host="/")),
+        encode_method(1, spec.ChannelOpen()),
+        encode_method(1, spec.ConfirmSelect()),
+        encode_method(1, spec.QueueDeclare(queue=queue, durable=True)),
+        *(
+            encode_content(
+                1, spec.BasicPublish(routing_key=queue), persistent, b"p%d" % i, tune.frame_max
+            )
+            for i in range(count)
+        ),
+        HEARTBEAT_FRAME,
+    ]
+    writer.write(b"".join(frames))
+    answers = [await method() for _ in range(4)]
+    acked = 0
+    while acked < count:
+        ack = await method()
+        answers.append(ack)
+        assert isinstance(ack, spec.BasicAck), ack
+        acked = ack.delivery_tag
+    writer.write(
+        encode_method(
+            0, spec.ConnectionClose(reply_code=200, reply_text="bye", class_id=0, method_id=0)
+        )
+    )
+    answers.append(await method())
+    writer.close()
+    return answers
+
+
+def assert_pipelined_answered(answers: list[Any], count: int) -> None:
+    kinds = [type(a) for a in answers]
+    assert kinds[:4] == [
+        spec.ConnectionOpenOk,
+        spec.ChannelOpenOk,
+        spec.ConfirmSelectOk,
+        spec.QueueDeclareOk,
+    ], answers
+    assert answers[3].message_count == 0
+    assert answers[-2].delivery_tag == count and isinstance(answers[-1], spec.ConnectionCloseOk)
+
+
 def test_client_on_a_follower_has_its_socket_passed_to_the_leader(tls_cluster):
     nodes, ca_file = tls_cluster
     leader_name = until(lambda: agreed_leader(nodes), 40)
@@ -185,6 +278,11 @@ def test_client_on_a_follower_has_its_socket_passed_to_the_leader(tls_cluster):
     assert until(lambda: own_row(first)["handoffs_passed"] == 2, 5), own_row(first)
     assert own_row(first)["handoffs_relayed"] == 1
 
+    # A client that pipelines past connection.open: the leader answers every frame.
+    assert_pipelined_answered(asyncio.run(pipelined_session(first.port, "piped", 5)), 5)
+    assert until(lambda: own_row(first)["handoffs_passed"] == 3, 5), own_row(first)
+    assert until(lambda: leader.api("/api/queues/%2F/piped").get("messages") == 5, 5)
+
     # kill -9 of the first node: the passed client does not notice.
     first.kill9()
     conn.process_data_events(0.5)
@@ -238,6 +336,12 @@ def test_relay_when_the_leader_socket_is_unavailable(cluster):
     # Closing the client closes the leader's side.
     conn.close()
     assert until(lambda: connections_on(leader) == [], 5), connections_on(leader)
+    assert until(lambda: own_row(relay)["relays"] == 0, 5)
+
+    # A client that pipelines past connection.open: relayed, the leader answers every frame.
+    assert_pipelined_answered(asyncio.run(pipelined_session(relay.port, "piped", 5)), 5)
+    assert own_row(relay)["handoffs_relayed"] == 2
+    assert until(lambda: leader.api("/api/queues/%2F/piped").get("messages") == 5, 5)
     assert until(lambda: own_row(relay)["relays"] == 0, 5)
 
     # Heartbeats pass through (the leader sends them, the relay copies them).
