@@ -672,11 +672,16 @@ const pages = {
   },
   async queue(vhost, name) {
     const base = `/queues/${enc(vhost)}/${enc(name)}`;
-    const cat = await catalogue();
-    $("#view").innerHTML = `<h2>Queue ${esc(name)} <small>in ${esc(vhost)}</small></h2><div id="live"></div>
+    const [cat, first] = await Promise.all([catalogue(), api("GET", base)]);
+    // A stream (as RabbitMQ's UI shows one): retained messages, segments and offsets, each
+    // consumer's offset; no get, move or purge (a stream refuses them).
+    const stream = first.type === "stream";
+    $("#view").innerHTML = `<h2>${stream ? "Stream" : "Queue"} ${esc(name)} <small>in ${esc(vhost)}</small></h2><div id="live"></div>
       <div class="card" id="bindings-card"><h3>Bindings</h3><div id="bindings"></div>
         <form id="bind"><h4>Add binding to this queue</h4><label>From exchange <input name="source" required></label>
         <label>Routing key <input name="key"></label><label>Arguments</label>${argsEditor("arguments")}<button>Bind</button></form></div>
+      ${stream ? `${publishForm("Publish message", false)}<div class="card" id="danger"><h3>Delete</h3><p class="muted">A stream's messages stay until its retention
+        (x-max-length-bytes, x-max-age) removes whole segments: they cannot be got, moved or purged.</p><button id="delete" class="danger">Delete stream</button></div>` : `
       <form class="card" id="get"><h3>Get messages</h3><p class="muted">Getting messages is destructive with "Ack": they leave the queue.</p>
         <label>Ack mode <select name="ackmode"><option value="ack_requeue_true">Nack message requeue true</option><option value="ack_requeue_false">Automatic ack</option>
         <option value="reject_requeue_true">Reject requeue true</option><option value="reject_requeue_false">Reject requeue false (dead-letter)</option></select></label>
@@ -687,7 +692,7 @@ const pages = {
         (RabbitMQ does this with a shovel; RoarMQ takes and republishes them itself, each acknowledged once the destination has it).</p>
         <label>Destination queue <input name="destination" required></label><label>At most <input name="count" type="number" min="1" placeholder="all"></label>
         <button>Move messages</button></form>
-      <div class="card" id="danger"><h3>Delete / purge</h3><button id="delete" class="danger">Delete queue</button> <button id="purge" class="danger">Purge messages</button></div>`;
+      <div class="card" id="danger"><h3>Delete / purge</h3><button id="delete" class="danger">Delete queue</button> <button id="purge" class="danger">Purge messages</button></div>`}`;
     const drawBindings = async () => {
       const rows = await api("GET", base + "/bindings");
       const box = $("#bindings");
@@ -695,7 +700,27 @@ const pages = {
       box.innerHTML = table(rows, bindingColumns(true, true, false));
       bindUnbind(box, drawBindings);
     };
-    const update = await live(() => api("GET", `${base}?${ranged()}`), (box, q) => {
+    const update = await live(() => api("GET", `${base}?${ranged()}`), (box, q) => stream ? drawStream(box, q) : drawQueue(box, q));
+    function drawStream(box, q) {
+      const lastOffset = q.last_offset < 0 ? "(empty)" : q.last_offset;
+      box.innerHTML = totals([["Messages", q.messages], ["Segments", q.segments], ["First offset", q.first_offset], ["Last offset", lastOffset], ["Consumers", q.consumers]])
+        + `<div class="charts"></div><div class="card" id="details"><h3>Details</h3><table class="kv">
+          <tr><th>Type</th><td>stream</td></tr><tr><th>Features</th><td>${features(q) || "(none)"}</td></tr>
+          <tr><th>Policy</th><td>${esc(q.policy || "")}</td></tr><tr><th>Operator policy</th><td>${esc(q.operator_policy || "")}</td></tr>
+          <tr><th>Effective policy definition</th><td>${kvTable(q.effective_policy_definition)}</td></tr>
+          <tr><th>Arguments</th><td id="arguments">${kvTable(q.arguments)}</td></tr>
+          <tr><th>Retained</th><td>${esc(q.messages)} messages · ${esc(size(q.message_bytes))} in ${esc(q.segments)} segment(s) on disk · offsets ${esc(q.first_offset)} to ${esc(lastOffset)}</td></tr>
+          <tr><th>Filtering</th><td>${esc(q.filter_chunks_skipped)} chunk(s) skipped for filtered consumers</td></tr>
+          <tr><th>Leader</th><td>${esc(q.leader || q.node)}</td></tr><tr><th>Members</th><td>${esc((q.members || []).join(", "))}</td></tr>
+          <tr><th>Online</th><td>${esc((q.online || []).join(", "))}</td></tr></table></div>
+          <div class="card"><h3>Consumers</h3>${table(q.consumer_details, [{ key: "channel", title: "Channel", value: r => r.channel_details.name },
+            { key: "consumer_tag", title: "Consumer tag" }, { key: "offset", title: "Next offset", cls: "num" }, { key: "offset_lag", title: "Offset lag", cls: "num" },
+            { key: "prefetch_count", title: "Prefetch count" }, { key: "arguments", title: "Arguments", html: r => kvTable(r.arguments, "") }])}</div>`;
+      showCharts($(".charts", box), q, [{ id: "messages", title: "Retained messages", unit: "",
+        series: [["messages", GREY, o => o.messages, o => samples(o.messages_details)]] },
+        rateChart([["publish", BLUE, "publish"], ["deliver", GREEN, "deliver_get"], ["ack", ORANGE, "ack"]])]);
+    }
+    function drawQueue(box, q) {
       box.innerHTML = totals([["Ready", q.messages_ready], ["Unacked", q.messages_unacknowledged], ["Total", q.messages], ["Consumers", q.consumers]])
         + `<div class="charts"></div><div class="card" id="details"><h3>Details</h3><table class="kv">
           <tr><th>Type</th><td>${esc(q.type)}</td></tr><tr><th>Features</th><td>${features(q) || "(none)"}</td></tr>
@@ -711,7 +736,7 @@ const pages = {
             { key: "prefetch_count", title: "Prefetch count" }, { key: "arguments", title: "Arguments", html: r => kvTable(r.arguments, "") }])}</div>`;
       showCharts($(".charts", box), q, [depthChart(q => q),
         rateChart([["publish", BLUE, "publish"], ["deliver/get", GREEN, "deliver_get"], ["ack", ORANGE, "ack"], ["redelivered", PURPLE, "redeliver"]])]);
-    });
+    }
     await drawBindings();
     bindArgs($("#view"));
     $("#bind").onsubmit = submit(async f => {
@@ -719,6 +744,9 @@ const pages = {
       f.source.value = f.key.value = "";
       await drawBindings();
     }, false);
+    bindPublish(vhost, "amq.default", () => name);
+    dangerous($("#delete"), `Delete ${stream ? "stream" : "queue"} ${name}? Its messages go with it.`, async () => { await api("DELETE", base); location.hash = "#/queues"; });
+    if (stream) return all([update, drawBindings]);
     $("#get").onsubmit = submit(async f => {
       const msgs = await api("POST", base + "/get", { count: Number(f.count.value), ackmode: f.ackmode.value, encoding: f.encoding.value, truncate: 50000 });
       $("#got").innerHTML = msgs.map((m, i) => `<div class="message"><h4>Message ${i + 1}</h4><p class="muted">The server reported ${esc(m.message_count)} messages remaining.</p>
@@ -728,7 +756,6 @@ const pages = {
         || "<p>Queue is empty</p>";
       await update();
     }, false);
-    bindPublish(vhost, "amq.default", () => name);
     $("#move").onsubmit = submit(async f => {
       const body = { destination: f.destination.value };
       if (f.count.value) body.count = Number(f.count.value);
@@ -737,7 +764,6 @@ const pages = {
       await update();
     }, false);
     dangerous($("#purge"), `Purge all messages of queue ${name}?`, async () => { await api("DELETE", base + "/contents"); await update(); });
-    dangerous($("#delete"), `Delete queue ${name}? Its messages go with it.`, async () => { await api("DELETE", base); location.hash = "#/queues"; });
     return all([update, drawBindings]);
   },
   async exchange(vhost, name) {

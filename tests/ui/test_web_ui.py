@@ -540,3 +540,61 @@ def test_limits_page_and_rate_columns_sort(browser, tmp_path):
         )
         assert text_of(browser, "#list-queues .list-error") == ""
         assert "ui-a" in text_of(browser, "#list-queues table")
+
+
+def test_a_stream_page(browser, tmp_path):
+    """A stream's page shows it as RabbitMQ's UI does: retained messages, segments and
+    offsets, each consumer's next offset and lag; no get, move or purge (a stream refuses
+    them), while a classic queue's page keeps them."""
+    from selenium.webdriver.common.by import By
+
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        ch.queue_declare("ui-events", durable=True, arguments={"x-queue-type": "stream"})
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", "ui-events", b"event %d" % i)
+        reader = conn.channel()
+        reader.basic_qos(prefetch_count=3)
+        got = []
+        reader.basic_consume(
+            "ui-events",
+            lambda _ch, method, _props, body: got.append(body),
+            arguments={"x-stream-offset": "first"},
+            consumer_tag="ui-reader",
+        )
+        deadline = time.monotonic() + 5
+        while len(got) < 3 and time.monotonic() < deadline:
+            conn.process_data_events(0.1)
+        assert got == [b"event 0", b"event 1", b"event 2"]  # prefetch 3, nothing acked
+
+        log_in(browser, b.mgmt_url)
+        browser.get(b.mgmt_url + "/#/queue/%2F/ui-events")
+        wait_for(lambda: "ui-reader" in text_of(browser, "#live"))
+        assert text_of(browser, "#view h2").startswith("Stream ui-events")
+        totals = {
+            k: text_of(browser, f'[data-total="{k}"] b')
+            for k in ("Messages", "First offset", "Last offset", "Consumers")
+        }
+        assert totals == {
+            "Messages": "5",
+            "First offset": "0",
+            "Last offset": "4",
+            "Consumers": "1",
+        }
+        assert int(text_of(browser, '[data-total="Segments"] b')) >= 1
+        row = row_of(browser, "#live", "ui-reader")
+        assert (row["Next offset"], row["Offset lag"]) == ("3", "2"), row
+        assert "Retained messages" in text_of(browser, "#chart-messages h3")
+        for absent in ("get", "move", "purge"):
+            assert browser.find_elements(By.ID, absent) == [], absent
+        assert browser.find_element(By.ID, "delete").text == "Delete stream"
+        shot(browser, "stream")
+
+        ch.queue_declare("ui-plain")
+        browser.get(b.mgmt_url + "/#/queue/%2F/ui-plain")
+        wait_for(lambda: browser.find_elements(By.ID, "purge"))
+        assert text_of(browser, "#view h2").startswith("Queue ui-plain")
+        assert browser.find_elements(By.ID, "get") and browser.find_elements(By.ID, "move")
+        conn.close()
