@@ -81,6 +81,10 @@ RING_SLOT_BYTES = 400
 READ_AHEAD = 256 << 10  # bytes one disk read fetches for a reader
 DISPATCH_BATCH = 2000  # deliveries per consumer per dispatch pass before yielding
 DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
+#: The active segment's summary is written again each time it has grown by this much (once
+#: the records it covers are synced), so a start-up after a kill -9 reads at most this
+#: much of it instead of the whole segment.
+PARTIAL_SUMMARY_BYTES = 32 << 20
 
 _AGE = re.compile(r"^([0-9]+)([YMDhms])$")
 _AGE_SECONDS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
@@ -107,15 +111,17 @@ def _remove(path: Path) -> None:
 
 
 def _load_summary(directory: Path, seg_id: int) -> dict | None:
-    """A segment's summary if it matches the segment file: the file's size, and an intact
-    record where the summary says its last one is; None otherwise (the segment is read)."""
+    """A segment's summary if it matches the segment file: the file's size (at least it,
+    for the partial summary of what was the active segment), and an intact record where the
+    summary says its last one is; None otherwise (the segment is read)."""
     try:
         summary = json.loads((directory / f"{seg_id:08d}.idx").read_text())
         if summary.get("version") != 1 or summary["segment"] != seg_id:
             return None
         path = directory / f"{seg_id:08d}.seg"
-        if os.path.getsize(path) != summary["size"]:
-            return None
+        size = os.path.getsize(path)
+        if size != summary["size"] and not (summary.get("partial") and size > summary["size"]):
+            return None  # (a partial one covers the segment's first bytes: more may follow)
         pos, n = summary["last_pos"], summary["last_len"]
         with open(path, "rb") as f:
             f.seek(pos)
@@ -445,6 +451,10 @@ class Stream(Queue):
         self._readers: dict[Consumer, _Reader] = {}
         self._chunk_open = False
         self._rolled = False
+        # the active segment's partial summary waiting for its records' sync (token,
+        # summary), and (segment, bytes) when the last one was taken
+        self._partial: tuple[int, dict] | None = None
+        self._partial_at = (-1, 0)
         self._opening = False  # replaying the segments at start-up
         self._sid: int | None = None
         self.max_age = None
@@ -512,13 +522,20 @@ class Stream(Queue):
         for name in os.listdir(directory):  # summaries of segments gone: crash leftovers
             if name.endswith(".idx") and name[:-4].isdigit() and int(name[:-4]) not in summaries:
                 _remove(directory / name)
-        known = {i: (s["size"], s["records"], s["bytes"] - HEADER_SIZE * s["records"])
-                 for i, s in summaries.items()}  # fmt: skip
+        # A partial summary (the active segment's, then a kill -9) covers the segment's first
+        # bytes: they are taken from it, the records after them are read.
+        sums = {i: (s["size"], s["records"], s["bytes"] - HEADER_SIZE * s["records"])
+                for i, s in summaries.items()}  # fmt: skip
+        partial = {i for i, s in summaries.items() if s.get("partial")}
+        known = {i: v for i, v in sums.items() if i not in partial}
+        prefixes = {i: v for i, v in sums.items() if i in partial}
         pending = sorted(summaries)
         last = -1
         self._opening = True
-        for loc, payload in self.log.replay(copy=False, known=known):
-            while pending and pending[0] < loc.segment:
+        for loc, payload in self.log.replay(copy=False, known=known, prefixes=prefixes):
+            while pending and (
+                pending[0] < loc.segment or (pending[0] == loc.segment and loc.segment in partial)
+            ):
                 last = self._apply_summary(summaries[pending.pop(0)])
             off, ts, flags, *_ = _RECORD.unpack_from(payload)
             fid = -1
@@ -534,7 +551,7 @@ class Stream(Queue):
             last = self._apply_summary(summaries[pending.pop(0)])
         self._opening = False
         for seg in self.segs:  # every old segment is complete now: a fresh one takes appends
-            if seg.id not in summaries:
+            if seg.id not in summaries or seg.id in partial:
                 self._write_summary(seg)
         self._rolled = False
         if self.segs:
@@ -596,8 +613,10 @@ class Stream(Queue):
         """Write a complete segment's summary (``NNNNNNNN.idx``, JSON): its totals, where its
         last record is (checked at start-up), its index entries and their filter values.
         Not fsynced: a summary lost or torn by a crash only means that segment is read."""
-        if self.directory is None:
-            return
+        self._store_summary(self._summary(seg))
+
+    def _summary(self, seg: _Segment, partial: bool = False) -> dict:
+        """What `_write_summary` writes, as the segment is now."""
         lo = bisect.bisect_left(self._ix_off, seg.first)
         hi = bisect.bisect_right(self._ix_off, seg.last)
         names = self._fnames
@@ -623,7 +642,14 @@ class Stream(Queue):
             "values": list(values),
             "index": index,
         }
-        path = self.directory / f"{seg.id:08d}.idx"
+        if partial:
+            summary["partial"] = True
+        return summary
+
+    def _store_summary(self, summary: dict) -> None:
+        if self.directory is None:
+            return
+        path = self.directory / f"{summary['segment']:08d}.idx"
         tmp = path.with_suffix(".idx.tmp")
         try:
             tmp.write_text(json.dumps(summary, separators=(",", ":")))
@@ -737,11 +763,31 @@ class Stream(Queue):
                 self.log.schedule_sync()
             except Exception:  # noqa: BLE001 - a closed log: nothing to sync
                 pass
+            seg = self.segs[-1] if self.segs else None
+            if seg is None:
+                return
+            since = seg.bytes - (self._partial_at[1] if self._partial_at[0] == seg.id else 0)
+            if since >= min(
+                PARTIAL_SUMMARY_BYTES, (self.segment_size or DEFAULT_SEGMENT_SIZE) // 4
+            ):
+                # The active segment as it is now, written once these records are synced.
+                self._partial = (self.last_token, self._summary(seg, partial=True))
+                self._partial_at = (seg.id, seg.bytes)
+
+    def _write_partial(self) -> None:
+        """The active segment's partial summary, its records synced (unless the segment
+        was completed meanwhile: it has its whole summary then)."""
+        _token, summary = self._partial  # type: ignore[misc]
+        self._partial = None
+        if self.segs and self.segs[-1].id == summary["segment"] and not self.deleted:
+            self._store_summary(summary)
 
     def _synced(self, token: int) -> None:
         """The local log wrote (and, outside a cluster, fsynced) everything up to `token`."""
         if token > self._written:
             self._written = token
+        if self._partial is not None and token >= self._partial[0]:
+            self._write_partial()
         self._advance()
 
     def replication_confirmed(self, offset: int) -> bool:

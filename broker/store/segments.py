@@ -738,7 +738,11 @@ class SegmentLog:
         return list(self._to_replay or ())
 
     def replay(
-        self, *, copy: bool = True, known: dict[int, tuple[int, int, int]] | None = None
+        self,
+        *,
+        copy: bool = True,
+        known: dict[int, tuple[int, int, int]] | None = None,
+        prefixes: dict[int, tuple[int, int, int]] | None = None,
     ) -> Iterator[tuple[Location, bytes]]:
         """Yield (location, payload) of every intact record of the pre-existing segments.
 
@@ -747,6 +751,9 @@ class SegmentLog:
         for owners that parse a record and keep nothing of the view (no copy per record).
         `known`: segments the owner has checked and summed up itself, as id -> (file size,
         records, payload bytes): taken as they are (all records live), not read.
+        `prefixes`: the same for the first bytes of a segment that grew after its owner
+        summed it up (a stream's active segment after a kill -9): only the rest is read.
+        Both need whole_segments=True.
         """
         if self._to_replay is None:
             raise RuntimeError("replay() can only run once")
@@ -767,7 +774,8 @@ class SegmentLog:
                 report.segments += 1
                 report.records_ok += records
                 continue
-            yield from self._replay_segment(seg_id, report, copy)
+            prefix = prefixes.get(seg_id) if prefixes else None
+            yield from self._replay_segment(seg_id, report, copy, prefix)
         with self._lock:
             for seg_id in ids:
                 seg = self._segments.get(seg_id)
@@ -796,11 +804,23 @@ class SegmentLog:
         )
 
     def _replay_segment(
-        self, seg_id: int, report: RecoveryReport, copy: bool = True
+        self,
+        seg_id: int,
+        report: RecoveryReport,
+        copy: bool = True,
+        prefix: tuple[int, int, int] | None = None,
     ) -> Iterator[tuple[Location, bytes]]:
+        """Replay one segment file; with `prefix` (its first bytes, records, payload bytes,
+        known to the owner), from the end of that prefix: positions stay the file's."""
         path = os.path.join(self.directory, segment_name(seg_id))
+        base = 0
         try:
             with open(path, "rb") as f:
+                if prefix is not None:
+                    if self._live_class is not _Count:
+                        raise ValueError("known prefixes need whole_segments=True")
+                    base = min(prefix[0], os.fstat(f.fileno()).st_size)
+                    f.seek(base)
                 data = f.read()
         except OSError as exc:
             # Left alone (not managed, never deleted) so nothing is lost that a person could save.
@@ -812,13 +832,16 @@ class SegmentLog:
             return
         report.segments += 1
         seg = _Segment(seg_id, _RECOVERING, self._live_class)
-        seg.size = len(data)
+        seg.size = base + len(data)
+        live = seg.live
+        if base:
+            live.n, live.nbytes = prefix[1], prefix[2]  # type: ignore[index, union-attr]
+            report.records_ok += prefix[1]  # type: ignore[index]
         with self._lock:
             self._segments[seg_id] = seg
         end = len(data)
         view = memoryview(data)
         pos = 0
-        live = seg.live
         lock = self._lock
         ok = 0
         try:
@@ -831,10 +854,10 @@ class SegmentLog:
                     stop = start + n
                     if magic == MAGIC and stop <= end and _crc32(view[start:stop]) == crc:
                         with lock:
-                            live.add(pos, n)
+                            live.add(base + pos, n)
                         ok += 1
                         yield (
-                            _new_location(Location, (seg_id, pos, n)),
+                            _new_location(Location, (seg_id, base + pos, n)),
                             data[start:stop] if copy else view[start:stop],
                         )
                         pos = stop
@@ -842,30 +865,31 @@ class SegmentLog:
                 n, why = _check(data, view, pos, end)
                 nxt = _resync(data, view, pos + 1, end)
                 report.records_dropped += 1
+                at = base + pos  # in the file
                 if nxt < 0:
                     dropped = end - pos
                     log.warning(
                         "segment tail damaged (%s): truncating %d bytes at offset %d",
                         why,
                         dropped,
-                        pos,
-                        extra={"segment": seg_id, "offset": pos, "nbytes": dropped},
+                        at,
+                        extra={"segment": seg_id, "offset": at, "nbytes": dropped},
                     )
-                    report.corrupt_regions.append(CorruptRegion(seg_id, pos, dropped, why, True))
+                    report.corrupt_regions.append(CorruptRegion(seg_id, at, dropped, why, True))
                     report.bytes_truncated += dropped
-                    self._truncate(path, pos)
-                    seg.size = pos
+                    self._truncate(path, at)
+                    seg.size = at
                     break
                 log.warning(
                     "segment damaged (%s): skipping %d bytes at offset %d, "
                     "next intact record at %d",
                     why,
                     nxt - pos,
-                    pos,
-                    nxt,
-                    extra={"segment": seg_id, "offset": pos, "nbytes": nxt - pos},
+                    at,
+                    base + nxt,
+                    extra={"segment": seg_id, "offset": at, "nbytes": nxt - pos},
                 )
-                report.corrupt_regions.append(CorruptRegion(seg_id, pos, nxt - pos, why, False))
+                report.corrupt_regions.append(CorruptRegion(seg_id, at, nxt - pos, why, False))
                 report.bytes_skipped += nxt - pos
                 seg.damaged = True
                 pos = nxt

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -90,8 +91,12 @@ def test_restart_takes_complete_segments_from_their_summaries(tmp_path, crash):
         segs = sorted(d.glob("*.seg"))
         idx = sorted(d.glob("*.idx"))
         assert len(segs) > 10
-        # every segment but the active one has its summary
+        # every segment but the active one has its summary; the active one at most a
+        # partial one (written each quarter segment it grows)
+        if idx and idx[-1].stem == segs[-1].stem:
+            assert json.loads(idx.pop().read_text())["partial"] is True
         assert [p.stem for p in idx] == [p.stem for p in segs[:-1]]
+        assert all("partial" not in json.loads(p.read_text()) for p in idx)
         if crash:
             proc.kill9()
         else:
@@ -241,4 +246,50 @@ def test_readers_of_the_same_region_share_what_is_built(tmp_path, monkeypatch):
             conn.process_data_events(0.05)
         assert all(g == list(range(3000)) for g in got)
         assert built[0] <= 3000 * 1.2  # four readers, each message built about once
+        conn.close()
+
+
+def test_after_a_crash_the_active_segment_is_read_from_its_partial_summary_on(
+    tmp_path, monkeypatch
+):
+    """The active segment's summary is written again as it grows (every quarter segment
+    here), once its records are synced; a start-up that finds such a partial summary (a
+    kill -9: no clean stop wrote the whole one) takes the bytes it covers from it and reads
+    only the rest of the file."""
+    data = tmp_path / "d"
+    args = {"x-queue-type": "stream", "x-stream-max-segment-size-bytes": 1 << 20}
+    with BrokerThread(ephemeral_config(data_dir=str(data))) as b:
+        conn = connect(b)
+        conn.channel().queue_declare("s", durable=True, arguments=args)
+        publish(conn, "s", 6000)  # ~360 KB: one segment, its partial summary at 256 KiB
+        d = stream_dir(data)
+        (seg,) = d.glob("*.seg")
+        summary = seg.with_suffix(".idx")
+        partial = json.loads(summary.read_text())
+        assert partial["partial"] is True and 0 < partial["size"] < seg.stat().st_size
+        saved = summary.read_bytes()
+        publish(conn, "s", 500, start=6000)
+        conn.close()
+    summary.write_bytes(saved)  # as after a kill -9: the last partial summary stands
+    reads: list[tuple] = []
+    original = segments.SegmentLog._replay_segment
+
+    def recording(self, seg_id, report, copy=True, prefix=None):
+        if Path(self.directory) == d:
+            reads.append((seg_id, prefix))
+        return original(self, seg_id, report, copy, prefix)
+
+    monkeypatch.setattr(segments.SegmentLog, "_replay_segment", recording)
+    with BrokerThread(ephemeral_config(data_dir=str(data))) as b:
+        sums = (partial["size"], partial["records"], partial["bytes"] - 12 * partial["records"])
+        assert reads == [(int(seg.stem), sums)]
+        conn = connect(b)
+        ok = conn.channel().queue_declare("s", durable=True, arguments=args)
+        assert ok.method.message_count == 6500
+        check_contents(b, 6500)
+        assert not json.loads(summary.read_text()).get("partial")  # complete now
+        publish(conn, "s", 10, start=6500)
+        assert read(b, "s", {"x-stream-offset": 6500}, 10) == [
+            (6500 + i, b"m%d" % (6500 + i)) for i in range(10)
+        ]
         conn.close()
