@@ -71,6 +71,7 @@ _HDR = struct.Struct("<4sII")
 INDEX_EVERY = 1024  # one sparse index entry per this many records
 TAIL_RECORDS = 4096  # the newest records kept in memory for readers at the tail
 TAIL_BYTES = 16 << 20  # ... and at most this many bytes of them (large bodies)
+TAIL_TRIM_AT = TAIL_RECORDS + 512  # trimmed back to TAIL_RECORDS in one go past this
 # The deliveries built lately, shared by readers of the same region, while a stream has two
 # consumers or more: slots (a power of 2; independent consumers reading from `first` drift
 # apart by thousands of offsets), and the bytes the ring may hold, bodies and about
@@ -308,9 +309,45 @@ def confirm_after(channel: Channel, seq: int, token: int | None, ok: bool) -> No
         _after_streams(channel, seq, token)
         return
     channel.confirm_later(seq)
+    if token is None and len(streams) == 1:
+        # One stream, nothing else to wait for: consecutive publishes of a channel in one
+        # chunk (one loop turn's appends, synced as one batch) share one waiter, a run of
+        # sequence numbers confirmed when the newest of them is. (Not across chunks: a run
+        # that kept growing would hold its oldest confirms until the log caught up.)
+        stream = streams[0]
+        waiters = stream.waiters
+        chunk = stream.chunks
+        if waiters:
+            last_token, waiter, replicated = waiters[-1]
+            if (
+                waiter[1] is channel
+                and len(waiter) == 6
+                and waiter[5] == chunk
+                and waiter[2] == seq - 1
+                and replicated == stream.last_replicated
+            ):
+                waiter[2] = seq
+                waiters[-1] = (stream.last_token, waiter, replicated)
+                return
+        run = [1, channel, seq, None, seq, chunk]
+        waiters.append((stream.last_token, run, stream.last_replicated))
+        return
     waiter = [len(streams), channel, seq, token]
     for stream in streams:
         stream.waiters.append((stream.last_token, waiter, stream.last_replicated))
+
+
+def _confirm_run(waiter: list) -> None:
+    """A waiter's publishes are durable: [count, channel, newest seq, store token] for one
+    publish, plus the oldest seq and the chunk for a run of a channel's consecutive ones
+    (one stream)."""
+    channel, seq = waiter[1], waiter[2]
+    if len(waiter) == 6:
+        confirmed = channel.disk_confirmed
+        for one in range(waiter[4], seq + 1):
+            confirmed(one)
+    else:
+        _after_streams(channel, seq, waiter[3])
 
 
 def _after_streams(channel: Channel, seq: int, token: int | None) -> None:
@@ -450,6 +487,7 @@ class Stream(Queue):
         self._replicated_ok = 0  # ... and the newest offset the in-sync set holds
         self._readers: dict[Consumer, _Reader] = {}
         self._chunk_open = False
+        self.chunks = 0  # chunks opened (a confirm run stays within one)
         self._rolled = False
         # the active segment's partial summary waiting for its records' sync (token,
         # summary), and (segment, bytes) when the last one was taken
@@ -698,6 +736,7 @@ class Stream(Queue):
         if not self._chunk_open:
             flags = _CHUNK_START
             self._chunk_open = True
+            self.chunks += 1
             self._chunk_ts = int(self.vhost.clock.wall() * 1000)
             self.vhost.clock.loop.call_soon(self._end_chunk, off)
         ts = self._chunk_ts
@@ -746,10 +785,9 @@ class Stream(Queue):
              loc.offset + HEADER_SIZE + loc.length)
         )  # fmt: skip
         self._tail_bytes += len(body)
-        if len(tail) > TAIL_RECORDS or self._tail_bytes > TAIL_BYTES:
+        if len(tail) > TAIL_TRIM_AT or self._tail_bytes > TAIL_BYTES:
             while len(tail) > 1 and (len(tail) > TAIL_RECORDS or self._tail_bytes > TAIL_BYTES):
                 self._tail_bytes -= len(tail.popleft()[5])
-        self._pending.append((token, off + 1, self.last_replicated))
         self.stats_published += 1
         TOUCHED.add(self)
         return True
@@ -758,6 +796,10 @@ class Stream(Queue):
         """The loop turn's appends are one chunk: sync them as one batch."""
         self._chunk_open = False
         self.last_chunk_pending = first
+        if self.next_offset > first:  # the chunk's offsets commit together, once it is synced
+            self._pending.append((self.last_token, self.next_offset, self.last_replicated))
+            if self._written >= self.last_token and self._replicated_ok >= self.last_replicated:
+                self._advance()  # (a sync of the log's own ran first)
         if self.log is not None and not self.deleted:
             try:
                 self.log.schedule_sync()
@@ -807,7 +849,8 @@ class Stream(Queue):
         for _token, waiter, _replicated in waiters:
             if waiter[0] > 0:
                 waiter[0] = 0
-                waiter[1].disk_failed(waiter[2])
+                for seq in range(waiter[4] if len(waiter) == 6 else waiter[2], waiter[2] + 1):
+                    waiter[1].disk_failed(seq)
                 channels[waiter[1]] = None
         for channel in channels:
             channel.conn.flush()
@@ -839,7 +882,7 @@ class Stream(Queue):
             waiter = waiters.popleft()[1]
             waiter[0] -= 1
             if waiter[0] == 0:
-                _after_streams(waiter[1], waiter[2], waiter[3])
+                _confirm_run(waiter)
                 flush[waiter[1]] = None
         for channel in flush:
             channel.flush_confirms()

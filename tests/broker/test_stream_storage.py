@@ -176,7 +176,7 @@ def test_memory_does_not_grow_per_message(tmp_path):
         # the log counts records per segment; it keeps nothing per record
         assert all(type(s.live) is segments._Count for s in log._segments.values())
         assert len(q._ix_off) <= 6000 // stream_module.INDEX_EVERY + len(q.segs)
-        assert len(q._tail) <= stream_module.TAIL_RECORDS
+        assert len(q._tail) <= stream_module.TAIL_TRIM_AT  # (trimmed to TAIL_RECORDS past it)
         assert q._ring_bytes <= stream_module.RING_BYTES
         conn.close()
 
