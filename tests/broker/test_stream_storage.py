@@ -293,3 +293,57 @@ def test_after_a_crash_the_active_segment_is_read_from_its_partial_summary_on(
             (6500 + i, b"m%d" % (6500 + i)) for i in range(10)
         ]
         conn.close()
+
+
+def test_ten_readers_of_one_channel_stay_within_what_the_ring_holds(tmp_path, monkeypatch):
+    """Ten consumers from `first` on one channel, acked with one multiple ack per batch (as a
+    fan-out client does), over a stream far longer than the ring holds (made small here):
+    the readers furthest behind are served first, so they stay together and each message is
+    built about once; the ring keeps the newest offsets built, oldest evicted first."""
+    monkeypatch.setattr(stream_module, "RING", 1 << 10)
+    monkeypatch.setattr(stream_module, "RING_BYTES", 300 * (stream_module.RING_SLOT_BYTES + 5))
+    built = [0]
+    original = stream_module.Stream._build
+
+    def counting(self, record):
+        built[0] += 1
+        return original(self, record)
+
+    monkeypatch.setattr(stream_module.Stream, "_build", counting)
+    n = 4000
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d"))) as b:
+        conn = connect(b)
+        conn.channel().queue_declare("s", durable=True, arguments=ARGS)
+        publish(conn, "s", n)
+        built[0] = 0
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=100)
+        got: list[list[int]] = [[] for _ in range(10)]
+        tags = [0, 0]  # the last delivery tag, and the last one acked
+
+        def ack_all() -> None:
+            if tags[0] > tags[1]:
+                ch.basic_ack(tags[0], multiple=True)
+                tags[1] = tags[0]
+
+        def on_message(c, m, props, body, i):
+            got[i].append(props.headers["x-stream-offset"])
+            tags[0] = m.delivery_tag
+            if tags[0] - tags[1] >= 150:
+                ack_all()
+
+        for i in range(10):
+            ch.basic_consume(
+                "s",
+                lambda c, m, p, body, i=i: on_message(c, m, p, body, i),
+                arguments={"x-stream-offset": "first"},
+            )
+        deadline = time.monotonic() + 30
+        while min(map(len, got)) < n and time.monotonic() < deadline:
+            conn.process_data_events(0.05)
+            ack_all()  # what the last read brought
+        assert all(g == list(range(n)) for g in got)
+        assert built[0] <= n * 1.5, built[0]  # ten readers: each message built about once
+        q = b.call(lambda: b.broker.vhosts["/"].queues["s"])
+        assert q._ring_bytes <= stream_module.RING_BYTES
+        conn.close()
