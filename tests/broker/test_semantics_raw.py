@@ -203,3 +203,32 @@ async def test_invalid_expiration_is_406(c):
     c.publish(1, "", q, b"x", BasicProperties(expiration="soon"))
     close = await c.expect(spec.ChannelClose)
     assert close.reply_code == 406
+
+
+async def test_messages_sharing_a_property_list_keep_their_own_headers(c):
+    """Messages published with the same property list share its decoded form
+    (broker/message.py): dead-lettering one (x-death added), stripping BCC from another,
+    changes neither the others nor the next publish of that list."""
+    c.send(1, spec.ExchangeDeclare(exchange="share-dlx", type="fanout"))
+    await c.expect(spec.ExchangeDeclareOk)
+    dead = await declare(c)
+    c.send(1, spec.QueueBind(queue=dead, exchange="share-dlx"))
+    await c.expect(spec.QueueBindOk)
+    q = await declare(c, arguments={"x-dead-letter-exchange": "share-dlx"})
+    other = await declare(c)
+    props = BasicProperties(delivery_mode=2, headers={"app": "a", "BCC": [other]})
+    for body in (b"one", b"two"):
+        c.publish(1, "", q, body, props)
+    c.send(1, spec.BasicGet(queue=q, no_ack=False))
+    first = await c.next_frame()
+    assert first.body == b"one" and first.header.properties.headers == {"app": "a"}
+    c.send(1, spec.BasicReject(delivery_tag=first.method.delivery_tag, requeue=False))
+    c.send(1, spec.BasicGet(queue=dead, no_ack=True))
+    died = await c.next_frame()
+    assert died.body == b"one" and died.header.properties.headers["x-death"][0]["queue"] == q
+    c.publish(1, "", q, b"three", props)
+    for want, queue in ((b"two", q), (b"three", q), (b"one", other), (b"two", other)):
+        c.send(1, spec.BasicGet(queue=queue, no_ack=True))
+        got = await c.next_frame()
+        assert got.body == want
+        assert got.header.properties.headers == {"app": "a"}, (want, queue)

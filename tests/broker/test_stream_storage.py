@@ -214,15 +214,21 @@ def test_retention_drops_segments_and_their_summaries_without_reading(tmp_path, 
         conn.close()
 
 
-def test_readers_of_the_same_region_share_what_is_built(tmp_path, monkeypatch):
-    built = [0]
+@pytest.fixture
+def built(monkeypatch) -> list[int]:
+    """[how many times a stream built a message for delivery] (Stream._build counted)."""
+    count = [0]
     original = stream_module.Stream._build
 
     def counting(self, record):
-        built[0] += 1
+        count[0] += 1
         return original(self, record)
 
     monkeypatch.setattr(stream_module.Stream, "_build", counting)
+    return count
+
+
+def test_readers_of_the_same_region_share_what_is_built(tmp_path, built):
     with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d"))) as b:
         conn = connect(b)
         conn.channel().queue_declare("s", durable=True, arguments=ARGS)
@@ -295,21 +301,13 @@ def test_after_a_crash_the_active_segment_is_read_from_its_partial_summary_on(
         conn.close()
 
 
-def test_ten_readers_of_one_channel_stay_within_what_the_ring_holds(tmp_path, monkeypatch):
+def test_ten_readers_of_one_channel_stay_within_what_the_ring_holds(tmp_path, monkeypatch, built):
     """Ten consumers from `first` on one channel, acked with one multiple ack per batch (as a
     fan-out client does), over a stream far longer than the ring holds (made small here):
     the readers furthest behind are served first, so they stay together and each message is
     built about once; the ring keeps the newest offsets built, oldest evicted first."""
     monkeypatch.setattr(stream_module, "RING", 1 << 10)
     monkeypatch.setattr(stream_module, "RING_BYTES", 300 * (stream_module.RING_SLOT_BYTES + 5))
-    built = [0]
-    original = stream_module.Stream._build
-
-    def counting(self, record):
-        built[0] += 1
-        return original(self, record)
-
-    monkeypatch.setattr(stream_module.Stream, "_build", counting)
     n = 4000
     with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d"))) as b:
         conn = connect(b)
