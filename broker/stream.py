@@ -50,7 +50,7 @@ from pyroaring import BitMap
 
 from roarmq.protocol.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from roarmq.protocol.frames import ContentHeader
-from roarmq.protocol.tables import encode_value
+from roarmq.protocol.tables import encode_int
 
 from . import queue_arguments, trace
 from .errors import channel_error, connection_error
@@ -1328,7 +1328,7 @@ def _with_offset(raw: bytes, off: int) -> bytes | None:
         p += 1 + raw[p]
     if flags & 0x4000:
         p += 1 + raw[p]
-    field = _OFFSET_KEY + encode_value(off)
+    field = _OFFSET_KEY + encode_int(off)  # (what encode_value writes for an int)
     if flags & _HEADERS_FLAG:
         (n,) = _U32.unpack_from(raw, p)
         stop = p + 4 + n
@@ -1355,9 +1355,9 @@ def _parse(view: memoryview, intern: Any, seg: int = -1, end: int = 0) -> tuple:
         p += _FLEN.size
         fid = intern(bytes(view[p : p + n]).decode("utf-8", "replace"))
         p += n
-    exchange = bytes(view[p : p + nx]).decode()
+    exchange = str(view[p : p + nx], "utf-8")  # (decoded from the view: no copy first)
     p += nx
-    key = bytes(view[p : p + nk]).decode()
+    key = str(view[p : p + nk], "utf-8")
     p += nk
     header = bytes(view[p : p + nh])
     return off, ts, exchange, key, header, bytes(view[p + nh :]), fid, seg, end

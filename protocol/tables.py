@@ -39,6 +39,7 @@ __all__ = [
     "decode_table",
     "decode_table_typed",
     "encode_array",
+    "encode_int",
     "encode_table",
     "encode_value",
     "MAX_NESTING",
@@ -175,7 +176,8 @@ def encode_value(value: Any) -> bytes:
     return b"".join(parts)
 
 
-def _encode_int(value: int) -> bytes:
+def encode_int(value: int) -> bytes:
+    """One integer field value with its type tag, as `encode_value` writes an int."""
     # Smallest tag first, in pamqp's order (so 's' wins over 'u' for 200, 'I' over 'i').
     if -128 <= value <= 127:
         return b"b" + value.to_bytes(1, "big", signed=True)
@@ -220,7 +222,7 @@ def _encode_value(value: Any, append: Any) -> None:
     elif kind is bool:
         append(b"t\x01" if value else b"t\x00")
     elif kind is int:
-        append(_encode_int(value))
+        append(encode_int(value))
     elif value is None:
         append(b"V")
     elif isinstance(value, dict):
@@ -236,7 +238,7 @@ def _encode_value(value: Any, append: Any) -> None:
     elif isinstance(value, RawTimestamp):
         append(b"T" + int(value).to_bytes(8, "big"))
     elif isinstance(value, int):
-        append(_encode_int(value))
+        append(encode_int(value))
     elif isinstance(value, float):
         append(b"d" + _pack_f64(value))
     elif isinstance(value, Decimal):
