@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from .etcd import EtcdClient, EtcdError, Event, KeyValue, WatchCompacted
+from .tasks import cancel_and_wait
 
 log = logging.getLogger("roarmq.cluster")
 
@@ -49,10 +50,8 @@ class PrefixCache:
     async def stop(self) -> None:
         """Stop watching; the data and its revision stay, so `start()` resumes."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+            task, self._task = self._task, None
+            await cancel_and_wait(task)
 
     async def load(self) -> None:
         kvs, revision = await self.client.range(self.prefix, prefix=True)

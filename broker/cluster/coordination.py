@@ -21,7 +21,6 @@ Invariants (../shared/design/cluster.md) and where each is kept:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import json
 import logging
@@ -32,6 +31,7 @@ from urllib.parse import quote, unquote
 from .cache import PrefixCache
 from .etcd import EtcdClient, EtcdError, Event, KeyValue, compare, delete_op, put_op, range_op
 from .lease import Fencing, LeaseKeeper
+from .tasks import cancel_and_wait
 
 log = logging.getLogger("roarmq.cluster")
 
@@ -44,6 +44,7 @@ def encode(name: str) -> str:
 class IsrChange(enum.Enum):
     DONE = "done"
     NOT_LEADER = "not leader any more"
+    NOT_MEMBER = "not a member of the vhost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +133,7 @@ class Coordinator:
         self._stopped = True
         for task in [*self._campaigns.values(), self._rejoin]:
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         await self.nodes.stop()
         await self.vhosts.stop()
         self.leading.clear()
@@ -242,9 +241,11 @@ class Coordinator:
         return await self._change_isr(vhost, epoch, lambda isr: [n for n in isr if n != node])
 
     async def expand_isr(self, vhost: str, epoch: int, node: str) -> IsrChange:
-        """Add a caught-up node to the in-sync set, only while leading at epoch."""
+        """Add a caught-up node to the in-sync set, only while leading at epoch and only
+        if it is still one of the vhost's members: a node just removed
+        (forget_cluster_node) may still be following and acking, and must not come back."""
         return await self._change_isr(
-            vhost, epoch, lambda isr: isr if node in isr else [*isr, node]
+            vhost, epoch, lambda isr: isr if node in isr else [*isr, node], member=node
         )
 
     async def add_member(self, vhost: str, epoch: int, node: str) -> IsrChange:
@@ -263,17 +264,27 @@ class Coordinator:
         epoch: int,
         change: Callable[[list[str]], list[str]],
         leaf: str = "isr",
+        member: str | None = None,
     ) -> IsrChange:
+        """One guarded write of the `leaf` list; with `member`, also only while that node
+        is in the vhost's members (checked in the same txn)."""
         leader_key, isr_key = self.vhost_key(vhost, "leader"), self.vhost_key(vhost, leaf)
+        members_key = self.vhost_key(vhost, "members")
         for _ in range(10):  # only the leader writes the set: a lost race here is rare
             current = await self.client.get(isr_key)
             before = json.loads(current.value) if current else []
             after = change(before)
+            guards = [
+                compare(leader_key, "CREATE", epoch),
+                compare(isr_key, "MOD", current.mod_revision if current else 0),
+            ]
+            if member is not None:
+                members = await self.client.get(members_key)
+                if members is None or member not in json.loads(members.value):
+                    return IsrChange.NOT_MEMBER
+                guards.append(compare(members_key, "MOD", members.mod_revision))
             result = await self.client.txn(
-                [
-                    compare(leader_key, "CREATE", epoch),
-                    compare(isr_key, "MOD", current.mod_revision if current else 0),
-                ],
+                guards,
                 [put_op(isr_key, json.dumps(after))],
                 [range_op(leader_key)],
             )

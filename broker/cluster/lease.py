@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 
 from .etcd import EtcdClient, EtcdError
+from .tasks import cancel_and_wait
 
 log = logging.getLogger("roarmq.cluster")
 
@@ -124,10 +125,8 @@ class LeaseKeeper:
 
     async def stop(self, revoke: bool = True) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+            task, self._task = self._task, None
+            await cancel_and_wait(task)
         if revoke and self.lease and not self.lost:
             with contextlib.suppress(EtcdError):
                 await self.client.lease_revoke(self.lease)

@@ -41,6 +41,7 @@ from .coordination import Coordinator, IsrChange
 from .etcd import EtcdClient, EtcdError, compare, put_op
 from .handoff import Handoffs
 from .metadata import OperatorMetadata
+from .tasks import cancel_and_wait
 from .vhost_replicas import VhostReplicas
 
 if TYPE_CHECKING:
@@ -163,9 +164,7 @@ class ClusterNode:
         self._stopped = True
         for task in [self._join_task, self._reconcile_task, *self._placing.values()]:
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+                await cancel_and_wait(task, Exception)
         self.handoff.close()
         await self.replicas.stop()
         await self.metadata.stop()

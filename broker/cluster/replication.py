@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import heapq
 import itertools
 import logging
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 
 from . import replication_wire as wire
 from .replication_store import RecordStore
+from .tasks import cancel_and_wait
 
 log = logging.getLogger("roarmq.cluster.replication")
 
@@ -153,8 +153,7 @@ class ReplicationLeader:
                 task.cancel()
         for task in [*self._tasks, self._lag_task]:
             if task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         for follower in self._followers.values():
             _close(follower.writer)
         if self._server is not None:
@@ -386,9 +385,7 @@ class ReplicationLeader:
         try:
             await self._read_acks(follower, reader)
         finally:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, *_lost_connection):
-                await pump
+            await cancel_and_wait(pump, *_lost_connection)
             if follower.writer is writer:
                 follower.writer = None
                 if self.deposed_by is None:
@@ -496,11 +493,11 @@ class ReplicationFollower:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        # `_task` is cleared first: a `follow` meanwhile must not start a session that
+        # nobody will stop.
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
 
     def observe_epoch(self, epoch: int) -> None:
         """The owner saw a higher epoch in etcd: from now on a lower one is refused."""
@@ -561,9 +558,7 @@ class ReplicationFollower:
             return True
         finally:
             if syncer is not None:
-                syncer.cancel()
-                with contextlib.suppress(asyncio.CancelledError, *_lost_connection):
-                    await syncer
+                await cancel_and_wait(syncer, *_lost_connection)
             _close(writer)
 
     async def _welcomed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -664,8 +659,10 @@ async def expand_then_include(coordinator, leader: ReplicationLeader, node: str)
     result = await coordinator.expand_isr(leader.vhost, leader.epoch, node)
     if result is IsrChange.DONE:
         leader.add_to_isr(node)
-    else:
+    elif result is IsrChange.NOT_LEADER:
         leader.depose(leader.epoch + 1, coordinator.node)
+    else:
+        log.info("vhost %r: %s caught up but is not a member: stays out", leader.vhost, node)
     return result
 
 

@@ -339,7 +339,8 @@ class VhostReplicas:
         messages = self.vhost_dir(vhost) / "messages"
         rebuilt = await asyncio.to_thread(rebuild_message_dir, records, messages)
         if not c.may_confirm(vhost, epoch):
-            return  # lost again while recovering
+            log.warning("vhost %r: leadership at epoch %d lost while recovering", vhost, epoch)
+            return
         vhost_obj = self.broker.vhosts.get(vhost) or self.broker.add_vhost(vhost)
         saved = rebuilt.definitions
         if saved is None:  # a new log: this node's own definitions start it

@@ -158,6 +158,12 @@ async def test_isr_changes_only_by_the_current_leader(etcd):
         assert await until(lambda: b.in_sync("v") == ["b"], 5)
         assert await b.expand_isr("v", e2, "c") is IsrChange.DONE
         assert await until(lambda: b.in_sync("v") == ["b", "c"], 5)
+        # A node removed from the members (forget_cluster_node) that is still following
+        # and catches up does not come back into the in-sync set.
+        assert await b.remove_member("v", e2, "c") is IsrChange.DONE
+        assert await b.expand_isr("v", e2, "c") is IsrChange.NOT_MEMBER
+        isr = json.loads((await b.client.get(b.vhost_key("v", "isr"))).value)
+        assert isr == ["b"]
 
 
 async def test_placement_picks_the_node_leading_fewest_vhosts(etcd):
