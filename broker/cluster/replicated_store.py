@@ -5,14 +5,22 @@ Shape (docs/cluster.md, "Replicated messages"):
 * The vhost's **replicated log** (`SegmentRecordStore` in ``data/vhosts/<vhost>/log``) is
   the durable truth on every member. Its payloads are exactly the MessageStore's records
   (P, A, D; messages.py) plus definition snapshots (J; replicated_definitions.py).
-* On the leader, `ReplicatedMessageStore` is an ordinary MessageStore (in
-  ``data/vhosts/<vhost>/messages``, a working copy) that also appends every record it
-  writes to the vhost's `ReplicationLeader`. A publish is confirmed when the replication's
-  `confirmed_offset()` covers it (the leader's fsync of the log and every in-sync member's
-  ack: invariant 1), not at the working copy's fsync.
-* When a node becomes leader, the working copy is rebuilt from the replicated log
-  (`rebuild_message_dir`) and read by the ordinary `MessageStore.recover`: a failover and a
-  restart are the same recovery.
+* On the leader, `ReplicatedMessageStore` is a MessageStore whose records live in the
+  vhost's log and nowhere else: each record is written once, appended to the vhost's
+  `ReplicationLeader`, and read back from the log (`VhostLogView`: a message's index entry
+  names its log offset). Until 2026-11-27 the leader also kept a working copy in
+  ``data/vhosts/<vhost>/messages``: every record written twice, which made a clustered
+  vhost cost 40% more CPU a message than a single node. A publish is confirmed when the
+  replication's `confirmed_offset()` covers it (the leader's fsync of the log and every
+  in-sync member's ack: invariant 1).
+* When a node becomes leader, the ordinary `MessageStore.recover` reads the log's records
+  through the view (`rebuild_from_log` first takes the definitions, the id floors and the
+  streams' records out): a failover and a restart are the same recovery, and every message
+  it restores is marked redelivered (so no delivered marker is written: nobody would read
+  it).
+* Space: nothing is released record by record; checkpoints (below) rewrite what is live at
+  the log's head and the log is trimmed below them. An ack of a message that stays in
+  another queue is remembered (`_acks`) so that a checkpoint can copy it.
 * `ClusterMessageStore` is the node-wide `broker.store` in cluster mode: callers that do not
   know the vhost's store (the channel's confirm and delivery paths) reach it through the
   token and the queue.
@@ -46,10 +54,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..store.messages import _MARK, MessageStore, confirm_waiting, encode_publish, nack_waiting
-from ..store.segments import LogFailed, SegmentLog
+from ..store.segments import Location, LogFailed, RecoveryReport, SegmentLog
 from ..stream import DEFAULT_SEGMENT_SIZE, record_offset
 from . import replicated_definitions as definitions
-from .replication_store import CHECKPOINT_TAG, EPOCH_TAG, checkpoint_record, epoch_record
+from .replication_store import CHECKPOINT_TAG, checkpoint_record, epoch_record
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -92,10 +100,14 @@ class ReplicatedMessageStore(MessageStore):
         streams: Callable[[], list[Stream]] = list,
         **options: Any,
     ) -> None:
+        self.replication = replication
+        self._live_bytes = 0  # payload bytes of the live publish records (`live_bytes`)
+        #: msg_id -> queue ids that acked a message still held by another queue: what a
+        #: checkpoint copies besides the publish record.
+        self._acks: dict[int, list[int]] = {}
         super().__init__(directory, **options)
         self.streams = streams  # the vhost's streams (a checkpoint copies what they retain)
         self._streams_waiting: set[Stream] = set()
-        self.replication = replication
         self.may_confirm = may_confirm
         self.min_in_sync = min_in_sync
         self.snapshot = snapshot
@@ -122,18 +134,19 @@ class ReplicatedMessageStore(MessageStore):
         msg_id = self.next_id
         self.next_id += 1
         payload = encode_publish(msg_id, [q.store_id for q in queues], msg, msg.body)
-        loc, _ = self.log.append(payload)
+        offset = self._replicate(payload)
         msg.store_id = msg_id
-        self.index.add(msg_id, loc, len(queues))
+        self.index.add(msg_id, _at(offset, len(payload)), len(queues))
+        self._live_bytes += len(payload)
         if page_out:
             msg.body = None
-        return (self, self._replicate(payload))
+        return (self, offset)
+
+    def _open_log(self, segment_size: int, sync_interval_ms: int, fsync: bool) -> Any:
+        return VhostLogView(self.replication.store)
 
     def _want_sync(self) -> None:
-        """Nothing waits for the working copy's writes (the log is what is durable, and a
-        record not written yet is read from memory): its writer writes a buffer when it
-        fills, not once per batch, so it neither competes with the loop for the GIL nor
-        wakes it with a callback per batch."""
+        """The log's group commit is asked for by `_replicate`."""
 
     def replicate_stream(self, stream: Stream, payload: bytes) -> int:
         """A stream's record goes into the vhost's log too (before the stream's own files:
@@ -144,10 +157,30 @@ class ReplicatedMessageStore(MessageStore):
         self._streams_waiting.add(stream)
         return self._replicate(STREAM_TAG + _STREAM_ID.pack(stream.store_id) + payload)
 
-    def _write_mark(self, kind: bytes, qid: int, msg_id: int, seg: int) -> None:
-        super()._write_mark(kind, qid, msg_id, seg)
+    def delivered(self, queue: Queue, msg_id: int) -> None:
+        """No delivered marker: a clustered vhost is only ever recovered from its log after
+        a failover, a move or a restart, never from a clean shutdown of this store, so the
+        recovery marks every message redelivered and no D record would ever be read (they
+        were a third of the log's records: written, fsynced and shipped to every follower
+        for nothing)."""
+
+    def settled(self, queue: Queue, msg_id: int) -> None:
+        """The message left a durable queue: an ack record in the log. When it was the
+        last queue the message is gone (its records go with the next checkpoint's trim);
+        otherwise the ack is remembered for the checkpoints."""
         self.append_definitions_if_changed()
-        self._replicate(_MARK.pack(kind, qid, msg_id))
+        qid = queue.store_id
+        try:
+            self._replicate(_MARK.pack(b"A", qid, msg_id))
+        except LogFailed:  # this leadership's log failed: it confirms nothing more, and
+            pass  # the next leader delivers the message again (as after a crash)
+        loc = self.index.unref(msg_id)
+        if loc is not None:
+            self._live_bytes -= loc.length
+            if self._acks:
+                self._acks.pop(msg_id, None)
+        elif msg_id in self.index:
+            self._acks.setdefault(msg_id, []).append(qid)
 
     def _replicate(self, payload: bytes) -> int:
         offset = self.replication.append(payload)
@@ -191,16 +224,18 @@ class ReplicatedMessageStore(MessageStore):
             self.start_epoch()
             self.definitions_dirty = True
             self.append_definitions_if_changed()
-            index, read, tombs = self.index, self.log.read, self._tombs
+            index, read, acks = self.index, self.log.read, self._acks
             copied = 0
             for msg_id in list(index.ids()):
                 if msg_id not in index:  # acked by every queue since the list was made
                     continue
                 payload = read(index.location(msg_id))
-                self._replicate(payload)
+                # The copy is where the message is read from now: the original goes with
+                # the trim below this checkpoint.
+                index.move(msg_id, _at(self._replicate(payload), len(payload)))
                 copied += len(payload)
-                for location in tombs.get(msg_id, ()):
-                    self._replicate(read(location))
+                for qid in acks.get(msg_id, ()):
+                    self._replicate(_MARK.pack(b"A", qid, msg_id))
                 if copied >= CHECKPOINT_CHUNK:
                     copied = 0
                     await asyncio.sleep(0)
@@ -254,8 +289,7 @@ class ReplicatedMessageStore(MessageStore):
 
     def live_bytes(self) -> int:
         """The live data a checkpoint rewrites: messages and what streams retain."""
-        live = sum(info.live_bytes for info in self.log.segments())
-        return live + sum(stream.retained_bytes for stream in self.streams())
+        return self._live_bytes + sum(stream.retained_bytes for stream in self.streams())
 
     # -- definitions ----------------------------------------------------------------------
 
@@ -330,6 +364,83 @@ class ReplicatedMessageStore(MessageStore):
         self.nack_waiting("leadership ended")
         self.close()
 
+    def close(self) -> None:
+        """Nothing of this store is on disk but the vhost's log, which VhostReplicas owns
+        and closes."""
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def _recover(self, queues_by_id: dict[int, Queue]) -> dict[str, int]:
+        """The ordinary recovery, reading the log through the view; then the acks of
+        messages still held by another queue become `_acks` (MessageStore keeps them as
+        tombstone locations, for a segment log's space reclaiming, which this store has
+        no use for)."""
+        counts = super()._recover(queues_by_id)
+        read = self.log.read
+        for msg_id, locations in self._tombs.items():
+            for location in locations:
+                kind, qid, _ = _MARK.unpack(read(location))
+                if kind == b"A":
+                    self._acks.setdefault(msg_id, []).append(qid)
+        self._tombs.clear()
+        self._seg_of.clear()
+        self._tomb_seg.clear()
+        index = self.index
+        self._live_bytes = sum(index.location(msg_id).length for msg_id in index.ids())
+        return counts
+
+
+def _at(offset: int, length: int) -> Location:
+    """A record of the vhost's log as a MessageIndex location: the offset split over the
+    segment and position fields (an offset outgrows 32 bits), the payload's length."""
+    return Location(offset >> 32, offset & 0xFFFFFFFF, length)
+
+
+class VhostLogView:
+    """The part of a SegmentLog's interface a MessageStore uses, answered from the vhost's
+    replicated log, where a clustered vhost's records are (module doc). Locations are log
+    offsets (`_at`); reads go to the log (from memory while a record is not written yet);
+    nothing is released record by record (checkpoints and the trim reclaim space), and the
+    log's writer, fsyncs and failures are the replication's business."""
+
+    def __init__(self, records: SegmentRecordStore) -> None:
+        self.records = records
+        self.recovery = RecoveryReport()  # the log's own replay reported its damage
+        self.error: BaseException | None = None
+        self.resumes = 0
+
+    def read(self, location: Location) -> bytes:
+        return self.records.payload_at((location[0] << 32) | location[1])
+
+    def release(self, location: Location) -> None:
+        pass
+
+    def schedule_sync(self) -> None:
+        pass
+
+    def compact(self, relocate: Any) -> None:
+        pass
+
+    def replay(self, *, copy: bool = True) -> Any:
+        """Every record the log holds, in offset order, with its location."""
+        records = self.records
+        offset = records.first_offset
+        while offset <= records.last_offset:
+            batch = records.read(offset, 4 << 20)
+            for at, payload in batch:
+                yield _at(at, len(payload)), payload
+            offset = batch[-1][0] + 1
+
+    def segments(self) -> list:
+        return []
+
+    @property
+    def bytes_written(self) -> int:
+        return self.records.log.bytes_written
+
+    def close(self) -> None:
+        pass
+
 
 class ClusterMessageStore(MessageStore):
     """`broker.store` of a cluster node: dispatches to the vhost's store where the caller
@@ -364,45 +475,40 @@ def _release_output(conn: Connection, *, send: bool) -> None:
 
 @dataclass
 class Rebuilt:
-    """What `rebuild_message_dir` found besides the message records."""
+    """What `rebuild_from_log` found besides the message records."""
 
     definitions: dict | None = None  # the last definitions snapshot
     next_id: int = 1  # no message id below this may be given again
     next_queue_id: int = 1
 
 
-def rebuild_message_dir(records: SegmentRecordStore, directory: Path) -> Rebuilt:
-    """Write the replicated log's message records into a fresh MessageStore directory (the
-    input of the ordinary recovery) and its streams' records into fresh stream directories
-    beside it (``../streams/<id>``, opened by the streams as they are declared); return the
-    last definitions and the id floors."""
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
+def rebuild_from_log(records: SegmentRecordStore, vhost_dir: Path) -> Rebuilt:
+    """What a new leader takes from the vhost's log besides its messages (which the store
+    reads through `VhostLogView`): the last definitions, the id floors, and each stream's
+    records, written into fresh stream directories (``streams/<id>``, opened by the streams
+    as they are declared). A working copy left by an older version goes."""
+    shutil.rmtree(vhost_dir / "messages", ignore_errors=True)
     found = Rebuilt()
     last_definitions = None
-    streams = _StreamsRebuild(directory.parent / "streams")
+    streams = _StreamsRebuild(vhost_dir / "streams")
     try:
-        with SegmentLog.open(directory) as out:
-            offset = records.first_offset
-            while offset <= records.last_offset:
-                batch = records.read(offset, 4 << 20)
-                for _, payload in batch:
-                    tag = payload[:1]
-                    if tag == definitions.DEFINITIONS_TAG:
-                        last_definitions = payload
-                        streams.definitions(payload)
-                    elif tag == STREAM_TAG:
-                        streams.record(payload)
-                    elif tag == STREAM_START_TAG:
-                        streams.start(payload)
-                    elif tag == CHECKPOINT_TAG:
-                        next_id, next_queue_id = _CHECKPOINT_IDS.unpack_from(payload, 9)
-                        found.next_id = max(found.next_id, next_id)
-                        found.next_queue_id = max(found.next_queue_id, next_queue_id)
-                    elif tag != EPOCH_TAG:
-                        out.append(payload)
-                offset = batch[-1][0] + 1
-            out.sync_now()
+        offset = records.first_offset
+        while offset <= records.last_offset:
+            batch = records.read(offset, 4 << 20)
+            for _, payload in batch:
+                tag = payload[:1]
+                if tag == definitions.DEFINITIONS_TAG:
+                    last_definitions = payload
+                    streams.definitions(payload)
+                elif tag == STREAM_TAG:
+                    streams.record(payload)
+                elif tag == STREAM_START_TAG:
+                    streams.start(payload)
+                elif tag == CHECKPOINT_TAG:
+                    next_id, next_queue_id = _CHECKPOINT_IDS.unpack_from(payload, 9)
+                    found.next_id = max(found.next_id, next_id)
+                    found.next_queue_id = max(found.next_queue_id, next_queue_id)
+            offset = batch[-1][0] + 1
         if last_definitions is not None:
             found.definitions = definitions.decode(last_definitions)
         streams.finish(found.definitions)

@@ -96,6 +96,11 @@ class SegmentRecordStore:
         self._sync_waiters: deque[tuple[int, int, Callable[[int, BaseException | None], object]]]
         self._sync_waiters = deque()
         self._sync_lock = threading.Lock()
+        # Records leave this log only in runs (a trim below a checkpoint, a truncation, a
+        # reset), never one by one as messages are acked: a live count per segment is all
+        # it needs, not a per-record map (whose upkeep cost a leader ~1.5 us a message).
+        log_options.setdefault("whole_segments", True)
+        self._whole_segments = log_options["whole_segments"]
         self.log = SegmentLog.open(
             directory, on_synced=self._log_synced, on_error=self._log_failed, **log_options
         )
@@ -237,8 +242,7 @@ class SegmentRecordStore:
         """Void everything held; the next record appended is `start` (durable after sync)."""
         self.gen += 1
         self.log.append(_HEAD.pack(b"z", self.gen, start))
-        for location in self._locations:
-            self.log.release(location)
+        self.log.release_many(self._locations)
         self._locations = []
         self.first_offset = start
         self.last_offset = start - 1
@@ -261,8 +265,7 @@ class SegmentRecordStore:
         self.gen += 1
         self.log.append(_HEAD.pack(b"t", self.gen, last))
         keep = last + 1 - self.first_offset
-        for location in self._locations[keep:]:
-            self.log.release(location)
+        self.log.release_many(self._locations[keep:])
         del self._locations[keep:]
         self.last_offset = last
         self.durable_offset = min(self.durable_offset, last)
@@ -283,8 +286,7 @@ class SegmentRecordStore:
         """Retention: forget records below `base` (not persisted as such: the checkpoint
         record that allowed it is, and a replay trims again)."""
         cut = max(0, min(base, self.last_offset + 1) - self.first_offset)
-        for location in self._locations[:cut]:
-            self.log.release(location)
+        self.log.release_many(self._locations[:cut])
         del self._locations[:cut]
         self.first_offset += cut
         i = bisect.bisect_right(self.epochs, (self.first_offset, 1 << 64))
@@ -294,8 +296,11 @@ class SegmentRecordStore:
             self.epochs[0] = (self.first_offset, self.epochs[0][1])
 
     def compact(self) -> None:
-        """Copy the live records out of mostly-trimmed segments (off the hot path)."""
-        self.log.compact(self._relocated)
+        """Copy the live records out of mostly-trimmed segments (off the hot path): only
+        for a log opened with per-record liveness (``whole_segments=False``). Otherwise the
+        checkpoints are the compaction: a segment goes once a trim took all its records."""
+        if not self._whole_segments:
+            self.log.compact(self._relocated)
 
     def _relocated(self, old: Location, new: Location, payload: bytes) -> None:
         tag, _, offset = _HEAD.unpack_from(payload, 0)
@@ -332,6 +337,12 @@ class SegmentRecordStore:
             size += len(payload)
             offset += 1
         return out
+
+    def payload_at(self, offset: int) -> bytes:
+        """One record's payload (from memory if not written yet); KeyError if not held."""
+        if not self.first_offset <= offset <= self.last_offset:
+            raise KeyError(offset)
+        return self.log.read(self._locations[offset - self.first_offset])[_HEAD.size :]
 
     def records(self) -> list[tuple[int, bytes]]:
         """Everything held, oldest first (for tests and checks)."""

@@ -8,13 +8,14 @@ HANDOFF frame is a client connection another node hands over (handoff.py).
   ``data/vhosts/<vhost>/log`` (`SegmentRecordStore`) with a `ReplicationFollower` pointed at
   the leader etcd names (fsync per batch, ack).
 * Leading (`promote`, on winning the election, and at a first start): stop following,
-  rebuild the message store from the log (`rebuild_message_dir`), make the vhost's
-  durable objects those of the log's last definitions snapshot, run the ordinary
-  `MessageStore.recover`, and lead the log at the new epoch. Until that is done the vhost
+  take the definitions, id floors and streams out of the log (`rebuild_from_log`), make
+  the vhost's durable objects those of the log's last definitions snapshot, run the
+  ordinary `MessageStore.recover` over the log's records, and lead the log at the new
+  epoch. Until that is done the vhost
   is not served (`serving`), so no client writes to it half-recovered.
 * Losing the leadership (`demote`): nack what waits, stop streaming, follow again.
-* Upkeep (`_maintain`, every `MAINTAIN_EVERY` s): the working copies are compacted as the
-  single node's store is, the logs' segments too, and a led vhost whose log has grown past
+* Upkeep (`_maintain`, every `MAINTAIN_EVERY` s): the logs' segments are compacted, and a
+  led vhost whose log has grown past
   `checkpoint_bytes` and twice its live data gets a checkpoint (replicated_store.py), after
   which every member trims it: a failover rebuilds about the live data, not the history.
 """
@@ -34,7 +35,7 @@ from . import replication_wire as wire
 from .coordination import encode
 from .etcd import EtcdError
 from .handoff import HANDOFF
-from .replicated_store import ReplicatedMessageStore, rebuild_message_dir
+from .replicated_store import ReplicatedMessageStore, rebuild_from_log
 from .replication import (
     ReplicationFollower,
     ReplicationLeader,
@@ -126,11 +127,10 @@ class VhostReplicas:
                     log.exception("vhost %r: upkeep failed", vhost)
 
     async def maintain(self, vhost: str) -> None:
-        """Compact the vhost's working copy and log; checkpoint a led vhost's log when due."""
+        """Checkpoint a led vhost's log when due; compact the log's segments."""
         records = self.logs[vhost]
         store = self.stores.get(vhost)
         if store is not None:
-            store.compact()
             if self.checkpoint_due(vhost):
                 if await store.checkpoint():
                     self._checkpointed_at[vhost] = records.log.bytes_written
@@ -336,8 +336,8 @@ class VhostReplicas:
         assert c is not None
         records = self.log_of(vhost)
         await asyncio.to_thread(records.sync)
-        messages = self.vhost_dir(vhost) / "messages"
-        rebuilt = await asyncio.to_thread(rebuild_message_dir, records, messages)
+        messages = self.vhost_dir(vhost) / "messages"  # not created: VhostLogView
+        rebuilt = await asyncio.to_thread(rebuild_from_log, records, self.vhost_dir(vhost))
         if not c.may_confirm(vhost, epoch):
             log.warning("vhost %r: leadership at epoch %d lost while recovering", vhost, epoch)
             return
@@ -398,7 +398,7 @@ class VhostReplicas:
             segment_size=storage.segment_size,
             sync_interval_ms=storage.sync_interval_ms,
             loop=asyncio.get_running_loop(),
-            fsync=False,  # a working copy: the log is what is durable (rebuilt from it)
+            fsync=False,  # unused: the records are the log's (VhostLogView)
         )
 
     @staticmethod

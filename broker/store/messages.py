@@ -273,15 +273,7 @@ class MessageStore:
         self.clean_start = (self.dir / CLEAN_SHUTDOWN).exists()
         if self.clean_start:
             (self.dir / CLEAN_SHUTDOWN).unlink()
-        self.log = SegmentLog(
-            self.dir,
-            segment_size=segment_size,
-            sync_interval_ms=sync_interval_ms,
-            fsync=fsync,
-            on_synced=self._synced_from_writer,
-            on_error=self._error_from_writer,
-            on_deleted=self._deleted_from_writer,
-        )
+        self.log = self._open_log(segment_size, sync_interval_ms, fsync)
         self.next_id = 1
         self.index = MessageIndex()
         self._tombs: dict[int, list[Location]] = {}  # msg_id -> ack/delivered records
@@ -303,6 +295,19 @@ class MessageStore:
         #: Called on the loop with the error when the log fails (the broker's reaction).
         self.on_failure: Any = None
         self._lock = threading.Lock()
+
+    def _open_log(self, segment_size: int, sync_interval_ms: int, fsync: bool) -> Any:
+        """The records' home: this store's own segment log (a clustered vhost's store
+        reads the vhost's replicated log instead: replicated_store.py)."""
+        return SegmentLog(
+            self.dir,
+            segment_size=segment_size,
+            sync_interval_ms=sync_interval_ms,
+            fsync=fsync,
+            on_synced=self._synced_from_writer,
+            on_error=self._error_from_writer,
+            on_deleted=self._deleted_from_writer,
+        )
 
     # -- writes (event loop) ---------------------------------------------------------
 

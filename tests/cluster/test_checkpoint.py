@@ -49,6 +49,18 @@ def test_checkpoint_trims_every_copy_and_failover_recovers_exactly_the_unacked(c
     ch.confirm_delivery()
     ch.queue_declare("q", durable=True)
     ch.queue_declare("other", durable=True)
+    # One publish record for two queues: acked from "fa" before the checkpoint, kept by
+    # "fb", which is lazy (its bodies are read back from the log, after the trim too).
+    ch.exchange_declare("fan", "fanout", durable=True)
+    ch.queue_declare("fa", durable=True)
+    ch.queue_declare("fb", durable=True, arguments={"x-queue-mode": "lazy"})
+    for name in ("fa", "fb"):
+        ch.queue_bind(name, "fan")
+    for i in range(50):
+        ch.basic_publish("fan", "", b"f%d" % i, PERSISTENT)
+    for _ in range(50):
+        method, _props, _body = ch.basic_get("fa")
+        ch.basic_ack(method.delivery_tag)
     for i in range(3000):
         ch.basic_publish("", "q", b"%06d" % i + BODY, PERSISTENT)
     for i in range(100):
@@ -70,6 +82,15 @@ def test_checkpoint_trims_every_copy_and_failover_recovers_exactly_the_unacked(c
     assert log_of(leader)["checkpoints"] >= 1
     # 3000 publishes of ~1 KB were written: without trimming the files hold over 3 MB.
     assert all(log_of(n)["bytes"] < 2_500_000 for n in cluster), [log_of(n) for n in cluster]
+    # Below the trim, where the lazy queue's bodies were first written, nothing is left:
+    # they come from the checkpoint's copies.
+    for i in range(10):
+        method, _props, body = ch.basic_get("fb")
+        assert body == b"f%d" % i
+        ch.basic_ack(method.delivery_tag)
+    # A confirmed publish after the acks: the log is in order, so the acks are in every
+    # in-sync copy once it is confirmed (an ack itself is not confirmed to anyone).
+    ch.basic_publish("", "fa", b"after the acks", PERSISTENT)
 
     leader.kill9()
     survivors = [n for n in cluster if n is not leader]
@@ -82,6 +103,8 @@ def test_checkpoint_trims_every_copy_and_failover_recovers_exactly_the_unacked(c
     got = drain(successor, "q")
     assert got == [b"%06d" % i + BODY for i in range(2700, 3000)]
     assert drain(successor, "other") == [b"o%d" % i for i in range(100)]
+    assert drain(successor, "fa") == [b"after the acks"]
+    assert drain(successor, "fb") == [b"f%d" % i for i in range(10, 50)]
     # Ids named below the checkpoint are not given again: new messages recover too.
     conn = connect(successor)
     ch = conn.channel()

@@ -3,6 +3,7 @@ epochs — each checked by what a restart (a replay of the directory) finds."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -17,7 +18,11 @@ from roarmq.broker.cluster.replication_store import (
 def reopen(store: SegmentRecordStore) -> SegmentRecordStore:
     store.sync()
     store.close()
-    return SegmentRecordStore(store.log.directory, segment_size=store.log._segment_size)
+    return SegmentRecordStore(
+        store.log.directory,
+        segment_size=store.log._segment_size,
+        whole_segments=store._whole_segments,
+    )
 
 
 def fill(store: SegmentRecordStore, upto: int, tag: bytes = b"x") -> None:
@@ -42,9 +47,19 @@ def test_truncated_tail_stays_truncated_after_a_restart(tmp_path):
     store.close()
 
 
-def test_reset_voids_everything_before_in_any_order(tmp_path):
+#: Both ways a log counts its live records: per segment (the default: trims free whole
+#: segments) and per record (compaction copies the live records of sparse segments).
+BOTH_LIVENESS = pytest.mark.parametrize("whole", [True, False], ids=["whole", "per-record"])
+
+
+def segment_files(store: SegmentRecordStore) -> int:
+    return sum(1 for name in os.listdir(store.log.directory) if name.endswith(".seg"))
+
+
+@BOTH_LIVENESS
+def test_reset_voids_everything_before_in_any_order(tmp_path, whole):
     """Markers mean the same wherever compaction moved them (module doc: generations)."""
-    store = SegmentRecordStore(tmp_path / "log", segment_size=4096)
+    store = SegmentRecordStore(tmp_path / "log", segment_size=4096, whole_segments=whole)
     fill(store, 200)
     store.sync()
     store.reset(500)
@@ -59,8 +74,9 @@ def test_reset_voids_everything_before_in_any_order(tmp_path):
     store.close()
 
 
-def test_checkpoint_trims_below_its_base_and_a_replay_agrees(tmp_path):
-    store = SegmentRecordStore(tmp_path / "log", segment_size=8192)
+@BOTH_LIVENESS
+def test_checkpoint_trims_below_its_base_and_a_replay_agrees(tmp_path, whole):
+    store = SegmentRecordStore(tmp_path / "log", segment_size=8192, whole_segments=whole)
     store.append(1, epoch_record(3))
     fill(store, 400)
     store.append(401, epoch_record(3))  # a checkpoint starts with its epoch
@@ -69,10 +85,13 @@ def test_checkpoint_trims_below_its_base_and_a_replay_agrees(tmp_path):
     fill(store, 470, b"n")
     store.sync()
     assert store.first_offset == 1  # not yet: only once the checkpoint is durable/confirmed
+    files = segment_files(store)
     store.trim_checkpointed(451)
     assert store.first_offset == 401
     assert store.epochs == [(401, 3)]
     before = store.records()
+    store.sync()  # the trimmed segments are deleted after the next batch
+    assert segment_files(store) < files
     for _ in range(3):
         store.compact()
         store.sync()
@@ -94,11 +113,14 @@ def test_end_of_epoch_is_where_a_follower_stops_agreeing():
     assert store.end_of_epoch(8) == 120
 
 
+@BOTH_LIVENESS
 @pytest.mark.parametrize("seed", [11, 12, 13])
-def test_random_truncations_resets_checkpoints_and_compactions_replay_exactly(tmp_path, seed):
+def test_random_truncations_resets_checkpoints_and_compactions_replay_exactly(
+    tmp_path, seed, whole
+):
     """A model of what the log must hold, checked after every restart."""
     rng = random.Random(seed)
-    store = SegmentRecordStore(tmp_path / "log", segment_size=4096)
+    store = SegmentRecordStore(tmp_path / "log", segment_size=4096, whole_segments=whole)
     model: dict[int, bytes] = {}
     first = 1
     trimmed_by = 0  # the checkpoint record the log was last trimmed by

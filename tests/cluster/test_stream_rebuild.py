@@ -13,7 +13,7 @@ from roarmq.broker.cluster.replicated_store import (
     _STREAM_START,
     STREAM_START_TAG,
     STREAM_TAG,
-    rebuild_message_dir,
+    rebuild_from_log,
 )
 from roarmq.broker.cluster.replication_store import SegmentRecordStore
 from roarmq.broker.store.segments import SegmentLog
@@ -45,7 +45,7 @@ def rebuilt(tmp_path, payloads: list[bytes]) -> dict[int, list[int]]:
     records = SegmentRecordStore(tmp_path / "log")
     for offset, payload in enumerate(payloads, 1):
         records.append(offset, payload)
-    rebuild_message_dir(records, tmp_path / "messages")
+    rebuild_from_log(records, tmp_path)
     records.close()
     out = {}
     root = tmp_path / "streams"
