@@ -118,6 +118,9 @@ class ClusterNode:
         c.info = {"amqp_port": b.port, "management_port": b.mgmt_port, **self.handoff.advertised()}
         c.on_lost.append(self._lost)
         c.on_won.append(self.replicas.won)
+        # The watch may show our leader key before the campaign's reply makes us leader: a
+        # reconcile run on that event saw no leadership and filled no members. Run again.
+        c.on_won.append(lambda _vhost, _epoch: self._poke())
         c.fencing.on_restored.append(self._release_confirms)
         c.on_fenced.append(lambda: b.set_cluster_fenced(True))
         c.fencing.on_restored.append(lambda: b.set_cluster_fenced(False))
