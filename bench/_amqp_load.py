@@ -424,7 +424,8 @@ async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
     bind_s = 0.0  # time from the first queue.bind sent to the last bind-ok received
     for name in queues:
         # auto-delete: gone with this consumer, so a reused broker keeps no leftovers
-        await client.call(spec.QueueDeclare(queue=name, auto_delete=True), spec.QueueDeclareOk)
+        declare = spec.QueueDeclare(queue=name, durable=sc.get("durable", False), auto_delete=True)
+        await client.call(declare, spec.QueueDeclareOk)
         bind_started = time.perf_counter()
         for pattern in patterns:  # pipelined: all binds out, then all bind-oks in
             client.send(CHANNEL, spec.QueueBind(queue=name, exchange=exchange, routing_key=pattern))

@@ -24,6 +24,11 @@ transient messages, one queue and one consumer unless said otherwise):
   direct      direct exchange, one binding, consumer no-ack (autoack)
   confirms    as direct, plus publisher confirms (at most 1,000 unconfirmed)
               and manual acks (one basic.ack per delivery), prefetch 100
+  persistent-w1000  as confirms, but persistent messages (delivery-mode 2) to a durable
+              (auto-delete) queue: the broker makes each durable before confirming it
+  persistent-w1     the same with a publisher that waits for each confirm before the next
+              publish (pika's BlockingConnection): its rate is 1 / the broker's confirm latency
+              Both report the publisher's confirm latency p50/p99 beside the delivery latency
   fanout      fanout exchange bound to 10 queues, one no-ack consumer per queue (10
               consumers on one channel of one consumer process, which walks frames
               instead of parsing them, so it is not the bottleneck: see its CPU %),
@@ -131,6 +136,8 @@ class Scenario:
     rate: int = 0  # publisher pace, msg/s; 0: unthrottled
     scan: bool = False  # the consumer's frame scanner instead of FrameParser (_amqp_load)
     quick_bindings: int = 0  # bindings with --quick; 0: as bindings
+    persistent: bool = False  # durable queue, delivery-mode 2 (the broker fsyncs them)
+    window: int = 0  # unconfirmed messages with confirms; 0: --window
 
 
 SCENARIOS = [
@@ -144,6 +151,30 @@ SCENARIOS = [
         manual_ack=True,
         prefetch=100,
         confirms=True,
+    ),
+    Scenario(
+        "persistent-w1000",
+        "persistent, durable queue, confirms (<= 1,000 unconfirmed) + manual ack, prefetch 100",
+        "direct",
+        100_000,
+        10_000,
+        manual_ack=True,
+        prefetch=100,
+        confirms=True,
+        persistent=True,
+        window=1000,
+    ),
+    Scenario(
+        "persistent-w1",
+        "persistent, durable queue, a publisher that waits for each confirm, manual ack",
+        "direct",
+        3_000,
+        300,
+        manual_ack=True,
+        prefetch=100,
+        confirms=True,
+        persistent=True,
+        window=1,
     ),
     Scenario(
         "fanout",
@@ -260,8 +291,11 @@ def run_scenario(
         "manual_ack": sc.manual_ack,
         "prefetch": sc.prefetch,
         "confirms": sc.confirms,
-        "window": args.window,
+        "window": sc.window or args.window,
         "batch": args.batch,
+        "durable": sc.persistent,
+        "delivery_mode": 2 if sc.persistent else None,
+        "confirm_latency": sc.confirms,
         "bindings": bindings,
         "shape": sc.shape,
         "topic_keys": sc.topic_keys or args.topic_keys,
@@ -337,6 +371,8 @@ def run_scenario(
         "consumer_cpu_pct": consumed.get("cpu_pct"),
         "binds_per_s": consumed.get("binds_per_s"),  # pipelined queue.bind, declaring the topology
         "publish_rate": published.get("publish_rate") if published and sc.rate else None,
+        "confirm_p50_ms": published.get("confirm_p50_ms") if published else None,
+        "confirm_p99_ms": published.get("confirm_p99_ms") if published else None,
         "publisher": published,
     }
 
@@ -356,6 +392,14 @@ def fmt(value: float | None, digits: int) -> str:
     return f"{value:,.{digits}f}"
 
 
+def confirm_latency(row: dict[str, Any]) -> str:
+    """The publisher's write -> confirm latency, where it had confirms."""
+    p50, p99 = _num(row.get("confirm_p50_ms")), _num(row.get("confirm_p99_ms"))
+    if p50 is None or p99 is None:
+        return "-"
+    return f"{p50:,.1f} / {p99:,.1f}"
+
+
 def table(rows: list[dict[str, Any]], repeat: int, quick: bool = False) -> str:
     others = [k for k in ALL_BROKERS[1:] if any(r["broker"] == k for r in rows)]
     head = [
@@ -364,6 +408,7 @@ def table(rows: list[dict[str, Any]], repeat: int, quick: bool = False) -> str:
         "deliveries/s",
         "p50 ms",
         "p99 ms",
+        "confirm p50 / p99 ms",
         "received",
         *(f"RoarMQ/{LABEL[k]}" for k in others),
         "broker CPU us/delivery",
@@ -409,6 +454,7 @@ def table(rows: list[dict[str, Any]], repeat: int, quick: bool = False) -> str:
                     fmt(r.get("msgs_per_s"), 0),
                     fmt(r.get("p50_ms"), 2 if r["scenario"] == "latency-10k" else 1),
                     fmt(r.get("p99_ms"), 2 if r["scenario"] == "latency-10k" else 1),
+                    confirm_latency(r),
                     msgs,
                     *ratios,
                     fmt(r.get("broker_cpu_us_per_msg"), 1),
