@@ -520,6 +520,8 @@ def summarize(
         "bindings": pick.get("bindings"),
         "runs_binds_per_s": [_num(r.get("binds_per_s")) for r in results],
         "publish_rate": _num(pick.get("publish_rate")),  # paced scenarios only
+        "confirm_p50_ms": _num(pick.get("confirm_p50_ms")),  # scenarios with confirms
+        "confirm_p99_ms": _num(pick.get("confirm_p99_ms")),
         "runs_msgs_per_s": [_num(r.get("msgs_per_s")) for r in results],
         "runs_p50_ms": [_num(r.get("p50_ms")) for r in results],
         "runs_p99_ms": [_num(r.get("p99_ms")) for r in results],

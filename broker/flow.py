@@ -7,8 +7,9 @@ transport. The reasons (see docs/architecture.md, "Flow control"):
 * `ALARM`   -- the broker's memory or disk alarm is set and this connection
   publishes (consumers that only ack keep being read, so queues drain);
 * a `Queue` -- a queue this connection published to is in flow state: it has
-  consumers, all of them at their prefetch limit (or with full sockets), and a
-  backlog over `queue.FLOW_HIGH`; it releases its publishers under `FLOW_LOW`;
+  consumers, all of them at their prefetch limit, and a backlog over
+  `queue.FLOW_HIGH` (over `FLOW_HIGH_UNREAD` when a consumer takes nothing: a
+  full socket); it releases its publishers under `FLOW_LOW`;
 * `WRITES`  -- our own output to this client is over `WRITE_HIGH` bytes (the
   transport called `pause_writing`): a client that does not read what it asked
   for (gets, recovers, confirms) is not read either, until it drains;

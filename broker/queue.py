@@ -25,13 +25,19 @@ if TYPE_CHECKING:
 DISPATCH_BATCH = 2000
 
 #: A queue with consumers that still has more than FLOW_HIGH ready messages after
-#: dispatching -- every consumer is at its prefetch limit or has a full socket --
-#: stops reading the connections that publish to it until it is back under
-#: FLOW_LOW: RabbitMQ's credit flow / "flow" state. It keeps latency bounded and
-#: leaves the consumers CPU to catch up, where plain buffering would only grow the
-#: backlog. The test is O(1) per publish (a length), never a walk over consumers.
-FLOW_HIGH = 4000
-FLOW_LOW = 1000
+#: dispatching -- every consumer is at its prefetch limit -- stops reading the
+#: connections that publish to it until it is back under FLOW_LOW: RabbitMQ's credit
+#: flow / "flow" state. It keeps latency bounded and leaves the consumers CPU to catch
+#: up, where plain buffering would only grow the backlog (and, past a few thousand
+#: messages, pack and unpack them: bench/throughput.py persistent-w1000 went from 42k
+#: to 58k msg/s and 71 to 15 ms p50 when 4,000/1,000 became 200/50, docs/benchmarks.md).
+#: When a consumer does not take deliveries at all (its socket is full, or it sent
+#: channel.flow off) the backlog may never drain on its own, and holding the publishers
+#: would stall everything else they publish: then only past FLOW_HIGH_UNREAD. The test
+#: is a length per publish; consumers are looked at only past FLOW_HIGH, not in flow.
+FLOW_HIGH = 200
+FLOW_LOW = 50
+FLOW_HIGH_UNREAD = 4000
 
 
 class Entry:
@@ -248,7 +254,11 @@ class Queue:
         if self.consumer_count and self.ready.n:
             if not self._saturated:
                 self.dispatch()
-            if self.throttled is None and self.ready.n > FLOW_HIGH:
+            if (
+                self.throttled is None
+                and self.ready.n > FLOW_HIGH
+                and (self.ready.n > FLOW_HIGH_UNREAD or self._consumers_take())
+            ):
                 self.throttled = set()  # the publishing channel adds its connection
         return True
 
@@ -431,6 +441,11 @@ class Queue:
         self.stats_delivered += delivered
         if self.throttled is not None and ready.n < FLOW_LOW:
             self.release_publishers()
+
+    def _consumers_take(self) -> bool:
+        """Every consumer takes deliveries (none has a full socket or channel.flow off):
+        what holds them is their prefetch, which their acks open again."""
+        return all(c.channel.can_deliver for g in self._groups for c in g.members)
 
     def _unblock(self) -> None:
         self._saturated = False

@@ -25,8 +25,9 @@ writer thread doing every write, fsync, unlink and directory fsync:
 * `append` copies the framed record into an in-memory buffer and returns at
   once (no syscalls). Its token is a per-record sequence number, increasing by
   one per append.
-* `schedule_sync` asks the writer for a batch. The writer (optionally waiting
-  `sync_interval_ms` to gather more), takes everything buffered so far, writes
+* `schedule_sync` asks the writer for a batch. The writer (waiting up to
+  `sync_interval_ms` since its last batch to gather more, when more than
+  `GATHER_AFTER_RECORDS` came since then), takes everything buffered so far, writes
   it, issues one fdatasync per segment touched (normally one), fsyncs the
   directory if it created a file, and then calls ``on_synced(token)`` *from
   the writer thread* with the highest token now on disk (`synced_token`). The
@@ -120,6 +121,7 @@ from pyroaring import BitMap
 __all__ = [
     "MAGIC",
     "HEADER_SIZE",
+    "GATHER_AFTER_RECORDS",
     "Location",
     "SegmentLog",
     "SegmentLogError",
@@ -193,6 +195,12 @@ class CorruptRegion:
     length: int
     reason: str
     truncated: bool  # True: tail cut off the file; False: skipped in the middle
+
+
+#: `sync_interval_ms` applies only to a log that got more records than this since its last
+#: batch: below it a batch starts at once. A publisher waiting for each confirm appends 2-3
+#: records (publish, delivered, ack) a batch; a busy log thousands.
+GATHER_AFTER_RECORDS = 16
 
 
 @dataclass
@@ -1142,15 +1150,22 @@ class SegmentLog:
 
     def _writer_main(self) -> None:
         last_start = float("-inf")
+        last_token = 0  # the token when the last batch was taken
         try:
             while True:
                 with self._lock:
                     while not self._want and not self._closing:
                         self._cond.wait()
-                    if self._interval and not self._closing:
-                        # Batches start at least `interval` apart: an idle log syncs at
-                        # once (low latency for a lone publisher), a busy one gathers
-                        # everything that arrives meanwhile into one fsync.
+                    if (
+                        self._interval
+                        and not self._closing
+                        and self._token - last_token > GATHER_AFTER_RECORDS
+                    ):
+                        # Batches start at least `interval` apart when records keep
+                        # coming (a busy log gathers what arrives meanwhile into one
+                        # fsync). A log that got only a few since its last batch (a
+                        # publisher waiting for each confirm, light load) syncs at once:
+                        # waiting would only add latency, and fsyncs are few anyway.
                         deadline = last_start + self._interval
                         while not self._closing and not self._sealed:
                             left = deadline - time.monotonic()
@@ -1159,6 +1174,7 @@ class SegmentLog:
                             self._cond.wait(left)
                     self._want = False
                     last_start = time.monotonic()
+                    last_token = self._token
                     self._seal_locked()
                     chunks = self._inflight = self._sealed
                     self._sealed = []

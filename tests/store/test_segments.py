@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from roarmq.broker.store import segments
 from roarmq.broker.store.segments import (
+    GATHER_AFTER_RECORDS,
     HEADER_SIZE,
     MAGIC,
     CorruptRecord,
@@ -208,15 +209,34 @@ def test_sync_interval_gathers_a_batch(tmp_path):
         log.schedule_sync()
         assert done.wait(10)  # an idle log syncs at once: no added latency
         done.clear()
-        log.append(b"first")
-        log.schedule_sync()
-        for i in range(9):
+        for i in range(GATHER_AFTER_RECORDS + 4):  # a busy log: many records since
             log.append(b"more %d" % i)
-            log.schedule_sync()
+        log.schedule_sync()
         assert not done.wait(0.2)  # within the interval of the last batch: gathering
         log.append(b"x" * (64 << 10))  # a full buffer ends the wait early
         assert done.wait(10)
-        assert synced == [1, 12]  # one more batch, one fsync, for all of them
+        assert synced == [1, GATHER_AFTER_RECORDS + 6]  # one batch, one fsync, for all
+
+
+def test_a_few_records_after_a_batch_are_synced_without_the_interval(tmp_path):
+    """A publisher that waits for each confirm appends a few records a batch: the log
+    syncs them at once instead of waiting out `sync_interval_ms` since the last batch
+    (it capped such a publisher at 1 / interval = 200 msg/s)."""
+    synced: list[int] = []
+    done = threading.Event()
+
+    def on_synced(token):
+        synced.append(token)
+        done.set()
+
+    with SegmentLog.open(tmp_path, sync_interval_ms=60_000, on_synced=on_synced) as log:
+        for round_ in range(5):
+            done.clear()
+            for kind in (b"publish", b"delivered", b"ack"):
+                log.append(kind + b" %d" % round_)
+            log.schedule_sync()
+            assert done.wait(10), f"round {round_} waited for the 60-s interval"
+        assert synced == [3, 6, 9, 12, 15]
 
 
 def test_full_buffer_starts_a_batch_without_being_asked(tmp_path):
