@@ -424,7 +424,12 @@ async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
     bind_s = 0.0  # time from the first queue.bind sent to the last bind-ok received
     for name in queues:
         # auto-delete: gone with this consumer, so a reused broker keeps no leftovers
-        declare = spec.QueueDeclare(queue=name, durable=sc.get("durable", False), auto_delete=True)
+        declare = spec.QueueDeclare(
+            queue=name,
+            durable=sc.get("durable", False),
+            auto_delete=True,
+            arguments=sc.get("queue_arguments") or {},
+        )
         await client.call(declare, spec.QueueDeclareOk)
         bind_started = time.perf_counter()
         for pattern in patterns:  # pipelined: all binds out, then all bind-oks in
@@ -518,6 +523,7 @@ async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
         "msgs_per_s": received / elapsed if elapsed > 0 else 0.0,
         "p50_ms": percentile(latencies, 50),
         "p99_ms": percentile(latencies, 99),
+        "p999_ms": percentile(latencies, 99.9),
         "max_ms": latencies[-1] / 1e6 if latencies else float("nan"),
         "cpu_pct": 100 * (state["cpu_last"] - state["cpu_first"]) / window
         if window > 0.01

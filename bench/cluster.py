@@ -74,7 +74,7 @@ from typing import Any
 
 import harness
 from _machine import machine_info
-from harness import LocalCluster, Procs
+from harness import LocalCluster, Procs, machine_busy_s
 
 sys.path.insert(0, str(harness.REPO / "tests" / "cluster"))
 from clusterlib import FaultLoad  # noqa: E402
@@ -286,12 +286,6 @@ def cpu_of(pgids: dict[str, int]) -> dict[str, float]:
     out = {name: harness.group_cpu_s(pgid) for name, pgid in pgids.items()}
     out["_machine"] = machine_busy_s()
     return out
-
-
-def machine_busy_s() -> float:
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_quiet(say: Any, limit: float, cores: float = 0.3, wait: float = 180) -> float:

@@ -917,3 +917,34 @@ def start_rabbitmq_cluster(
     except BaseException:
         cluster.stop()
         raise
+
+
+# -- RoarMQ's own event-loop lag probe --------------------------------------------------
+
+LAG_METRIC = "roarmq_event_loop_lag_max_seconds"
+
+
+def loop_lag_ms(mgmt_port: int | None) -> float | None:
+    """RoarMQ's ``roarmq_event_loop_lag_max_seconds`` in ms (max over label sets), if exported."""
+    if not mgmt_port:
+        return None
+    try:
+        url = f"http://127.0.0.1:{mgmt_port}/metrics"
+        with urllib.request.urlopen(url, timeout=15) as reply:
+            text = reply.read().decode()
+    except (OSError, ValueError):
+        return None
+    values = [
+        float(line.rsplit(None, 1)[1]) * 1000
+        for line in text.splitlines()
+        if line.startswith((LAG_METRIC + " ", LAG_METRIC + "{"))
+    ]
+    return max(values) if values else None
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine was busy so far (/proc/stat, every CPU; idle and
+    iowait excluded): with the CPU of the processes a benchmark knows, what others used."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")

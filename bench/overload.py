@@ -95,7 +95,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -114,13 +113,13 @@ from harness import (  # brokers and processes, shared by every script in bench/
     broker_instance,
     group_cpu_s,
     loadavg,
+    loop_lag_ms,
     pinned,
     sweep,
 )
 from throughput import _next_line, _reader, fmt
 
 GENERATOR = REPO / "bench" / "overload_load.go"
-LAG_METRIC = "roarmq_event_loop_lag_max_seconds"
 PROBE_INTERVAL_MS = 1.0
 CONNECT_EVERY_MS = 20.0
 MIN_PHASE_S = 1.0
@@ -298,24 +297,6 @@ def monitored_instance(
             yield Broker(running, running.mgmt_port, sampler)
         finally:
             sampler.stop()
-
-
-def loop_lag_ms(mgmt_port: int | None) -> float | None:
-    """RoarMQ's ``roarmq_event_loop_lag_max_seconds`` in ms (max over label sets), if exported."""
-    if not mgmt_port:
-        return None
-    try:
-        url = f"http://127.0.0.1:{mgmt_port}/metrics"
-        with urllib.request.urlopen(url, timeout=15) as reply:
-            text = reply.read().decode()
-    except (OSError, ValueError):
-        return None
-    values = [
-        float(line.rsplit(None, 1)[1]) * 1000
-        for line in text.splitlines()
-        if line.startswith((LAG_METRIC + " ", LAG_METRIC + "{"))
-    ]
-    return max(values) if values else None
 
 
 # -- one scenario --------------------------------------------------------------------
