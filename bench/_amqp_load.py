@@ -422,7 +422,9 @@ async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
         spec.ExchangeDeclare(exchange=exchange, type=sc["exchange_type"]), spec.ExchangeDeclareOk
     )
     bind_s = 0.0  # time from the first queue.bind sent to the last bind-ok received
-    for name in queues:
+    for k, name in enumerate(queues):
+        if sc.get("key_per_queue"):  # queue k gets only key "bench.key.k" (no fan-out)
+            patterns = [f"bench.key.{k}"]
         # auto-delete: gone with this consumer, so a reused broker keeps no leftovers
         declare = spec.QueueDeclare(
             queue=name,
@@ -442,7 +444,7 @@ async def consumer(port: int, sc: dict[str, Any], stop: asyncio.Event) -> dict[s
     if sc["prefetch"]:
         await client.call(spec.BasicQos(prefetch_count=sc["prefetch"]), spec.BasicQosOk)
 
-    expected = sc["messages"] * nqueues
+    expected = sc["messages"] * (1 if sc.get("key_per_queue") else nqueues)
     latencies: list[int] = []
     state = {"first_send": 0, "last_recv": 0, "cpu_first": 0.0, "cpu_last": 0.0, "first_recv": 0}
     cpu = time.process_time

@@ -24,6 +24,9 @@ transient messages, one queue and one consumer unless said otherwise):
   direct      direct exchange, one binding, consumer no-ack (autoack)
   confirms    as direct, plus publisher confirms (at most 1,000 unconfirmed)
               and manual acks (one basic.ack per delivery), prefetch 100
+  4p4c        4 publisher processes, each to its own queue (direct exchange, queue k bound
+              with "bench.key.k"), 4 consumers (one process, one channel) with manual acks
+              and prefetch 100; deliveries/s over all four
   persistent-w1000  as confirms, but persistent messages (delivery-mode 2) to a durable
               (auto-delete) queue: the broker makes each durable before confirming it
   persistent-w1     the same with a publisher that waits for each confirm before the next
@@ -162,6 +165,7 @@ class Scenario:
     persistent: bool = False  # durable queue, delivery-mode 2 (the broker fsyncs them)
     queue_arguments: dict[str, Any] | None = None  # queue.declare arguments of the queue(s)
     timeout: float = 0  # seconds, set-up included, when longer than --timeout
+    publishers: int = 1  # publisher processes; with several queues, publisher k -> queue k
     window: int = 0  # unconfirmed messages with confirms; 0: --window
 
 
@@ -176,6 +180,17 @@ SCENARIOS = [
         manual_ack=True,
         prefetch=100,
         confirms=True,
+    ),
+    Scenario(
+        "4p4c",
+        "4 publishers -> 4 queues -> 4 consumers, manual ack, prefetch 100",
+        "direct",
+        200_000,
+        20_000,
+        manual_ack=True,
+        prefetch=100,
+        queues=4,
+        publishers=4,
     ),
     Scenario(
         "persistent-w1000",
@@ -308,6 +323,33 @@ def _next_line(lines: queue.Queue, deadline: float) -> dict | None:
         return None
 
 
+def _publisher_settings(settings: dict[str, Any], sc: Scenario) -> list[str]:
+    """One scenario blob per publisher process: with several, publisher k sends its share
+    of the messages with routing key "bench.key.k" (queue k's only binding)."""
+    if sc.publishers == 1:
+        return [json.dumps(settings)]
+    share = settings["messages"] // sc.publishers
+    return [
+        json.dumps({**settings, "messages": share, "routing_key": f"bench.key.{k % sc.queues}"})
+        for k in range(sc.publishers)
+    ]
+
+
+def _merge_publishers(answers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Several publishers' results as one: counts summed, the first error, and the slowest
+    confirm latencies (each publisher's own p50/p99: the worst of them)."""
+    if len(answers) <= 1:
+        return answers[0] if answers else None
+    merged: dict[str, Any] = {"publishers": answers}
+    for key in ("sent", "confirmed", "nacked", "cpu_s"):
+        merged[key] = sum(a.get(key) or 0 for a in answers)
+    merged["error"] = next((a["error"] for a in answers if a.get("error")), None)
+    for key in ("confirm_p50_ms", "confirm_p99_ms"):
+        values = [a[key] for a in answers if a.get(key) is not None]
+        merged[key] = max(values) if values else None
+    return merged
+
+
 def _children_cpu_s() -> float:
     """CPU seconds of this script's reaped children (the load processes)."""
     t = os.times()
@@ -352,6 +394,7 @@ def run_scenario(
         "queues": sc.queues,
         "rate": sc.rate,
         "scan": sc.scan,
+        "key_per_queue": sc.publishers > 1,
         "timeout": timeout,
     }
     blob = json.dumps(settings)
@@ -360,7 +403,9 @@ def run_scenario(
     hard_deadline = time.monotonic() + timeout + 20
     cons_lines: queue.Queue = queue.Queue()
     pub_lines: queue.Queue = queue.Queue()
-    cons = pub = None
+    cons = None
+    pubs: list[subprocess.Popen] = []
+    published: dict[str, Any] | None = None
     t_load: float | None = None
     broker_cpu = 0.0
     kids0 = mine0 = busy0 = 0.0
@@ -386,19 +431,24 @@ def run_scenario(
         kids0, mine0, busy0 = _children_cpu_s(), _own_cpu_s(), machine_busy_s()
         t_load = time.monotonic()
         cpu0 = group_cpu_s(broker.proc.pid)
-        pub = procs.start(
-            pinned(args.load_cpu, [*base, "publisher", "--port", str(port), "--scenario", blob]),
-            instance=instance,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        threading.Thread(target=_reader, args=(pub, pub_lines), daemon=True).start()
+        for blob_k in _publisher_settings(settings, sc):
+            pub = procs.start(
+                pinned(
+                    args.load_cpu, [*base, "publisher", "--port", str(port), "--scenario", blob_k]
+                ),
+                instance=instance,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            pubs.append(pub)
+            threading.Thread(target=_reader, args=(pub, pub_lines), daemon=True).start()
         consumed = _next_line(cons_lines, hard_deadline)
         broker_cpu = group_cpu_s(broker.proc.pid) - cpu0
         stall = loop_lag_ms(broker.mgmt_port)
-        published = _next_line(pub_lines, hard_deadline)
+        answers = [_next_line(pub_lines, hard_deadline) for _ in pubs]
+        published = _merge_publishers([a for a in answers if a])
     finally:
-        for proc in (pub, cons):
+        for proc in (*pubs, cons):
             if proc is not None:
                 procs.stop(proc, grace=5)
         sweep(instance)
@@ -430,7 +480,7 @@ def run_scenario(
     return {
         "status": status,
         "messages": consumed["received"],  # deliveries: messages x queues
-        "expected": messages * sc.queues,
+        "expected": messages * (1 if sc.publishers > 1 else sc.queues),
         "bindings": bindings,
         "msgs_per_s": rate,  # deliveries/s
         "measured_msgs_per_s": consumed["msgs_per_s"],  # also in a refused run

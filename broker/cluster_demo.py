@@ -110,12 +110,20 @@ def start(args: argparse.Namespace) -> int:
         (where / f"{node}.pid").write_text(str(proc.pid))
 
     def led() -> str | None:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{args.management_port}/api/vhosts/%2F",
-            headers={"Authorization": GUEST},
-        )
-        row = json.load(urllib.request.urlopen(request, timeout=1))
-        return f"{row['leader']} (members {', '.join(row['members'])})" if row["leader"] else None
+        """Ready once every node has joined and names the same leader of `/` (a node that
+        has not joined yet refuses clients with 530)."""
+        rows = []
+        for i in range(len(NODES)):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{args.management_port + i}/api/vhosts/%2F",
+                headers={"Authorization": GUEST},
+            )
+            rows.append(json.load(urllib.request.urlopen(request, timeout=1)))
+        leaders = {row["leader"] for row in rows}
+        if len(leaders) != 1 or None in leaders:
+            return None
+        row = rows[0]
+        return f"{row['leader']} (members {', '.join(row['members'])})"
 
     leader = _wait(led, 60, 0.5)
     print(f"etcd {client}; nodes {', '.join(NODES)}:")
