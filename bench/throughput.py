@@ -169,6 +169,9 @@ class Scenario:
     window: int = 0  # unconfirmed messages with confirms; 0: --window
 
 
+#: A publisher with confirms and a consumer with manual acks and prefetch 100.
+CONFIRMED_AND_ACKED: dict[str, Any] = {"confirms": True, "manual_ack": True, "prefetch": 100}
+
 SCENARIOS = [
     Scenario("direct", "direct 1->1, no-ack", "direct", 200_000, 20_000),
     Scenario(
@@ -177,9 +180,7 @@ SCENARIOS = [
         "direct",
         100_000,
         10_000,
-        manual_ack=True,
-        prefetch=100,
-        confirms=True,
+        **CONFIRMED_AND_ACKED,
     ),
     Scenario(
         "4p4c",
@@ -198,9 +199,7 @@ SCENARIOS = [
         "direct",
         100_000,
         10_000,
-        manual_ack=True,
-        prefetch=100,
-        confirms=True,
+        **CONFIRMED_AND_ACKED,
         persistent=True,
         window=1000,
     ),
@@ -210,9 +209,7 @@ SCENARIOS = [
         "direct",
         3_000,
         300,
-        manual_ack=True,
-        prefetch=100,
-        confirms=True,
+        **CONFIRMED_AND_ACKED,
         persistent=True,
         window=1,
     ),

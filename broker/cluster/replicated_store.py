@@ -3,8 +3,9 @@
 Shape (docs/cluster.md, "Replicated messages"):
 
 * The vhost's **replicated log** (`SegmentRecordStore` in ``data/vhosts/<vhost>/log``) is
-  the durable truth on every member. Its payloads are exactly the MessageStore's records
-  (P, A, D; messages.py) plus definition snapshots (J; replicated_definitions.py).
+  the durable truth on every member. Its payloads are the MessageStore's publish and ack
+  records (P, A; messages.py: no D, below), definition snapshots (J;
+  replicated_definitions.py) and the streams' records (S, s).
 * On the leader, `ReplicatedMessageStore` is a MessageStore whose records live in the
   vhost's log and nowhere else: each record is written once, appended to the vhost's
   `ReplicationLeader`, and read back from the log (`VhostLogView`: a message's index entry
@@ -27,9 +28,9 @@ Shape (docs/cluster.md, "Replicated messages"):
 
 * **Checkpoints** keep the replicated log (and so a failover's rebuild) near the size of
   the live data: `checkpoint()` appends an epoch record, the definitions, every live
-  publish record of the working copy with its ack/delivered records, and a checkpoint
+  publish record with the acks of the queues that already let it go, and a checkpoint
   record naming where it began (replication_store.py). Recovery does not care about the
-  order of P, A and D records, so publishes and acks made while the checkpoint is being
+  order of P and A records, so publishes and acks made while the checkpoint is being
   written may interleave with it. Once the checkpoint is confirmed, the log is trimmed
   below its base on the leader, and on each follower once it holds it durably.
 * **Durable declares wait for the in-sync set** as confirms do: a channel about to answer
@@ -423,13 +424,8 @@ class VhostLogView:
 
     def replay(self, *, copy: bool = True) -> Any:
         """Every record the log holds, in offset order, with its location."""
-        records = self.records
-        offset = records.first_offset
-        while offset <= records.last_offset:
-            batch = records.read(offset, 4 << 20)
-            for at, payload in batch:
-                yield _at(at, len(payload)), payload
-            offset = batch[-1][0] + 1
+        for at, payload in self.records.scan():
+            yield _at(at, len(payload)), payload
 
     def segments(self) -> list:
         return []
@@ -492,23 +488,19 @@ def rebuild_from_log(records: SegmentRecordStore, vhost_dir: Path) -> Rebuilt:
     last_definitions = None
     streams = _StreamsRebuild(vhost_dir / "streams")
     try:
-        offset = records.first_offset
-        while offset <= records.last_offset:
-            batch = records.read(offset, 4 << 20)
-            for _, payload in batch:
-                tag = payload[:1]
-                if tag == definitions.DEFINITIONS_TAG:
-                    last_definitions = payload
-                    streams.definitions(payload)
-                elif tag == STREAM_TAG:
-                    streams.record(payload)
-                elif tag == STREAM_START_TAG:
-                    streams.start(payload)
-                elif tag == CHECKPOINT_TAG:
-                    next_id, next_queue_id = _CHECKPOINT_IDS.unpack_from(payload, 9)
-                    found.next_id = max(found.next_id, next_id)
-                    found.next_queue_id = max(found.next_queue_id, next_queue_id)
-            offset = batch[-1][0] + 1
+        for _, payload in records.scan():
+            tag = payload[:1]
+            if tag == definitions.DEFINITIONS_TAG:
+                last_definitions = payload
+                streams.definitions(payload)
+            elif tag == STREAM_TAG:
+                streams.record(payload)
+            elif tag == STREAM_START_TAG:
+                streams.start(payload)
+            elif tag == CHECKPOINT_TAG:
+                next_id, next_queue_id = _CHECKPOINT_IDS.unpack_from(payload, 9)
+                found.next_id = max(found.next_id, next_id)
+                found.next_queue_id = max(found.next_queue_id, next_queue_id)
         if last_definitions is not None:
             found.definitions = definitions.decode(last_definitions)
         streams.finish(found.definitions)

@@ -151,9 +151,6 @@ class ReplicationLeader:
             self._server.close()
         for task in [*self._tasks, self._lag_task]:
             if task is not None:
-                task.cancel()
-        for task in [*self._tasks, self._lag_task]:
-            if task is not None:
                 await cancel_and_wait(task)
         for follower in self._followers.values():
             _close(follower.writer)

@@ -39,7 +39,7 @@ import os
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from ..store.segments import Location, SegmentLog
@@ -345,6 +345,14 @@ class SegmentRecordStore:
         if not self.first_offset <= offset <= self.last_offset:
             raise KeyError(offset)
         return self.log.read(self._locations[offset - self.first_offset])[_HEAD.size :]
+
+    def scan(self, chunk_bytes: int = 4 << 20) -> Iterator[tuple[int, bytes]]:
+        """Every record held, oldest first, read `chunk_bytes` of payload at a time."""
+        offset = self.first_offset
+        while offset <= self.last_offset:
+            batch = self.read(offset, chunk_bytes)
+            yield from batch
+            offset = batch[-1][0] + 1
 
     def records(self) -> list[tuple[int, bytes]]:
         """Everything held, oldest first (for tests and checks)."""

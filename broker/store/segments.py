@@ -547,26 +547,23 @@ class SegmentLog:
 
     def release(self, location: Location) -> None:
         """Mark a record dead. KeyError if it is not a live record of this log."""
-        seg_id, off, n = location
         with self._lock:
-            seg = self._segments.get(seg_id)
-            if seg is None or off not in seg.live:
-                raise KeyError(f"not a live record: {tuple(location)}")
-            seg.live.remove(off, n)
-            if not seg.live and seg.state == _SEALED:
-                self._doom_locked(seg)
+            self._release_locked(location)
 
     def release_many(self, locations: list[Location]) -> None:
         """`release` each of `locations`, under one lock (a log trimmed by the thousand)."""
         with self._lock:
-            segments = self._segments
-            for seg_id, off, n in locations:
-                seg = segments.get(seg_id)
-                if seg is None or off not in seg.live:
-                    raise KeyError(f"not a live record: {(seg_id, off, n)}")
-                seg.live.remove(off, n)
-                if not seg.live and seg.state == _SEALED:
-                    self._doom_locked(seg)
+            for location in locations:
+                self._release_locked(location)
+
+    def _release_locked(self, location: Location) -> None:
+        seg_id, off, n = location
+        seg = self._segments.get(seg_id)
+        if seg is None or off not in seg.live:
+            raise KeyError(f"not a live record: {tuple(location)}")
+        seg.live.remove(off, n)
+        if not seg.live and seg.state == _SEALED:
+            self._doom_locked(seg)
 
     def release_segment(self, seg_id: int) -> bool:
         """Mark every record of a sealed segment dead at once (it is deleted after the next
