@@ -22,13 +22,17 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# The modules setup.py compiles, with the .pxd files that type them: a change rebuilds.
+COMPILED_SOURCES := protocol/frames.py broker/message.py broker/queue.py broker/channel.py \
+	$(wildcard protocol/*.pxd broker/*.pxd)
+
 # The broker alone: uvloop, pyroaring, aiohttp, prometheus-client.
-$(RUN_STAMP): pyproject.toml setup.py protocol/frames.py | $(VENV)/bin/python
+$(RUN_STAMP): pyproject.toml setup.py $(COMPILED_SOURCES) | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e .
 	touch $@
 
 # Tests, benchmarks and the PySpark pipeline on top.
-$(DEV_STAMP): pyproject.toml setup.py protocol/frames.py | $(VENV)/bin/python
+$(DEV_STAMP): pyproject.toml setup.py $(COMPILED_SOURCES) | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e '.[dev,pipeline]'
 	touch $@ $(RUN_STAMP)
 

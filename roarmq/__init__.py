@@ -31,6 +31,62 @@ NO_EXTENSIONS = bool(_os.environ.get("ROARMQ_NO_EXTENSIONS"))
 _CHECKOUT = _root in __path__  # noqa: F821
 
 
+#: The modules setup.py compiles, with their sources in the repository. Each has a .pxd
+#: beside it declaring its native classes, and those cimport one another (a ContentHeader in
+#: a Message in an Entry in a Queue, delivered by a Channel to a Consumer): a compiled module
+#: checks at import that the classes it cimports are the compiled ones, so these run compiled
+#: together or not at all.
+COMPILED = {
+    "roarmq.protocol.frames": "protocol/frames.py",
+    "roarmq.broker.message": "broker/message.py",
+    "roarmq.broker.queue": "broker/queue.py",
+    "roarmq.broker.channel": "broker/channel.py",
+}
+
+
+def _built(source):
+    """The compiled module beside ``source`` (a .py path), or None."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    for suffix in EXTENSION_SUFFIXES:
+        built = source[:-3] + suffix
+        if _os.path.isfile(built):
+            return built
+    return None
+
+
+def _stale(source):
+    """Why the compiled module beside ``source`` must not be used (None: it may be)."""
+    built = _built(source)
+    if built is None:
+        return None
+    pxd = source[:-3] + ".pxd"
+    for origin in (source, pxd):
+        if _os.path.isfile(origin) and _os.path.getmtime(built) < _os.path.getmtime(origin):
+            return f"{built} is older than {origin}"
+    return None
+
+
+_group_verdict = []  # [reason or None], once computed
+
+
+def _compiled_group_refused():
+    """Why the checkout's compiled modules cannot all be used (None: they can). Built
+    partly (some present, some not) counts as refused: the present ones would find the
+    others' classes uncompiled."""
+    if not _group_verdict:
+        sources = [_os.path.join(_root, path) for path in COMPILED.values()]
+        built = [s for s in sources if _built(s) is not None]
+        reason = None
+        if built and len(built) < len(sources):
+            missing = sorted(set(sources) - set(built))
+            reason = f"{', '.join(missing)} not compiled"
+        for source in built:
+            reason = reason or _stale(source)
+        _group_verdict.append(reason)
+    return _group_verdict[0]
+
+
 class _SourceFirst:
     """Finds a ``roarmq.*`` module by its ``.py`` file when a compiled one must not be used."""
 
@@ -44,17 +100,16 @@ class _SourceFirst:
             if not _os.path.isfile(source):
                 continue
             if not NO_EXTENSIONS:
-                from importlib.machinery import EXTENSION_SUFFIXES
-
-                built = [_os.path.join(entry, leaf + s) for s in EXTENSION_SUFFIXES]
-                built = [b for b in built if _os.path.isfile(b)]
-                if not built or _os.path.getmtime(built[0]) >= _os.path.getmtime(source):
+                if name in COMPILED and _CHECKOUT:
+                    reason = _compiled_group_refused()
+                else:
+                    reason = _stale(source)
+                if reason is None:
                     return None  # the usual import: the compiled module if there is one
                 import warnings
 
                 warnings.warn(
-                    f"{built[0]} is older than {source}: importing the source "
-                    "(`make install` compiles it again)",
+                    f"{reason}: importing the source of {name} (`make install` compiles it again)",
                     RuntimeWarning,
                     stacklevel=2,
                 )

@@ -7,7 +7,9 @@ the clients' tests again with ROARMQ_NO_EXTENSIONS=1, on the Python source.
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 import subprocess
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -29,7 +31,11 @@ def test_the_codec_runs_the_build_this_run_asked_for() -> None:
             f"{origin}: the codec is not compiled although a C compiler is present; "
             "see `make install`'s output for setup.py's reason"
         )
-        assert roarmq.compiled_modules() == ["roarmq.protocol.frames"]
+        for name in roarmq.COMPILED:
+            importlib.import_module(name)
+        assert [m for m in roarmq.compiled_modules() if m in roarmq.COMPILED] == sorted(
+            roarmq.COMPILED
+        )
 
 
 def _origin(env: dict[str, str]) -> str:
@@ -84,3 +90,44 @@ def test_modules_outside_roarmq_are_not_touched(tmp_path: Path) -> None:
     _pair(tmp_path, compiled_newer=False)
     assert roarmq._SourceFirst.find_spec("widget", [str(tmp_path)]) is None
     assert roarmq._SourceFirst.find_spec("roarmq.widget", None) is None
+
+
+def _copy_checkout(tmp_path: Path) -> Path:
+    """The repository's importable part (roarmq/, protocol/, broker/, with whatever is
+    compiled there) in a folder of its own: a checkout whose files a test may touch."""
+    tree = tmp_path / "checkout"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text("")
+    for folder in ("roarmq", "protocol", "broker"):
+        shutil.copytree(REPO / folder, tree / folder, copy_function=shutil.copy2)
+    return tree
+
+
+def test_the_compiled_modules_run_together_or_not_at_all(tmp_path: Path) -> None:
+    """One compiled module older than its .pxd (or its source) sends all of them to their
+    source: a compiled channel would refuse an uncompiled queue's classes at import."""
+    if roarmq.NO_EXTENSIONS or not all(
+        roarmq._built(str(REPO / path)) for path in roarmq.COMPILED.values()
+    ):
+        return  # nothing compiled here: every module is its source whatever the rule
+    tree = _copy_checkout(tmp_path)
+    built = roarmq._built(str(tree / "broker" / "queue.py"))
+    later = os.stat(built).st_mtime + 10
+    os.utime(tree / "broker" / "queue.pxd", (later, later))
+    code = (
+        "import importlib, roarmq\n"
+        "for name in roarmq.COMPILED: print(importlib.import_module(name).__file__)"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("ROARMQ_NO_EXTENSIONS", "PYTHONPATH")}
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code],
+        env={**env, "PYTHONPATH": str(tree)},
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    origins = out.stdout.split()
+    assert len(origins) == len(roarmq.COMPILED)
+    assert all(o.startswith(str(tree)) and o.endswith(".py") for o in origins), origins

@@ -192,6 +192,56 @@ def test_encode_deliver_equals_the_generic_encoder(size: int, redelivered: bool)
     assert event == ContentMessage(7, method, ContentHeader(60, size, raw), body)
 
 
+_NAMES = st.one_of(
+    st.text(alphabet=st.characters(max_codepoint=127), max_size=260),
+    st.text(max_size=90),  # non-ASCII (compiled: the general path)
+    st.just("caf\udce9"),  # a lone surrogate, as surrogateescape decodes a bad octet
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    channel=st.integers(0, 70000),
+    tag=_NAMES,
+    delivery_tag=st.one_of(st.integers(0, 2**64 - 1), st.integers(-5, 2**64 + 5)),
+    redelivered=st.booleans(),
+    exchange=_NAMES,
+    key=_NAMES,
+    raw=st.binary(max_size=40),
+    size=st.integers(0, 300),
+    frame_max=st.sampled_from([0, 4096, 131072]),  # 4096: the smallest a peer may set
+)
+def test_encode_deliver_matches_the_generic_encoder_or_refuses(
+    channel: int,
+    tag: str,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    key: str,
+    raw: bytes,
+    size: int,
+    frame_max: int,
+) -> None:
+    """Whatever the arguments, encode_deliver (compiled: its C path for the common case) gives
+    the generic encoder's bytes, or refuses what that cannot encode with ValueError."""
+    body = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    args = (channel, tag, delivery_tag, redelivered, exchange, key, raw, body, frame_max)
+    try:
+        method = spec.BasicDeliver(
+            consumer_tag=tag,
+            delivery_tag=delivery_tag,
+            redelivered=redelivered,
+            exchange=exchange,
+            routing_key=key,
+        )
+        expected = encode_content(channel, method, ContentHeader(60, size, raw), body, frame_max)
+    except ValueError:
+        with pytest.raises(ValueError):
+            encode_deliver(*args)
+        return
+    assert encode_deliver(*args) == expected
+
+
 def test_encoder_errors() -> None:
     with pytest.raises(ValueError):
         encode_method(70000, spec.ChannelOpen())
@@ -273,6 +323,20 @@ def test_frame_max_is_enforced_from_the_header_alone() -> None:
     assert FrameParser(expect_protocol_header=False, frame_max=4096).feed(
         encode_method(1, spec.ChannelOpen())
     ) == [MethodFrame(1, spec.ChannelOpen())]
+
+
+@pytest.mark.parametrize("size", [0x7FFFFFFF, 0x80000000, 0xFFFFFFFF])
+@pytest.mark.parametrize("frame_max", [0, 131072])
+def test_a_size_with_its_top_bit_set_is_read_whole(size: int, frame_max: int) -> None:
+    """Sizes are read as 32 unsigned bits (compiled, widened before the shift: a C int would
+    turn 0x80000000 negative and slip past the frame_max check)."""
+    parser = FrameParser(expect_protocol_header=False, frame_max=frame_max)
+    head = bytes([3, 0, 1]) + size.to_bytes(4, "big")
+    if frame_max:
+        with pytest.raises(FrameError, match=f"{size}-byte payload"):
+            parser.feed(head)
+    else:  # no limit: the parser waits for the whole frame
+        assert parser.feed(head + bytes(64)) == []
 
 
 def test_frame_max_can_change_after_tune_and_zero_means_unlimited() -> None:
