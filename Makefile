@@ -24,6 +24,7 @@ $(VENV)/bin/python:
 
 # The modules setup.py compiles, with the .pxd files that type them: a change rebuilds.
 COMPILED_SOURCES := protocol/frames.py broker/message.py broker/queue.py broker/channel.py \
+	broker/connection.py \
 	$(wildcard protocol/*.pxd broker/*.pxd)
 
 # The broker alone: uvloop, pyroaring, aiohttp, prometheus-client.

@@ -13,15 +13,25 @@ compiled module can be bypassed at run time with ROARMQ_NO_EXTENSIONS=1 too
 (roarmq/__init__.py), which is how the test suite checks both.
 """
 
+import ast
 import os
 import sys
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# Module -> source, kept where the run-time import rule reads it too (roarmq/__init__.py: the
-# compiled modules run together or not at all).
-from roarmq import COMPILED  # noqa: E402 - setup.py runs from the repository's root
+
+def compiled() -> dict[str, str]:
+    """Module -> source: roarmq/__init__.py's COMPILED, kept there because the run-time
+    import rule reads it too (the compiled modules run together or not at all). Read, not
+    imported: setup.py runs before the package is importable."""
+    with open(os.path.join("roarmq", "__init__.py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "COMPILED":
+            return ast.literal_eval(node.value)
+    raise RuntimeError("roarmq/__init__.py has no COMPILED")
+
 
 #: Where Cython looks for the .pxd beside each compiled module. It finds a module's .pxd by
 #: the module's full name (roarmq/protocol/frames.pxd), while the folders here are named
@@ -64,7 +74,7 @@ def extensions() -> list:
     except ImportError:
         print("roarmq: Cython not available; pure Python", file=sys.stderr)
         return []
-    modules = [Extension(name, [path]) for name, path in COMPILED.items()]
+    modules = [Extension(name, [path]) for name, path in compiled().items()]
     try:
         return cythonize(
             modules,

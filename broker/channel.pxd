@@ -3,8 +3,9 @@
 # methods on a message's way (publish, route, deliver, hand out, ack) C calls between them.
 import cython
 
+from roarmq.broker.connection cimport Connection
 from roarmq.broker.message cimport Message
-from roarmq.broker.queue cimport Entry, Queue
+from roarmq.broker.queue cimport Entry, Queue, enqueue
 
 
 cdef class Consumer:
@@ -23,7 +24,7 @@ cdef class Consumer:
 
 cdef class Channel:
     cdef object __weakref__
-    cdef public object conn
+    cdef public Connection conn
     cdef public object id
     cdef public object vhost
     cdef public object state

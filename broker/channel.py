@@ -31,7 +31,7 @@ from . import trace
 from .errors import channel_error, connection_error
 from .exchange import EXCHANGE_TYPES, unknown_exchange_type
 from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
-from .queue import Entry, Queue
+from .queue import Entry, Queue, enqueue
 from .routing.headers import erlang_type_name
 from .session import CHANNEL_RULES, ChannelState, bind_rows
 from .stream import TOUCHED, Stream, check_consume
@@ -918,7 +918,7 @@ class Channel:
             return
         if msg.flags & FLAG_HEADERS and "BCC" in msg.headers:
             msg = _strip_bcc(msg)
-        ok, token = self.vhost.enqueue(msg, queues, self.confirm)
+        ok, token = enqueue(msg, queues, self.confirm)
         for queue in queues:
             if queue.throttled is not None:
                 queue.hold_publisher(self.conn)

@@ -89,3 +89,7 @@ cdef class Queue:
     cpdef take_back(self, Py_ssize_t count, Py_ssize_t size)
     cpdef settle(self, Entry entry)
     cpdef dispatch(self)
+
+
+@cython.locals(queue=Queue, ok=bint)
+cpdef tuple enqueue(Message msg, object queues, bint confirming=*)

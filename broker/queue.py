@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 from . import queue_arguments, trace
 from .policy import Policy, effective_definition
 from .ready import Cleared, FifoReady, PriorityReady
+from .store.segments import LogFailed
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from .channel import Consumer
     from .message import Message
     from .vhost import VirtualHost
@@ -38,6 +41,53 @@ DISPATCH_BATCH = 2000
 FLOW_HIGH = 200
 FLOW_LOW = 50
 FLOW_HIGH_UNREAD = 4000
+
+
+def enqueue(
+    msg: Message, queues: Collection[Queue], confirming: bool = False
+) -> tuple[bool, int | None]:
+    """Hand a routed message to its queues, persisting it first when it must survive.
+
+    Returns (accepted by every queue, store token to wait for before confirming).
+    While the message store is failed (LogFailed) a publisher that asked for confirms
+    gets (False, None) and the message goes nowhere: it is nacked, "not taken". Without
+    confirms nothing was promised, so the message is queued in memory only.
+    (`VirtualHost.enqueue` is this function; the channel calls it directly, C to C.)
+    """
+    token = None
+    if msg.persistent:
+        try:
+            token = _persist(msg, queues)
+        except LogFailed:
+            if confirming:
+                return False, None
+    ok = True
+    for queue in queues:
+        if not queue.publish(msg):
+            ok = False
+            if queue.store is not None and msg.store_id is not None:
+                queue.unstore(msg.store_id, msg.size)
+    return ok, token
+
+
+def _persist(msg: Message, queues: Collection[Queue]) -> int | None:
+    """Write a persistent message to its durable queues' store: the token its confirm waits
+    for (None: no durable queue took it). LogFailed is counted on the store and raised."""
+    durable = [q for q in queues if q.store is not None]
+    if not durable:
+        return None
+    store = durable[0].store  # the node's store, or a clustered vhost's own
+    # The body may leave memory only if every holder can read it back: a transient queue
+    # beside the durable ones cannot once they let go.
+    page_out = len(durable) == len(queues) and any(q.ready_bytes > q.memory_limit for q in durable)
+    try:
+        token = store.persist(msg, durable, page_out)
+    except LogFailed:
+        store.refused += 1
+        raise
+    for queue in durable:
+        queue.stored(msg.size)
+    return token
 
 
 class Entry:

@@ -31,10 +31,9 @@ from .errors import channel_error
 from .exchange import DefaultExchange, Exchange
 from .message import FLAG_HEADERS, Message, copy_properties
 from .policy import Policy, best
-from .queue import Queue
+from .queue import Queue, enqueue
 from .routing.graph import route_key, route_message
 from .store.definitions import DefinitionsWriteFailed
-from .store.segments import LogFailed
 from .stream import queue_class
 from .trace import TRACE_EXCHANGE
 
@@ -519,42 +518,8 @@ class VirtualHost:
     def _route_key(self, exchange: Exchange, key: str, headers: dict | None) -> Collection[Queue]:
         return route_key(exchange, key, headers, self.exchanges.get)
 
-    def enqueue(
-        self, msg: Message, queues: Collection[Queue], confirming: bool = False
-    ) -> tuple[bool, int | None]:
-        """Hand a routed message to its queues, persisting it first when it must survive.
-
-        Returns (accepted by every queue, store token to wait for before confirming).
-        While the message store is failed (LogFailed) a publisher that asked for confirms
-        gets (False, None) and the message goes nowhere: it is nacked, "not taken". Without
-        confirms nothing was promised, so the message is queued in memory only.
-        """
-        token = None
-        if msg.persistent:
-            durable = [q for q in queues if q.store is not None]
-            if durable:
-                store = durable[0].store  # the node's store, or a clustered vhost's own
-                # The body may leave memory only if every holder can read it back: a
-                # transient queue beside the durable ones cannot once they let go.
-                page_out = len(durable) == len(queues) and any(
-                    q.ready_bytes > q.memory_limit for q in durable
-                )
-                try:
-                    token = store.persist(msg, durable, page_out)
-                except LogFailed:
-                    store.refused += 1
-                    if confirming:
-                        return False, None
-                else:
-                    for queue in durable:
-                        queue.stored(msg.size)
-        ok = True
-        for queue in queues:
-            if not queue.publish(msg):
-                ok = False
-                if queue.store is not None and msg.store_id is not None:
-                    queue.unstore(msg.store_id, msg.size)
-        return ok, token
+    #: Hand a routed message to its queues (broker/queue.py's `enqueue`, compiled there).
+    enqueue = staticmethod(enqueue)
 
     # -- dead-lettering -------------------------------------------------------------
 

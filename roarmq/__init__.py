@@ -33,7 +33,7 @@ _CHECKOUT = _root in __path__  # noqa: F821
 
 #: The modules setup.py compiles, with their sources in the repository. Each has a .pxd
 #: beside it declaring its native classes, and those cimport one another (a ContentHeader in
-#: a Message in an Entry in a Queue, delivered by a Channel to a Consumer): a compiled module
+#: a Message in an Entry in a Queue, delivered by a Channel to a Consumer on a Connection): a compiled module
 #: checks at import that the classes it cimports are the compiled ones, so these run compiled
 #: together or not at all.
 COMPILED = {
@@ -41,6 +41,7 @@ COMPILED = {
     "roarmq.broker.message": "broker/message.py",
     "roarmq.broker.queue": "broker/queue.py",
     "roarmq.broker.channel": "broker/channel.py",
+    "roarmq.broker.connection": "broker/connection.py",
 }
 
 
