@@ -43,7 +43,10 @@ from roarmq.protocol.frames import (
 
 from . import __version__
 from .auth import EXTERNAL, MECHANISMS, AuthError, MalformedResponse
-from .channel import Channel, ClosedChannel
+# The module, not its classes: compiled, channel.py's init imports this module for the
+# Connection type its .pxd names, so a `from .channel import Channel` here would find
+# channel.py half-initialised whenever channel is imported first.
+from . import channel as _channel
 from .errors import connection_error
 from .flow import (
     ALARM,
@@ -61,6 +64,7 @@ from .store.definitions import DefinitionsWriteFailed
 from .tls import TlsSession, session_of
 
 if TYPE_CHECKING:
+    from .channel import Channel
     from .server import Broker
 
 log = logging.getLogger("roarmq.connection")
@@ -489,7 +493,7 @@ class Connection:
                 f"number of channels opened for user '{self.user.name}' has reached the "
                 f"maximum allowed user limit of ({most})",
             )
-        ch = Channel(self, channel_id)
+        ch = _channel.Channel(self, channel_id)
         self.channels[channel_id] = ch
         self._receivers[channel_id] = ch
         self.send_method(channel_id, spec.ChannelOpenOk())
@@ -499,7 +503,7 @@ class Connection:
         more): a tombstone takes its number, dropping the frames still in flight for it."""
         if self.channels.get(channel.id) is channel:
             del self.channels[channel.id]
-            self._receivers[channel.id] = ClosedChannel(self, channel.id)
+            self._receivers[channel.id] = _channel.ClosedChannel(self, channel.id)
             self.broker.totals.retire_channel(channel)
 
     def _channel_exception(self, channel_id: int, exc: SoftError) -> None:

@@ -131,3 +131,19 @@ def test_the_compiled_modules_run_together_or_not_at_all(tmp_path: Path) -> None
     origins = out.stdout.split()
     assert len(origins) == len(roarmq.COMPILED)
     assert all(o.startswith(str(tree)) and o.endswith(".py") for o in origins), origins
+
+
+def test_each_compiled_module_imports_first() -> None:
+    """Whichever compiled module a program imports first, it imports: their .pxd files
+    cimport one another's classes, so each one's init imports the others (a channel's needs
+    the connection's, whose module must then not want channel's names half-made)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for name in [*roarmq.COMPILED, "roarmq.broker.server"]:
+        subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", f"import {name}"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
