@@ -12,6 +12,8 @@ cdef class ContentHeader:
     cdef public object _properties
 
 
+cdef (Py_ssize_t, Py_ssize_t, Py_ssize_t) _frame_head(bytes data, Py_ssize_t at)
+
 @cython.locals(high=Py_ssize_t)
 cdef Py_ssize_t _u32(bytes data, Py_ssize_t at)
 

@@ -178,6 +178,15 @@ class ContentHeader:
         )
 
 
+def _frame_head(data, at):
+    """A frame header's type, channel and size. Compiled: C loads of the buffer, returned as
+    a C struct (frames.pxd); as Python, one struct call beats seven subscripts (so too for
+    the content header's fields in FrameParser._parse)."""
+    if _COMPILED:
+        return data[at], data[at + 1] << 8 | data[at + 2], _u32(data, at + 3)
+    return _unpack_frame_header(data, at)
+
+
 def _u32(data, at):
     """The big-endian 32-bit integer at ``data[at:at + 4]`` (compiled: four C loads)."""
     high = data[at]  # widened first (frames.pxd): a C int shifted by 24 would overflow
@@ -337,15 +346,7 @@ class FrameParser:
                 if end - pos < 7:
                     need = 7
                     break
-                # The frame header, big-endian. Compiled, by hand: C loads of the buffer
-                # (frames.pxd types the locals); as Python, one struct call beats seven
-                # subscripts (the same goes for the reads below).
-                if _COMPILED:
-                    kind = data[pos]
-                    channel = data[pos + 1] << 8 | data[pos + 2]
-                    size = _u32(data, pos + 3)
-                else:
-                    kind, channel, size = _unpack_frame_header(data, pos)
+                kind, channel, size = _frame_head(data, pos)
                 if size > max_payload:
                     raise _too_big(kind, channel, size, frame_max, max_payload)
                 nxt = pos + size + 8
@@ -414,12 +415,7 @@ class FrameParser:
                                     pos = hend
                                     continue
                                 if end - hend >= 8:
-                                    if _COMPILED:
-                                        bkind = data[hend]
-                                        bchannel = data[hend + 1] << 8 | data[hend + 2]
-                                        size = _u32(data, hend + 3)
-                                    else:
-                                        bkind, bchannel, size = _unpack_frame_header(data, hend)
+                                    bkind, bchannel, size = _frame_head(data, hend)
                                     bend = hend + size + 8
                                     if (
                                         bkind == 3
