@@ -42,11 +42,12 @@ from roarmq.protocol.frames import (
 )
 
 from . import __version__
-from .auth import EXTERNAL, MECHANISMS, AuthError, MalformedResponse
+
 # The module, not its classes: compiled, channel.py's init imports this module for the
 # Connection type its .pxd names, so a `from .channel import Channel` here would find
 # channel.py half-initialised whenever channel is imported first.
 from . import channel as _channel
+from .auth import EXTERNAL, MECHANISMS, AuthError, MalformedResponse
 from .errors import connection_error
 from .flow import (
     ALARM,
