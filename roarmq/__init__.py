@@ -24,9 +24,9 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
 
 # ROARMQ_NO_EXTENSIONS=1: import the Python source even where setup.py compiled the same
 # module (as aiohttp's AIOHTTP_NO_EXTENSIONS), to compare the two or to step through the
-# source; `make test` runs the codec's and the AMQP clients' tests this way too. In a
-# checkout a compiled module older than its source is stale (the source was edited, or
-# another revision checked out, since `make install` compiled it): the source is imported.
+# source; `make test` runs every test not marked slow this way too. In a checkout a compiled
+# module older than its source or .pxd is stale (the source was edited, or another revision
+# checked out, since `make install` compiled it): the source is imported.
 NO_EXTENSIONS = bool(_os.environ.get("ROARMQ_NO_EXTENSIONS"))
 _CHECKOUT = _root in __path__  # noqa: F821
 

@@ -1,8 +1,9 @@
-"""The compiled codec (setup.py) and its switch: which build runs, and a stale one is never used.
+"""The compiled modules (setup.py) and their switch: which build runs, a stale one is never
+used, and they run compiled together or not at all.
 
-`make test` runs the whole suite with the codec compiled (when a C compiler is present,
-ROARMQ_EXPECT_COMPILED=1 makes the build's absence a failure here) and the codec's and
-the clients' tests again with ROARMQ_NO_EXTENSIONS=1, on the Python source.
+`make test` runs the whole suite compiled (when a C compiler is present,
+ROARMQ_EXPECT_COMPILED=1 makes the build's absence a failure here) and every test not marked
+slow again with ROARMQ_NO_EXTENSIONS=1, on the Python source.
 """
 
 from __future__ import annotations
