@@ -1,6 +1,7 @@
 """Overload benchmark: RoarMQ against RabbitMQ when publishers outrun consumers, in one run.
 
     .venv/bin/python bench/overload.py [--quick] [--scenarios a,b,...] [--skip-rabbitmq]
+                                       [--brokers roarmq,rabbitmq,garagemq]
                                        [--window S] [--roarmq-rev REV] [--json PATH]
 
 A benchmark, not a test (issue 10). Each scenario runs against RoarMQ and
@@ -103,6 +104,7 @@ from typing import Any
 
 from _machine import machine_info
 from harness import (  # brokers and processes, shared by every script in bench/
+    ALL_BROKERS,
     BROKERS,
     LABEL,
     REPO,
@@ -572,6 +574,12 @@ def main() -> int:
         help="comma-separated subset of: " + ", ".join(s.name for s in SCENARIOS),
     )
     p.add_argument("--skip-rabbitmq", action="store_true", help="RoarMQ only")
+    p.add_argument(
+        "--brokers",
+        default=",".join(BROKERS),
+        help=f"comma-separated, in this order, of: {', '.join(ALL_BROKERS)} (GarageMQ: "
+        "Debian's garagemq, for the direct and work-queue rows of docs/benchmarks.md)",
+    )
     p.add_argument("--window", type=float, default=0.0, help="seconds measured (10, quick 3)")
     p.add_argument("--warmup", type=float, default=-1.0, help="seconds before (1, quick 0.5)")
     p.add_argument(
@@ -600,7 +608,9 @@ def main() -> int:
     unknown = set(args.scenarios.split(",")) - {s.name for s in SCENARIOS}
     if not chosen or unknown:
         p.error(f"unknown or no scenarios: {', '.join(sorted(unknown)) or '(none)'}")
-    brokers = ("roarmq",) if args.skip_rabbitmq else BROKERS
+    brokers = ("roarmq",) if args.skip_rabbitmq else tuple(args.brokers.split(","))
+    if set(brokers) - set(ALL_BROKERS):
+        p.error(f"unknown brokers: {', '.join(sorted(set(brokers) - set(ALL_BROKERS)))}")
     if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         print("warning: no taskset or a single CPU: broker and load are NOT pinned", flush=True)
         args.broker_cpu = args.load_cpu = None

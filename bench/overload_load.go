@@ -932,7 +932,9 @@ func runProbe(s Spec) error {
 	if err != nil {
 		return err
 	}
-	ok, err := c.callWithin(setupTimeout, queueDeclare("", false, true, true), 50, 11)
+	// Named here, not by the broker: GarageMQ refuses server-named queues (503).
+	name := fmt.Sprintf("overload-probe-%d", os.Getpid())
+	ok, err := c.callWithin(setupTimeout, queueDeclare(name, false, true, true), 50, 11)
 	if err != nil {
 		return err
 	}
