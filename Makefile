@@ -24,8 +24,8 @@ $(VENV)/bin/python:
 
 # The modules setup.py compiles, with the .pxd files that type them: a change rebuilds.
 COMPILED_SOURCES := protocol/frames.py broker/message.py broker/queue.py broker/channel.py \
-	broker/connection.py \
-	$(wildcard protocol/*.pxd broker/*.pxd)
+	broker/connection.py broker/exchange.py broker/routing/graph.py \
+	$(wildcard protocol/*.pxd broker/*.pxd broker/routing/*.pxd)
 
 # The broker alone: uvloop, pyroaring, aiohttp, prometheus-client.
 $(RUN_STAMP): pyproject.toml setup.py $(COMPILED_SOURCES) | $(VENV)/bin/python

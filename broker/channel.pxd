@@ -4,8 +4,10 @@
 import cython
 
 from roarmq.broker.connection cimport Connection
+from roarmq.broker.exchange cimport Exchange
 from roarmq.broker.message cimport Message
 from roarmq.broker.queue cimport Entry, Queue, enqueue
+from roarmq.broker.routing.graph cimport route_key
 
 
 cdef class Consumer:
@@ -56,5 +58,5 @@ cdef class Channel:
 
     cpdef deliver(self, Consumer consumer, Entry entry)
     cpdef tuple _hand_out(self, Entry entry, bint no_ack)
-    cpdef _route(self, object exchange, Message msg, bint mandatory, Py_ssize_t seq)
+    cpdef _route(self, Exchange exchange, Message msg, bint mandatory, Py_ssize_t seq)
     cpdef _confirmed(self, Py_ssize_t seq, bint ok)

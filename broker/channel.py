@@ -32,6 +32,7 @@ from .errors import channel_error, connection_error
 from .exchange import EXCHANGE_TYPES, unknown_exchange_type
 from .message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
 from .queue import Entry, Queue, enqueue
+from .routing.graph import route_key
 from .routing.headers import erlang_type_name
 from .session import CHANNEL_RULES, ChannelState, bind_rows
 from .stream import TOUCHED, Stream, check_consume
@@ -901,8 +902,10 @@ class Channel:
                 self._confirmed(seq, True)
                 return
             queues: Any = ()
-        else:
+        elif msg.flags & FLAG_HEADERS:
             queues = self.vhost.route(exchange, msg)
+        else:  # VirtualHost.route's common case, C to C
+            queues = route_key(exchange, msg.routing_key, None, self.vhost.exchanges.get)
         archive = self.conn.broker.archive
         if archive is not None:
             archive.record(self.vhost.name, msg, queues)

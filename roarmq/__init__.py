@@ -42,6 +42,8 @@ COMPILED = {
     "roarmq.broker.queue": "broker/queue.py",
     "roarmq.broker.channel": "broker/channel.py",
     "roarmq.broker.connection": "broker/connection.py",
+    "roarmq.broker.exchange": "broker/exchange.py",
+    "roarmq.broker.routing.graph": "broker/routing/graph.py",
 }
 
 

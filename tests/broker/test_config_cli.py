@@ -174,6 +174,7 @@ def test_daemon_starts_serves_and_stops(tmp_path, argv0):
 
 
 @pytest.mark.slow  # a pip install: not in `make check`
+@pytest.mark.timeout(600)  # the install compiles the message path's modules (setup.py)
 def test_dockerfile_install_and_check_config_steps(tmp_path):
     """Docker cannot run here: do what the Dockerfile does, step for step, outside it."""
     dockerfile = (ROOT / "Dockerfile").read_text()
@@ -198,7 +199,7 @@ def test_dockerfile_install_and_check_config_steps(tmp_path):
             str(ROOT),
         ],
         check=True,
-        timeout=300,
+        timeout=540,
     )
     # RUN sed ... /etc/roarmq/config.toml && python -m broker --check-config ...
     etc = tmp_path / "etc-roarmq"
