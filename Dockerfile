@@ -1,14 +1,22 @@
 # RoarMQ broker image. tests/broker/test_config_cli.py (test_dockerfile_*) runs the same install,
 # config and health-check steps, since Docker itself cannot run on the build machines.
-FROM python:3.11-slim
-
-WORKDIR /opt/roarmq
-COPY pyproject.toml README.md ./
+#
+# Two stages: the first builds a wheel with the message path compiled (setup.py; Cython and a
+# C compiler, which the slim image lacks), the second installs that wheel without them.
+FROM python:3.11-slim AS build
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
 COPY roarmq ./roarmq
 COPY broker ./broker
 COPY protocol ./protocol
 COPY pipeline ./pipeline
-RUN pip install --no-cache-dir . \
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM python:3.11-slim
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
     && useradd --system --user-group --home-dir /var/lib/roarmq roarmq \
     && mkdir -p /etc/roarmq /var/lib/roarmq \
     && chown roarmq:roarmq /var/lib/roarmq
