@@ -7,9 +7,11 @@ A benchmark, not a test. ``TopicIndex`` in this process, with ``--bindings`` wil
 (``s{i}.*.x`` for even i, ``s{i}.#`` for odd i, as bench/throughput.py binds them) plus 1,000
 literal ones, the broker's default 10,000-key cache, and ``--routes`` routes of each traffic
 shape, each on a fresh index: 1,000 keys (all cached after their first miss); 100,000 keys
-drawn uniformly (ten times the cache: mostly misses); one-off keys that never repeat; half
-one-off keys and half 1,000 hot keys; and the walk alone (``cache_keys = 0``). Reported: CPU
-time per route (``time.process_time_ns``), and the index's hit and miss counts.
+drawn uniformly (ten times the cache: mostly misses); 100,000 keys cycled in a fixed order
+(bench/topic_go.py's traffic: a key recurs only after all the others); one-off keys that
+never repeat; half one-off keys and half 1,000 hot keys; and the walk alone (``cache_keys =
+0``). Reported: CPU time per route (``time.process_time_ns``), and the index's hit and miss
+counts.
 """
 
 from __future__ import annotations
@@ -60,9 +62,12 @@ def main() -> int:
     n, b = args.routes, args.bindings
     hot = drawn(n, 1000, b, 1)
     one_off = [f"s{i % b}.u{i}.x" for i in range(n)]
+    cycle = [f"s{k % b}.w{k // b}.{'y' if k % b % 2 else 'x'}" for k in range(100_000)]
+    random.Random(3).shuffle(cycle)  # each key once, in a fixed order, then again
     shapes = {
         "1,000 keys (cached)": (10_000, hot),
         "100,000 keys, uniform": (10_000, drawn(n, 100_000, b, 2)),
+        "100,000 keys, cycled": (10_000, [cycle[i % len(cycle)] for i in range(n)]),
         "one-off keys": (10_000, one_off),
         "50% one-off + 50% of 1,000 hot keys": (
             10_000,

@@ -92,10 +92,14 @@ class TopicIndex(BindingTable):
 
     def _route_miss(self, routing_key: str) -> frozenset:
         self.misses += 1
-        words = self.split(routing_key)
+        words = routing_key.split(self._sep) if routing_key or self._mqtt else []
         nodes = self.trie.match(words)
         literal = self._literal.get(routing_key)
         if not self.cache.admits(routing_key):
+            if literal is None and len(nodes) == 1:  # one pattern end: the common cold key
+                ids = nodes[0].ids
+                if type(ids) is int:
+                    return frozenset((self._dests[ids],))
             return self._destinations(nodes, literal)
         ids = BitMap()
         if literal is not None:
@@ -110,7 +114,7 @@ class TopicIndex(BindingTable):
             else:
                 ids |= n_ids  # type: ignore[operator]
         dests = frozenset(map(self._dests.__getitem__, ids)) if ids else EMPTY
-        self.cache.insert(routing_key, words, ids, nodes).dests = dests
+        self.cache.insert(routing_key, tuple(words), ids, nodes).dests = dests
         return dests
 
     def _destinations(self, nodes: list[TrieNode], literal: int | BitMap | None) -> frozenset:
@@ -123,11 +127,17 @@ class TopicIndex(BindingTable):
                 return frozenset((dests[literal],))
         out = set()
         add = out.add
-        for ids in (literal, *(node.ids for node in nodes)):
+        if literal is not None:
+            if type(literal) is int:
+                add(dests[literal])
+            else:
+                out.update(map(dests.__getitem__, literal))
+        for node in nodes:
+            ids = node.ids
             if type(ids) is int:
                 add(dests[ids])
-            elif ids is not None:
-                out.update(map(dests.__getitem__, ids))
+            else:
+                out.update(map(dests.__getitem__, ids))  # type: ignore[arg-type]
         return frozenset(out)
 
     # -- bind / unbind ------------------------------------------------------------------------
