@@ -138,9 +138,11 @@ def match_tokens(tokens: Pattern, words: tuple[str, ...] | list[str]) -> bool:
 
 
 class TrieNode:
-    """``ids`` is set where a pattern ends; ``cached`` are the cached keys that pattern matches."""
+    """``ids`` is set where a pattern ends; ``cached`` are the cached keys that pattern matches;
+    ``dests`` is where its bindings lead (a frozenset the index fills on a cold route through
+    the node and clears whenever ``ids`` changes)."""
 
-    __slots__ = ("children", "star", "hash", "ids", "cached")
+    __slots__ = ("children", "star", "hash", "ids", "cached", "dests")
 
     def __init__(self) -> None:
         self.children: dict[str, TrieNode] | None = None
@@ -148,6 +150,7 @@ class TrieNode:
         self.hash: TrieNode | None = None
         self.ids: int | BitMap | None = None
         self.cached: BitMap | None = None
+        self.dests: frozenset | None = None
 
     def is_empty(self) -> bool:
         return self.ids is None and not self.children and self.star is None and self.hash is None
