@@ -19,7 +19,9 @@ Erlang scheduler (``+S 1:1``), a fresh instance per run.
 
 Reported per broker: messages consumed per second over the window (after ``--warmup`` s;
 set-up, bindings included, is not timed), the broker's CPU per message (its process group's
-CPU time over the window / messages consumed), the generator's CPU, and RoarMQ / RabbitMQ.
+CPU time over the window / messages consumed), the generator's CPU, what other processes
+used (the machine's busy time less those two: on a shared machine, read the rates with it),
+and RoarMQ / RabbitMQ.
 ``--repeat N`` runs each broker N times, alternating, and reports the median by msg/s.
 """
 
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from _machine import machine_info
-from harness import REPO, Procs, broker_instance, group_cpu_s, loadavg
+from harness import REPO, Procs, broker_instance, group_cpu_s, loadavg, machine_busy_s
 from overload import Child, build_generator
 
 
@@ -66,9 +68,9 @@ def run_once(kind: str, procs: Procs, binary: Path, args: argparse.Namespace, sr
             load.expect("ready", args.setup_timeout)
             setup_s = time.monotonic() - t_setup
             time.sleep(args.warmup)
-            cpu0, t0 = group_cpu_s(running.proc.pid), time.monotonic()
+            cpu0, t0, busy0 = group_cpu_s(running.proc.pid), time.monotonic(), machine_busy_s()
             load.expect("window_end", args.window + 30)
-            cpu1, t1 = group_cpu_s(running.proc.pid), time.monotonic()
+            cpu1, t1, busy1 = group_cpu_s(running.proc.pid), time.monotonic(), machine_busy_s()
             result = load.expect("window_s", 60)
         finally:
             load.stop()
@@ -86,6 +88,8 @@ def run_once(kind: str, procs: Procs, binary: Path, args: argparse.Namespace, sr
         "broker_cpu_us_per_msg": (cpu1 - cpu0) / max(received, 1) * 1e6,
         "broker_cpu_cores": (cpu1 - cpu0) / (t1 - t0),
         "gen_cpu_cores": result["cpu_s"] / window,
+        # what other processes used: the machine's busy time less the broker and generator
+        "others_cores": max(0.0, (busy1 - busy0) - (cpu1 - cpu0) - result["cpu_s"]) / (t1 - t0),
         "p50_ms": result["groups"]["c"].get("p50_ms"),
         "p99_ms": result["groups"]["c"].get("p99_ms"),
         "loadavg": loadavg(),
@@ -142,7 +146,8 @@ def main() -> int:
                         f"{kind:9s} {row['msgs_per_s']:>10,.0f} msg/s  "
                         f"broker {row['broker_cpu_us_per_msg']:6.1f} us/msg "
                         f"({row['broker_cpu_cores']:.2f} cores)  gen {row['gen_cpu_cores']:.2f} "
-                        f"cores  set-up {row['setup_s']} s  {row['status']} {row['errors'] or ''}",
+                        f"cores  others {row['others_cores']:.2f} cores  set-up {row['setup_s']} s  "
+                        f"{row['status']} {row['errors'] or ''}",
                         flush=True,
                     )
         finally:
@@ -154,12 +159,13 @@ def main() -> int:
     if "roarmq" in median and "rabbitmq" in median and median["rabbitmq"]["msgs_per_s"]:
         ratio = median["roarmq"]["msgs_per_s"] / median["rabbitmq"]["msgs_per_s"]
     print()
-    print("| broker | msg/s | broker CPU µs/msg | generator cores |")
-    print("|---|--:|--:|--:|")
+    print("| broker | msg/s | broker CPU µs/msg | generator cores | others, cores |")
+    print("|---|--:|--:|--:|--:|")
     for kind, r in median.items():
         print(
             f"| {kind} {r['version']} | {r['msgs_per_s']:,.0f} | "
-            f"{r['broker_cpu_us_per_msg']:.1f} | {r['gen_cpu_cores']:.2f} |"
+            f"{r['broker_cpu_us_per_msg']:.1f} | {r['gen_cpu_cores']:.2f} | "
+            f"{r['others_cores']:.2f} |"
         )
     if ratio is not None:
         print(f"\nRoarMQ / RabbitMQ: {ratio:.1f}x")
