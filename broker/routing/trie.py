@@ -285,18 +285,19 @@ class WildcardTrie:
                         if stop > n and h.ids is not None:
                             found.append(h)
                         end = stop if stop < n else n
-                        if stack is None:
-                            stack = []
                         h_children, h_star = h.children, h.star
                         if h_children is not None:
                             get = h_children.get
                             for j in range(i, end):
                                 child = get(words[j])
                                 if child is not None:
+                                    if stack is None:
+                                        stack = []
                                     stack.append((child, j + 1))
-                        if h_star is not None:
-                            for j in range(i, end):
-                                stack.append((h_star, j + 1))
+                        if h_star is not None and i < end:
+                            if stack is None:
+                                stack = []
+                            stack.extend([(h_star, j + 1) for j in range(i, end)])
                 star = node.star
                 children = node.children
                 if children is not None:
