@@ -417,10 +417,12 @@ def rabbitmq_env(
     nodename: str = "roarbench",
     mnesia: Path | None = None,
     mgmt_port: int | None = None,
+    schedulers: int | None = None,
 ) -> dict[str, str]:
     """The environment that runs a RabbitMQ node of its own: everything under ``base``
     (Erlang cookie, logs, mnesia unless given), loopback ports (AMQP ``port``; fresh ones for
-    distribution and epmd), no plugins unless ``mgmt_port`` (the management plugin there)."""
+    distribution and epmd), no plugins unless ``mgmt_port`` (the management plugin there);
+    ``schedulers``: the Erlang VM's scheduler threads (``+S N:N``; default one per core)."""
     if mgmt_port is None:
         (base / "enabled_plugins").write_text("[].\n")
     else:
@@ -438,7 +440,8 @@ def rabbitmq_env(
             "RABBITMQ_DIST_PORT": str(free_port()),
             "ERL_EPMD_PORT": str(free_port()),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}"
+            + (f" +S {schedulers}:{schedulers}" if schedulers else ""),
             "RABBITMQ_MNESIA_BASE": str(mnesia or base / "mnesia"),
             "RABBITMQ_LOG_BASE": str(base / "log"),
             "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
@@ -460,16 +463,18 @@ def start_rabbitmq(
     management: bool = False,
     nodename: str = "roarbench",
     attempts: int = 2,
+    schedulers: int | None = None,
 ) -> Running:
     """RabbitMQ on free loopback ports, ready when it speaks AMQP (and, with
-    ``management``, when its HTTP API answers /api/overview)."""
+    ``management``, when its HTTP API answers /api/overview); ``schedulers`` as in
+    ``rabbitmq_env``."""
     server = ensure_rabbitmq()
     for attempt in range(attempts):
         base = tmp / f"rabbit{attempt}"
         base.mkdir(parents=True)
         port = free_port()
         mgmt = free_port() if management else None
-        env = rabbitmq_env(base, port, nodename=nodename, mgmt_port=mgmt)
+        env = rabbitmq_env(base, port, nodename=nodename, mgmt_port=mgmt, schedulers=schedulers)
         instance = uuid.uuid4().hex
         log = base / "stdout.log"
         with open(log, "wb") as out:

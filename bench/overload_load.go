@@ -22,6 +22,10 @@
 //	bad-nack         publishes n messages, takes them all with basic.get (no-ack off),
 //	                 then basic.nack(requeue) each in ascending delivery-tag order,
 //	                 timing the nacks (up to a passive queue.declare behind them).
+//	                 Topic mode (topic_bindings or topic_literals > 0): the first queue is
+//	                 bound to topic exchange `exchange` with generated patterns (see
+//	                 topicTopology), and publishers whose "exchange" is set publish to
+//	                 it, cycling through topic_keys distinct routing keys.
 //	bad-bind         fills a topic exchange's routing-key cache with `keys` distinct
 //	                 keys of `words` words, then sends `binds` binds of patterns
 //	                 "#.zzN.#" in one write, timing the gaps between their bind-oks.
@@ -370,6 +374,7 @@ type PubSpec struct {
 	Rate          float64 `json:"rate"` // messages/s; 0 = as fast as it can
 	ConfirmWindow int     `json:"confirm_window"`
 	Batch         int     `json:"batch"`
+	Exchange      string  `json:"exchange"` // topic mode: publish here, cycling the keys
 }
 
 type ConsSpec struct {
@@ -404,6 +409,12 @@ type Spec struct {
 	Keys         int    `json:"keys"`
 	Words        int    `json:"words"`
 	Binds        int    `json:"binds"`
+	// load, topic mode
+	TopicBindings int    `json:"topic_bindings"`
+	TopicLiterals int    `json:"topic_literals"`
+	TopicKeys     int    `json:"topic_keys"`
+	TopicShape    string `json:"topic_shape"`
+	TopicQueues   int    `json:"topic_queues"` // > 0: bindings spread over this many queues
 }
 
 const setupTimeout = 60 * time.Second
@@ -411,9 +422,10 @@ const setupTimeout = 60 * time.Second
 // -- load: publishers -------------------------------------------------------------
 
 type publisher struct {
-	spec   PubSpec
-	c      *conn
-	prefix []byte // basic.publish + header + body-frame head
+	spec     PubSpec
+	c        *conn
+	prefix   []byte   // basic.publish + header + body-frame head
+	prefixes [][]byte // topic mode: one prefix per routing key, cycled
 
 	sent int64 // atomic
 
@@ -427,7 +439,7 @@ type publisher struct {
 	err       error
 }
 
-func newPublisher(port int, s PubSpec) (*publisher, error) {
+func newPublisher(port int, s PubSpec, keys []string) (*publisher, error) {
 	c, err := dial(port, setupTimeout)
 	if err != nil {
 		return nil, err
@@ -444,6 +456,12 @@ func newPublisher(port int, s PubSpec) (*publisher, error) {
 	}
 	full := message("", s.Queue, make([]byte, 16), c.frameMax)
 	p.prefix = full[:len(full)-17]
+	if s.Exchange != "" {
+		for _, key := range keys {
+			full := message(s.Exchange, key, make([]byte, 16), c.frameMax)
+			p.prefixes = append(p.prefixes, full[:len(full)-17])
+		}
+	}
 	return p, nil
 }
 
@@ -479,6 +497,7 @@ func (p *publisher) write(end time.Time) {
 	}
 	next := time.Now()
 	var seq uint64
+	var k int // topic mode: the next key
 	p.c.nc.SetWriteDeadline(end)
 	for {
 		n := p.spec.Batch
@@ -512,7 +531,14 @@ func (p *publisher) write(end time.Time) {
 		}
 		b = b[:0]
 		for i := 0; i < n; i++ {
-			b = append(b, p.prefix...)
+			if p.prefixes != nil {
+				b = append(b, p.prefixes[k]...)
+				if k++; k == len(p.prefixes) {
+					k = 0
+				}
+			} else {
+				b = append(b, p.prefix...)
+			}
 			b = binary.BigEndian.AppendUint64(b, uint64(nowNS()))
 			b = binary.BigEndian.AppendUint64(b, seq)
 			b = append(b, frameEnd)
@@ -595,7 +621,7 @@ type consumer struct {
 	done      chan struct{}
 }
 
-func newConsumer(port int, s ConsSpec, recording *int32) (*consumer, error) {
+func newConsumer(port int, s ConsSpec, recording *int32, queues []string) (*consumer, error) {
 	c, err := dial(port, setupTimeout)
 	if err != nil {
 		return nil, err
@@ -608,10 +634,26 @@ func newConsumer(port int, s ConsSpec, recording *int32) (*consumer, error) {
 			return nil, err
 		}
 	}
-	consume := methodFrame(1, 60, 20,
-		buf{}.u16(0).short(s.Queue).short("bench").u8(bits(false, s.NoAck, false, false)).u32(0))
-	if _, err := c.callWithin(setupTimeout, consume, 60, 21); err != nil {
-		return nil, err
+	if queues == nil {
+		queues = []string{s.Queue}
+	}
+	for lo := 0; lo < len(queues); lo += 1000 { // pipelined, 1,000 a write
+		hi := min(len(queues), lo+1000)
+		var out []byte
+		for i, q := range queues[lo:hi] {
+			out = append(out, methodFrame(1, 60, 20, buf{}.u16(0).short(q).
+				short("bench"+strconv.Itoa(lo+i)).u8(bits(false, s.NoAck, false, false)).u32(0))...)
+		}
+		c.nc.SetDeadline(time.Now().Add(setupTimeout))
+		if _, err := c.nc.Write(out); err != nil {
+			return nil, err
+		}
+		for i := lo; i < hi; i++ {
+			if _, err := c.wait(60, 21); err != nil {
+				return nil, err
+			}
+		}
+		c.nc.SetDeadline(time.Time{})
 	}
 	if s.AckDelayUS > 0 {
 		k.work = make(chan uint64, 65536)
@@ -734,10 +776,20 @@ func runLoad(s Spec) (map[string]any, error) {
 			return nil, fmt.Errorf("queue.declare %s: %w", q, err)
 		}
 	}
+	var keys, topicQueues []string
+	if s.TopicBindings > 0 || s.TopicLiterals > 0 {
+		if keys, topicQueues, err = setupTopic(admin, s); err != nil {
+			return nil, err
+		}
+	}
 	var recording int32
 	consumers := make([]*consumer, 0, len(s.Consumers))
 	for _, cs := range s.Consumers {
-		k, err := newConsumer(s.Port, cs, &recording)
+		var qs []string
+		if topicQueues != nil && cs.Queue == s.Queues[0] {
+			qs = topicQueues
+		}
+		k, err := newConsumer(s.Port, cs, &recording, qs)
 		if err != nil {
 			return nil, fmt.Errorf("consumer: %w", err)
 		}
@@ -746,7 +798,7 @@ func runLoad(s Spec) (map[string]any, error) {
 	}
 	publishers := make([]*publisher, 0, len(s.Publishers))
 	for _, ps := range s.Publishers {
-		p, err := newPublisher(s.Port, ps)
+		p, err := newPublisher(s.Port, ps, keys)
 		if err != nil {
 			return nil, fmt.Errorf("publisher: %w", err)
 		}
@@ -865,6 +917,127 @@ func runLoad(s Spec) (map[string]any, error) {
 	}
 	result["publishers"], result["consumers"], result["groups"], result["depth"] = pubs, cons, groups, depth
 	return result, nil
+}
+
+// topicTopology: (patterns, literal bindings, routing keys) of a topic-mode load.
+//
+//	prefixed  patterns s{i}.*.x (even i) / s{i}.# (odd i) for i < bindings, as
+//	          bench/throughput.py and bench/topic_keys.py bind them; keys s{i}.w{j}.x
+//	          (even i) / s{i}.w{j}.y (odd i), each matching exactly one pattern
+//	leading   patterns *.e{i}.# (even i) / #.o{i} (odd i); keys p{j}.e{i}.z / p{j}.q.o{i}:
+//	          one match per key, but no prefix of the key prunes the patterns
+//
+// Literal bindings are lit{i} for i < literals (no key matches them: they are there as
+// the issue's ~1,000 extra bindings). Keys spread evenly over the patterns (key k uses
+// i = k mod bindings, j = k div bindings), shuffled with a fixed seed.
+func topicTopology(s Spec) ([]string, []string, []string, error) {
+	n := s.TopicBindings
+	var patterns, literals, keys []string
+	for i := 0; i < s.TopicLiterals; i++ {
+		literals = append(literals, "lit"+strconv.Itoa(i))
+	}
+	if n == 0 {
+		return nil, literals, nil, errors.New("topic mode needs topic_bindings > 0")
+	}
+	for i := 0; i < n; i++ {
+		switch s.TopicShape {
+		case "", "prefixed":
+			if i%2 == 0 {
+				patterns = append(patterns, fmt.Sprintf("s%d.*.x", i))
+			} else {
+				patterns = append(patterns, fmt.Sprintf("s%d.#", i))
+			}
+		case "leading":
+			if i%2 == 0 {
+				patterns = append(patterns, fmt.Sprintf("*.e%d.#", i))
+			} else {
+				patterns = append(patterns, fmt.Sprintf("#.o%d", i))
+			}
+		default:
+			return nil, nil, nil, fmt.Errorf("unknown topic_shape %q", s.TopicShape)
+		}
+	}
+	for k := 0; k < s.TopicKeys; k++ {
+		i, j := k%n, k/n
+		even := i%2 == 0
+		switch {
+		case s.TopicShape == "leading" && even:
+			keys = append(keys, fmt.Sprintf("p%d.e%d.z", j, i))
+		case s.TopicShape == "leading":
+			keys = append(keys, fmt.Sprintf("p%d.q.o%d", j, i))
+		case even:
+			keys = append(keys, fmt.Sprintf("s%d.w%d.x", i, j))
+		default:
+			keys = append(keys, fmt.Sprintf("s%d.w%d.y", i, j))
+		}
+	}
+	// Fisher-Yates with a fixed linear congruential generator: the same order every run
+	seed := uint64(1)
+	for i := len(keys) - 1; i > 0; i-- {
+		seed = seed*6364136223846793005 + 1442695040888963407
+		j := int((seed >> 33) % uint64(i+1))
+		keys[i], keys[j] = keys[j], keys[i]
+	}
+	return patterns, literals, keys, nil
+}
+
+// setupTopic declares the topic exchange and binds the first queue with every pattern and
+// literal (pipelined, 1,000 binds a write), or with topic_queues > 0, declares queues
+// "<first queue>.<k>" for k < topic_queues and binds pattern n to queue n mod topic_queues.
+// Returns the routing keys the publishers cycle, and those queues (nil without them).
+func setupTopic(admin *conn, s Spec) ([]string, []string, error) {
+	patterns, literals, keys, err := topicTopology(s)
+	if err != nil {
+		return nil, nil, err
+	}
+	declare := methodFrame(1, 40, 10, buf{}.u16(0).short(s.Exchange).short("topic").u8(0).u32(0))
+	if _, err := admin.callWithin(setupTimeout, declare, 40, 11); err != nil {
+		return nil, nil, fmt.Errorf("exchange.declare %s: %w", s.Exchange, err)
+	}
+	admin.nc.SetDeadline(time.Now().Add(10 * setupTimeout))
+	defer admin.nc.SetDeadline(time.Time{})
+	pipelined := func(frames [][]byte, class, method uint16) error {
+		for lo := 0; lo < len(frames); lo += 1000 {
+			hi := min(len(frames), lo+1000)
+			var out []byte
+			for _, f := range frames[lo:hi] {
+				out = append(out, f...)
+			}
+			if _, err := admin.nc.Write(out); err != nil {
+				return err
+			}
+			for i := lo; i < hi; i++ {
+				if _, err := admin.wait(class, method); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	queues := []string{s.Queues[0]}
+	var named []string
+	if s.TopicQueues > 0 {
+		queues = nil
+		var frames [][]byte
+		for k := 0; k < s.TopicQueues; k++ {
+			q := s.Queues[0] + "." + strconv.Itoa(k)
+			queues = append(queues, q)
+			frames = append(frames, queueDeclare(q, false, false, false))
+		}
+		if err := pipelined(frames, 50, 11); err != nil {
+			return nil, nil, fmt.Errorf("queue.declare: %w", err)
+		}
+		named = queues
+	}
+	var frames [][]byte
+	for n, key := range append(patterns, literals...) {
+		frames = append(frames, methodFrame(1, 50, 20,
+			buf{}.u16(0).short(queues[n%len(queues)]).short(s.Exchange).short(key).u8(0).u32(0)))
+	}
+	if err := pipelined(frames, 50, 21); err != nil {
+		return nil, nil, fmt.Errorf("queue.bind: %w", err)
+	}
+	return keys, named, nil
 }
 
 // -- probe ------------------------------------------------------------------------

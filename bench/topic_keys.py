@@ -7,9 +7,12 @@ A benchmark, not a test. ``TopicIndex`` in this process, with ``--bindings`` wil
 (``s{i}.*.x`` for even i, ``s{i}.#`` for odd i, as bench/throughput.py binds them) plus 1,000
 literal ones, the broker's default 10,000-key cache, and ``--routes`` routes of each traffic
 shape, each on a fresh index: 1,000 keys (all cached after their first miss); 100,000 keys
-drawn uniformly (ten times the cache: mostly misses); one-off keys that never repeat; half
-one-off keys and half 1,000 hot keys; and the walk alone (``cache_keys = 0``). Reported: CPU
-time per route (``time.process_time_ns``), and the index's hit and miss counts.
+drawn uniformly (ten times the cache: mostly misses); 100,000 keys cycled in a fixed order
+(bench/topic_go.py's traffic: a key recurs only after all the others), from an empty cache
+and after one whole cycle (the cache full: the steady state); one-off keys that never
+repeat; half one-off keys and half 1,000 hot keys; and the walk alone (``cache_keys = 0``).
+Reported: CPU time per route (``time.process_time_ns``), and the index's hit and miss counts
+over the timed routes.
 """
 
 from __future__ import annotations
@@ -42,13 +45,21 @@ def drawn(routes: int, distinct: int, bindings: int, seed: int) -> list[str]:
     return [pool[rng.randrange(distinct)] for _ in range(routes)]
 
 
-def timed(index: TopicIndex, keys: list[str]) -> dict[str, float]:
+def timed(index: TopicIndex, keys: list[str], warm: list[str]) -> dict[str, float]:
+    """CPU time per route of ``keys``, after routing ``warm`` untimed (not counted)."""
     route = index.route
+    for key in warm:
+        route(key)
+    hits, misses = index.hits, index.misses
     started = time.process_time_ns()
     for key in keys:
         route(key)
     spent = time.process_time_ns() - started
-    return {"us_per_route": spent / len(keys) / 1000, "hits": index.hits, "misses": index.misses}
+    return {
+        "us_per_route": spent / len(keys) / 1000,
+        "hits": index.hits - hits,
+        "misses": index.misses - misses,
+    }
 
 
 def main() -> int:
@@ -60,19 +71,25 @@ def main() -> int:
     n, b = args.routes, args.bindings
     hot = drawn(n, 1000, b, 1)
     one_off = [f"s{i % b}.u{i}.x" for i in range(n)]
-    shapes = {
-        "1,000 keys (cached)": (10_000, hot),
-        "100,000 keys, uniform": (10_000, drawn(n, 100_000, b, 2)),
-        "one-off keys": (10_000, one_off),
+    cycle = [f"s{k % b}.w{k // b}.{'y' if k % b % 2 else 'x'}" for k in range(100_000)]
+    random.Random(3).shuffle(cycle)  # each key once, in a fixed order, then again
+    cycled = [cycle[i % len(cycle)] for i in range(n)]
+    shapes = {  # name: (cache_keys, timed keys, keys routed first, untimed)
+        "1,000 keys (cached)": (10_000, hot, []),
+        "100,000 keys, uniform": (10_000, drawn(n, 100_000, b, 2), []),
+        "100,000 keys, cycled": (10_000, cycled, []),
+        "100,000 keys, cycled, after one cycle": (10_000, cycled, cycle),
+        "one-off keys": (10_000, one_off, []),
         "50% one-off + 50% of 1,000 hot keys": (
             10_000,
             [hot[i] if i % 2 else one_off[i] for i in range(n)],
+            [],
         ),
-        "no cache (the walk alone)": (0, drawn(n, 100_000, b, 2)),
+        "no cache (the walk alone)": (0, drawn(n, 100_000, b, 2), []),
     }
     rows = []
-    for name, (cache_keys, keys) in shapes.items():
-        result = timed(build(b, cache_keys), keys)
+    for name, (cache_keys, keys, warm) in shapes.items():
+        result = timed(build(b, cache_keys), keys, warm)
         rows.append({"traffic": name, "cache_keys": cache_keys, **result})
         print(
             f"{name:40s} {result['us_per_route']:6.2f} us/route  "

@@ -43,6 +43,7 @@ class TopicIndex(BindingTable):
         "trie",
         "cache",
         "_cached",
+        "_one",
         "hits",
         "misses",
     )
@@ -58,6 +59,9 @@ class TopicIndex(BindingTable):
         self.trie = WildcardTrie(skip_dollar=self._mqtt)
         self.cache = RoutingKeyCache(cache_keys, mqtt=self._mqtt)
         self._cached = self.cache.by_key  # the hot path's one lookup
+        #: destination -> frozenset((destination,)): one shared set for every pattern end
+        #: whose bindings all lead there (``TrieNode.dests``), dropped with its last binding
+        self._one: dict[Hashable, frozenset] = {}
         self.hits = 0  # routes answered from the cache (Prometheus: roarmq_routing_cache_*)
         self.misses = 0  # routes that walked the trie
 
@@ -92,10 +96,16 @@ class TopicIndex(BindingTable):
 
     def _route_miss(self, routing_key: str) -> frozenset:
         self.misses += 1
-        words = self.split(routing_key)
+        words = routing_key.split(self._sep) if routing_key or self._mqtt else []
         nodes = self.trie.match(words)
         literal = self._literal.get(routing_key)
         if not self.cache.admits(routing_key):
+            if literal is None and len(nodes) == 1:  # one pattern end: the common cold key
+                node = nodes[0]
+                dests = node.dests
+                if dests is None:
+                    dests = node.dests = self._node_dests(node)
+                return dests
             return self._destinations(nodes, literal)
         ids = BitMap()
         if literal is not None:
@@ -110,7 +120,7 @@ class TopicIndex(BindingTable):
             else:
                 ids |= n_ids  # type: ignore[operator]
         dests = frozenset(map(self._dests.__getitem__, ids)) if ids else EMPTY
-        self.cache.insert(routing_key, words, ids, nodes).dests = dests
+        self.cache.insert(routing_key, tuple(words), ids, nodes).dests = dests
         return dests
 
     def _destinations(self, nodes: list[TrieNode], literal: int | BitMap | None) -> frozenset:
@@ -122,13 +132,28 @@ class TopicIndex(BindingTable):
             if type(literal) is int:
                 return frozenset((dests[literal],))
         out = set()
-        add = out.add
-        for ids in (literal, *(node.ids for node in nodes)):
-            if type(ids) is int:
-                add(dests[ids])
-            elif ids is not None:
-                out.update(map(dests.__getitem__, ids))
+        if literal is not None:
+            if type(literal) is int:
+                out.add(dests[literal])
+            else:
+                out.update(map(dests.__getitem__, literal))
+        for node in nodes:
+            node_dests = node.dests
+            if node_dests is None:
+                node_dests = node.dests = self._node_dests(node)
+            out.update(node_dests)
         return frozenset(out)
+
+    def _node_dests(self, node: TrieNode) -> frozenset:
+        """Where a pattern end's bindings lead (for ``TrieNode.dests``)."""
+        ids = node.ids
+        if type(ids) is int:
+            destination = self._dests[ids]
+            one = self._one.get(destination)
+            if one is None:
+                one = self._one[destination] = frozenset((destination,))
+            return one
+        return frozenset(map(self._dests.__getitem__, ids))  # type: ignore[arg-type]
 
     # -- bind / unbind ------------------------------------------------------------------------
 
@@ -151,6 +176,7 @@ class TopicIndex(BindingTable):
         b = self._new_id(key, destination, arguments)
         was_end = node.ids is not None
         node.ids = ids_add(node.ids, b)
+        node.dests = None
         cache = self.cache
         if was_end:
             if node.cached is not None:
@@ -197,6 +223,8 @@ class TopicIndex(BindingTable):
     def _remove(self, b: int, key: str, tokens: Pattern | None) -> None:
         destination = self._dests[b]
         self._free_id(b)  # first, so ``_reaches`` no longer counts b
+        if destination not in self._by_dest:
+            self._one.pop(destination, None)  # its last binding: keep no reference to it
         if tokens is None:
             rest = ids_remove(self._literal[key], b)
             if rest is None:
@@ -209,6 +237,7 @@ class TopicIndex(BindingTable):
             return
         steps, node = self.trie.path(tokens)
         node.ids = ids_remove(node.ids, b)
+        node.dests = None
         cache = self.cache
         slots = node.cached
         if slots is not None and cache.over_budget(slots):
@@ -257,6 +286,7 @@ class TopicIndex(BindingTable):
     def check_invariants(self) -> None:
         """Assert the cache agrees with a fresh match of every cached key (for tests)."""
         self.cache.check()
+        assert set(self._one) <= set(self._by_dest), "a shared set outlived its bindings"
         for key, entry in self._cached.items():
             nodes = self.trie.match(entry.words)
             expect = BitMap()
@@ -271,6 +301,9 @@ class TopicIndex(BindingTable):
                 assert entry.dests == frozenset(self._dests[b] for b in expect), key
         for node in self.trie.nodes():
             assert node is self.trie.root or not node.is_empty(), "unpruned empty node"
+            if node.dests is not None:
+                expect_dests = frozenset(self._dests[b] for b in ids_iter(node.ids))
+                assert node.dests == expect_dests, "stale destinations on a pattern end"
             if node.cached is not None:
                 assert node.ids is not None and node.cached, "reverse index on a non-pattern node"
                 for slot in node.cached:

@@ -138,9 +138,11 @@ def match_tokens(tokens: Pattern, words: tuple[str, ...] | list[str]) -> bool:
 
 
 class TrieNode:
-    """``ids`` is set where a pattern ends; ``cached`` are the cached keys that pattern matches."""
+    """``ids`` is set where a pattern ends; ``cached`` are the cached keys that pattern matches;
+    ``dests`` is where its bindings lead (a frozenset the index fills on a cold route through
+    the node and clears whenever ``ids`` changes)."""
 
-    __slots__ = ("children", "star", "hash", "ids", "cached")
+    __slots__ = ("children", "star", "hash", "ids", "cached", "dests")
 
     def __init__(self) -> None:
         self.children: dict[str, TrieNode] | None = None
@@ -148,6 +150,7 @@ class TrieNode:
         self.hash: TrieNode | None = None
         self.ids: int | BitMap | None = None
         self.cached: BitMap | None = None
+        self.dests: frozenset | None = None
 
     def is_empty(self) -> bool:
         return self.ids is None and not self.children and self.star is None and self.hash is None
@@ -231,65 +234,89 @@ class WildcardTrie:
                     parent.children = None
             node = parent
 
-    def match(self, words: tuple[str, ...]) -> list[TrieNode]:
+    def match(self, words: tuple[str, ...] | list[str]) -> list[TrieNode]:
         """Nodes with bindings whose patterns match ``words`` (each node once).
 
         Every (node, position) state is visited at most once: non-``#`` nodes are reached at a
         given position by a single path, and each ``#`` node remembers the lowest position it
         was entered at (``hash_from``), so re-entering it only scans positions not yet scanned.
         The work is therefore O(trie nodes on matching paths x words), never exponential.
+
+        A walk follows one path in its inner loop (the literal edge, else the ``*`` edge) and
+        stacks only the branches it leaves behind; nothing is allocated but ``found`` unless a
+        key forks (a literal and a ``*`` edge both match) or meets a ``#``.
         """
         n = len(words)
         found: list[TrieNode] = []
-        root = self.root
-        skip_root_wild = self.skip_dollar and n > 0 and words[0][:1] == "$"
-        hash_from: dict[TrieNode, int] = {}
-        stack: list[tuple[TrieNode, int]] = [(root, 0)]
-        pop, push = stack.pop, stack.append
-        while stack:
-            node, i = pop()
-            # Follow the literal chain in this loop; only wildcard branches go on the stack.
+        node = self.root
+        i = 0
+        if self.skip_dollar and n and words[0][:1] == "$":
+            # MQTT: only filters whose first level is literal match a "$" topic
+            children = node.children
+            node = None if children is None else children.get(words[0])  # type: ignore[assignment]
+            if node is None:
+                return found
+            i = 1
+        hash_from: dict[TrieNode, int] | None = None
+        stack: list[tuple[TrieNode, int]] | None = None
+        while True:
             while True:
                 h = node.hash
                 if i == n:
                     if node.ids is not None:
                         found.append(node)
                     # a "#" here matches zero words; (h, n) is new unless h was entered before
-                    if h is not None and h not in hash_from:
-                        hash_from[h] = n
-                        if h.ids is not None:
-                            found.append(h)
+                    if h is not None:
+                        if hash_from is None:
+                            hash_from = {}
+                        if h not in hash_from:
+                            hash_from[h] = n
+                            if h.ids is not None:
+                                found.append(h)
                     break
-                if skip_root_wild and node is root:
-                    h = None
-                elif node.star is not None:
-                    push((node.star, i + 1))
                 if h is not None:
                     # "#" may swallow words[i:j] for every j in [i, n]; the states (h, j) an
                     # earlier entry already scanned (j >= stop) need no second visit.
+                    if hash_from is None:
+                        hash_from = {}
                     stop = hash_from.get(h, n + 1)
                     if i < stop:
                         hash_from[h] = i
                         if stop > n and h.ids is not None:
                             found.append(h)
+                        end = stop if stop < n else n
                         h_children, h_star = h.children, h.star
                         if h_children is not None:
                             get = h_children.get
-                            for j in range(i, min(stop, n)):
+                            for j in range(i, end):
                                 child = get(words[j])
                                 if child is not None:
-                                    push((child, j + 1))
-                        if h_star is not None:
-                            for j in range(i, min(stop, n)):
-                                push((h_star, j + 1))
+                                    if stack is None:
+                                        stack = []
+                                    stack.append((child, j + 1))
+                        if h_star is not None and i < end:
+                            if stack is None:
+                                stack = []
+                            stack.extend([(h_star, j + 1) for j in range(i, end)])
+                star = node.star
                 children = node.children
-                if children is None:
+                if children is not None:
+                    nxt = children.get(words[i])
+                    if nxt is not None:
+                        if star is not None:
+                            if stack is None:
+                                stack = []
+                            stack.append((star, i + 1))
+                        node = nxt
+                        i += 1
+                        continue
+                if star is None:
                     break
-                node = children.get(words[i])  # type: ignore[assignment]
-                if node is None:
-                    break
+                node = star
                 i += 1
-        return found
+            if not stack:
+                return found
+            node, i = stack.pop()
 
     def nodes(self) -> list[TrieNode]:
         """Every node (for invariant checks)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 from roarmq.broker.routing import TopicIndex
@@ -312,6 +315,46 @@ def test_no_cache() -> None:
     idx.bind("a.#", "q")
     assert idx.route("a.b") == {"q"}
     assert idx.cached_keys() == 0
+
+
+def test_uncached_routes_follow_binds_and_unbinds_at_a_pattern() -> None:
+    # A pattern end remembers where its bindings lead for keys the cache does not keep.
+    idx = TopicIndex(cache_keys=0)
+    idx.bind("a.*", "q1")
+    idx.bind("a.#", "q1")
+    assert idx.route("a.b") == {"q1"}
+    idx.bind("a.*", "q2")
+    assert idx.route("a.b") == {"q1", "q2"}
+    assert idx.route("a.c") == {"q1", "q2"}
+    idx.unbind("a.*", "q1")
+    assert idx.route("a.b") == {"q1", "q2"}  # q1 still through a.#
+    idx.unbind("a.#", "q1")
+    assert idx.route("a.b") == {"q2"}
+    idx.bind("a.*", "q3", {"x-a": 1})
+    assert idx.route("a.b") == {"q2", "q3"}
+    idx.remove_destination("q2")
+    assert idx.route("a.b") == {"q3"}
+    assert idx.route("a") == set()
+    idx.check_invariants()
+
+
+def test_uncached_routes_keep_no_deleted_destination_alive() -> None:
+    class Queue:
+        pass
+
+    idx = TopicIndex(cache_keys=0)
+    queue = Queue()
+    gone = weakref.ref(queue)
+    idx.bind("a.*", queue)
+    idx.bind("b.#", queue)
+    assert idx.route("a.b") == {queue}
+    assert idx.route("b") == {queue}
+    assert idx.remove_destination(queue) == 2
+    del queue
+    gc.collect()
+    assert gone() is None
+    assert idx.route("a.b") == set()
+    idx.check_invariants()
 
 
 def test_pathological_hashes_are_not_exponential() -> None:

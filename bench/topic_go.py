@@ -1,0 +1,194 @@
+"""Topic routing of unseen keys end to end, RoarMQ against RabbitMQ, with the Go generator.
+
+    .venv/bin/python bench/topic_go.py [--broker both|roarmq|rabbitmq] [--bindings 100000]
+        [--literals 1000] [--keys 100000] [--shape prefixed|leading] [--queues N] [--no-ack]
+        [--warmup 5] [--window 10] [--repeat 1] [--roarmq-rev REV] [--json PATH]
+
+A benchmark, not a test (issue 27 part 4: "100,000 distinct keys over ~101,000 topic
+bindings"). A topic exchange bound with ``--bindings`` wildcard patterns and ``--literals``
+literal ones (``bench/overload_load.go``'s topicTopology: by default ``s{i}.*.x`` /
+``s{i}.#`` plus ``lit{i}``, the bindings of ``bench/topic_keys.py``), each binding to a
+queue of its own (101,000 queues; ``--queues N`` spreads them round-robin over N queues,
+``--queues 1`` binds them all to one); one publisher flat out (no confirms, 100 messages a
+write) cycling through ``--keys`` distinct routing keys (each matching one pattern; ten
+times RoarMQ's default 10,000-key cache, so most routes are cold), one consumer on every
+queue (one channel, manual acks, prefetch 100; ``--no-ack``: auto-ack).
+16-byte bodies. The generator is ``bench/overload_load.go`` (standard library only, built
+here with Go), pinned to ``--load-cpu`` (1); each broker pinned to CPU 0, RabbitMQ with one
+Erlang scheduler (``+S 1:1``), a fresh instance per run.
+
+Reported per broker: messages consumed per second over the window (after ``--warmup`` s;
+set-up, bindings included, is not timed), the broker's CPU per message (its process group's
+CPU time over the window / messages consumed), the generator's CPU, what other processes
+used (the machine's busy time less those two: on a shared machine, read the rates with it),
+and RoarMQ / RabbitMQ.
+``--repeat N`` runs each broker N times, alternating, and reports the median by msg/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from _machine import machine_info
+from harness import REPO, Procs, broker_instance, group_cpu_s, loadavg, machine_busy_s
+from overload import Child, build_generator
+
+
+def run_once(kind: str, procs: Procs, binary: Path, args: argparse.Namespace, src: Path) -> dict:
+    options: dict[str, Any] = {"src": src} if kind == "roarmq" else {"schedulers": 1}
+    tag = uuid.uuid4().hex[:6]
+    queue, exchange = f"topic27.{tag}.q", f"topic27.{tag}.x"
+    spec = {
+        "role": "load",
+        "warmup_s": args.warmup,
+        "window_s": args.window,
+        "queues": [queue],
+        "exchange": exchange,
+        "topic_bindings": args.bindings,
+        "topic_literals": args.literals,
+        "topic_keys": args.keys,
+        "topic_shape": args.shape,
+        "topic_queues": 0 if args.queues == 1 else args.queues,
+        "publishers": [{"group": "p", "queue": queue, "exchange": exchange, "batch": 100}],
+        "consumers": [{"group": "c", "queue": queue, "prefetch": 100, "no_ack": args.no_ack}],
+    }
+    with broker_instance(kind, procs, args.broker_cpu, **options) as running:
+        spec["port"] = running.port
+        load = Child(procs, binary, spec, args.load_cpu)
+        try:
+            t_setup = time.monotonic()
+            load.expect("ready", args.setup_timeout)
+            setup_s = time.monotonic() - t_setup
+            time.sleep(args.warmup)
+            cpu0, t0, busy0 = group_cpu_s(running.proc.pid), time.monotonic(), machine_busy_s()
+            load.expect("window_end", args.window + 30)
+            cpu1, t1, busy1 = group_cpu_s(running.proc.pid), time.monotonic(), machine_busy_s()
+            result = load.expect("window_s", 60)
+        finally:
+            load.stop()
+        alive = running.proc.poll() is None
+        version = running.version
+    received = result["groups"]["c"]["received"]
+    window = result["window_s"]
+    return {
+        "broker": kind,
+        "version": version,
+        "status": "ok" if alive and received else "broker exited or nothing consumed",
+        "setup_s": round(setup_s, 1),
+        "msgs_per_s": received / window,
+        "published_per_s": result["groups"]["p"]["sent"] / window,
+        "broker_cpu_us_per_msg": (cpu1 - cpu0) / max(received, 1) * 1e6,
+        "broker_cpu_cores": (cpu1 - cpu0) / (t1 - t0),
+        "gen_cpu_cores": result["cpu_s"] / window,
+        # what other processes used: the machine's busy time less the broker and generator
+        "others_cores": max(0.0, (busy1 - busy0) - (cpu1 - cpu0) - result["cpu_s"]) / (t1 - t0),
+        "p50_ms": result["groups"]["c"].get("p50_ms"),
+        "p99_ms": result["groups"]["c"].get("p99_ms"),
+        "loadavg": loadavg(),
+        "errors": [c["error"] for c in result["consumers"] + result["publishers"] if c["error"]],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--broker", choices=("both", "roarmq", "rabbitmq"), default="both")
+    p.add_argument("--bindings", type=int, default=100_000)
+    p.add_argument("--literals", type=int, default=1_000)
+    p.add_argument("--keys", type=int, default=100_000)
+    p.add_argument("--shape", choices=("prefixed", "leading"), default="prefixed")
+    p.add_argument(
+        "--queues",
+        type=int,
+        help="spread the bindings over N queues (default: one queue per binding; 1: one queue)",
+    )
+    p.add_argument("--no-ack", action="store_true")
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--window", type=float, default=10.0)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--setup-timeout", type=float, default=300.0)
+    p.add_argument("--broker-cpu", type=int, default=0)
+    p.add_argument("--load-cpu", type=int, default=1)
+    p.add_argument("--roarmq-rev", help="run RoarMQ from `git archive REV` (a 'before' figure)")
+    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "topic_go.json")
+    args = p.parse_args()
+    if args.queues is None:
+        args.queues = args.bindings + args.literals
+    kinds = ["roarmq", "rabbitmq"] if args.broker == "both" else [args.broker]
+    procs = Procs()
+    rows: dict[str, list[dict]] = {k: [] for k in kinds}
+    with tempfile.TemporaryDirectory(prefix="topic27-") as tmp_name:
+        tmp = Path(tmp_name)
+        binary, go_version = build_generator(tmp)
+        src = REPO
+        if args.roarmq_rev:
+            src = tmp / "src"
+            src.mkdir()
+            archive = subprocess.run(
+                ["git", "archive", args.roarmq_rev], cwd=REPO, capture_output=True, check=True
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+            for so in (REPO / "protocol").glob("*.so"):  # the compiled codec, as in REPO
+                (src / "protocol" / so.name).write_bytes(so.read_bytes())
+        try:
+            for _ in range(args.repeat):
+                for kind in kinds:
+                    row = run_once(kind, procs, binary, args, src)
+                    rows[kind].append(row)
+                    print(
+                        f"{kind:9s} {row['msgs_per_s']:>10,.0f} msg/s  "
+                        f"broker {row['broker_cpu_us_per_msg']:6.1f} us/msg "
+                        f"({row['broker_cpu_cores']:.2f} cores)  gen {row['gen_cpu_cores']:.2f} "
+                        f"cores  others {row['others_cores']:.2f} cores  set-up {row['setup_s']} s  "
+                        f"{row['status']} {row['errors'] or ''}",
+                        flush=True,
+                    )
+        finally:
+            procs.stop_all()
+    median = {
+        k: sorted(v, key=lambda r: r["msgs_per_s"])[len(v) // 2] for k, v in rows.items() if v
+    }
+    ratio = None
+    if "roarmq" in median and "rabbitmq" in median and median["rabbitmq"]["msgs_per_s"]:
+        ratio = median["roarmq"]["msgs_per_s"] / median["rabbitmq"]["msgs_per_s"]
+    print()
+    print("| broker | msg/s | broker CPU µs/msg | generator cores | others, cores |")
+    print("|---|--:|--:|--:|--:|")
+    for kind, r in median.items():
+        print(
+            f"| {kind} {r['version']} | {r['msgs_per_s']:,.0f} | "
+            f"{r['broker_cpu_us_per_msg']:.1f} | {r['gen_cpu_cores']:.2f} | "
+            f"{r['others_cores']:.2f} |"
+        )
+    if ratio is not None:
+        print(f"\nRoarMQ / RabbitMQ: {ratio:.1f}x")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in vars(args).items() if k != "json"}
+    args.json.write_text(
+        json.dumps(
+            {
+                "machine": machine_info(go=go_version),
+                "settings": settings,
+                "runs": rows,
+                "median": median,
+                "ratio": ratio,
+                "msgs_per_s_spread": {
+                    k: [round(r["msgs_per_s"]) for r in v] for k, v in rows.items()
+                },
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
