@@ -513,8 +513,6 @@ class VirtualHost:
         """The queues a message published to `exchange` reaches, each once."""
         if msg.flags & FLAG_HEADERS:
             return route_message(exchange, msg.routing_key, msg.headers, self.exchanges.get)
-        if not exchange.exchange_dests and exchange.alternate is None:
-            return exchange.route(msg.routing_key, None)  # queues only: no graph to walk
         return route_key(exchange, msg.routing_key, None, self.exchanges.get)
 
     def _route_key(self, exchange: Exchange, key: str, headers: dict | None) -> Collection[Queue]:
