@@ -50,13 +50,19 @@ def pxd_include() -> str:
 
 
 class OptionalBuildExt(build_ext):
-    """build_ext that warns and goes on, pure Python, when an extension cannot be built."""
+    """build_ext that warns and goes on, pure Python, when an extension cannot be built;
+    the C compiles run one per core (seven modules: about half the install's time)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
 
     def run(self) -> None:
         try:
             super().run()
         except Exception as exc:  # no compiler, no Python headers: fall back, loudly
-            print(f"roarmq: not compiling the codec ({exc}); pure Python", file=sys.stderr)
+            print(f"roarmq: not compiling ({exc}); pure Python", file=sys.stderr)
 
     def build_extension(self, ext) -> None:
         try:
@@ -78,6 +84,7 @@ def extensions() -> list:
     try:
         return cythonize(
             modules,
+            nthreads=os.cpu_count() or 1,
             include_path=[pxd_include()],
             # The .pxd files say what is typed; annotations stay documentation (an `int`
             # annotation would otherwise make Cython insist on an exact Python int).
