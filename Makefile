@@ -22,10 +22,10 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-# The modules setup.py compiles, with the .pxd files that type them: a change rebuilds.
-COMPILED_SOURCES := protocol/frames.py broker/message.py broker/queue.py broker/channel.py \
-	broker/connection.py broker/exchange.py broker/routing/graph.py \
-	$(wildcard protocol/*.pxd broker/*.pxd broker/routing/*.pxd)
+# The modules setup.py compiles (roarmq/__init__.py's COMPILED: each has a .pxd that types
+# it), with those .pxd files: a change to either rebuilds.
+PXD_FILES := $(wildcard protocol/*.pxd broker/*.pxd broker/routing/*.pxd)
+COMPILED_SOURCES := $(PXD_FILES) $(PXD_FILES:.pxd=.py)
 
 # The broker alone: uvloop, pyroaring, aiohttp, prometheus-client.
 $(RUN_STAMP): pyproject.toml setup.py $(COMPILED_SOURCES) | $(VENV)/bin/python

@@ -679,28 +679,27 @@ def encode_deliver(
     frame_max: int,
 ) -> bytes:
     """basic.deliver + content header (``header_raw`` forwarded untouched) + body, as one bytes."""
-    if _COMPILED and 0 < len(body) and 0 <= delivery_tag <= 0xFFFFFFFFFFFFFFFF:
-        limit = frame_max - FRAME_OVERHEAD if frame_max else 0xFFFFFFFF
-        if len(body) <= limit and len(header_raw) + 12 <= limit:
-            frames = _deliver_frames(
-                channel,
-                consumer_tag,
-                delivery_tag,
-                redelivered,
-                exchange,
-                routing_key,
-                header_raw,
-                body,
-            )
-            if frames is not None:
-                return frames
+    size = len(body)
+    limit = frame_max - FRAME_OVERHEAD if frame_max else 0xFFFFFFFF
+    common = 0 < size <= limit and len(header_raw) + 12 <= limit  # one frame of each kind
+    if _COMPILED and common and 0 <= delivery_tag <= 0xFFFFFFFFFFFFFFFF:
+        frames = _deliver_frames(
+            channel,
+            consumer_tag,
+            delivery_tag,
+            redelivered,
+            exchange,
+            routing_key,
+            header_raw,
+            body,
+        )
+        if frames is not None:
+            return frames
     tag = consumer_tag.encode("utf-8", "surrogateescape")
     ex = exchange.encode("utf-8", "surrogateescape")
     key = routing_key.encode("utf-8", "surrogateescape")
-    size = len(body)
-    limit = frame_max - FRAME_OVERHEAD if frame_max else 0xFFFFFFFF
     try:
-        if 0 < size <= limit and len(header_raw) + 12 <= limit:
+        if common:
             # The common case, inlined: 5 packs and one join.
             return b"".join(
                 (

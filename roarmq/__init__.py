@@ -32,10 +32,10 @@ _CHECKOUT = _root in __path__  # noqa: F821
 
 
 #: The modules setup.py compiles, with their sources in the repository. Each has a .pxd
-#: beside it declaring its native classes, and those cimport one another (a ContentHeader in
-#: a Message in an Entry in a Queue, delivered by a Channel to a Consumer on a Connection): a compiled module
-#: checks at import that the classes it cimports are the compiled ones, so these run compiled
-#: together or not at all.
+#: beside it declaring its native classes, and those cimport one another (a ContentHeader
+#: in a Message in an Entry in a Queue, delivered by a Channel to a Consumer on a
+#: Connection): a compiled module checks at import that the classes it cimports are the
+#: compiled ones, so these run compiled together or not at all.
 COMPILED = {
     "roarmq.protocol.frames": "protocol/frames.py",
     "roarmq.broker.message": "broker/message.py",
@@ -103,7 +103,7 @@ class _SourceFirst:
             if not _os.path.isfile(source):
                 continue
             if not NO_EXTENSIONS:
-                if name in COMPILED and _CHECKOUT:
+                if name in COMPILED:  # (installed here only in a checkout)
                     reason = _compiled_group_refused()
                 else:
                     reason = _stale(source)
