@@ -60,3 +60,9 @@ cdef class Channel:
     cpdef tuple _hand_out(self, Entry entry, bint no_ack)
     cpdef _route(self, Exchange exchange, Message msg, bint mandatory, Py_ssize_t seq)
     cpdef _confirmed(self, Py_ssize_t seq, bint ok)
+
+    # A consumer's basic.ack, once per message: typed so the entry's fields are C reads.
+    @cython.locals(entry=Entry, queue=Queue)
+    cpdef _ack_one(self, object tag)
+    @cython.locals(size=Py_ssize_t, consumer=Consumer, queue=Queue)
+    cpdef _release(self, Entry entry)

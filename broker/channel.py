@@ -25,7 +25,7 @@ from roarmq.protocol.errors import (
     REPLY_SUCCESS,
     SoftError,
 )
-from roarmq.protocol.frames import encode_content, encode_deliver
+from roarmq.protocol.frames import encode_ack, encode_content, encode_deliver
 
 from . import trace
 from .errors import channel_error, connection_error
@@ -990,22 +990,18 @@ class Channel:
         if floor is None or max(ready) < floor:
             top = max(ready)
             multiple = len(ready) > 1 or top - self._acked_sent > 1
-            self.conn.send_method(self.id, spec.BasicAck(delivery_tag=top, multiple=multiple))
+            self.conn.send(encode_ack(self.id, top, multiple))
             self._acked_sent = max(self._acked_sent, top)
             return
         ready.sort()
         below = [s for s in ready if s < floor]
         if below:
             top = below[-1]
-            self.conn.send_method(
-                self.id,
-                spec.BasicAck(
-                    delivery_tag=top, multiple=len(below) > 1 or top - self._acked_sent > 1
-                ),
-            )
+            multiple = len(below) > 1 or top - self._acked_sent > 1
+            self.conn.send(encode_ack(self.id, top, multiple))
             self._acked_sent = max(self._acked_sent, top)
         for seq in ready[len(below) :]:
-            self.conn.send_method(self.id, spec.BasicAck(delivery_tag=seq, multiple=False))
+            self.conn.send(encode_ack(self.id, seq, False))
 
     def _confirm_select(self, m: spec.ConfirmSelect) -> None:
         if self.tx is not None:

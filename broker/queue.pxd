@@ -87,6 +87,7 @@ cdef class Queue:
     cpdef object _next_consumer(self)
     cpdef lend(self, Py_ssize_t size)
     cpdef take_back(self, Py_ssize_t count, Py_ssize_t size)
+    cpdef ack(self, Entry entry)
     cpdef settle(self, Entry entry)
     cpdef dispatch(self)
 

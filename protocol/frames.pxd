@@ -23,6 +23,9 @@ cdef ContentHeader _header(int class_id, Py_ssize_t body_size, bytes raw)
 @cython.locals(n=Py_ssize_t, at=Py_ssize_t, key_end=Py_ssize_t, bits=Py_ssize_t)
 cdef object _decode_publish(bytes data, Py_ssize_t start, Py_ssize_t end)
 
+@cython.locals(high=cython.ulonglong)
+cdef object _decode_ack(bytes data, Py_ssize_t start, Py_ssize_t end)
+
 
 cdef class FrameParser:
     cdef public Py_ssize_t frame_max

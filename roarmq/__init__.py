@@ -44,6 +44,7 @@ COMPILED = {
     "roarmq.broker.connection": "broker/connection.py",
     "roarmq.broker.exchange": "broker/exchange.py",
     "roarmq.broker.routing.graph": "broker/routing/graph.py",
+    "roarmq.broker.routing.trie": "broker/routing/trie.py",
 }
 
 

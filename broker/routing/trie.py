@@ -287,9 +287,8 @@ class WildcardTrie:
                         end = stop if stop < n else n
                         h_children, h_star = h.children, h.star
                         if h_children is not None:
-                            get = h_children.get
                             for j in range(i, end):
-                                child = get(words[j])
+                                child = h_children.get(words[j])
                                 if child is not None:
                                     if stack is None:
                                         stack = []
