@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import pstats
+import random
 import sys
 import tempfile
 import time
@@ -84,9 +85,47 @@ def open_connection(broker: Broker) -> Connection:
     return conn
 
 
-def setup(broker: Broker, scenario: str) -> tuple[Connection, Connection, bytes]:
-    """(publisher, consumer, one chunk of pre-encoded publishes) for ``scenario``."""
+#: topic-unseen: issue 27 part 4's shape (bench/topic_go.py), in process: wildcard bindings
+#: ``s{i}.*.x`` / ``s{i}.#`` and 1,000 literal ones, each to a queue of its own with a consumer
+#: that acks, and 100,000 distinct keys (ten times the routing-key cache) in a fixed shuffle.
+UNSEEN_BINDINGS, UNSEEN_LITERALS, UNSEEN_KEYS = 100_000, 1_000, 100_000
+
+
+def setup_topic_unseen(consumer: Connection, publisher: Connection) -> list[bytes]:
+    send = consumer.data_received
+    queues = UNSEEN_BINDINGS + UNSEEN_LITERALS
+    send(encode_method(1, spec.ExchangeDeclare(exchange="t", type="topic")))
+    for i in range(queues):
+        name = f"q{i}"
+        key = f"lit{i - UNSEEN_BINDINGS}" if i >= UNSEEN_BINDINGS else f"s{i}.*.x"
+        if i < UNSEEN_BINDINGS and i % 2:
+            key = f"s{i}.#"
+        send(
+            encode_method(1, spec.QueueDeclare(queue=name))
+            + encode_method(1, spec.BasicConsume(queue=name, consumer_tag=name))
+            + encode_method(1, spec.QueueBind(queue=name, exchange="t", routing_key=key))
+        )
+    keys = [
+        f"s{i}.w{k // UNSEEN_BINDINGS}.x" if i % 2 == 0 else f"s{i}.w{k // UNSEEN_BINDINGS}.y"
+        for k in range(UNSEEN_KEYS)
+        for i in (k % UNSEEN_BINDINGS,)
+    ]
+    random.Random(1).shuffle(keys)
+    props = BasicProperties(content_type="application/octet-stream")
+    publishes = [
+        encode_content(
+            1, spec.BasicPublish(exchange="t", routing_key=key), props, b"x" * 16, 131072
+        )
+        for key in keys
+    ]
+    return [b"".join(publishes[at : at + CHUNK]) for at in range(0, len(publishes), CHUNK)]
+
+
+def setup(broker: Broker, scenario: str) -> tuple[Connection, Connection, list[bytes]]:
+    """(publisher, consumer, chunks of pre-encoded publishes, sent in turn) for ``scenario``."""
     consumer, publisher = open_connection(broker), open_connection(broker)
+    if scenario == "topic-unseen":
+        return publisher, consumer, setup_topic_unseen(consumer, publisher)
     send = consumer.data_received
     exchange, key = "", "q0"
     queues = 3 if scenario == "fanout-3" else 1
@@ -112,7 +151,7 @@ def setup(broker: Broker, scenario: str) -> tuple[Connection, Connection, bytes]
     one = encode_content(
         1, spec.BasicPublish(exchange=exchange, routing_key=key), props, b"x" * 16, 131072
     )
-    return publisher, consumer, one * CHUNK
+    return publisher, consumer, [one * CHUNK]
 
 
 async def measure(scenario: str, messages: int, profile: bool) -> dict:
@@ -127,14 +166,14 @@ async def measure(scenario: str, messages: int, profile: bool) -> dict:
 
 
 async def _measure(broker: Broker, scenario: str, messages: int, profile: bool) -> dict:
-    publisher, consumer, chunk = setup(broker, scenario)
+    publisher, consumer, chunks = setup(broker, scenario)
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 50, 100)
     profiler = cProfile.Profile() if profile else None
     rounds = max(1, messages // CHUNK)
     acks = None
-    if scenario == "acks":  # one basic.ack per delivery, as a consumer sends them, pre-encoded
+    if scenario in ("acks", "topic-unseen"):  # one basic.ack per delivery, pre-encoded
         acks = [
             b"".join(
                 encode_method(1, spec.BasicAck(delivery_tag=tag))
@@ -147,7 +186,7 @@ async def _measure(broker: Broker, scenario: str, messages: int, profile: bool) 
     if profiler:
         profiler.enable()
     for r in range(rounds):
-        publisher.data_received(chunk)
+        publisher.data_received(chunks[r % len(chunks)])
         broker._flush_dirty()  # what the loop does once per iteration
         while getattr(publisher, "_backlog", None) is not None:  # next turns: READ_BUDGET each
             publisher._continue()

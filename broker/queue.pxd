@@ -25,14 +25,37 @@ cdef class _ConsumerGroup:
 
 
 cdef class Queue:
+    # What a message's way reads (publish, hand-out, ack, settle) first: Cython lays the
+    # fields out in this order, so a queue met once per message (101,000 queues behind a
+    # topic exchange) costs the fewest cache lines. The rest as queue.py sets them.
+    cdef public bint deleted
+    cdef public bint _reject_overflow
+    cdef public bint _limited
+    cdef public bint _saturated
+    cdef public Py_ssize_t _seq
+    cdef public Py_ssize_t consumer_count
+    cdef public object ready
+    cdef public Py_ssize_t ready_bytes
+    cdef public Py_ssize_t unacked
+    cdef public Py_ssize_t unacked_bytes
+    cdef public list _groups
+    cdef public object single_active
+    cdef public object message_ttl
+    cdef public Py_ssize_t _timed
+    cdef public object throttled
+    cdef public object store
     cdef public object vhost
+    cdef public Py_ssize_t stats_published
+    cdef public Py_ssize_t stats_delivered
+    cdef public Py_ssize_t stats_acked
+    cdef public object _expiry_timer
+
     cdef public object name
     cdef public object durable
     cdef public object exclusive_owner
     cdef public object auto_delete
     cdef public object arguments
     cdef public object queue_type
-    cdef public object message_ttl
     cdef public object expires
     cdef public object max_length
     cdef public object max_length_bytes
@@ -40,26 +63,12 @@ cdef class Queue:
     cdef public object dlx
     cdef public object dlrk
     cdef public object max_priority
-    cdef public object single_active
     cdef public object delivery_limit
     cdef public object consumer_timeout
-    cdef public object ready
-    cdef public Py_ssize_t ready_bytes
-    cdef public Py_ssize_t unacked
-    cdef public Py_ssize_t unacked_bytes
-    cdef public list _groups
-    cdef public Py_ssize_t consumer_count
-    cdef public Py_ssize_t _seq
-    cdef public object _expiry_timer
     cdef public object _expiry_at
-    cdef public Py_ssize_t _timed
     cdef public object _idle_timer
     cdef public bint _had_consumers
     cdef public bint _dispatch_scheduled
-    cdef public bint deleted
-    cdef public Py_ssize_t stats_published
-    cdef public Py_ssize_t stats_delivered
-    cdef public Py_ssize_t stats_acked
     cdef public Py_ssize_t stats_dead_lettered
     cdef public Py_ssize_t stats_get
     cdef public Py_ssize_t stats_get_no_ack
@@ -68,22 +77,21 @@ cdef class Queue:
     cdef public Py_ssize_t stats_no_ack
     cdef public Py_ssize_t persistent
     cdef public Py_ssize_t persistent_bytes
-    cdef public object store
     cdef public object store_id
     cdef public object memory_limit
     cdef public object _account
-    cdef public bint _reject_overflow
-    cdef public bint _limited
-    cdef public object throttled
     cdef public object _args
     cdef public object policy
     cdef public object operator_policy
     cdef public object effective_policy
-    cdef public bint _saturated
     cdef public double _blocked_at
     cdef public double blocked_seconds
 
     cpdef bint publish(self, Message msg)
+    @cython.locals(
+        group=_ConsumerGroup, members=list, n=Py_ssize_t, start=Py_ssize_t, k=Py_ssize_t,
+        idx=Py_ssize_t,
+    )
     cpdef object _next_consumer(self)
     cpdef lend(self, Py_ssize_t size)
     cpdef take_back(self, Py_ssize_t count, Py_ssize_t size)
