@@ -58,6 +58,9 @@ cdef class Channel:
 
     cpdef deliver(self, Consumer consumer, Entry entry)
     cpdef tuple _hand_out(self, Entry entry, bint no_ack)
+    @cython.locals(exchange=Exchange, msg=Message)
+    cpdef _basic_publish(self, object method, object header, object body)
+    @cython.locals(queue=Queue)
     cpdef _route(self, Exchange exchange, Message msg, bint mandatory, Py_ssize_t seq)
     cpdef _confirmed(self, Py_ssize_t seq, bint ok)
 

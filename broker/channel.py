@@ -13,6 +13,7 @@ import base64
 import logging
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol import spec
@@ -847,9 +848,8 @@ class Channel:
             headers = msg.headers
             if "CC" in headers or "BCC" in headers:  # type: ignore[operator]
                 _check_sender_selected(headers)  # type: ignore[arg-type]
-        if self.tx is not None:
-            seq = self.publish_seq
-            self.tx.append(lambda: self._route(exchange, msg, method.mandatory, seq))
+        if self.tx is not None:  # (a partial, not a lambda: no closure in a compiled cpdef)
+            self.tx.append(partial(self._route, exchange, msg, method.mandatory, self.publish_seq))
             return
         self._route(exchange, msg, method.mandatory, self.publish_seq)
 
