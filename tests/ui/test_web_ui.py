@@ -185,6 +185,22 @@ def assert_drawn(driver, chart, labels):
     assert all(pixels[label] > 60 for label in labels), pixels
 
 
+def click_button(driver, element_id, text):
+    """Click button #element_id once it reads `text`: the page's own button, not the one of
+    the same id the previous page left until the new one is drawn (the exchange page has a
+    #delete too), and again if a redraw replaced it between finding it and clicking it."""
+    from selenium.webdriver.common.by import By
+
+    def attempt():
+        button = driver.find_element(By.ID, element_id)
+        if button.text != text:
+            return False
+        button.click()  # a stale button raises here, unclicked: wait_for tries again
+        return True
+
+    wait_for(attempt)
+
+
 def accept(driver, question=None, dismiss=False):
     """Answer the confirmation the page asked (it must have asked)."""
     alert = wait_for(lambda: driver.switch_to.alert, timeout=5)
@@ -468,16 +484,16 @@ def test_an_operator_session(browser, tmp_path):
 
         # Delete the queue: cancelled, it stays; confirmed, it goes.
         browser.get(b.mgmt_url + "/#/queue/%2F/ops-q")
-        wait_for(lambda: browser.find_element(By.ID, "delete")).click()
+        click_button(browser, "delete", "Delete queue")
         accept(browser, "Delete queue ops-q?", dismiss=True)
         assert b.api("GET", "/api/queues/%2F/ops-q")[0] == 200
-        browser.find_element(By.ID, "delete").click()
+        click_button(browser, "delete", "Delete queue")
         accept(browser, "Delete queue ops-q?")
         wait_for(lambda: browser.current_url.endswith("#/queues"))
         assert b.api("GET", "/api/queues/%2F/ops-q")[0] == 404
 
         browser.get(b.mgmt_url + "/#/exchange/%2F/ops-x")
-        wait_for(lambda: browser.find_element(By.ID, "delete")).click()
+        click_button(browser, "delete", "Delete exchange")
         accept(browser, "Delete exchange ops-x?")
         wait_for(lambda: browser.current_url.endswith("#/exchanges"))
         assert b.api("GET", "/api/exchanges/%2F/ops-x")[0] == 404
