@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 from .auth import Authenticator, check_password, hash_password
 from .exchange import Exchange
 from .logs import NOTICE
-from .store.definitions import BindingDef, DefinitionStore, ExchangeDef, PermissionDef, UserDef
+from .store.definitions import (
+    BindingDef,
+    DefinitionStore,
+    DefinitionsWriteFailed,
+    ExchangeDef,
+    PermissionDef,
+    UserDef,
+)
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -44,6 +51,9 @@ class Persistence:
         #: half-way seeds again rather than leaving a store without its users.
         self.new = not existed or self._unseeded()
         self.restoring = False
+        #: A loop turn is to delete more of the stored bindings of deleted queues and
+        #: exchanges (DefinitionStore.sweep_unbound).
+        self._unbinding = False
 
     def _unseeded(self) -> bool:
         db = self.definitions.db
@@ -162,6 +172,16 @@ class Persistence:
                     )
         finally:
             self.restoring = False
+        self._finish_unbinding()
+
+    def _finish_unbinding(self) -> None:
+        """At start: delete what a stop left of deleted queues' and exchanges' stored bindings
+        (restore skipped them: their queue or exchange is not stored)."""
+        try:
+            while self.definitions.sweep_unbound():
+                pass
+        except DefinitionsWriteFailed as exc:
+            exc.log_to(log, "; tried again at the next start")
 
     # -- changes ----------------------------------------------------------------------
     #
@@ -185,7 +205,8 @@ class Persistence:
         if x.durable:
             self._changed(x.vhost.name)
         if x.durable and not x.builtin and not x.vhost.deleted:
-            self.definitions.delete_exchange(x.vhost.name, x.name)
+            if self.definitions.delete_exchange(x.vhost.name, x.name):
+                self._unbind_later()
 
     def queue_created(self, q: Queue) -> None:
         if q.durable and q.exclusive_owner is None and not self.restoring:
@@ -202,7 +223,27 @@ class Persistence:
         if q.store_id is not None:
             self._changed(q.vhost.name)
         if q.store_id is not None and not q.vhost.deleted:
-            self.definitions.delete_queue(q.vhost.name, q.name)
+            if self.definitions.delete_queue(q.vhost.name, q.name):
+                self._unbind_later()
+
+    def _unbind_later(self) -> None:
+        """Delete the stored bindings a deleted queue or exchange left (more than one write
+        deletes at once: UNBIND_BATCH) one write a loop turn."""
+        if not self._unbinding:
+            self._unbinding = True
+            self.broker.clock.loop.call_soon(self._unbind_more)
+
+    def _unbind_more(self) -> None:
+        self._unbinding = False
+        try:
+            more = self.definitions.sweep_unbound()
+        except DefinitionsWriteFailed as exc:
+            exc.log_to(log, "; tried again in 1 s")
+            self._unbinding = True
+            self.broker.clock.loop.call_later(1.0, self._unbind_more)
+            return
+        if more:
+            self._unbind_later()
 
     def _binding(
         self, source: Exchange, dest: Any, key: str, args: dict | None

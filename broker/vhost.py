@@ -32,6 +32,7 @@ from .exchange import DefaultExchange, Exchange
 from .message import FLAG_HEADERS, Message, copy_properties
 from .policy import Policy, best
 from .queue import Queue, enqueue
+from .routing.bindings import LAZY_REMOVAL
 from .routing.graph import route_key, route_message
 from .store.definitions import DefinitionsWriteFailed
 from .stream import queue_class
@@ -63,6 +64,10 @@ _FIELD_TYPE_NAMES = {
     dict: "table",
     list: "array",
 }
+
+#: Removed bindings swept out of the routing indexes' tables per loop turn after a large
+#: removal (broker/routing/bindings.py): ~2 us each for a topic pattern, ~2 ms a turn.
+SWEEP_BUDGET = 1000
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
@@ -173,6 +178,8 @@ class VirtualHost:
         self.trace_pending: list[Message] = []
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         self.queues: dict[str, Queue] = {}
+        #: Routing indexes with removed bindings still to sweep, in the order they came.
+        self._sweeping: dict[Any, None] = {}
         for xname, xtype in BUILTIN_EXCHANGES:
             self.exchanges[xname] = Exchange(
                 self,
@@ -295,8 +302,12 @@ class VirtualHost:
         exchange.deleted = True
         self.exchanges.pop(exchange.name, None)
         self.broker.totals.retire_exchange(exchange)
+        if len(exchange.index) >= LAZY_REMOVAL:  # its tables go over loop turns, not at once
+            exchange.index.remove_all()
+            self._sweep_later(exchange.index)
         for other in list(self.exchanges.values()):
             if other.exchange_dests and other.remove_destination(exchange):
+                self._sweep_later(other.index)
                 self._maybe_auto_delete(other)
 
     def _maybe_auto_delete(self, exchange: Exchange) -> None:
@@ -308,6 +319,26 @@ class VirtualHost:
                 self._remove_exchange(exchange)
             except DefinitionsWriteFailed as exc:
                 exc.log_to(log, "; the auto-delete exchange stays", vhost=self.name)
+
+    def _sweep_later(self, index: Any) -> None:
+        """Sweep the bindings a large removal left in ``index``'s tables (gone from routes,
+        counts and listings already) over the next loop turns, ``SWEEP_BUDGET`` a turn."""
+        if not index.to_sweep() or index in self._sweeping:
+            return
+        if not self._sweeping:
+            self.clock.loop.call_soon(self._sweep)
+        self._sweeping[index] = None
+
+    def _sweep(self) -> None:
+        budget = SWEEP_BUDGET
+        sweeping = self._sweeping
+        while sweeping and budget > 0:
+            index = next(iter(sweeping))
+            budget -= index.sweep(budget)
+            if not index.to_sweep():
+                del sweeping[index]
+        if sweeping:
+            self.clock.loop.call_soon(self._sweep)
 
     # -- queues ---------------------------------------------------------------------
 
@@ -437,6 +468,7 @@ class VirtualHost:
             queue.settle(entry)
         for exchange in list(self.exchanges.values()):
             if exchange.name and exchange.remove_destination(queue):
+                self._sweep_later(exchange.index)
                 self._maybe_auto_delete(exchange)
         owner = queue.exclusive_owner
         if owner is not None and queue in owner.exclusive_queues:

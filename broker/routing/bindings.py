@@ -10,6 +10,15 @@ its key lives.
 Sets of ids are stored as a plain ``int`` while they have one member and as a pyroaring
 ``BitMap`` from the second one on: an empty BitMap costs ~100 bytes and a one-element one ~200,
 which would dominate the memory of an index where most keys have a single binding.
+
+Removing a destination with many bindings (a deleted queue bound by 100,000 patterns) is done in
+two steps so that no one step holds the event loop: ``remove_destination`` takes them out of
+``destination -> ids``, the counts and the listings and adds their ids to ``_dead``, which every
+route subtracts, and the index drops what it had cached of routes (``_forget``), all without
+visiting the bindings one by one; ``sweep(budget)`` then takes that many of them out of the
+index's own tables per call, and the caller (``VirtualHost``) calls it once a loop turn until
+none is left. A dead id is not reused before it is swept. Fewer than ``LAZY_REMOVAL`` bindings
+are removed at once, as before.
 """
 
 from __future__ import annotations
@@ -24,6 +33,10 @@ from .fields import arguments_key
 
 Ids = int | BitMap | None
 EMPTY: frozenset = frozenset()
+
+#: ``remove_destination`` of at least this many bindings leaves them to ``sweep``: a topic
+#: binding costs ~2 us to take out of the trie, so 1,000 is ~2 ms, the most a delete does at once.
+LAZY_REMOVAL = 1000
 
 
 def ids_add(ids: Ids, b: int) -> int | BitMap:
@@ -76,7 +89,7 @@ def ids_intersect(a: Ids, b: Ids) -> Iterable[int]:
 class BindingTable:
     """Id allocation and the per-binding arrays; subclasses index the keys."""
 
-    __slots__ = ("_keys", "_dests", "_args", "_free", "_by_dest", "_count")
+    __slots__ = ("_keys", "_dests", "_args", "_free", "_by_dest", "_count", "_dead", "_to_free")
 
     def __init__(self) -> None:
         self._keys: list[str | None] = []  # None marks a free id
@@ -85,6 +98,11 @@ class BindingTable:
         self._free: list[int] = []
         self._by_dest: dict[Hashable, int | BitMap] = {}
         self._count = 0
+        #: Removed bindings not yet swept out of the index's tables (None: none); routes
+        #: subtract them, listings skip them, and their ids are not reused until swept.
+        self._dead: BitMap | None = None
+        #: What a lazy removal let go of (cached routes), freed by ``sweep`` a few at a time.
+        self._to_free: list = []
 
     def __len__(self) -> int:
         return self._count
@@ -98,19 +116,87 @@ class BindingTable:
         for b in range(len(keys)):
             key = keys[b]
             if key is not None:
-                yield key, dests[b], args[b]
+                dead = self._dead  # read each time: a removal may come between two yields
+                if dead is None or b not in dead:
+                    yield key, dests[b], args[b]
 
     def remove_destination(self, destination: Hashable) -> int:
-        """Drop every binding to ``destination`` (a deleted queue); returns how many."""
+        """Drop every binding to ``destination`` (a deleted queue); returns how many.
+
+        From ``LAZY_REMOVAL`` bindings on they are gone from routes, counts and listings at
+        once and left for ``sweep`` to take out of the tables (see the module docstring).
+        """
         ids = self._by_dest.get(destination)
         if ids is None:
             return 0
-        doomed = list(ids_iter(ids))
-        for b in doomed:
-            self._drop(b)
-        return len(doomed)
+        if type(ids) is int or len(ids) < LAZY_REMOVAL:
+            doomed = list(ids_iter(ids))
+            for b in doomed:
+                self._drop(b)
+            return len(doomed)
+        del self._by_dest[destination]
+        self._bury(ids)
+        self._forget(destination)
+        return len(ids)
+
+    def remove_all(self) -> int:
+        """Drop every binding (the index's exchange is deleted), leaving them all to ``sweep``:
+        what would free the index's tables at once is spread over the sweeps."""
+        n = self._count
+        if n:
+            live = BitMap(range(len(self._keys)))
+            live -= BitMap(self._free)
+            if self._dead is not None:
+                live -= self._dead
+            self._by_dest.clear()
+            self._bury(live)
+            self._forget(None)
+        return n
+
+    def _bury(self, ids: BitMap) -> None:
+        """Count ``ids`` (no longer in ``_by_dest``) as removed, to be swept."""
+        self._count -= len(ids)
+        if self._dead is None:
+            self._dead = ids
+        else:
+            self._dead |= ids
+
+    def to_sweep(self) -> int:
+        """How much lazy removals left for ``sweep``: objects to free, bindings to sweep out."""
+        dead = self._dead
+        return len(self._to_free) + (0 if dead is None else len(dead))
+
+    def sweep(self, budget: int) -> int:
+        """Free up to ``budget`` objects lazy removals let go of, then take removed bindings
+        out of the index's tables, ``budget`` in all; returns how many."""
+        to_free = self._to_free
+        done = min(budget, len(to_free))
+        if done:
+            del to_free[-done:]
+        dead = self._dead
+        if dead is None or done == budget:
+            return done
+        batch = dead[: budget - done]
+        for b in batch:
+            self._unindex(b)
+            self._release(b)
+        dead -= batch
+        if not dead:
+            self._dead = None
+        return done + len(batch)
 
     def _drop(self, b: int) -> None:
+        """Remove live binding ``b`` from everything."""
+        self._unindex(b)
+        self._free_id(b)
+
+    def _unindex(self, b: int) -> None:
+        """Take ``b`` out of the index's own tables (not ``_by_dest``, not the id arrays)."""
+        raise NotImplementedError
+
+    def _forget(self, destination: Hashable | None) -> None:
+        """``destination``'s bindings (None: every binding) were just buried: drop what the
+        index remembers of where routes go, so that no route reaches them from now on."""
         raise NotImplementedError
 
     def _find(
@@ -156,11 +242,30 @@ class BindingTable:
             del by_dest[destination]
         else:
             by_dest[destination] = rest
+        self._count -= 1
+        self._release(b)
+
+    def _release(self, b: int) -> None:
+        """Make id ``b`` free for reuse."""
         self._keys[b] = None
         self._dests[b] = None
         self._args[b] = None
-        self._count -= 1
         heappush(self._free, b)  # a min-heap: low ids are reused first, keeping bitmaps dense
+
+    def check_ids(self) -> None:
+        """Assert the id arrays, ``_by_dest``, the count and ``_dead`` agree (for tests)."""
+        used = BitMap(b for b, key in enumerate(self._keys) if key is not None)
+        assert not used.intersect(BitMap(self._free)), "an id both used and free"
+        dead = self._dead if self._dead is not None else BitMap()
+        assert self._dead is None or dead, "an empty _dead left behind"
+        assert dead <= used, "a buried id was released before it was swept"
+        live = BitMap()
+        for destination, ids in self._by_dest.items():
+            for b in ids_iter(ids):
+                assert self._dests[b] == destination, "an id under another destination"
+                live.add(b)
+        assert live == used - dead, "a live id missing from _by_dest, or a buried one in it"
+        assert self._count == len(live), "the count is off"
 
     def _reaches(self, ids: BitMap, destination: Hashable) -> bool:
         """True if some binding in ``ids`` still leads to ``destination``."""

@@ -38,7 +38,7 @@ class DirectIndex(BindingTable):
         self._drop(b)
         return True
 
-    def _drop(self, b: int) -> None:
+    def _unindex(self, b: int) -> None:
         key = self._keys[b]
         rest = ids_remove(self._by_key[key], b)  # type: ignore[index]
         if rest is None:
@@ -46,7 +46,10 @@ class DirectIndex(BindingTable):
         else:
             self._by_key[key] = rest  # type: ignore[index]
         self._hot.pop(key, None)  # type: ignore[arg-type]
-        self._free_id(b)
+
+    def _forget(self, destination: Hashable | None) -> None:
+        self._to_free.extend(self._hot.values())  # freed by the sweeps, not all at once here
+        self._hot.clear()
 
     def route(self, routing_key: str, headers: Mapping | None = None) -> frozenset:
         dests = self._hot.get(routing_key)
@@ -55,6 +58,8 @@ class DirectIndex(BindingTable):
         ids = self._by_key.get(routing_key)
         if ids is None:
             return EMPTY
+        if self._dead is not None:  # removed bindings wait to be swept: skip theirs
+            ids = BitMap(ids_iter(ids)) - self._dead
         dests = self._hot[routing_key] = frozenset(map(self._dests.__getitem__, ids_iter(ids)))
         return dests
 

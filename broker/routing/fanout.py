@@ -36,6 +36,12 @@ class FanoutIndex(BindingTable):
         if self._dests_changed():
             self._all = None
 
+    def _unindex(self, b: int) -> None:
+        pass  # a fanout binding is in no table but ``_by_dest``
+
+    def _forget(self, destination: Hashable | None) -> None:
+        self._all = None
+
     def _dests_changed(self) -> bool:
         return self._all is None or len(self._all) != len(self._by_dest)
 

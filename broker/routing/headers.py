@@ -180,7 +180,7 @@ class HeadersIndex(BindingTable):
         self._drop(b)
         return True
 
-    def _drop(self, b: int) -> None:
+    def _unindex(self, b: int) -> None:
         mode, crit = criteria(self._args[b])
         for name, value in crit:
             if value is _PRESENT:
@@ -208,12 +208,14 @@ class HeadersIndex(BindingTable):
         else:
             self._always.discard(b)
             self._always_dests = None
-        self._free_id(b)
 
     def remove_destination(self, destination: Hashable) -> int:
         if destination in self._by_dest:
             self._always_dests = None
         return super().remove_destination(destination)
+
+    def _forget(self, destination: Hashable | None) -> None:
+        self._always_dests = None
 
     def route(self, routing_key: str, headers: Mapping | None = None) -> frozenset:
         """Destinations of the bindings ``headers`` (a typed or plain table) satisfies."""
@@ -240,6 +242,8 @@ class HeadersIndex(BindingTable):
             matched |= self._all_matches(candidates, hits)
         if self._always:
             matched |= self._always
+        if self._dead is not None:  # removed bindings wait to be swept: skip theirs
+            matched -= self._dead
         if not matched:
             return EMPTY
         return frozenset(map(self._dests.__getitem__, matched))
@@ -268,7 +272,8 @@ class HeadersIndex(BindingTable):
     def _route_always(self) -> frozenset:
         dests = self._always_dests
         if dests is None:
-            dests = self._always_dests = frozenset(map(self._dests.__getitem__, self._always))
+            always = self._always if self._dead is None else self._always - self._dead
+            dests = self._always_dests = frozenset(map(self._dests.__getitem__, always))
         return dests
 
     def __repr__(self) -> str:

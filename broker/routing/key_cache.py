@@ -216,6 +216,17 @@ class RoutingKeyCache:
         self._all = BitMap()
         self._dollar = BitMap()
 
+    def retire(self) -> list:
+        """``flush``, handing back what the cache held instead of freeing it here: the cached
+        keys and the key index's tables, for the caller to let go of a few at a time (freeing
+        10,000 cached keys at once takes ~4 ms, resetting their trie nodes' slots ~3 ms)."""
+        held: list = [entry for entry in self._slots if entry is not None]
+        held += self._at_start
+        held += self._at_end
+        held.append(self._by_length)
+        self.flush()
+        return held
+
     # -- the key index ------------------------------------------------------------------------
 
     def keys_matching(self, tokens: Pattern) -> BitMap | None:

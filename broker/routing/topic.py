@@ -99,7 +99,11 @@ class TopicIndex(BindingTable):
         words = routing_key.split(self._sep) if routing_key or self._mqtt else []
         nodes = self.trie.match(words)
         literal = self._literal.get(routing_key)
-        if not self.cache.admits(routing_key):
+        # While removed bindings wait to be swept (``_dead``), a pattern end's ``dests`` may
+        # still name their destination: such a miss takes the BitMap way, without theirs.
+        dead = self._dead
+        admitted = self.cache.admits(routing_key)
+        if not admitted and dead is None:
             if literal is None and len(nodes) == 1:  # one pattern end: the common cold key
                 node = nodes[0]
                 dests = node.dests
@@ -119,8 +123,11 @@ class TopicIndex(BindingTable):
                 ids.add(n_ids)
             else:
                 ids |= n_ids  # type: ignore[operator]
+        if dead is not None:
+            ids -= dead
         dests = frozenset(map(self._dests.__getitem__, ids)) if ids else EMPTY
-        self.cache.insert(routing_key, tuple(words), ids, nodes).dests = dests
+        if admitted:
+            self.cache.insert(routing_key, tuple(words), ids, nodes).dests = dests
         return dests
 
     def _destinations(self, nodes: list[TrieNode], literal: int | BitMap | None) -> frozenset:
@@ -220,18 +227,42 @@ class TopicIndex(BindingTable):
         key = self._keys[b]
         self._remove(b, key, self.parse(key))  # type: ignore[arg-type]
 
+    def _forget(self, destination: Hashable | None) -> None:
+        """Bindings were buried: the cached keys' ids may hold theirs, so the cache is emptied
+        (it refills as keys are routed; what it held is freed by the sweeps), and the shared
+        one-destination sets of the destinations that went are dropped."""
+        if destination is None:
+            self._to_free.extend(self._one.values())
+            self._one = {}
+        else:
+            self._one.pop(destination, None)
+        self._to_free += self.cache.retire()
+
+    def _unindex(self, b: int) -> None:
+        """Sweep a buried binding out of the literal dict or the trie. No cached key holds
+        it (``_forget`` emptied the cache, and a key cached since holds no buried id)."""
+        key = self._keys[b]
+        self._take_out(b, key, self.parse(key), None)  # type: ignore[arg-type]
+
     def _remove(self, b: int, key: str, tokens: Pattern | None) -> None:
         destination = self._dests[b]
         self._free_id(b)  # first, so ``_reaches`` no longer counts b
         if destination not in self._by_dest:
             self._one.pop(destination, None)  # its last binding: keep no reference to it
+        self._take_out(b, key, tokens, destination)
+
+    def _take_out(
+        self, b: int, key: str, tokens: Pattern | None, destination: Hashable | None
+    ) -> None:
+        """Take ``b`` out of the literal dict or the trie, and out of the cached keys that
+        hold it if it led to ``destination`` (None: a buried binding, which none hold)."""
         if tokens is None:
             rest = ids_remove(self._literal[key], b)
             if rest is None:
                 del self._literal[key]
             else:
                 self._literal[key] = rest
-            entry = self._cached.get(key)
+            entry = self._cached.get(key) if destination is not None else None
             if entry is not None:
                 self._entry_remove(entry, b, destination)
             return
@@ -240,20 +271,29 @@ class TopicIndex(BindingTable):
         node.dests = None
         cache = self.cache
         slots = node.cached
-        if slots is not None and cache.over_budget(slots):
-            cache.flush()
-            slots = None
-        if slots is not None:
-            if node.ids is None:  # no longer a pattern end: drop the reverse index
-                node.cached = None
-                for slot in slots:
-                    entry = cache.entry(slot)
-                    entry.nodes.discard(node)
-                    self._entry_remove(entry, b, destination)
+        if slots is not None and destination is not None:
+            if cache.over_budget(slots):
+                cache.flush()
             else:
                 for slot in slots:
                     self._entry_remove(cache.entry(slot), b, destination)
-        self.trie.prune(node, steps)
+        if node.ids is None:  # no longer a pattern end
+            self._unlink_cached(node)
+            self.trie.prune(node, steps)
+
+    def _unlink_cached(self, node: TrieNode) -> None:
+        """``node`` is no longer a pattern end: the cached keys stop listing it (or, past the
+        patch budget, the cache is flushed)."""
+        slots = node.cached
+        if slots is None:
+            return
+        cache = self.cache
+        if cache.over_budget(slots):
+            cache.flush()
+            return
+        node.cached = None
+        for slot in slots:
+            cache.entry(slot).nodes.discard(node)
 
     # -- patching cached keys -----------------------------------------------------------------
 
@@ -285,14 +325,17 @@ class TopicIndex(BindingTable):
 
     def check_invariants(self) -> None:
         """Assert the cache agrees with a fresh match of every cached key (for tests)."""
+        self.check_ids()
         self.cache.check()
         assert set(self._one) <= set(self._by_dest), "a shared set outlived its bindings"
+        dead = self._dead or BitMap()
         for key, entry in self._cached.items():
             nodes = self.trie.match(entry.words)
             expect = BitMap()
             for node in nodes:
                 expect.update(ids_iter(node.ids))
             expect.update(ids_iter(self._literal.get(key)))
+            expect -= dead
             assert entry.ids == expect, (key, entry.ids, expect)
             assert entry.nodes == set(nodes), key
             for node in nodes:
@@ -301,7 +344,7 @@ class TopicIndex(BindingTable):
                 assert entry.dests == frozenset(self._dests[b] for b in expect), key
         for node in self.trie.nodes():
             assert node is self.trie.root or not node.is_empty(), "unpruned empty node"
-            if node.dests is not None:
+            if node.dests is not None and not dead.intersect(BitMap(ids_iter(node.ids))):
                 expect_dests = frozenset(self._dests[b] for b in ids_iter(node.ids))
                 assert node.dests == expect_dests, "stale destinations on a pattern end"
             if node.cached is not None:

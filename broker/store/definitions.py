@@ -62,7 +62,20 @@ CREATE TABLE IF NOT EXISTS bindings (
     destination_type TEXT NOT NULL, routing_key TEXT NOT NULL, arguments BLOB NOT NULL,
     PRIMARY KEY (vhost, source, destination, destination_type, routing_key, arguments)
 );
+CREATE INDEX IF NOT EXISTS bindings_by_destination
+    ON bindings (vhost, destination, destination_type);
+CREATE TABLE IF NOT EXISTS unbound (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (vhost, name, kind)
+);
 """
+
+#: Most stored bindings the write that deletes a queue or an exchange deletes with it (~1 ms);
+#: past it, the name goes into ``unbound`` in that same write and the rest are deleted by
+#: later writes of as many (``sweep_unbound``), so that no one write holds the event loop for
+#: long (100,000 rows at once: ~50 ms). Until then they are bindings of a queue or exchange
+#: that is not stored, which ``restore`` skips, and a queue or exchange stored again under
+#: that name first deletes them (``_finish_unbound``).
+UNBIND_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,7 +379,14 @@ class DefinitionStore:
 
     def delete_vhost(self, name: str) -> None:
         with self.writing(f"delete vhost '{name}'"):
-            tables = ("exchanges", "queues", "bindings", "permissions", "topic_permissions")
+            tables = (
+                "exchanges",
+                "queues",
+                "bindings",
+                "unbound",
+                "permissions",
+                "topic_permissions",
+            )
             for table in (*tables, "policies"):
                 self._run(f"DELETE FROM {table} WHERE vhost = ?", name)
             self._run("DELETE FROM limits WHERE kind = 'vhost' AND owner = ?", name)
@@ -518,6 +538,7 @@ class DefinitionStore:
 
     def put_exchange(self, x: ExchangeDef) -> None:
         with self.writing(f"store exchange '{x.name}' in vhost '{x.vhost}'"):
+            self._finish_unbound(x.vhost, x.name, "exchange")
             self._run(
                 "INSERT OR REPLACE INTO exchanges "
                 "(vhost, name, type, auto_delete, internal, arguments) VALUES (?, ?, ?, ?, ?, ?)",
@@ -529,16 +550,12 @@ class DefinitionStore:
                 _table(x.arguments),
             )
 
-    def delete_exchange(self, vhost: str, name: str) -> None:
+    def delete_exchange(self, vhost: str, name: str) -> bool:
+        """Delete a durable exchange and its bindings (either way); True if some of them are
+        left to ``sweep_unbound`` (``UNBIND_BATCH``)."""
         with self.writing(f"delete exchange '{name}' in vhost '{vhost}'"):
             self._run("DELETE FROM exchanges WHERE vhost = ? AND name = ?", vhost, name)
-            self._run(
-                "DELETE FROM bindings WHERE vhost = ? AND (source = ? OR "
-                "(destination = ? AND destination_type = 'exchange'))",
-                vhost,
-                name,
-                name,
-            )
+            return self._unbind_first(vhost, name, "exchange")
 
     def exchanges(self) -> list[ExchangeDef]:
         return [
@@ -557,6 +574,7 @@ class DefinitionStore:
             ).fetchone()
             if row is not None:
                 return int(row[0])
+            self._finish_unbound(vhost, name, "queue")
             cur = self._run(
                 "INSERT INTO queues (vhost, name, auto_delete, arguments) VALUES (?, ?, ?, ?)",
                 vhost,
@@ -566,14 +584,64 @@ class DefinitionStore:
             )
             return int(cur.lastrowid)  # type: ignore[arg-type]
 
-    def delete_queue(self, vhost: str, name: str) -> None:
+    def delete_queue(self, vhost: str, name: str) -> bool:
+        """Delete a durable queue and the bindings to it; True if some of them are left to
+        ``sweep_unbound`` (``UNBIND_BATCH``)."""
         with self.writing(f"delete queue '{name}' in vhost '{vhost}'"):
             self._run("DELETE FROM queues WHERE vhost = ? AND name = ?", vhost, name)
-            self._run(
-                "DELETE FROM bindings WHERE vhost = ? AND destination = ? AND "
-                "destination_type = 'queue'",
+            return self._unbind_first(vhost, name, "queue")
+
+    def _unbind(self, vhost: str, name: str, kind: str, limit: int) -> int:
+        """Delete at most ``limit`` (-1: all) stored bindings of the queue or exchange ``name``
+        (``kind``), each statement on an index; returns how many."""
+        wheres = [("destination = ? AND destination_type = ?", (name, kind))]
+        if kind == "exchange":
+            wheres.insert(0, ("source = ?", (name,)))
+        deleted = 0
+        for where, params in wheres:
+            deleted += self._run(
+                "DELETE FROM bindings WHERE rowid IN "
+                f"(SELECT rowid FROM bindings WHERE vhost = ? AND {where} LIMIT ?)",
                 vhost,
-                name,
+                *params,
+                limit if limit < 0 else limit - deleted,
+            ).rowcount
+            if deleted == limit:
+                break
+        return deleted
+
+    def _unbind_first(self, vhost: str, name: str, kind: str) -> bool:
+        if self._unbind(vhost, name, kind, UNBIND_BATCH) < UNBIND_BATCH:
+            return False
+        self._run("INSERT OR IGNORE INTO unbound VALUES (?, ?, ?)", vhost, name, kind)
+        return True
+
+    def sweep_unbound(self) -> bool:
+        """Delete up to ``UNBIND_BATCH`` of the bindings deleted queues and exchanges left,
+        in one write; True if some remain."""
+        row = self._run("SELECT vhost, name, kind FROM unbound LIMIT 1").fetchone()
+        if row is None:
+            return False
+        vhost, name, kind = row
+        with self.writing(f"delete the bindings of {kind} '{name}' in vhost '{vhost}'"):
+            if self._unbind(vhost, name, kind, UNBIND_BATCH) < UNBIND_BATCH:
+                self._run(
+                    "DELETE FROM unbound WHERE vhost = ? AND name = ? AND kind = ?",
+                    vhost,
+                    name,
+                    kind,
+                )
+        return True
+
+    def _finish_unbound(self, vhost: str, name: str, kind: str) -> None:
+        """A queue or exchange is stored under ``name``: first delete whatever bindings of
+        an earlier one of that name ``sweep_unbound`` has not yet (in the caller's write)."""
+        if self._run(
+            "SELECT 1 FROM unbound WHERE vhost = ? AND name = ? AND kind = ?", vhost, name, kind
+        ).fetchone():
+            self._unbind(vhost, name, kind, -1)
+            self._run(
+                "DELETE FROM unbound WHERE vhost = ? AND name = ? AND kind = ?", vhost, name, kind
             )
 
     def queues(self) -> list[QueueDef]:

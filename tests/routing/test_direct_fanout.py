@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from roarmq.broker.routing import DirectIndex, FanoutIndex, HeadersIndex, TopicIndex, make_index
+from roarmq.broker.routing import (
+    DirectIndex,
+    FanoutIndex,
+    HeadersIndex,
+    TopicIndex,
+    bindings,
+    make_index,
+)
 
 
 def test_direct() -> None:
@@ -70,3 +77,43 @@ def test_make_index() -> None:
         make_index("topic", {"x-topic-syntax": "regex"})
     with pytest.raises(ValueError):
         make_index("x-consistent-hash")
+
+
+@pytest.mark.parametrize("index", [DirectIndex, FanoutIndex, HeadersIndex, TopicIndex])
+def test_lazy_removal(index: type) -> None:
+    """A destination with LAZY_REMOVAL bindings or more is gone from routes, counts and
+    listings at once; its ids are swept out later, and not reused before."""
+    idx = index()
+    fanout = index is FanoutIndex  # routes every message to every destination
+
+    def route(i: int) -> frozenset:
+        return idx.route(f"k{i}", {"h": i})
+
+    n = bindings.LAZY_REMOVAL
+    for i in range(n):
+        idx.bind(f"k{i}", "gone", {"x-match": "any", "h": i})
+    idx.bind("k0", "kept", {"x-match": "any", "h": 0})
+    assert route(0) == {"gone", "kept"}
+    assert idx.remove_destination("gone") == n
+    assert idx.to_sweep() >= n  # the bindings, and what the index had cached of them
+    assert len(idx) == 1 and idx.has_bindings()
+    assert [(k, d) for k, d, _ in idx.bindings()] == [("k0", "kept")]
+    assert route(0) == {"kept"}
+    assert route(1) == ({"kept"} if fanout else set())
+    assert idx.bind("k1", "gone", {"x-match": "any", "h": 1})  # bound again: a new binding
+    assert route(1) == ({"gone", "kept"} if fanout else {"gone"})
+    assert idx.sweep(n // 2) == n // 2
+    assert route(1) == ({"gone", "kept"} if fanout else {"gone"})
+    assert route(0) == ({"gone", "kept"} if fanout else {"kept"})
+    while idx.sweep(n):
+        pass
+    assert idx.to_sweep() == 0 and idx.sweep(10) == 0
+    idx.check_ids()
+    assert sorted((k, d) for k, d, _ in idx.bindings()) == [("k0", "kept"), ("k1", "gone")]
+    assert route(1) == ({"gone", "kept"} if fanout else {"gone"})
+    assert idx.remove_all() == 2
+    assert len(idx) == 0 and not idx.has_bindings() and list(idx.bindings()) == []
+    assert route(0) == set()
+    idx.sweep(10)
+    idx.check_ids()
+    assert idx.to_sweep() == 0

@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from roarmq.broker.routing import HeadersIndex, InvalidBinding
 
+from .lazy import LazyRemovalRules
 from .reference import headers_match
 
 
@@ -230,6 +231,22 @@ HeadersMachine.TestCase.settings = settings(
 )
 # 200 Hypothesis runs: not in `make check`
 test_headers_state_machine = pytest.mark.slow(HeadersMachine.TestCase)
+
+
+class LazyRemovalHeadersMachine(LazyRemovalRules, HeadersMachine):
+    """The same with removals left to ``sweep`` (``LazyRemovalRules``)."""
+
+    @invariant()
+    def listed(self) -> None:
+        self.idx.check_ids()
+        listed = sorted(map(repr, self.idx.bindings()))
+        assert listed == sorted(repr((k, d, a or None)) for k, d, a in self.model)
+
+
+LazyRemovalHeadersMachine.TestCase.settings = settings(
+    HeadersMachine.TestCase.settings, max_examples=100
+)
+test_headers_state_machine_with_lazy_removal = LazyRemovalHeadersMachine.TestCase
 
 
 def test_all_counts_hits_across_headers() -> None:

@@ -1,5 +1,6 @@
 """Property tests: TopicIndex against the regex reference, including a stateful interleaving of
-bind, unbind, remove_destination and route with caches small enough to evict constantly."""
+bind, unbind, remove_destination and route with caches small enough to evict constantly, and
+the same with removals left to ``sweep`` (buried bindings that routes must skip)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from roarmq.broker.routing import TopicIndex, key_cache
 
+from .lazy import LazyRemovalRules
 from .reference import amqp_match, mqtt_match, mqtt_valid
 
 WORDS = ["a", "b", "", "ab", "*x", "#y", "+", "$s", "\udcff"]
@@ -171,6 +173,14 @@ FlushingTopicMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_topic_state_machine_with_cache_flushes = FlushingTopicMachine.TestCase
+
+
+class LazyRemovalTopicMachine(LazyRemovalRules, TopicMachine):
+    """The same operations with removals left to ``sweep`` (``LazyRemovalRules``)."""
+
+
+LazyRemovalTopicMachine.TestCase.settings = TopicMachine.TestCase.settings
+test_topic_state_machine_with_lazy_removal = LazyRemovalTopicMachine.TestCase
 
 
 def test_bind_against_a_full_cache_of_long_keys_is_bounded():

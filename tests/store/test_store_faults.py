@@ -154,7 +154,7 @@ def _fill_the_disk_and_come_back(broker: BrokerProcess, mount: Path) -> None:
     for _ in range(5):
         assert pub.publish(4096)
     filler = mount / "filler"
-    with open(filler, "wb") as f:  # fill the disk to the last byte
+    with open(filler, "wb", buffering=0) as f:  # to the last byte; nothing left to close
         try:
             while True:
                 f.write(b"\0" * 65536)
