@@ -313,9 +313,12 @@ class Client(asyncio.Protocol):
         if r is not None and not r.done() and self.lost.done():
             r.set_result(None)
 
-    async def confirm_progress(self) -> None:
+    def confirm_progress(self) -> asyncio.Future:
+        """A future done at the next confirm. Made here, not in a coroutine: `wait_for` runs a
+        coroutine's first step a loop turn later, and a confirm read in that turn found no
+        waiter to wake, stalling a window-1 publisher until its deadline."""
         self._confirm_waiter = asyncio.get_running_loop().create_future()
-        await self._confirm_waiter
+        return self._confirm_waiter
 
     async def writable(self) -> None:
         if self.paused and not self.lost.done():

@@ -62,6 +62,12 @@ writer thread doing every write, fsync, unlink and directory fsync:
 * A ``LOCK`` file in the directory (flock) keeps a second log, in this process
   or another, from opening the same directory.
 * ``fsync=False`` skips every fsync: for tests and benchmarks only.
+* ``preallocate=N`` keeps N bytes allocated past the records of the segment being
+  written (fallocate, extended by a batch once half is used, made durable by its
+  fdatasync), so that the batches in between write into a file that keeps its size and
+  their fdatasync has no inode to write. A segment is cut back to its records when the
+  writer moves on or closes; after a crash, zeros from the last record to the end of a
+  segment are its end, not damage (`replay` cuts them off without reporting them).
 
 Liveness protocol (owner <-> log):
 
@@ -145,6 +151,7 @@ _SEGMENT_RE = re.compile(r"^(\d{8,})\.seg$")
 _pwrite = os.pwrite
 _fdatasync = getattr(os, "fdatasync", os.fsync)
 _fsync = os.fsync
+_fallocate = os.posix_fallocate
 
 _pack_into = _HEADER.pack_into
 _unpack_from = _HEADER.unpack_from
@@ -196,6 +203,9 @@ class CorruptRegion:
     reason: str
     truncated: bool  # True: tail cut off the file; False: skipped in the middle
 
+
+#: `preallocate` allocates nothing on a disk with less free than this many times its size.
+PREALLOCATE_FREE_MIN = 64
 
 #: `sync_interval_ms` applies only to a log that got more records than this since its last
 #: batch: below it a batch starts at once. A publisher waiting for each confirm appends 2-3
@@ -384,6 +394,7 @@ class SegmentLog:
         on_error: Callable[[BaseException], object] | None = None,
         on_deleted: Callable[[int], object] | None = None,
         whole_segments: bool = False,
+        preallocate: int = 0,
     ) -> None:
         if whole_segments:
             self._live_class = _Count
@@ -397,6 +408,7 @@ class SegmentLog:
         self._max_record = max_record_size
         self._max_open = max(1, max_open_files)
         self._do_fsync = fsync
+        self._prealloc = max(0, preallocate)
         self.fsync_count = 0
         self.fsync_seconds = 0.0
         self.fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)  # the last: over the top bound
@@ -463,6 +475,8 @@ class SegmentLog:
         self._rfds: dict[int, int] = {}  # read fds, oldest first
         self._wfd: int | None = None  # writer's fd (writer thread only)
         self._wseg = -1
+        self._wend = 0  # where the records written to _wseg end (writer thread only)
+        self._allocated = 0  # _wseg's file size: allocated, zeros from _wend on (writer)
         #: Where the batch that failed started writing in each segment it touched: the
         #: files are cut back there (everything before it was fsynced by earlier batches).
         self._failed_from: dict[int, int] = {}
@@ -879,6 +893,12 @@ class SegmentLog:
                         )
                         pos = stop
                         continue
+                if self._prealloc and data.count(0, pos, end) == end - pos:
+                    # Allocated ahead of the records (`preallocate`), never written: the
+                    # segment's end, not damage. Cut back as the writer would have.
+                    self._truncate(path, base + pos)
+                    seg.size = base + pos
+                    break
                 n, why = _check(data, view, pos, end)
                 nxt = _resync(data, view, pos + 1, end)
                 report.records_dropped += 1
@@ -1185,6 +1205,8 @@ class SegmentLog:
                     self._completed = batch
                     self._done.notify_all()
                 if closing:
+                    if self._wfd is not None and self._allocated > self._wend:
+                        self._finish_file()
                     break
         except BaseException as exc:  # noqa: BLE001 - must never die silently
             self._fail(exc)
@@ -1228,20 +1250,21 @@ class SegmentLog:
         for seg_id, base, data, used in chunks:
             if seg_id != self._wseg:
                 if self._wfd is not None:
-                    if self._do_fsync:
-                        _fdatasync(self._wfd)
-                    os.close(self._wfd)
-                    self._wfd = None
+                    self._finish_file()
                 self._wfd = os.open(
                     os.path.join(self.directory, segment_name(seg_id)),
                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                     0o644,
                 )
                 self._wseg = seg_id
+                self._wend = self._allocated = 0
                 new_files = True
             _pwrite_all(self._wfd, data, base, used)
+            self._wend = base + used
             self.bytes_written += used
         if chunks:
+            if self._prealloc and self._wend + (self._prealloc >> 1) > self._allocated:
+                self._allocate_ahead()  # half of it used: allocate as much again
             if self._do_fsync:
                 started = time.perf_counter()
                 _fdatasync(self._wfd)  # type: ignore[arg-type]
@@ -1256,6 +1279,48 @@ class SegmentLog:
                     if len(data) == self._bufsize and len(self._pool) < _POOL_MAX:
                         self._pool.append(data)
                 self._durable_below = self._wseg
+
+    def _allocate_ahead(self) -> None:
+        """Allocate `preallocate` bytes past the records (writer thread, before the batch's
+        fdatasync, which makes the allocation durable too).
+
+        An fdatasync after an append that grew the file must write the inode too: measured
+        on ext4 here, 123 us (64 us of system CPU) against 82 us (42) for one that writes
+        into blocks allocated before (tmp, 2026-11-27; zero-filled or fallocated alike).
+        Recovery takes the zeros after the last record for the segment's end
+        (`_replay_segment`), and the writer cuts a segment back to its records when it moves
+        on (`_finish_file`). Best effort: where the allocation fails (a full disk) the
+        records are appended as they were before, and so they are on a disk with less than
+        PREALLOCATE_FREE_MIN times the allocation free: near a full disk the log behaves as
+        it did without (else a failed batch's cut would give the space allocated past it
+        back, and a resume would succeed on that).
+        """
+        start = max(self._allocated, self._wend)
+        stop = min(-(-(self._wend + self._prealloc) // 4096) * 4096, self._segment_size)
+        if stop <= start:
+            return
+        try:
+            disk = os.statvfs(self.directory)
+            roomy = disk.f_bavail * disk.f_frsize >= PREALLOCATE_FREE_MIN * self._prealloc
+            if roomy:
+                _fallocate(self._wfd, start, stop - start)
+        except OSError as exc:
+            log.debug("segment not allocated ahead: %s", exc)
+            roomy = False
+        # Else no more tries in this segment; a failed fallocate may have left part of the
+        # range allocated, which _finish_file cuts off with the rest.
+        self._allocated = stop if roomy else self._segment_size
+
+    def _finish_file(self) -> None:
+        """The writer moves to another segment or stops: cut this one back to its records
+        (what `preallocate` allocated past them is no use now), make it durable, close it."""
+        fd = self._wfd
+        if self._allocated > self._wend:
+            os.ftruncate(fd, self._wend)  # type: ignore[arg-type]
+        if self._do_fsync:
+            _fdatasync(fd)
+        os.close(fd)  # type: ignore[arg-type]
+        self._wfd = None
 
     def _delete(self, seg_ids: list[int]) -> None:
         deleted = []

@@ -12,7 +12,7 @@ import time
 
 import pika
 import pytest
-from faultlib import PERSISTENT, BrokerProcess, connect, drain, free_port
+from faultlib import PERSISTENT, BrokerProcess, connect, drain, free_port, wait_for
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
@@ -126,7 +126,8 @@ def test_torn_and_corrupt_tail_recovers_and_reports(tmp_path):
         broker.kill9()
         segments = sorted((tmp_path / "data" / "messages").glob("*.seg"))
         seg = max((s for s in segments if s.stat().st_size), key=lambda s: s.name)
-        size = seg.stat().st_size
+        # The records end where the zeros of the space allocated past them begin.
+        size = len(seg.read_bytes().rstrip(b"\x00"))
         with open(seg, "r+b") as f:
             f.truncate(size - 7)  # tear the last record
             f.seek(0, 2)
@@ -194,3 +195,57 @@ def test_lazy_queue_pages_bodies_out_at_once(tmp_path, how):
             "\"unsupported queue mode 'weird'\"",
         )
         conn.close()
+
+
+def _fsyncs(broker: BrokerProcess) -> int:
+    """The message store's fdatasyncs so far (its latency histogram's count)."""
+    for line in broker.metrics().splitlines():
+        if line.startswith("roarmq_store_fsync_seconds_count "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no roarmq_store_fsync_seconds_count in /metrics")
+
+
+def test_an_ack_waits_for_the_next_publish_fsync_not_one_of_its_own(tmp_path):
+    """A publisher waiting for each confirm, a consumer acking each message: one fsync a
+    message. An ack's own fsync (two a message before) took the next confirm's turn at the
+    disk; now the ack record goes out with the next publish's batch (ACK_SYNC_DELAY)."""
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        pub = connect(broker.port).channel()
+        pub.confirm_delivery()
+        pub.queue_declare("w1", durable=True)
+        consumer = connect(broker.port).channel()
+        n = 100
+        before = _fsyncs(broker)
+        for i in range(n):
+            pub.basic_publish("", "w1", b"%d" % i, PERSISTENT)  # returns once confirmed
+            method, _, _ = consumer.basic_get("w1")
+            consumer.basic_ack(method.delivery_tag)
+            # A round trip: the ack is in before the next publish (each had a batch before).
+            consumer.queue_declare("w1", durable=True, passive=True)
+        used = _fsyncs(broker) - before
+        assert n <= used <= n * 1.25
+    finally:
+        broker.stop()
+
+
+def test_an_ack_with_nothing_after_it_reaches_the_disk_soon(tmp_path):
+    """No publish follows the ack: ACK_SYNC_DELAY's timer syncs it, and after a kill -9
+    the acked message stays acked."""
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        ch = connect(broker.port).channel()
+        ch.confirm_delivery()
+        ch.queue_declare("alone", durable=True)
+        for i in range(3):
+            ch.basic_publish("", "alone", b"%d" % i, PERSISTENT)
+        before = _fsyncs(broker)
+        method, _, body = ch.basic_get("alone")
+        assert body == b"0"
+        ch.basic_ack(method.delivery_tag)
+        wait_for(lambda: _fsyncs(broker) > before, timeout=5, what="the ack's fsync")
+        broker.kill9()
+        broker.start()
+        assert [b for b, _ in drain(broker.port, "alone")] == [b"1", b"2"]
+    finally:
+        broker.stop()

@@ -402,8 +402,13 @@ def _looks_valid(buf: bytes, i: int) -> bool:
     return segments._check(buf, view, i, len(buf))[0] >= 0
 
 
-def test_kill_9_mid_stream(tmp_path):
-    """A writer process dies abruptly (os._exit) mid-stream; what it confirmed survives."""
+@pytest.mark.parametrize("preallocate", [0, 64 << 10])
+def test_kill_9_mid_stream(tmp_path, preallocate):
+    """A writer process dies abruptly (os._exit) mid-stream; what it confirmed survives.
+
+    With `preallocate`, the active segment ends in space allocated past its records: that
+    is its end, not damage, and recovery cuts it off.
+    """
     script = textwrap.dedent("""
         import os, random, sys, threading
         from roarmq.broker.store.segments import SegmentLog
@@ -413,7 +418,7 @@ def test_kill_9_mid_stream(tmp_path):
             with lock:
                 sys.stdout.write(f"{token}\\n"); sys.stdout.flush()
         log = SegmentLog.open(sys.argv[1], segment_size=256 << 10, buffer_size=64 << 10,
-                              on_synced=on_synced)
+                              on_synced=on_synced, preallocate=int(sys.argv[2]))
         rng = random.Random(11)
         for i in range(6000):
             log.append(i.to_bytes(4, "little") * rng.randrange(1, 200))
@@ -426,7 +431,7 @@ def test_kill_9_mid_stream(tmp_path):
     d = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run(
-        [sys.executable, "-c", script, str(d)],
+        [sys.executable, "-c", script, str(d), str(preallocate)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -435,7 +440,10 @@ def test_kill_9_mid_stream(tmp_path):
     ).stdout
     confirmed = max(int(line) for line in out.split())
     assert confirmed >= 4001
-    log, records = replay(d)
+    if preallocate:
+        last = d / seg_files(d)[-1]
+        assert last.read_bytes().endswith(bytes(4096))  # allocated past the records
+    log, records = replay(d, preallocate=preallocate)
     log.close()
     rng = random.Random(11)
     expected = [i.to_bytes(4, "little") * rng.randrange(1, 200) for i in range(6000)]
@@ -443,6 +451,45 @@ def test_kill_9_mid_stream(tmp_path):
     assert len(got) >= confirmed
     assert got == expected[: len(got)]  # an exact prefix, nothing invented
     assert log.recovery.records_dropped == 0
+    assert log.recovery.corrupt_regions == []
+    on_disk = sum((d / name).stat().st_size for name in seg_files(d))
+    assert on_disk == sum(HEADER_SIZE + loc.length for loc, _ in records)
+
+
+def test_preallocated_segments_grow_by_allocation_and_end_at_their_records(tmp_path):
+    """`preallocate`: batches write into space allocated before (a file that keeps its
+    size, so an fdatasync need not write the inode); a sealed or closed segment is cut
+    back to its records."""
+    log = SegmentLog.open(tmp_path, segment_size=64 << 10, preallocate=16 << 10)
+    locs = [log.append(b"first")[0]]
+    log.sync_now(timeout=10)
+    path = tmp_path / segment_name(0)
+    allocated = path.stat().st_size
+    assert allocated >= 16 << 10
+    for i in range(20):  # small batches: the file keeps its size
+        locs.append(log.append(b"r%d" % i)[0])
+        log.sync_now(timeout=10)
+        assert path.stat().st_size == allocated
+    for _ in range(200):  # past 64 KiB: rotations
+        locs.append(log.append(os.urandom(900))[0])
+        log.schedule_sync()
+    log.sync_now(timeout=10)
+    names = seg_files(tmp_path)
+    assert len(names) >= 3
+    ends: dict[int, int] = {}
+    for loc in locs:
+        ends[loc.segment] = loc.offset + HEADER_SIZE + loc.length
+    for name in names[:-1]:  # sealed: cut back when the writer moved on
+        assert (tmp_path / name).stat().st_size == ends[int(name[:-4])]
+    assert (tmp_path / names[-1]).stat().st_size > ends[int(names[-1][:-4])]
+    assert [log.read(loc) for loc in locs[:2]] == [b"first", b"r0"]
+    log.close()
+    for name in names:
+        assert (tmp_path / name).stat().st_size == ends[int(name[:-4])]
+    log, records = replay(tmp_path, preallocate=16 << 10)
+    log.close()
+    assert [loc for loc, _ in records] == locs
+    assert log.recovery.corrupt_regions == []
 
 
 # ---------------------------------------------------------------- liveness
