@@ -34,6 +34,7 @@ cdef class Queue:
     cdef public bint _saturated
     cdef public Py_ssize_t _seq
     cdef public Py_ssize_t consumer_count
+    cdef public object _only
     cdef public object ready
     cdef public Py_ssize_t ready_bytes
     cdef public Py_ssize_t unacked

@@ -144,6 +144,36 @@ def test_consumers_of_equal_priority_take_turns(vhost: VirtualHost) -> None:
     assert ch.bodies("c1") == [b"1", b"3"] and ch.bodies("c2") == [b"2", b"4"]
 
 
+def test_the_lone_consumer_shortcut_follows_every_change_of_consumers(vhost: VirtualHost) -> None:
+    """A queue with exactly one consumer hands out without its group list (``_only``): the
+    shortcut must name the right consumer, or none, after each add, cancel and delete."""
+    q, ch = declare(vhost, "q"), FakeChannel()
+    first = consume(q, ch, "first")
+    assert q._only is first
+    second = consume(q, ch, "second")
+    assert q._only is None  # two: round-robin again
+    publish(q, b"1", b"2")
+    assert ch.bodies("first") == [b"1"] and ch.bodies("second") == [b"2"]
+    q.remove_consumer(first)  # type: ignore[arg-type]
+    assert q._only is second
+    publish(q, b"3")
+    assert ch.bodies("second") == [b"2", b"3"] and ch.bodies("first") == [b"1"]
+    q.remove_consumer(second)  # type: ignore[arg-type]
+    assert q._only is None
+    publish(q, b"4")
+    assert q.message_count() == 1  # nobody to take it
+    third = consume(q, ch, "third", prefetch=1)
+    assert q._only is third and ch.bodies("third") == [b"4"]
+    publish(q, b"5")  # the lone consumer has no credit: the message waits
+    assert q.message_count() == 1 and ch.bodies("third") == [b"4"]
+    high = consume(q, ch, "high", priority=5)
+    assert q._only is None and ch.bodies("high") == [b"5"]
+    q.remove_consumer(high)  # type: ignore[arg-type]
+    assert q._only is third
+    q.on_deleted()
+    assert q._only is None and q.consumer_count == 0
+
+
 def test_higher_priority_consumer_first_while_it_has_credit(vhost: VirtualHost) -> None:
     q, ch = declare(vhost, "q"), FakeChannel()
     consume(q, ch, "low", priority=0)

@@ -12,6 +12,7 @@ import calendar
 import datetime
 import re
 from decimal import Decimal
+from typing import Any
 
 
 def amqp_words(key: str) -> list[str]:
@@ -164,3 +165,12 @@ def headers_match(args: dict | None, headers: dict | None) -> bool:
         else:
             all_match = False
     return all_match if kind in ("all", "all-with-x") else any_match
+
+
+def routed(index: Any, key: str, headers: Any = None) -> set:
+    """An index's route as a set, having checked it names each destination once (a route is
+    a frozenset, or a one-tuple where a cold key reaches a single binding)."""
+    got = index.route(key, headers)
+    assert isinstance(got, (frozenset, tuple)), type(got)
+    assert len(set(got)) == len(got), got
+    return set(got)
