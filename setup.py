@@ -51,7 +51,7 @@ def pxd_include() -> str:
 
 class OptionalBuildExt(build_ext):
     """build_ext that warns and goes on, pure Python, when an extension cannot be built;
-    the C compiles run one per core (seven modules: about half the install's time)."""
+    the C compiles run one per core (ten modules: about half the install's time)."""
 
     def finalize_options(self) -> None:
         super().finalize_options()

@@ -31,11 +31,13 @@ NO_EXTENSIONS = bool(_os.environ.get("ROARMQ_NO_EXTENSIONS"))
 _CHECKOUT = _root in __path__  # noqa: F821
 
 
-#: The modules setup.py compiles, with their sources in the repository. Each has a .pxd
+#: The modules setup.py compiles, with their sources in the repository. Most have a .pxd
 #: beside it declaring its native classes, and those cimport one another (a ContentHeader
 #: in a Message in an Entry in a Queue, delivered by a Channel to a Consumer on a
 #: Connection): a compiled module checks at import that the classes it cimports are the
-#: compiled ones, so these run compiled together or not at all.
+#: compiled ones, so these run compiled together or not at all. The topic index and its
+#: routing-key cache have none: compiled as they are, a cold route (split, trie walk, cache
+#: admission) runs without the interpreter's frames and dispatch (issue 27 part 4).
 COMPILED = {
     "roarmq.protocol.frames": "protocol/frames.py",
     "roarmq.broker.message": "broker/message.py",
@@ -45,6 +47,8 @@ COMPILED = {
     "roarmq.broker.exchange": "broker/exchange.py",
     "roarmq.broker.routing.graph": "broker/routing/graph.py",
     "roarmq.broker.routing.trie": "broker/routing/trie.py",
+    "roarmq.broker.routing.topic": "broker/routing/topic.py",
+    "roarmq.broker.routing.key_cache": "broker/routing/key_cache.py",
 }
 
 

@@ -43,7 +43,6 @@ class TopicIndex(BindingTable):
         "trie",
         "cache",
         "_cached",
-        "_one",
         "hits",
         "misses",
     )
@@ -59,12 +58,6 @@ class TopicIndex(BindingTable):
         self.trie = WildcardTrie(skip_dollar=self._mqtt)
         self.cache = RoutingKeyCache(cache_keys, mqtt=self._mqtt)
         self._cached = self.cache.by_key  # the hot path's one lookup
-        #: destination -> (destination,): one shared tuple for every pattern end whose one
-        #: binding leads there (``TrieNode.dests``), dropped with its last binding. A tuple,
-        #: not a set: the compiled channel iterates it in place (a set takes an iterator
-        #: object each time) and it spans one cache line, which matters when each message
-        #: meets a different one of 100,000 pattern ends.
-        self._one: dict[Hashable, tuple] = {}
         self.hits = 0  # routes answered from the cache (Prometheus: roarmq_routing_cache_*)
         self.misses = 0  # routes that walked the trie
 
@@ -110,10 +103,14 @@ class TopicIndex(BindingTable):
         if not admitted and dead is None:
             if literal is None and len(nodes) == 1:  # one pattern end: the common cold key
                 node = nodes[0]
+                one = node.one
+                if one is not None:
+                    # A fresh one-tuple: the compiled channel iterates it in place (a set
+                    # takes an iterator object), and nothing but the node is read to make
+                    # it, where each message meets a different one of 100,000 pattern ends.
+                    return (one,)
                 dests = node.dests
-                if dests is None:
-                    dests = node.dests = self._node_dests(node)
-                return dests
+                return dests if dests is not None else self._node_dests(node)
             return self._destinations(nodes, literal)
         ids = BitMap()
         if literal is not None:
@@ -149,23 +146,23 @@ class TopicIndex(BindingTable):
             else:
                 out.update(map(dests.__getitem__, literal))
         for node in nodes:
+            one = node.one
+            if one is not None:
+                out.add(one)
+                continue
             node_dests = node.dests
-            if node_dests is None:
-                node_dests = node.dests = self._node_dests(node)
-            out.update(node_dests)
+            out.update(node_dests if node_dests is not None else self._node_dests(node))
         return frozenset(out)
 
     def _node_dests(self, node: TrieNode) -> tuple | frozenset:
-        """Where a pattern end's bindings lead (for ``TrieNode.dests``): a shared one-tuple
-        for one binding, else a frozenset (distinct destinations either way)."""
+        """Where a pattern end's bindings lead, noted on the node for the next cold route:
+        ``TrieNode.one`` for one binding (returned as a one-tuple), else ``TrieNode.dests``."""
         ids = node.ids
         if type(ids) is int:
-            destination = self._dests[ids]
-            one = self._one.get(destination)
-            if one is None:
-                one = self._one[destination] = (destination,)
-            return one
-        return frozenset(map(self._dests.__getitem__, ids))  # type: ignore[arg-type]
+            node.one = self._dests[ids]
+            return (node.one,)
+        dests = node.dests = frozenset(map(self._dests.__getitem__, ids))  # type: ignore[arg-type]
+        return dests
 
     # -- bind / unbind ------------------------------------------------------------------------
 
@@ -188,7 +185,7 @@ class TopicIndex(BindingTable):
         b = self._new_id(key, destination, arguments)
         was_end = node.ids is not None
         node.ids = ids_add(node.ids, b)
-        node.dests = None
+        node.one = node.dests = None
         cache = self.cache
         if was_end:
             if node.cached is not None:
@@ -234,13 +231,9 @@ class TopicIndex(BindingTable):
 
     def _forget(self, destination: Hashable | None) -> None:
         """Bindings were buried: the cached keys' ids may hold theirs, so the cache is emptied
-        (it refills as keys are routed; what it held is freed by the sweeps), and the shared
-        one-destination tuples of the destinations that went are dropped."""
-        if destination is None:
-            self._to_free.extend(self._one.values())
-            self._one = {}
-        else:
-            self._one.pop(destination, None)
+        (it refills as keys are routed; what it held is freed by the sweeps). The pattern
+        ends that still name the destination (``one``, ``dests``) let go of it as they are
+        swept; until then a cold route takes the BitMap way, which subtracts ``_dead``."""
         self._to_free += self.cache.retire()
 
     def _unindex(self, b: int) -> None:
@@ -252,8 +245,6 @@ class TopicIndex(BindingTable):
     def _remove(self, b: int, key: str, tokens: Pattern | None) -> None:
         destination = self._dests[b]
         self._free_id(b)  # first, so ``_reaches`` no longer counts b
-        if destination not in self._by_dest:
-            self._one.pop(destination, None)  # its last binding: keep no reference to it
         self._take_out(b, key, tokens, destination)
 
     def _take_out(
@@ -273,7 +264,7 @@ class TopicIndex(BindingTable):
             return
         steps, node = self.trie.path(tokens)
         node.ids = ids_remove(node.ids, b)
-        node.dests = None
+        node.one = node.dests = None
         cache = self.cache
         slots = node.cached
         if slots is not None and destination is not None:
@@ -332,7 +323,6 @@ class TopicIndex(BindingTable):
         """Assert the cache agrees with a fresh match of every cached key (for tests)."""
         self.check_ids()
         self.cache.check()
-        assert set(self._one) <= set(self._by_dest), "a shared tuple outlived its bindings"
         dead = self._dead or BitMap()
         for key, entry in self._cached.items():
             nodes = self.trie.match(entry.words)
@@ -349,9 +339,14 @@ class TopicIndex(BindingTable):
                 assert entry.dests == frozenset(self._dests[b] for b in expect), key
         for node in self.trie.nodes():
             assert node is self.trie.root or not node.is_empty(), "unpruned empty node"
-            if node.dests is not None and not dead.intersect(BitMap(ids_iter(node.ids))):
+            live = not dead.intersect(BitMap(ids_iter(node.ids)))
+            if node.one is not None and live:
+                assert type(node.ids) is int, "one destination noted on a shared pattern end"
+                assert node.one is self._dests[node.ids], "stale destination on a pattern end"
+            if node.dests is not None and live:
+                assert type(node.ids) is not int, "a set noted on a one-binding pattern end"
                 expect_dests = frozenset(self._dests[b] for b in ids_iter(node.ids))
-                assert frozenset(node.dests) == expect_dests, "stale destinations on a pattern end"
+                assert node.dests == expect_dests, "stale destinations on a pattern end"
             if node.cached is not None:
                 assert node.ids is not None and node.cached, "reverse index on a non-pattern node"
                 for slot in node.cached:

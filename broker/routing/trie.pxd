@@ -11,6 +11,7 @@ cdef class TrieNode:
     cdef public TrieNode hash
     cdef public object ids
     cdef public object cached
+    cdef public object one
     cdef public object dests
 
     cpdef bint is_empty(self)

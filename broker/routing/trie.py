@@ -146,10 +146,11 @@ def match_tokens(tokens: Pattern, words: tuple[str, ...] | list[str]) -> bool:
 
 class TrieNode:
     """``ids`` is set where a pattern ends; ``cached`` are the cached keys that pattern matches;
-    ``dests`` is where its bindings lead (a one-tuple or a frozenset the index fills on a cold route through
-    the node and clears whenever ``ids`` changes)."""
+    where its bindings lead, which the index notes on a cold route through the node and
+    clears whenever ``ids`` changes: ``one``, the destination of a lone binding (the node
+    itself answers, no object of its own to read), or ``dests``, a frozenset."""
 
-    __slots__ = ("children", "star", "hash", "ids", "cached", "dests")
+    __slots__ = ("children", "star", "hash", "ids", "cached", "one", "dests")
 
     def __init__(self) -> None:
         self.children: dict[str, TrieNode] | None = None
@@ -157,7 +158,8 @@ class TrieNode:
         self.hash: TrieNode | None = None
         self.ids: int | BitMap | None = None
         self.cached: BitMap | None = None
-        self.dests: tuple | frozenset | None = None
+        self.one: object | None = None
+        self.dests: frozenset | None = None
 
     def is_empty(self) -> bool:
         return self.ids is None and not self.children and self.star is None and self.hash is None
