@@ -11,8 +11,6 @@ so one BitMap serves them all).
 
 from __future__ import annotations
 
-from sys import intern
-
 from pyroaring import BitMap
 
 
@@ -57,12 +55,7 @@ def normalise(tokens: list[Token]) -> Pattern:
 
 
 def parse_amqp(pattern: str) -> Pattern | None:
-    """Normalised tokens of an AMQP wildcard pattern (``.``-separated), ``None`` if literal.
-
-    Literal words are interned, here and in ``parse_mqtt``: the trie's edge dicts then hold
-    one string for a word many patterns share (``*.eu``, ``s1.*.x``, ``s2.*.x``), so a
-    route comparing a key's word with it finds it in cache rather than at one of 100,000
-    places in memory, and the trie stores it once."""
+    """Normalised tokens of an AMQP wildcard pattern (``.``-separated), ``None`` if literal."""
     if "*" not in pattern and "#" not in pattern:
         return None
     tokens: list[Token] = []
@@ -75,7 +68,7 @@ def parse_amqp(pattern: str) -> Pattern | None:
             tokens.append(HASH)
             wild = True
         else:
-            tokens.append(intern(w))
+            tokens.append(w)
     return normalise(tokens) if wild else None
 
 
@@ -106,7 +99,7 @@ def parse_mqtt(pattern: str) -> Pattern | None:
                 f"a wildcard must occupy a whole level (got {level!r})"
             )
         else:
-            tokens.append(intern(level))
+            tokens.append(level)
     return tuple(tokens)
 
 
