@@ -76,7 +76,7 @@ A full run starts a fresh broker instance per scenario and broker (so RSS and th
 loop-lag maximum belong to that scenario) and takes about 10 minutes; ``--quick``
 (3 s windows, smaller bad cases, one instance per broker) about 3. Every phase is
 bounded in time; all processes started here are stopped on every exit path.
-``--roarmq-rev REV`` runs RoarMQ from ``git archive REV`` (e.g. HEAD, for the
+``--roarmq-rev REV`` runs RoarMQ from ``git archive REV``, compiled (e.g. HEAD, for the
 "before" figures while the work tree changes) instead of the work tree. Results
 go to a table and to ``bench/results/overload.json`` (``overload-quick.json``).
 """
@@ -113,6 +113,7 @@ from harness import (  # brokers and processes, shared by every script in bench/
     RssSampler,
     Running,
     broker_instance,
+    export_rev,
     group_cpu_s,
     loadavg,
     loop_lag_ms,
@@ -553,16 +554,6 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
-
-
-def export_rev(rev: str, into: Path) -> Path:
-    """``git archive rev`` unpacked into ``into``: a RoarMQ source tree to run."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True)
-    if archive.returncode != 0:
-        raise SystemExit(f"git archive {rev}: {archive.stderr.decode().strip()}")
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into
 
 
 def main() -> int:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from _machine import machine_info
-from harness import REPO, Procs, broker_instance, group_cpu_s, loadavg, machine_busy_s
+from harness import (
+    REPO,
+    Procs,
+    broker_instance,
+    export_rev,
+    group_cpu_s,
+    loadavg,
+    machine_busy_s,
+)
 from overload import Child, build_generator
 
 
@@ -116,7 +123,9 @@ def main() -> int:
     p.add_argument("--setup-timeout", type=float, default=300.0)
     p.add_argument("--broker-cpu", type=int, default=0)
     p.add_argument("--load-cpu", type=int, default=1)
-    p.add_argument("--roarmq-rev", help="run RoarMQ from `git archive REV` (a 'before' figure)")
+    p.add_argument(
+        "--roarmq-rev", help="run RoarMQ from `git archive REV`, compiled (a 'before' figure)"
+    )
     p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "topic_go.json")
     args = p.parse_args()
     if args.queues is None:
@@ -128,15 +137,8 @@ def main() -> int:
         tmp = Path(tmp_name)
         binary, go_version = build_generator(tmp)
         src = REPO
-        if args.roarmq_rev:
-            src = tmp / "src"
-            src.mkdir()
-            archive = subprocess.run(
-                ["git", "archive", args.roarmq_rev], cwd=REPO, capture_output=True, check=True
-            ).stdout
-            subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-            for so in (REPO / "protocol").glob("*.so"):  # the compiled codec, as in REPO
-                (src / "protocol" / so.name).write_bytes(so.read_bytes())
+        if args.roarmq_rev:  # built as its make install would (harness.export_rev)
+            src = export_rev(args.roarmq_rev, tmp / "src")
         try:
             for _ in range(args.repeat):
                 for kind in kinds:
