@@ -6,6 +6,12 @@ import cython
 from roarmq.protocol.frames cimport ContentHeader
 
 
+cdef bint _COMPILED
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(object o)
+
+
 cdef class Message:
     cdef public object exchange
     cdef public object routing_key

@@ -74,6 +74,7 @@ cdef bint _COMPILED
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
+    void PyObject_GC_UnTrack(object o)
 
 cdef extern from *:
     """

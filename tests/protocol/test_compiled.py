@@ -151,3 +151,44 @@ def test_each_compiled_module_imports_first() -> None:
             timeout=60,
             check=True,
         )
+
+
+def test_messages_in_flight_are_out_of_the_collectors_sight() -> None:
+    """Compiled, a published message and its content header are not tracked by the garbage
+    collector (they can be in no cycle: reference counting frees them), so a young-generation
+    collection does not scan every message in flight again. They still read and free as ever."""
+    import gc
+
+    from roarmq.broker.message import Message
+    from roarmq.protocol import spec
+    from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, encode_content
+    from roarmq.protocol.properties import BasicProperties
+
+    props = BasicProperties(headers={"a": [1, {"b": b"c"}]}, delivery_mode=2, priority=3)
+    publish = spec.BasicPublish(exchange="x", routing_key="k")
+    events = FrameParser().feed(PROTOCOL_HEADER + encode_content(1, publish, props, b"abc", 4096))
+    header = events[-1].header
+    msg = Message("x", "k", header, b"abc")
+    compiled = not roarmq.NO_EXTENSIONS and bool(roarmq.compiled_modules())
+    assert gc.is_tracked(header) is not compiled
+    assert gc.is_tracked(msg) is not compiled
+    assert msg.persistent and msg.priority == 3
+    assert msg.header.properties.headers == {"a": [1, {"b": b"c"}]}
+    import tracemalloc
+
+    def made_and_dropped(n: int) -> None:
+        for _ in range(n):
+            feed = FrameParser().feed(
+                PROTOCOL_HEADER + encode_content(1, publish, props, b"abc", 4096)
+            )
+            Message("x", "k", feed[-1].header, b"abc")
+
+    made_and_dropped(100)  # caches warm (the decoded-properties dict)
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        made_and_dropped(2000)  # untracked, so only reference counting can free them
+        left = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert left < 20_000, f"{left} bytes left behind by 2,000 messages"
