@@ -7,6 +7,15 @@ bitmaps that hold ids stay dense. Per-binding data lives in three parallel lists
 a binding is found again through ``destination -> ids`` intersected with the ids stored where
 its key lives.
 
+Fanout and headers bindings have no key index to narrow that search, so there it would cover
+every binding of the destination: binding 100,000 routing keys of one queue to a fanout
+exchange compared each new one with all the others (minutes). Those two indexes set
+``IDENTIFIED``: a destination with ``IDENTIFY_FROM`` bindings or more gets its own dict
+(``_ident``) from a bucket, its binding's routing key if it has no arguments, else the hash of
+its whole identity, to the ids in it (see ``bucket``); bind and unbind look there and compare
+only what shares the bucket. Below that the search stays the short scan, so the usual shapes
+(a queue bound once or a few times) keep no dict at all.
+
 Sets of ids are stored as a plain ``int`` while they have one member and as a pyroaring
 ``BitMap`` from the second one on: an empty BitMap costs ~100 bytes and a one-element one ~200,
 which would dominate the memory of an index where most keys have a single binding.
@@ -18,7 +27,8 @@ route subtracts, and the index drops what it had cached of routes (``_forget``),
 visiting the bindings one by one; ``sweep(budget)`` then takes that many of them out of the
 index's own tables per call, and the caller (``VirtualHost``) calls it once a loop turn until
 none is left. A dead id is not reused before it is swept. Fewer than ``LAZY_REMOVAL`` bindings
-are removed at once, as before.
+are removed at once, as before. A destination's ``_ident`` dict is swept the same way, entry by
+entry (a lookup skips dead ids meanwhile), rather than freed whole in the removal's turn.
 """
 
 from __future__ import annotations
@@ -37,6 +47,13 @@ EMPTY: frozenset = frozenset()
 #: ``remove_destination`` of at least this many bindings leaves them to ``sweep``: a topic
 #: binding costs ~2 us to take out of the trie, so 1,000 is ~2 ms, the most a delete does at once.
 LAZY_REMOVAL = 1000
+
+#: A destination of an ``IDENTIFIED`` index gets an identity dict from this many bindings on
+#: (below it a bind compares at most 7), and loses it under ``IDENTIFY_FROM // 2``, so that a
+#: count going up and down by one does not make and drop it each time. The dict costs a binding
+#: ~50-70 bytes (its slot and its id as an int), ~90 with arguments (the hash too): fanout 25 ->
+#: 74, headers 94 -> 186 bytes a binding, all bound to one queue (bench/binds.py, memory).
+IDENTIFY_FROM = 8
 
 
 def ids_add(ids: Ids, b: int) -> int | BitMap:
@@ -76,6 +93,24 @@ def ids_contains(ids: Ids, b: int) -> bool:
     return b in ids
 
 
+def ids_len(ids: Ids) -> int:
+    if ids is None:
+        return 0
+    if type(ids) is int:
+        return 1
+    return len(ids)
+
+
+def bucket(key: str, akey: tuple) -> Hashable:
+    """Where a binding with routing key ``key`` and ``arguments_key`` ``akey`` goes in its
+    destination's identity dict: the key itself when there are no arguments (the string the
+    binding holds already, so the entry adds no object), else the hash of the identity (an
+    int of ~32 bytes where the identity is a tuple of tuples of a few hundred). A ``str`` never
+    equals an ``int``, so the two kinds never share a bucket; identities with the same hash
+    do, and ``_find`` tells them apart by comparing, as a dict would."""
+    return hash((key, akey)) if akey else key
+
+
 def ids_intersect(a: Ids, b: Ids) -> Iterable[int]:
     if a is None or b is None:
         return ()
@@ -89,7 +124,21 @@ def ids_intersect(a: Ids, b: Ids) -> Iterable[int]:
 class BindingTable:
     """Id allocation and the per-binding arrays; subclasses index the keys."""
 
-    __slots__ = ("_keys", "_dests", "_args", "_free", "_by_dest", "_count", "_dead", "_to_free")
+    __slots__ = (
+        "_keys",
+        "_dests",
+        "_args",
+        "_free",
+        "_by_dest",
+        "_count",
+        "_dead",
+        "_to_free",
+        "_ident",
+    )
+
+    #: Whether destinations with many bindings get an identity dict (``IDENTIFY_FROM``): for
+    #: the indexes that find a binding through its destination's ids alone.
+    IDENTIFIED = False
 
     def __init__(self) -> None:
         self._keys: list[str | None] = []  # None marks a free id
@@ -103,6 +152,10 @@ class BindingTable:
         self._dead: BitMap | None = None
         #: What a lazy removal let go of (cached routes), freed by ``sweep`` a few at a time.
         self._to_free: list = []
+        #: destination -> bucket (see ``bucket``) -> ids, for destinations with
+        #: ``IDENTIFY_FROM`` bindings or more: every live binding of the destination is in
+        #: it, and so may be buried ones not swept yet.
+        self._ident: dict[Hashable, dict[Hashable, int | BitMap]] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -177,8 +230,11 @@ class BindingTable:
         if dead is None or done == budget:
             return done
         batch = dead[: budget - done]
+        identified = self._ident
         for b in batch:
             self._unindex(b)
+            if identified:
+                self._unident(b)
             self._release(b)
         dead -= batch
         if not dead:
@@ -203,6 +259,10 @@ class BindingTable:
         self, ids: Ids, key: str, destination: Hashable, arguments: Mapping | None
     ) -> int | None:
         """The id of binding ``(key, destination, arguments)`` among ``ids``, if any."""
+        if self._ident:
+            ident = self._ident.get(destination)
+            if ident is not None:
+                return self._identified(ident, key, arguments)
         candidates = ids_intersect(ids, self._by_dest.get(destination))
         if not candidates:
             return None
@@ -215,6 +275,53 @@ class BindingTable:
                 if arguments_key(args[b]) == akey:
                     return b
         return None
+
+    def _identified(self, ident: dict, key: str, arguments: Mapping | None) -> int | None:
+        """The live binding with ``key`` and ``arguments`` in a destination's identity dict."""
+        akey = arguments_key(arguments)
+        ids = ident.get(bucket(key, akey))
+        if ids is None:
+            return None
+        keys, args, dead = self._keys, self._args, self._dead
+        for b in ids_iter(ids):
+            if keys[b] != key or (dead is not None and b in dead):
+                continue  # another identity with the same hash, or a binding being swept
+            if (args[b] is None) if not akey else (arguments_key(args[b]) == akey):
+                return b
+        return None
+
+    def _identify(self, destination: Hashable, b: int, ids: Ids) -> None:
+        """Put new binding ``b`` in its destination's identity dict (``ids``: the
+        destination's live ids, ``b`` among them), making the dict once they are many."""
+        ident = self._ident.get(destination)
+        if ident is not None:
+            where = bucket(self._keys[b], arguments_key(self._args[b]))  # type: ignore[arg-type]
+            ident[where] = ids_add(ident.get(where), b)
+        elif ids_len(ids) >= IDENTIFY_FROM:
+            ident = self._ident[destination] = {}
+            keys, args = self._keys, self._args
+            for i in ids_iter(ids):
+                where = bucket(keys[i], arguments_key(args[i]))  # type: ignore[arg-type]
+                ident[where] = ids_add(ident.get(where), i)
+
+    def _unident(self, b: int) -> None:
+        """Take ``b`` out of its destination's identity dict if it is in one (still named by
+        the id arrays), dropping the dict when both it and the live bindings are few."""
+        destination = self._dests[b]
+        ident = self._ident.get(destination)
+        if ident is None:
+            return
+        where = bucket(self._keys[b], arguments_key(self._args[b]))  # type: ignore[arg-type]
+        ids = ident.get(where)
+        if ids is not None:  # b may be gone already: dropped with an earlier dict, or swept
+            rest = ids_remove(ids, b)
+            if rest is None:
+                del ident[where]
+            else:
+                ident[where] = rest
+        few = IDENTIFY_FROM // 2
+        if len(ident) < few and ids_len(self._by_dest.get(destination)) < few:
+            del self._ident[destination]
 
     def _new_id(self, key: str, destination: Hashable, arguments: Mapping | None) -> int:
         free = self._free
@@ -229,8 +336,10 @@ class BindingTable:
             self._dests.append(destination)
             self._args.append(arguments or None)
         by_dest = self._by_dest
-        by_dest[destination] = ids_add(by_dest.get(destination), b)
+        ids = by_dest[destination] = ids_add(by_dest.get(destination), b)
         self._count += 1
+        if self.IDENTIFIED:
+            self._identify(destination, b, ids)
         return b
 
     def _free_id(self, b: int) -> None:
@@ -243,6 +352,8 @@ class BindingTable:
         else:
             by_dest[destination] = rest
         self._count -= 1
+        if self._ident:
+            self._unident(b)
         self._release(b)
 
     def _release(self, b: int) -> None:
@@ -266,6 +377,30 @@ class BindingTable:
                 live.add(b)
         assert live == used - dead, "a live id missing from _by_dest, or a buried one in it"
         assert self._count == len(live), "the count is off"
+        self._check_ident(dead)
+
+    def _check_ident(self, dead: BitMap) -> None:
+        """Assert every identity dict holds its destination's live bindings, each in its own
+        bucket, besides buried ones only, and that one exists wherever bindings are many."""
+        assert self.IDENTIFIED or not self._ident, "an identity dict in an index without them"
+        few = IDENTIFY_FROM // 2
+        for destination, ids in self._by_dest.items():
+            if self.IDENTIFIED and ids_len(ids) >= IDENTIFY_FROM:
+                assert destination in self._ident, "many bindings and no identity dict"
+        for destination, ident in self._ident.items():
+            live = self._by_dest.get(destination)
+            assert len(ident) >= few or ids_len(live) >= few, "an identity dict left behind"
+            held = BitMap()
+            for where, ids in ident.items():
+                assert ids is not None and (type(ids) is int or len(ids) > 1), "a bad bucket"
+                for b in ids_iter(ids):
+                    assert self._dests[b] == destination, "an id under another destination"
+                    key, akey = self._keys[b], arguments_key(self._args[b])
+                    assert bucket(key, akey) == where, "an id in the wrong bucket"  # type: ignore[arg-type]
+                    assert b not in held, "an id in two buckets"
+                    held.add(b)
+            assert BitMap(ids_iter(live)) <= held, "a live binding missing from its dict"
+            assert held - BitMap(ids_iter(live)) <= dead, "a released id in an identity dict"
 
     def _reaches(self, ids: BitMap, destination: Hashable) -> bool:
         """True if some binding in ``ids`` still leads to ``destination``."""

@@ -12,6 +12,8 @@ class FanoutIndex(BindingTable):
 
     __slots__ = ("_all",)
 
+    IDENTIFIED = True  # a binding is found through its destination's ids alone
+
     def __init__(self) -> None:
         super().__init__()
         self._all: frozenset | None = frozenset()

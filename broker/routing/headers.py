@@ -126,6 +126,8 @@ class HeadersIndex(BindingTable):
 
     __slots__ = ("_eq", "_present", "_any", "_all_by_n", "_all", "_always", "_always_dests")
 
+    IDENTIFIED = True  # a binding is found through its destination's ids alone
+
     def __init__(self) -> None:
         super().__init__()
         self._eq: dict[str, dict[Hashable, BitMap]] = {}

@@ -7,6 +7,7 @@ Raw-socket tests need to send what no well-behaved client library would
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from roarmq.protocol import spec
@@ -144,6 +145,47 @@ class RawClient:
         method = await self.next_method(timeout)
         assert isinstance(method, kind), f"expected {kind.__name__}, got {method!r}"
         return method
+
+    async def bind_all(
+        self, channel: int, queue: str, exchange: str, bindings: Sequence[tuple[str, dict | None]]
+    ) -> None:
+        """``queue.bind`` each ``(routing key, arguments)`` with no-wait, pipelined, then wait
+        for a passive ``queue.declare``'s reply, which comes once the broker has them all."""
+        for i, (key, arguments) in enumerate(bindings):
+            self.send(
+                channel,
+                spec.QueueBind(
+                    queue=queue,
+                    exchange=exchange,
+                    routing_key=key,
+                    no_wait=True,
+                    arguments=arguments or {},
+                ),
+            )
+            if i % 5000 == 4999:
+                await self.writer.drain()
+        self.send(channel, spec.QueueDeclare(queue=queue, passive=True))
+        await self.expect(spec.QueueDeclareOk, timeout=60)
+
+    async def unbind_all(
+        self, channel: int, queue: str, exchange: str, bindings: Sequence[tuple[str, dict | None]]
+    ) -> None:
+        """``queue.unbind`` each ``(routing key, arguments)``, pipelined (the method has no
+        no-wait), reading the unbind-oks meanwhile so that neither side's writes stall."""
+
+        async def send() -> None:
+            for i, (key, arguments) in enumerate(bindings):
+                unbind = spec.QueueUnbind(
+                    queue=queue, exchange=exchange, routing_key=key, arguments=arguments or {}
+                )
+                self.send(channel, unbind)
+                if i % 5000 == 4999:
+                    await self.writer.drain()
+
+        sending = asyncio.ensure_future(send())
+        for _ in bindings:
+            await self.expect(spec.QueueUnbindOk, timeout=60)
+        await sending
 
     async def open_channel(self, channel: int = 1) -> None:
         self.send(channel, spec.ChannelOpen())

@@ -34,14 +34,7 @@ async def bind_many(port: int, queue: str, exchange: str, keys: list[str]) -> No
     """Bind over a socket, pipelined (no_wait), and wait until the broker has them all."""
     client = await RawClient.connect(port)
     await client.open_channel(1)
-    for i, key in enumerate(keys):
-        client.send(
-            1, spec.QueueBind(queue=queue, exchange=exchange, routing_key=key, no_wait=True)
-        )
-        if i % 5000 == 4999:
-            await client.writer.drain()
-    client.send(1, spec.QueueDeclare(queue=queue, passive=True))
-    await client.expect(spec.QueueDeclareOk, timeout=60)
+    await client.bind_all(1, queue, exchange, [(key, None) for key in keys])
     await client.close()
 
 
