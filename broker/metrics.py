@@ -14,6 +14,7 @@ which costs a line per queue and so is asked for explicitly.
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import time
@@ -30,6 +31,7 @@ from prometheus_client.core import (
 )
 
 from . import __version__
+from .stalls import GC_BUCKETS, GC_WATCH, STALL_KINDS
 from .store.segments import FSYNC_BUCKETS
 from .stream import metric_families as stream_families
 
@@ -241,6 +243,67 @@ def _archive_drops(archive: Any) -> Iterator[Any]:
     )
 
 
+def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:
+    """A histogram's buckets as Prometheus has them: per upper bound (the last +Inf), how many
+    observations were at most that (`counts` holds each bucket's own, the last over the top)."""
+    running, buckets = 0, []
+    for bound, n in zip((*bounds, float("inf")), counts, strict=True):
+        running += n
+        buckets.append(("+Inf" if bound == float("inf") else str(bound), running))
+    return buckets
+
+
+#: The collector's families with one series per generation: (type, name, help, the
+#: GcGeneration field it reads).
+GC_FAMILIES = (
+    (CounterMetricFamily, "roarmq_gc_collections", "Garbage collector passes", "collections"),
+    (
+        GaugeMetricFamily,
+        "roarmq_gc_pause_max_seconds",
+        "Longest garbage collector pass since start",
+        "longest",
+    ),
+    (
+        CounterMetricFamily,
+        "roarmq_gc_objects_collected",
+        "Objects the collector freed",
+        "collected",
+    ),
+    (
+        CounterMetricFamily,
+        "roarmq_gc_objects_uncollectable",
+        "Objects the collector found unreachable but could not free",
+        "uncollectable",
+    ),
+)
+
+
+def _gc_families() -> Iterator[Any]:
+    """The cyclic garbage collector's passes by generation (broker/stalls.py's GcWatch: the
+    whole process's, since the first broker in it started), and what gc.freeze() holds."""
+    gens = list(enumerate(GC_WATCH.generations))
+    for kind, name, doc, field in GC_FAMILIES:
+        family = kind(name, doc, labels=["generation"])
+        for generation, g in gens:
+            family.add_metric([str(generation)], getattr(g, field))
+        yield family
+    pauses = HistogramMetricFamily(
+        "roarmq_gc_pause_seconds",
+        "How long each garbage collector pass held the process",
+        labels=["generation"],
+    )
+    for generation, g in gens:
+        pauses.add_metric(
+            [str(generation)], _cumulative(GC_BUCKETS, g.buckets), sum_value=g.seconds
+        )
+    yield pauses
+    yield _gauge(
+        "roarmq_gc_objects_frozen",
+        "Objects gc.freeze() keeps out of every collection (start-up's, and later freezes)",
+        gc.get_freeze_count(),
+    )
+
+
 class _Collector:
     """Read at scrape time; `per_object` adds a series per queue or exchange."""
 
@@ -280,15 +343,10 @@ class RoarCollector(_Collector):
         store = b.store
         log = getattr(store, "log", None)
         if log is not None:
-            buckets = []
-            running = 0
-            for bound, n in zip((*FSYNC_BUCKETS, float("inf")), log.fsync_buckets, strict=True):
-                running += n
-                buckets.append(("+Inf" if bound == float("inf") else str(bound), running))
             histogram = HistogramMetricFamily(
                 "roarmq_store_fsync_seconds",
                 "fdatasync latency of the message store's group commits",
-                buckets=buckets,
+                buckets=_cumulative(FSYNC_BUCKETS, log.fsync_buckets),
                 sum_value=log.fsync_seconds,
             )
             yield histogram
@@ -390,6 +448,16 @@ class RoarCollector(_Collector):
                 "Longest event-loop stall since the last scrape ([diagnostics] loop_lag_probe_ms)",
                 value=b.loop_lag.take_max(),
             )
+            stalls = CounterMetricFamily(
+                "roarmq_event_loop_stalls",
+                "Event-loop stalls of [diagnostics] stall_threshold_ms or more, by what explains "
+                "them (GET /api/diagnostics/stalls has each)",
+                labels=["kind"],
+            )
+            for kind in STALL_KINDS:
+                stalls.add_metric([kind], b.loop_lag.by_kind.get(kind, 0))
+            yield stalls
+        yield from _gc_families()
         if not self.per_object:
             return
         ready = GaugeMetricFamily(

@@ -95,13 +95,12 @@ class RateSampler:
 
     def _tick(self) -> None:
         steps = self._steps()
-        loop = self.broker.clock.loop
 
         def step() -> None:
             if not next(steps, False):  # exhausted: the pass is done
                 self._timer = self.broker.clock.call_later(self.interval, self._tick)
             else:
-                self._timer = loop.call_soon(step)
+                self._timer = self.broker.clock.call_soon(step)
 
         step()
 
