@@ -500,6 +500,7 @@ def run_scenario(
         "loop_stall_ms": stall,  # RoarMQ: the longest event-loop stall (a 1 ms timer's lag)
         "stalls": _in_window(after, wall0, wall1),  # RoarMQ: each one over its threshold
         "gc": _gc_in_run(before, after),
+        "jobs": after["jobs"] if after else None,  # RoarMQ: each timed job's runs since start
         "others_cores": others,
         "broker_cpu_us_per_msg": broker_cpu / consumed["received"] * 1e6
         if consumed["received"]

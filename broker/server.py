@@ -93,6 +93,8 @@ class Broker:
         self.alarms: set[str] = set()  # resource alarms set now ("memory", "disk")
         self.resources = ResourceMonitor(self)
         self.loop_lag: LoopLag | None = None  # [diagnostics] loop_lag_probe_ms
+        #: broker/gc_schedule.py's GcSchedule in a `roarmq serve` process (None in-process)
+        self.gc_schedule: Any = None
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
         self._servers: list[asyncio.base_events.Server] = []
@@ -337,6 +339,7 @@ class Broker:
         self.resources.stop()
         if self.loop_lag is not None:
             self.loop_lag.stop()
+        GC_WATCH.uninstall()
         for server in self._servers:
             server.close()
         if self.tls is not None:

@@ -89,8 +89,9 @@ class GcGeneration:
 class GcWatch:
     """Every pass of this process's cyclic garbage collector, timed (`gc.callbacks`).
 
-    Process-wide, as the collector is: installed once, by the first broker to start, and
-    left in place (a few additions per collection, a handful of collections a second).
+    Process-wide, as the collector is: installed by the first broker to start and removed
+    when the last one stops (an in-process broker leaves its host's `gc.callbacks` as it
+    found them); its counts go on from where they were. A few additions per pass.
     """
 
     def __init__(self) -> None:
@@ -98,13 +99,18 @@ class GcWatch:
         #: (start, end, generation, collected), in the order they ended.
         self.recent: deque[tuple[float, float, int, int]] = deque(maxlen=RECENT)
         self._started = 0.0
+        self._users = 0
 
     def install(self) -> None:
+        """A broker starts: watch from now on (the first one installs the callback)."""
+        self._users += 1
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
 
     def uninstall(self) -> None:
-        if self._callback in gc.callbacks:
+        """A broker stops: the last one removes the callback."""
+        self._users = max(self._users - 1, 0)
+        if not self._users and self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:

@@ -270,6 +270,7 @@ async def stalls(request: web.Request) -> web.Response:
                 key=lambda j: -j["max_ms"],
             ),
             "gc": {
+                "idle_passes": b.gc_schedule.idle_passes if b.gc_schedule else None,
                 "thresholds": list(gc.get_threshold()),
                 "pending": list(gc.get_count()),
                 "frozen": gc.get_freeze_count(),
