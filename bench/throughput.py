@@ -740,6 +740,7 @@ def summarize(
         "runs_loop_stall_ms": [_num(r.get("loop_stall_ms")) for r in results],
         "runs_stalls": [r.get("stalls") for r in results],
         "runs_gc": [r.get("gc") for r in results],
+        "runs_jobs": [r.get("jobs") for r in results],
     }
 
 

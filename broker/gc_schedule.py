@@ -12,8 +12,8 @@ stalls and the garbage collector"; measured in docs/benchmarks.md):
   frozen once the broker listens, so no pass ever visits it;
 - generation 0: a pass per `GEN0` new objects, about 2 ms;
 - generation 1: a pass per `GEN1` generation-0 passes, visiting at most the survivors of
-  those (`GEN0 * GEN1`, about 10-20 ms when all of them survive, as in a burst of
-  declarations), where CPython's 50 let a pass visit a million (200 ms and more);
+  those and the young (`GEN0 * (GEN1 + 1)`, about 12 ms when all of them survive, as in a
+  burst of declarations), where 50 let a pass visit a million (about 300 ms);
 - generation 2, every object not frozen (half a second with 100,000 queues, bindings and
   consumers): rare. CPython's own pass waits for `GEN2` generation-1 passes (and its rule
   that the objects promoted since the last one be a quarter of those it kept); before that,
@@ -36,10 +36,10 @@ log = logging.getLogger("roarmq.gc")
 #: Net new tracked objects that start a generation-0 pass (CPython: 700).
 GEN0 = 20_000
 #: Generation-0 passes per generation-1 pass (CPython: 10; RoarMQ had 50).
-GEN1 = 5
+GEN1 = 2
 #: Generation-1 passes before CPython's own full pass (CPython: 10; RoarMQ had 100 with 50
-#: above: 1000 with 5 keeps it as rare, one per 5,000 generation-0 passes).
-GEN2 = 1000
+#: above: 2,500 with 2 keeps it as rare, one per 5,000 generation-0 passes).
+GEN2 = 2500
 #: Seconds between two looks at how busy the loop was.
 IDLE_CHECK = 1.0
 #: The loop counts as idle under this share of a core since the last look.

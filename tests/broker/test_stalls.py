@@ -205,6 +205,8 @@ def test_the_rule_that_explains_a_stall():
     assert _stall(0.016, cpu=0.001, run_queue=0.014).kind == "run_queue"
     assert _stall(0.016, cpu=0.001, others_cpu=0.012).kind == "gil"
     assert _stall(0.016, cpu=0.001).kind == "blocked"
+    # half on CPU, half waiting for a core: off CPU for most of it, and that was the queue
+    assert _stall(0.016, cpu=0.008, run_queue=0.008, window=0.0175).kind == "run_queue"
     assert _stall(0.016).kind == "on_cpu"
     assert _stall(0.016, gc=[[0, 3, 0.004, 0.002, 0]]).kind == "on_cpu"  # GC under half
 
