@@ -134,6 +134,7 @@ class Broker:
         diagnostics = self.config.diagnostics
         if diagnostics.loop_lag_probe_ms:  # started once start-up is over, below
             jobs = self.clock.jobs = JobTimes()  # timers, slices and store callbacks timed
+            self.persistence.definitions.jobs = jobs
             if self.store is not None:
                 self.store.jobs = jobs
             self.loop_lag = LoopLag(

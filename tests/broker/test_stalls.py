@@ -72,6 +72,15 @@ def test_a_large_definitions_import_is_a_stall_named_after_its_request(probed):
     assert any(j["name"] == "management POST /api/definitions" and j["runs"] == 1 for j in jobs)
 
 
+def test_definitions_writes_and_requests_are_timed_jobs(probed):
+    """Every write to the definitions store is a job (its commit and WAL checkpoint in it),
+    as is every management request, by its route."""
+    assert probed.api("PUT", "/api/queues/%2F/kept", {"durable": True})[0] == 201
+    jobs = {j["name"]: j for j in probed.api("GET", STALLS)[1]["jobs"]}
+    assert jobs["definitions store write"]["runs"] >= 1
+    assert jobs["management PUT /api/queues/{vhost}/{name}"]["runs"] == 1
+
+
 def test_a_full_collection_on_the_loop_is_a_gc_stall(probed):
     """A gen-2 pass over a million tracked objects, run on the broker's loop, is kept as a
     GC stall naming the generation."""
