@@ -979,3 +979,10 @@ def machine_busy_s() -> float:
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_steal_s() -> float:
+    """CPU seconds the hypervisor kept this VM's CPUs from running so far (/proc/stat's
+    steal, every CPU): a loop stall off CPU and out of the run queue may be this."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return int(fields[7]) / os.sysconf("SC_CLK_TCK")

@@ -134,6 +134,7 @@ from harness import (  # brokers and processes, shared by every script in bench/
     loadavg,
     loop_lag_ms,
     machine_busy_s,
+    machine_steal_s,
     pinned,
     stall_log,
     stall_summary,
@@ -414,7 +415,8 @@ def run_scenario(
     published: dict[str, Any] | None = None
     t_load: float | None = None
     broker_cpu = 0.0
-    kids0 = mine0 = busy0 = wall0 = wall1 = 0.0
+    kids0 = mine0 = busy0 = wall0 = wall1 = steal0 = 0.0
+    steal = None
     stall = None
     before = after = None
     try:
@@ -436,8 +438,10 @@ def run_scenario(
         load = loadavg()
         before = stall_log(broker.mgmt_port)  # the stalls and GC passes so far
         loop_lag_ms(broker.mgmt_port)  # reading it starts a new maximum
+        time.sleep(0.05)  # the probe's next tick records that scrape's own stall, if any
         wall0 = time.time()  # stalls from here on are the scenario's (not our requests')
         kids0, mine0, busy0 = _children_cpu_s(), _own_cpu_s(), machine_busy_s()
+        steal0 = machine_steal_s()
         t_load = time.monotonic()
         cpu0 = group_cpu_s(broker.proc.pid)
         for blob_k in _publisher_settings(settings, sc):
@@ -454,6 +458,7 @@ def run_scenario(
         consumed = _next_line(cons_lines, hard_deadline)
         broker_cpu = group_cpu_s(broker.proc.pid) - cpu0
         wall1 = time.time()
+        steal = machine_steal_s() - steal0
         stall = loop_lag_ms(broker.mgmt_port)
         after = stall_log(broker.mgmt_port, before["recorded"]) if before else None
         answers = [_next_line(pub_lines, hard_deadline) for _ in pubs]
@@ -507,6 +512,7 @@ def run_scenario(
         "gc": _gc_in_run(before, after),
         "jobs": after["jobs"] if after else None,  # RoarMQ: each timed job's runs since start
         "others_cores": others,
+        "steal_s": steal,  # CPU seconds the hypervisor took from this VM in the scenario
         "broker_cpu_us_per_msg": broker_cpu / consumed["received"] * 1e6
         if consumed["received"]
         else None,
@@ -759,6 +765,7 @@ def summarize(
         "runs_stalls": [r.get("stalls") for r in results],
         "runs_gc": [r.get("gc") for r in results],
         "runs_jobs": [r.get("jobs") for r in results],
+        "runs_steal_s": [_num(r.get("steal_s")) for r in results],
     }
 
 
