@@ -596,12 +596,21 @@ def confirm_latency(row: dict[str, Any]) -> str:
 
 
 def stall_causes(stalls: list[dict[str, Any]] | None) -> str:
-    """A row's stalls of 5 ms or more, short: "16.2 gc, 6.0 preempted" ("-": not measured)."""
+    """A row's stalls of 5 ms or more, short: "16.2 gc, 6.0 run_queue", or past four of them
+    per kind: "31: run_queue 29 (longest 8.3), blocked 2 (9.9)" ("-": not measured)."""
     if stalls is None:
         return "-"
     if not stalls:
         return "none"
-    return ", ".join(f"{s['lag_ms']:.1f} {s['kind']}" for s in stalls)
+    if len(stalls) <= 4:
+        return ", ".join(f"{s['lag_ms']:.1f} {s['kind']}" for s in stalls)
+    kinds: dict[str, list[float]] = {}
+    for s in stalls:
+        kinds.setdefault(s["kind"], []).append(s["lag_ms"])
+    return f"{len(stalls)}: " + ", ".join(
+        f"{kind} {len(lags)} ({'longest ' if i == 0 else ''}{max(lags):.1f})"
+        for i, (kind, lags) in enumerate(sorted(kinds.items(), key=lambda k: -len(k[1])))
+    )
 
 
 def stall_list(rows: list[dict[str, Any]]) -> list[str]:
@@ -762,6 +771,7 @@ def summarize(
         "runs_p99_ms": [_num(r.get("p99_ms")) for r in results],
         "runs_loadavg_1m": [_num(r.get("loadavg")) for r in results],
         "runs_loop_stall_ms": [_num(r.get("loop_stall_ms")) for r in results],
+        "runs_loop_stall_gauge_ms": [_num(r.get("loop_stall_gauge_ms")) for r in results],
         "runs_stalls": [r.get("stalls") for r in results],
         "runs_gc": [r.get("gc") for r in results],
         "runs_jobs": [r.get("jobs") for r in results],
