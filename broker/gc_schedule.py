@@ -1,7 +1,7 @@
 """When Python's cyclic garbage collector runs in a broker process (`roarmq serve`; a broker
 run in-process, in someone's test suite, leaves its host's collector as it found it).
 
-A pass costs about 0.1 us for each tracked object it visits, and holds the event loop that
+A pass costs about 0.2 us for each tracked object it visits, and holds the event loop that
 long; what it visits is its generation and the younger ones. CPython starts a generation-0
 pass when tracked objects minus those freed since grow by its first threshold, so messages
 that come and go cost nothing; what triggers passes is objects that stay (queued messages,
@@ -10,10 +10,11 @@ stalls and the garbage collector"; measured in docs/benchmarks.md):
 
 - what start-up made (definitions, recovered messages: millions of objects, no garbage) is
   frozen once the broker listens, so no pass ever visits it;
-- generation 0: a pass per `GEN0` new objects, about 2 ms;
+- generation 0: a pass per `GEN0` new objects, a few ms (up to 9 ms measured with 101,000
+  queues: the young objects hold references to visit too);
 - generation 1: a pass per `GEN1` generation-0 passes, visiting at most the survivors of
-  those and the young (`GEN0 * (GEN1 + 1)`, about 12 ms when all of them survive, as in a
-  burst of declarations), where 50 let a pass visit a million (about 300 ms);
+  those and the young (`GEN0 * (GEN1 + 1)`: 20 ms measured while 101,000 queues, bindings
+  and consumers were declared, where 50 let a pass visit a million, 240 ms);
 - generation 2, every object not frozen (half a second with 100,000 queues, bindings and
   consumers): rare. CPython's own pass waits for `GEN2` generation-1 passes (and its rule
   that the objects promoted since the last one be a quarter of those it kept); before that,
