@@ -1006,9 +1006,42 @@ def loop_lag_ms(mgmt_port: int | None) -> float | None:
     return max(values) if values else None
 
 
+STALLS_PATH = "/api/diagnostics/stalls"
+
+
+def stall_log(mgmt_port: int | None, since: int = 0) -> dict[str, Any] | None:
+    """RoarMQ's GET /api/diagnostics/stalls (the stalls after id ``since``, each with what
+    explains it; the jobs' and the collector's times), or None where it has none (another
+    broker, an older tree, the probe off). As guest, an administrator on loopback."""
+    if not mgmt_port:
+        return None
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{mgmt_port}{STALLS_PATH}?since={since}",
+        headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="},  # guest:guest
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=15) as reply:
+            found = json.loads(reply.read())
+    except (OSError, ValueError):
+        return None
+    return found if found.get("probe_ms") else None
+
+
+def stall_summary(stall: dict[str, Any]) -> str:
+    """One stall in a few words: "16.2 ms GC gen1: 1 pass 15.8 ms"."""
+    return f"{stall['lag_ms']:.1f} ms {stall['cause']}"
+
+
 def machine_busy_s() -> float:
     """CPU seconds the whole machine was busy so far (/proc/stat, every CPU; idle and
     iowait excluded): with the CPU of the processes a benchmark knows, what others used."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_steal_s() -> float:
+    """CPU seconds the hypervisor kept this VM's CPUs from running so far (/proc/stat's
+    steal, every CPU): a loop stall off CPU and out of the run queue may be this."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return int(fields[7]) / os.sysconf("SC_CLK_TCK")

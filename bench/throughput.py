@@ -62,9 +62,15 @@ one binding. The default of 50,000 keys exceeds RoarMQ's default 10,000-key
 routing cache, so most lookups walk the trie.
 
 Every row also has: p99.9 and the slowest delivery; RoarMQ's longest event-loop stall
-during the scenario (``roarmq_event_loop_lag_max_seconds``: the lag of a 1 ms timer, read
-before and after; RoarMQ runs with its management API and that probe on, ``ROARMQ_OPTIONS``);
-and what other processes used (the machine's busy time from /proc/stat minus the broker's,
+during the scenario (the lag of a 1 ms timer; RoarMQ runs with its management API and that
+probe on, ``ROARMQ_OPTIONS``) and beside it each stall of 5 ms or more (the broker's
+``stall_threshold_ms``) with what explains it: GC passes, a periodic job, time off CPU (GET
+/api/diagnostics/stalls, read before and after the scenario; the JSON keeps every run's
+full list under ``runs_stalls``, the collector's passes in the scenario under ``runs_gc``,
+the jobs' run times under ``runs_jobs``). The longest stall is the longest of those in the
+scenario's window, or under 5 ms the ``roarmq_event_loop_lag_max_seconds`` gauge read before
+and after (``loop_stall_gauge_ms``: read alone it also holds the stall of the scrape that
+reset it, which ends after the reset); and what other processes used (the machine's busy time from /proc/stat minus the broker's,
 the load processes' and this script's CPU). A run in which others used more than
 ``OTHERS_LIMIT`` (0.25) cores is refused: its status says so and its rate is not reported
 (``measured_msgs_per_s`` in the JSON keeps it).
@@ -109,6 +115,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +134,10 @@ from harness import (  # brokers and processes, shared by every script in bench/
     loadavg,
     loop_lag_ms,
     machine_busy_s,
+    machine_steal_s,
     pinned,
+    stall_log,
+    stall_summary,
     sweep,
 )
 
@@ -405,8 +415,10 @@ def run_scenario(
     published: dict[str, Any] | None = None
     t_load: float | None = None
     broker_cpu = 0.0
-    kids0 = mine0 = busy0 = 0.0
+    kids0 = mine0 = busy0 = wall0 = wall1 = steal0 = 0.0
+    steal = None
     stall = None
+    before = after = None
     try:
         cons = procs.start(
             pinned(args.load_cpu, [*base, "consumer", "--port", str(port), "--scenario", blob]),
@@ -424,8 +436,12 @@ def run_scenario(
             )
             return {"status": f"failed: consumer not ready: {why}", "messages": 0}
         load = loadavg()
+        before = stall_log(broker.mgmt_port)  # the stalls and GC passes so far
         loop_lag_ms(broker.mgmt_port)  # reading it starts a new maximum
+        time.sleep(0.05)  # the probe's next tick records that scrape's own stall, if any
+        wall0 = time.time()  # stalls from here on are the scenario's (not our requests')
         kids0, mine0, busy0 = _children_cpu_s(), _own_cpu_s(), machine_busy_s()
+        steal0 = machine_steal_s()
         t_load = time.monotonic()
         cpu0 = group_cpu_s(broker.proc.pid)
         for blob_k in _publisher_settings(settings, sc):
@@ -441,7 +457,10 @@ def run_scenario(
             threading.Thread(target=_reader, args=(pub, pub_lines), daemon=True).start()
         consumed = _next_line(cons_lines, hard_deadline)
         broker_cpu = group_cpu_s(broker.proc.pid) - cpu0
+        wall1 = time.time()
+        steal = machine_steal_s() - steal0
         stall = loop_lag_ms(broker.mgmt_port)
+        after = stall_log(broker.mgmt_port, before["recorded"]) if before else None
         answers = [_next_line(pub_lines, hard_deadline) for _ in pubs]
         published = _merge_publishers([a for a in answers if a])
     finally:
@@ -449,6 +468,7 @@ def run_scenario(
             if proc is not None:
                 procs.stop(proc, grace=5)
         sweep(instance)
+    scenario_stalls = _in_window(after, wall0, wall1)
     others = None
     if t_load is not None:
         span = time.monotonic() - t_load
@@ -485,8 +505,14 @@ def run_scenario(
         "p99_ms": consumed["p99_ms"],
         "p999_ms": consumed.get("p999_ms"),
         "max_ms": consumed.get("max_ms"),
-        "loop_stall_ms": stall,  # RoarMQ: the longest event-loop stall (a 1 ms timer's lag)
+        # RoarMQ: the longest event-loop stall (a 1 ms timer's lag) in the scenario
+        "loop_stall_ms": _longest(stall, scenario_stalls, after),
+        "loop_stall_gauge_ms": stall,  # the gauge as read: it also holds our first scrape's
+        "stalls": scenario_stalls,  # RoarMQ: each one over its threshold
+        "gc": _gc_in_run(before, after),
+        "jobs": after["jobs"] if after else None,  # RoarMQ: each timed job's runs since start
         "others_cores": others,
+        "steal_s": steal,  # CPU seconds the hypervisor took from this VM in the scenario
         "broker_cpu_us_per_msg": broker_cpu / consumed["received"] * 1e6
         if consumed["received"]
         else None,
@@ -498,6 +524,43 @@ def run_scenario(
         "confirm_p99_ms": published.get("confirm_p99_ms") if published else None,
         "publisher": published,
     }
+
+
+def _in_window(log: dict[str, Any] | None, start: float, end: float) -> Any:
+    """The stalls the broker saw between ``start`` and ``end`` (wall clock, this machine's):
+    those of the scenario, not of our own requests for the stall log and the metrics."""
+    if log is None:
+        return None
+    return [s for s in log["stalls"] if start <= datetime.fromisoformat(s["at"]).timestamp() <= end]
+
+
+def _longest(gauge: float | None, stalls: list[dict] | None, log: dict | None) -> Any:
+    """The scenario's longest stall. The gauge, read before and after, also holds the stall
+    of the scrape that reset it (it ends after the reset, in a busy moment 10-20 ms); the
+    stall log has every stall over its threshold with its time, so where there is one the
+    longest in the scenario's window is the answer, and with none the gauge's value when
+    under the threshold (else only "under the threshold" is known: the threshold)."""
+    if stalls is None or log is None:
+        return gauge
+    if stalls:
+        return max(s["lag_ms"] for s in stalls)
+    return None if gauge is None else min(gauge, log["threshold_ms"])
+
+
+def _gc_in_run(before: dict[str, Any] | None, after: dict[str, Any] | None) -> Any:
+    """RoarMQ's collector passes during the scenario, per generation (from the stall log's
+    process-wide counts before and after), and the longest pass since the broker started."""
+    if not before or not after:
+        return None
+    return [
+        {
+            "generation": b["generation"],
+            "collections": a["collections"] - b["collections"],
+            "pause_total_ms": round(a["pause_total_ms"] - b["pause_total_ms"], 3),
+            "pause_max_ms_since_start": a["pause_max_ms"],
+        }
+        for b, a in zip(before["gc"]["generations"], after["gc"]["generations"], strict=True)
+    ]
 
 
 # -- report --------------------------------------------------------------------------
@@ -532,6 +595,40 @@ def confirm_latency(row: dict[str, Any]) -> str:
     return f"{p50:,.1f} / {p99:,.1f}"
 
 
+def stall_causes(stalls: list[dict[str, Any]] | None) -> str:
+    """A row's stalls of 5 ms or more, short: "16.2 gc, 6.0 run_queue", or past four of them
+    per kind: "31: run_queue 29 (longest 8.3), blocked 2 (9.9)" ("-": not measured)."""
+    if stalls is None:
+        return "-"
+    if not stalls:
+        return "none"
+    if len(stalls) <= 4:
+        return ", ".join(f"{s['lag_ms']:.1f} {s['kind']}" for s in stalls)
+    kinds: dict[str, list[float]] = {}
+    for s in stalls:
+        kinds.setdefault(s["kind"], []).append(s["lag_ms"])
+    return f"{len(stalls)}: " + ", ".join(
+        f"{kind} {len(lags)} ({'longest ' if i == 0 else ''}{max(lags):.1f})"
+        for i, (kind, lags) in enumerate(sorted(kinds.items(), key=lambda k: -len(k[1])))
+    )
+
+
+def stall_list(rows: list[dict[str, Any]]) -> list[str]:
+    """Every RoarMQ run's stalls of 5 ms or more, each with its cause."""
+    out = []
+    for r in rows:
+        for k, stalls in enumerate(r.get("runs_stalls") or [], 1):
+            for s in stalls or []:
+                out.append(f"- {r['scenario']}, run {k}: {stall_summary(s)}")
+    if not out:
+        return []
+    return [
+        "",
+        "RoarMQ's event-loop stalls of 5 ms or more, each run, with what explains them:",
+        *out,
+    ]
+
+
 def table(rows: list[dict[str, Any]], repeat: int, quick: bool = False) -> str:
     others = [k for k in ALL_BROKERS[1:] if any(r["broker"] == k for r in rows)]
     head = [
@@ -546,6 +643,7 @@ def table(rows: list[dict[str, Any]], repeat: int, quick: bool = False) -> str:
         *(f"RoarMQ/{LABEL[k]}" for k in others),
         "broker CPU us/delivery",
         "loop stall ms",
+        "stalls >= 5 ms",
         "others, cores",
         "consumer CPU %",
     ]
@@ -595,12 +693,14 @@ def table(rows: list[dict[str, Any]], repeat: int, quick: bool = False) -> str:
                     *ratios,
                     fmt(r.get("broker_cpu_us_per_msg"), 1),
                     fmt(r.get("loop_stall_ms"), 1),
+                    stall_causes(r.get("stalls")),
                     fmt(r.get("others_cores"), 2),
                     fmt(r.get("consumer_cpu_pct"), 0),
                 ]
             )
             + " |"
         )
+    out += stall_list(rows)
     binding = [r for r in rows if (r.get("bindings") or 0) >= 1000]
     if binding:  # how fast each broker took the scenario's bindings (pipelined queue.bind)
         out += [
@@ -661,6 +761,8 @@ def summarize(
         "p999_ms": _num(pick.get("p999_ms")),
         "max_ms": _num(pick.get("max_ms")),
         "loop_stall_ms": _num(pick.get("loop_stall_ms")),
+        "stalls": pick.get("stalls"),  # RoarMQ: the picked run's stalls over the threshold
+        "gc": pick.get("gc"),
         "others_cores": _num(pick.get("others_cores")),
         "confirm_p50_ms": _num(pick.get("confirm_p50_ms")),  # scenarios with confirms
         "confirm_p99_ms": _num(pick.get("confirm_p99_ms")),
@@ -668,6 +770,12 @@ def summarize(
         "runs_p50_ms": [_num(r.get("p50_ms")) for r in results],
         "runs_p99_ms": [_num(r.get("p99_ms")) for r in results],
         "runs_loadavg_1m": [_num(r.get("loadavg")) for r in results],
+        "runs_loop_stall_ms": [_num(r.get("loop_stall_ms")) for r in results],
+        "runs_loop_stall_gauge_ms": [_num(r.get("loop_stall_gauge_ms")) for r in results],
+        "runs_stalls": [r.get("stalls") for r in results],
+        "runs_gc": [r.get("gc") for r in results],
+        "runs_jobs": [r.get("jobs") for r in results],
+        "runs_steal_s": [_num(r.get("steal_s")) for r in results],
     }
 
 
@@ -777,7 +885,8 @@ def main() -> int:
             f"broker {fmt(_num(result.get('broker_cpu_us_per_msg')), 1)} us/dlv  "
             f"consumer {fmt(_num(result.get('consumer_cpu_pct')), 0)}% CPU  "
             + (f"paced {fmt(_num(result.get('publish_rate')), 0)}/s  " if sc.rate else "")
-            + f"load {fmt(_num(result.get('loadavg')), 2)}  {result['status']}",
+            + f"load {fmt(_num(result.get('loadavg')), 2)}  {result['status']}"
+            + "".join(f"\n      stall {stall_summary(x)}" for x in result.get("stalls") or []),
             flush=True,
         )
 

@@ -23,6 +23,10 @@ CPU time over the window / messages consumed), the generator's CPU, what other p
 used (the machine's busy time less those two: on a shared machine, read the rates with it),
 and RoarMQ / RabbitMQ.
 ``--repeat N`` runs each broker N times, alternating, and reports the median by msg/s.
+``--probe`` runs RoarMQ with its management API and loop-lag probe on and reports, after the
+set-up (declarations and bindings) and at the end, its collector's passes per generation
+(count, total and longest pause) and its event-loop stalls of 5 ms or more by what explains
+them, the longest few with their causes (GET /api/diagnostics/stalls).
 """
 
 from __future__ import annotations
@@ -45,12 +49,17 @@ from harness import (
     group_cpu_s,
     loadavg,
     machine_busy_s,
+    stall_log,
+    stall_summary,
 )
 from overload import Child, build_generator
 
 
 def run_once(kind: str, procs: Procs, binary: Path, args: argparse.Namespace, src: Path) -> dict:
     options: dict[str, Any] = {"src": src} if kind == "roarmq" else {"schedulers": 1}
+    if kind == "roarmq" and args.probe:
+        options.update(management=True, lag_probe=True)
+    logs: dict[str, Any] = {}
     tag = uuid.uuid4().hex[:6]
     queue, exchange = f"topic27.{tag}.q", f"topic27.{tag}.x"
     spec = {
@@ -74,11 +83,13 @@ def run_once(kind: str, procs: Procs, binary: Path, args: argparse.Namespace, sr
             t_setup = time.monotonic()
             load.expect("ready", args.setup_timeout)
             setup_s = time.monotonic() - t_setup
+            logs["set-up"] = stall_log(running.mgmt_port)
             time.sleep(args.warmup)
             cpu0, t0, busy0 = group_cpu_s(running.proc.pid), time.monotonic(), machine_busy_s()
             load.expect("window_end", args.window + 30)
             cpu1, t1, busy1 = group_cpu_s(running.proc.pid), time.monotonic(), machine_busy_s()
             result = load.expect("window_s", 60)
+            logs["end"] = stall_log(running.mgmt_port)
         finally:
             load.stop()
         alive = running.proc.poll() is None
@@ -101,7 +112,27 @@ def run_once(kind: str, procs: Procs, binary: Path, args: argparse.Namespace, sr
         "p99_ms": result["groups"]["c"].get("p99_ms"),
         "loadavg": loadavg(),
         "errors": [c["error"] for c in result["consumers"] + result["publishers"] if c["error"]],
+        "stall_logs": logs if any(logs.values()) else None,
     }
+
+
+def probe_report(row: dict[str, Any]) -> list[str]:
+    """With --probe: RoarMQ's collector passes and loop stalls after set-up and at the end."""
+    out = []
+    for phase, log in (row.get("stall_logs") or {}).items():
+        if not log:
+            continue
+        gens = "; ".join(
+            f"gen{g['generation']} {g['collections']} passes {g['pause_total_ms']:,.0f} ms, "
+            f"longest {g['pause_max_ms']:,.1f} ms"
+            for g in log["gc"]["generations"]
+        )
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(log["by_kind"].items()))
+        out.append(f"  at {phase}: GC {gens}; stalls >= {log['threshold_ms']:g} ms: {kinds}")
+    end = (row.get("stall_logs") or {}).get("end")
+    for s in sorted(end["stalls"] if end else [], key=lambda s: -s["lag_ms"])[:5]:
+        out.append(f"    {stall_summary(s)}")
+    return out
 
 
 def main() -> int:
@@ -123,6 +154,11 @@ def main() -> int:
     p.add_argument("--setup-timeout", type=float, default=300.0)
     p.add_argument("--broker-cpu", type=int, default=0)
     p.add_argument("--load-cpu", type=int, default=1)
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="RoarMQ with its loop-lag probe: report its GC passes and loop stalls",
+    )
     p.add_argument(
         "--roarmq-rev", help="run RoarMQ from `git archive REV`, compiled (a 'before' figure)"
     )
@@ -152,6 +188,8 @@ def main() -> int:
                         f"{row['status']} {row['errors'] or ''}",
                         flush=True,
                     )
+                    for line in probe_report(row):
+                        print(line, flush=True)
         finally:
             procs.stop_all()
     median = {

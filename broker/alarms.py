@@ -173,46 +173,8 @@ class ResourceMonitor:
         self._later(DISK, DISK_CHECK / 10 if near else DISK_CHECK, self._check_disk)
 
 
-class LoopLag:
-    """How late the event loop runs a timer due every `interval` seconds: its longest stall.
-
-    Off unless `[diagnostics] loop_lag_probe_ms` is set (a 1 ms timer costs about 1% of a
-    core); benchmarks turn it on and read `roarmq_event_loop_lag_max_seconds`.
-    """
-
-    def __init__(self, loop: Any, interval: float) -> None:
-        self.loop = loop
-        self.interval = interval
-        self.max_lag = 0.0  # since the last `take_max`
-        self._due = 0.0
-        self._timer: Any = None
-
-    def start(self) -> None:
-        self._due = self.loop.time() + self.interval
-        self._timer = self.loop.call_at(self._due, self._tick)
-
-    def _tick(self) -> None:
-        now = self.loop.time()
-        lag = now - self._due
-        if lag > self.max_lag:
-            self.max_lag = lag
-        self._due = now + self.interval
-        self._timer = self.loop.call_at(self._due, self._tick)
-
-    def take_max(self) -> float:
-        """The longest stall since the last call (a scrape)."""
-        lag, self.max_lag = self.max_lag, 0.0
-        return lag
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
 __all__ = [
     "DISK",
-    "LoopLag",
     "MEMORY",
     "ResourceMonitor",
     "resident_bytes",

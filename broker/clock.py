@@ -12,7 +12,10 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .stalls import JobTimes
 
 
 class TimerHandle(Protocol):
@@ -20,10 +23,16 @@ class TimerHandle(Protocol):
 
 
 class Clock:
-    """Real time, driven by the running event loop."""
+    """Real time, driven by the running event loop.
+
+    With the loop-lag probe on, `jobs` is set and every callback scheduled here runs through
+    `JobTimes.run`, so a stall can name the timer or slice of background work that held the
+    loop (broker/stalls.py); otherwise the callback is handed to the loop as it is.
+    """
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.jobs: JobTimes | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -45,10 +54,20 @@ class Clock:
         return time.monotonic()
 
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
+        if self.jobs is not None:
+            return self.loop.call_later(max(0.0, delay), self.jobs.run, callback, *args)
         return self.loop.call_later(max(0.0, delay), callback, *args)
 
     def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
+        if self.jobs is not None:
+            return self.loop.call_at(when, self.jobs.run, callback, *args)
         return self.loop.call_at(when, callback, *args)
+
+    def call_soon(self, callback: Callable[..., Any], *args: Any) -> TimerHandle:
+        """On the next loop turn (a slice of background work); real even with a VirtualClock."""
+        if self.jobs is not None:
+            return self.loop.call_soon(self.jobs.run, callback, *args)
+        return self.loop.call_soon(callback, *args)
 
 
 class _VirtualTimer:

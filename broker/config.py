@@ -117,6 +117,8 @@ class ArchiveConfig:
 @dataclass(frozen=True, slots=True)
 class DiagnosticsConfig:
     loop_lag_probe_ms: int = 0  # 0: off; else a timer this often measures event-loop stalls
+    # With the probe on: stalls this long or longer are kept, explained and logged
+    stall_threshold_ms: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -615,7 +617,10 @@ def parse_config(data: dict[str, Any]) -> Config:
         data,
         "diagnostics",
         DiagnosticsConfig,
-        {"loop_lag_probe_ms": lambda k, v: _int(k, v, 0, 60_000)},
+        {
+            "loop_lag_probe_ms": lambda k, v: _int(k, v, 0, 60_000),
+            "stall_threshold_ms": lambda k, v: _number(k, v, 0, 60_000),
+        },
     )
 
     users = _users(_array_of_tables(data, "users"))

@@ -30,6 +30,7 @@ from prometheus_client.core import (
 )
 
 from . import __version__
+from .stalls import GC_BUCKETS, GC_WATCH, STALL_KINDS
 from .store.segments import FSYNC_BUCKETS
 from .stream import metric_families as stream_families
 
@@ -164,7 +165,8 @@ def queue_counts(q: Any) -> dict[str, int]:
 class QueueSums:
     """Every queue's counters added up, deleted queues' included: `queue_counts` reads it as
     it reads one queue. With `queue_type`, `queues` are that type's and only that type's
-    deleted queues are added."""
+    deleted queues are added. `add` adds more queues (the rate sampler sums the queues as
+    it walks them, a slice a loop turn, instead of in one go)."""
 
     def __init__(self, broker: Broker, queues: list[Queue], queue_type: str | None = None) -> None:
         retired = broker.totals.retired
@@ -173,16 +175,22 @@ class QueueSums:
             past = sum(k.get(name, 0) for k in kinds)
             setattr(self, name, past + sum(map(attrgetter(name), queues)))
 
+    def add(self, queues: list[Queue]) -> None:
+        for name in QUEUE_COUNTERS:
+            setattr(self, name, getattr(self, name) + sum(map(attrgetter(name), queues)))
 
-def global_counts(broker: Broker) -> dict[str, int]:
-    """The broker's message totals since start, in RabbitMQ's `message_stats` names."""
+
+def global_counts(broker: Broker, queues: QueueSums | None = None) -> dict[str, int]:
+    """The broker's message totals since start, in RabbitMQ's `message_stats` names
+    (`queues`: every queue's counters already summed)."""
     t: Totals = broker.totals
     vhosts = list(broker.vhosts.values())
-    queues = [q for v in vhosts for q in v.queues.values()]
+    if queues is None:
+        queues = QueueSums(broker, [q for v in vhosts for q in v.queues.values()])
     exchanges = [x for v in vhosts for x in v.exchanges.values()]
     received = t.received + sum(x.stats_in for x in exchanges)
     unroutable = t.unroutable + sum(x.stats_unroutable for x in exchanges)
-    counts = queue_counts(QueueSums(broker, queues))
+    counts = queue_counts(queues)
     return {
         "publish": received,
         "confirm": t.confirmed,
@@ -241,6 +249,63 @@ def _archive_drops(archive: Any) -> Iterator[Any]:
     )
 
 
+def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:
+    """A histogram's buckets as Prometheus has them: per upper bound (the last +Inf), how many
+    observations were at most that (`counts` holds each bucket's own, the last over the top)."""
+    running, buckets = 0, []
+    for bound, n in zip((*bounds, float("inf")), counts, strict=True):
+        running += n
+        buckets.append(("+Inf" if bound == float("inf") else str(bound), running))
+    return buckets
+
+
+#: The collector's families with one series per generation: (type, name, help, the
+#: GcGeneration field it reads).
+GC_FAMILIES = (
+    (CounterMetricFamily, "roarmq_gc_collections", "Garbage collector passes", "collections"),
+    (
+        GaugeMetricFamily,
+        "roarmq_gc_pause_max_seconds",
+        "Longest garbage collector pass since start",
+        "longest",
+    ),
+    (
+        CounterMetricFamily,
+        "roarmq_gc_objects_collected",
+        "Objects the collector freed",
+        "collected",
+    ),
+    (
+        CounterMetricFamily,
+        "roarmq_gc_objects_uncollectable",
+        "Objects the collector found unreachable but could not free",
+        "uncollectable",
+    ),
+)
+
+
+def _gc_families() -> Iterator[Any]:
+    """The cyclic garbage collector's passes by generation (broker/stalls.py's GcWatch: the
+    whole process's, since the first broker in it started). Not what gc.freeze() holds:
+    counting it walks the frozen list, a millisecond per 30,000 objects, on the loop."""
+    gens = list(enumerate(GC_WATCH.generations))
+    for kind, name, doc, field in GC_FAMILIES:
+        family = kind(name, doc, labels=["generation"])
+        for generation, g in gens:
+            family.add_metric([str(generation)], getattr(g, field))
+        yield family
+    pauses = HistogramMetricFamily(
+        "roarmq_gc_pause_seconds",
+        "How long each garbage collector pass held the process",
+        labels=["generation"],
+    )
+    for generation, g in gens:
+        pauses.add_metric(
+            [str(generation)], _cumulative(GC_BUCKETS, g.buckets), sum_value=g.seconds
+        )
+    yield pauses
+
+
 class _Collector:
     """Read at scrape time; `per_object` adds a series per queue or exchange."""
 
@@ -280,15 +345,10 @@ class RoarCollector(_Collector):
         store = b.store
         log = getattr(store, "log", None)
         if log is not None:
-            buckets = []
-            running = 0
-            for bound, n in zip((*FSYNC_BUCKETS, float("inf")), log.fsync_buckets, strict=True):
-                running += n
-                buckets.append(("+Inf" if bound == float("inf") else str(bound), running))
             histogram = HistogramMetricFamily(
                 "roarmq_store_fsync_seconds",
                 "fdatasync latency of the message store's group commits",
-                buckets=buckets,
+                buckets=_cumulative(FSYNC_BUCKETS, log.fsync_buckets),
                 sum_value=log.fsync_seconds,
             )
             yield histogram
@@ -390,6 +450,16 @@ class RoarCollector(_Collector):
                 "Longest event-loop stall since the last scrape ([diagnostics] loop_lag_probe_ms)",
                 value=b.loop_lag.take_max(),
             )
+            stalls = CounterMetricFamily(
+                "roarmq_event_loop_stalls",
+                "Event-loop stalls of [diagnostics] stall_threshold_ms or more, by what explains "
+                "them (GET /api/diagnostics/stalls has each)",
+                labels=["kind"],
+            )
+            for kind in STALL_KINDS:
+                stalls.add_metric([kind], b.loop_lag.by_kind.get(kind, 0))
+            yield stalls
+        yield from _gc_families()
         if not self.per_object:
             return
         ready = GaugeMetricFamily(

@@ -231,7 +231,7 @@ class Persistence:
         deletes at once: UNBIND_BATCH) one write a loop turn."""
         if not self._unbinding:
             self._unbinding = True
-            self.broker.clock.loop.call_soon(self._unbind_more)
+            self.broker.clock.call_soon(self._unbind_more)
 
     def _unbind_more(self) -> None:
         self._unbinding = False

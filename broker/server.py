@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from roarmq.protocol.tables import RECURSION_LIMIT
 
 from . import __version__
-from .alarms import CLUSTER, DISK, LoopLag, ResourceMonitor
+from .alarms import CLUSTER, DISK, ResourceMonitor
 from .auth import NO_PERMISSION, Authenticator
 from .clock import Clock
 from .config import Config
@@ -28,6 +28,7 @@ from .logs import NOTICE
 from .metrics import Totals
 from .persistence import Persistence
 from .policy import PolicyError, make_policy
+from .stalls import GC_WATCH, JobTimes, LoopLag
 from .store.messages import MessageStore
 from .stream import close_all as close_streams
 from .tls import TlsListener, server_context
@@ -92,6 +93,8 @@ class Broker:
         self.alarms: set[str] = set()  # resource alarms set now ("memory", "disk")
         self.resources = ResourceMonitor(self)
         self.loop_lag: LoopLag | None = None  # [diagnostics] loop_lag_probe_ms
+        #: broker/gc_schedule.py's GcSchedule in a `roarmq serve` process (None in-process)
+        self.gc_schedule: Any = None
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
         self._servers: list[asyncio.base_events.Server] = []
@@ -125,12 +128,21 @@ class Broker:
         loop = asyncio.get_running_loop()
         self.clock.loop  # bind the clock to this loop  # noqa: B018
         self.started_at = self.clock.wall()
-        self._open_message_store(loop)
+        GC_WATCH.install()  # the roarmq_gc_* metrics: always on
+        self._open_message_store(loop)  # recovery holds the loop: before the probe starts
         self.resources.start()
-        probe_ms = self.config.diagnostics.loop_lag_probe_ms
-        if probe_ms:
-            self.loop_lag = LoopLag(loop, probe_ms / 1000)
-            self.loop_lag.start()
+        diagnostics = self.config.diagnostics
+        if diagnostics.loop_lag_probe_ms:  # started once start-up is over, below
+            jobs = self.clock.jobs = JobTimes()  # timers, slices and store callbacks timed
+            self.persistence.definitions.jobs = jobs
+            if self.store is not None:
+                self.store.jobs = jobs
+            self.loop_lag = LoopLag(
+                loop,
+                diagnostics.loop_lag_probe_ms / 1000,
+                diagnostics.stall_threshold_ms / 1000,
+                jobs=jobs,
+            )
         if self.config.archive.enabled:
             from .archive import Archive
 
@@ -162,6 +174,8 @@ class Broker:
             scheme = "https" if self.config.management.tls.enabled else "http"
             where.append(f"management {scheme}://{self.config.management.bind}:{self.mgmt_port}")
         log.log(NOTICE, "RoarMQ %s: %s", __version__, ", ".join(where))
+        if self.loop_lag is not None:
+            self.loop_lag.start()
 
     async def _listen(self, factory: Callable[[], asyncio.Protocol]) -> None:
         """The plain listener on every [amqp] address; port 0 picks one free port for all."""
@@ -326,6 +340,7 @@ class Broker:
         self.resources.stop()
         if self.loop_lag is not None:
             self.loop_lag.stop()
+        GC_WATCH.uninstall()
         for server in self._servers:
             server.close()
         if self.tls is not None:

@@ -326,7 +326,7 @@ class VirtualHost:
         if not index.to_sweep() or index in self._sweeping:
             return
         if not self._sweeping:
-            self.clock.loop.call_soon(self._sweep)
+            self.clock.call_soon(self._sweep)
         self._sweeping[index] = None
 
     def _sweep(self) -> None:
@@ -338,7 +338,7 @@ class VirtualHost:
             if not index.to_sweep():
                 del sweeping[index]
         if sweeping:
-            self.clock.loop.call_soon(self._sweep)
+            self.clock.call_soon(self._sweep)
 
     # -- queues ---------------------------------------------------------------------
 

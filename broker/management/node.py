@@ -4,6 +4,7 @@ and the Prometheus scrape."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from .. import __version__
 from ..message import Message
 from ..metrics import churn_counts, global_counts
 from ..routing import EXCHANGE_TYPES
+from ..stalls import GC_WATCH
 from .context import SERVER, bad_request, broker_of, not_found, rates_of, sees_vhost, vhosts_of
 from .definitions import RABBITMQ_API_VERSION, export_definitions
 
@@ -237,3 +239,54 @@ async def archive_roll(request: web.Request) -> web.Response:
     except RuntimeError as exc:  # closing with the broker
         raise bad_request(f"the archive cannot roll now: {exc}") from None
     return web.json_response({**result, "dir": str(archive.root.resolve())})
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+async def stalls(request: web.Request) -> web.Response:
+    """GET /api/diagnostics/stalls[?since=ID]: the event-loop stalls the probe kept (those
+    after stall ID), the jobs' run times and the collector's passes (docs/operations.md)."""
+    b = broker_of(request)
+    diagnostics = b.config.diagnostics
+    since = request.query.get("since", "0")
+    if not since.isdigit():
+        raise bad_request("since: must be a stall id (a whole number)")
+    lag, jobs = b.loop_lag, b.clock.jobs
+    kept = [s.as_json() for s in lag.stalls if s.id > int(since)] if lag is not None else []
+    return web.json_response(
+        {
+            "probe_ms": diagnostics.loop_lag_probe_ms if lag is not None else 0,
+            "threshold_ms": diagnostics.stall_threshold_ms,
+            "recorded": lag.recorded if lag is not None else 0,
+            "by_kind": dict(lag.by_kind) if lag is not None else {},
+            "stalls": kept,
+            "jobs": sorted(
+                (
+                    {"name": name, "runs": runs, "total_ms": _ms(total), "max_ms": _ms(most)}
+                    for name, (runs, total, most) in (jobs.jobs.items() if jobs else ())
+                ),
+                key=lambda j: -j["max_ms"],
+            ),
+            "gc": {
+                "idle_passes": b.gc_schedule.idle_passes if b.gc_schedule else None,
+                "thresholds": list(gc.get_threshold()),
+                "pending": list(gc.get_count()),
+                # start-up's objects frozen (a `roarmq serve` process); never counted here:
+                # gc.get_freeze_count() walks the whole frozen list (ms per 30,000 objects)
+                "frozen_at_start": b.gc_schedule is not None,
+                "generations": [
+                    {
+                        "generation": n,
+                        "collections": g.collections,
+                        "pause_total_ms": _ms(g.seconds),
+                        "pause_max_ms": _ms(g.longest),
+                        "collected": g.collected,
+                        "uncollectable": g.uncollectable,
+                    }
+                    for n, g in enumerate(GC_WATCH.generations)
+                ],
+            },
+        }
+    )

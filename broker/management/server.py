@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ ADMIN_ONLY = (
     ("*", "/api/archive"),
     ("POST", "/api/vhosts"),  # .../leader: move a vhost's leadership (cluster)
     ("DELETE", "/api/nodes"),  # forget a node (cluster)
+    ("*", "/api/diagnostics"),  # loop stalls, GC, job times: what the broker's internals did
 )
 
 #: Reads that need the monitoring tag (or administrator): RabbitMQ's "Not monitor user".
@@ -84,6 +86,26 @@ def _refusal(method: str, path: str, tags: Any) -> str | None:
     ):
         return "Not policymaker user"
     return None
+
+
+def _route(request: web.Request) -> str:
+    """A request as a job's name: its method and route, never its own path (names stay few)."""
+    resource = request.match_info.route.resource
+    return f"management {request.method} {resource.canonical if resource else '(no route)'}"
+
+
+@web.middleware
+async def _timed(request: web.Request, handler: Any) -> web.StreamResponse:
+    """With the loop-lag probe on, each request is a job of the stall attribution
+    (broker/stalls.py); its time includes what it awaited, not only its time on the loop."""
+    jobs = broker_of(request).clock.jobs
+    if jobs is None:
+        return await handler(request)
+    start = time.perf_counter()
+    try:
+        return await handler(request)
+    finally:
+        jobs.note(_route(request), start, time.perf_counter())
 
 
 @web.middleware
@@ -275,6 +297,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_delete("/api/nodes/{name}", cluster.forget_node)
     router.add_get("/api/queue-arguments", console.queue_arguments)
     router.add_post("/api/queues/{vhost}/{name}/move", console.move_messages)
+    router.add_get("/api/diagnostics/stalls", node.stalls)
 
 
 class ManagementServer:
@@ -293,6 +316,7 @@ class ManagementServer:
         self._runner: web.AppRunner | None = None
         app = web.Application(
             middlewares=[
+                _timed,
                 _errors,
                 _no_browser_prompt,
                 _auth,

@@ -19,6 +19,7 @@ import logging
 import os
 import sqlite3
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,6 +237,9 @@ class DefinitionStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db: sqlite3.Connection | None = None
         self._depth = 0  # writing() blocks open: the outermost one commits
+        #: The broker's JobTimes while its loop-lag probe is on: each write is a job of the
+        #: stall attribution (broker/stalls.py), commit and WAL checkpoint included.
+        self.jobs: Any = None
         self._db = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -291,6 +295,7 @@ class DefinitionStore:
             return
         db = self._open(operation)
         self._depth = 1
+        started = time.perf_counter()
         try:
             db.execute("BEGIN IMMEDIATE")
             yield
@@ -303,6 +308,8 @@ class DefinitionStore:
             raise
         finally:
             self._depth = 0
+            if self.jobs is not None:
+                self.jobs.note("definitions store write", started, time.perf_counter())
 
     def _rollback(self) -> None:
         db = self._db

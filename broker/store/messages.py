@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..channel import Channel
     from ..message import Message
     from ..queue import Queue
+    from ..stalls import JobTimes
 
 log = logging.getLogger("roarmq.store")
 
@@ -296,6 +297,9 @@ class MessageStore:
         self._urgent = 0  # the last token whose record waits for its fsync (a publish)
         self._synced_upto = 0  # the last token `_synced` was told of
         self._ack_timer: Any = None  # ACK_SYNC_DELAY's timer, while one is set
+        #: The broker's JobTimes while its loop-lag probe is on: the loop callbacks below
+        #: run through it, so a stall can name them (broker/stalls.py).
+        self.jobs: JobTimes | None = None
         self.failed: BaseException | None = None
         #: Ack and delivery markers made while the log was failed: (kind, queue id, msg id,
         #: segment of the message's publish record), written by resume().
@@ -350,7 +354,7 @@ class MessageStore:
     def _want_sync_soon(self) -> None:
         """Records nobody waits for: synced with the next batch, at most ACK_SYNC_DELAY on."""
         if not self._sync_requested and self._ack_timer is None:
-            self._ack_timer = self.loop.call_later(ACK_SYNC_DELAY, self._ack_sync_due)
+            self._ack_timer = self._later(ACK_SYNC_DELAY, self._ack_sync_due)
 
     def _ack_sync_due(self) -> None:
         self._ack_timer = None
@@ -420,14 +424,25 @@ class MessageStore:
 
     # -- writer-thread callbacks, marshalled to the loop ---------------------------------
 
+    def _later(self, delay: float, callback: Any) -> Any:
+        if self.jobs is not None:
+            return self.loop.call_later(delay, self.jobs.run, callback)
+        return self.loop.call_later(delay, callback)
+
+    def _from_writer(self, callback: Any, arg: Any) -> None:
+        if self.jobs is not None:
+            self.loop.call_soon_threadsafe(self.jobs.run, callback, arg)
+        else:
+            self.loop.call_soon_threadsafe(callback, arg)
+
     def _synced_from_writer(self, token: int) -> None:
-        self.loop.call_soon_threadsafe(self._synced, token)
+        self._from_writer(self._synced, token)
 
     def _error_from_writer(self, exc: BaseException) -> None:
-        self.loop.call_soon_threadsafe(self._failed, exc)
+        self._from_writer(self._failed, exc)
 
     def _deleted_from_writer(self, segment: int) -> None:
-        self.loop.call_soon_threadsafe(self._segment_deleted, segment)
+        self._from_writer(self._segment_deleted, segment)
 
     def _synced(self, token: int) -> None:
         self._sync_requested = False
