@@ -219,6 +219,7 @@ async def _measure(broker: Broker, scenario: str, messages: int, profile: bool) 
 
 
 def main() -> int:
+    global UNSEEN_BINDINGS, UNSEEN_LITERALS, UNSEEN_KEYS  # --unseen sets them
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--json", default="bench/results/hotpath.json")
@@ -229,7 +230,16 @@ def main() -> int:
         help="comma-separated, run in this order",
     )
     parser.add_argument("--repeat", type=int, default=1, help="run the list this many times")
+    parser.add_argument(
+        "--unseen",
+        type=int,
+        default=UNSEEN_BINDINGS,
+        metavar="N",
+        help="topic-unseen's wildcard bindings and keys (literals: N/100); a smaller N fits "
+        "callgrind's cache simulation (docs/benchmarks.md, 'Cold topic routes')",
+    )
     args = parser.parse_args()
+    UNSEEN_BINDINGS, UNSEEN_LITERALS, UNSEEN_KEYS = args.unseen, args.unseen // 100, args.unseen
     scenarios = args.scenarios.split(",") * args.repeat
     if args.profile:
         asyncio.run(measure(args.profile, args.messages, True))
