@@ -487,16 +487,19 @@ def status(api: Api, a: argparse.Namespace) -> str:
     return "\n".join(f"{k.ljust(width)}  {_cell(v)}" for k, v in rows)
 
 
-def _wait_for_leader(api: Api, vhost: str, node: str, timeout: float = 20.0) -> bool:
+def _wait_for_leader(api: Api, vhost: str, node: str, timeout: float = 20.0) -> str | None:
+    """None once `node` leads the vhost; else the leader last seen (None too if none)."""
     deadline = time.monotonic() + timeout
+    seen = None
     while time.monotonic() < deadline:
         try:
-            if api.call("GET", f"/api/vhosts/{q(vhost)}").get("leader") == node:
-                return True
+            seen = api.call("GET", f"/api/vhosts/{q(vhost)}").get("leader")
+            if seen == node:
+                return None
         except CtlError:
             pass  # the node asked may itself be between leaders
         time.sleep(0.1)
-    return False
+    return seen or "no node"
 
 
 def move_vhost_leader(api: Api, a: argparse.Namespace) -> str:
@@ -508,8 +511,12 @@ def move_vhost_leader(api: Api, a: argparse.Namespace) -> str:
         if exc.status == 404 or exc.status == 405:
             raise CtlError(f"no vhost '{a.vhost}', or this broker is not a cluster") from None
         raise CtlError(f"cannot move vhost '{a.vhost}' to node '{a.node}': {exc.reason}") from None
-    if not _wait_for_leader(api, a.vhost, a.node):
-        raise CtlError(f"vhost '{a.vhost}': node '{a.node}' has not taken over after 20 s")
+    other = _wait_for_leader(api, a.vhost, a.node)
+    if other is not None:
+        raise CtlError(
+            f"vhost '{a.vhost}': node '{a.node}' has not taken over after 20 s"
+            f" (the leader is {other if other == 'no node' else repr(other)})"
+        )
     return f'Moving the leadership of vhost "{a.vhost}" to node "{a.node}" ... done'
 
 

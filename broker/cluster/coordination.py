@@ -80,7 +80,7 @@ class Coordinator:
         name: str = "roarmq",
         lease_ttl: int = 5,
         replicas: int = 3,
-        campaign_grace: float = 0.5,
+        campaign_grace: float | None = None,
     ) -> None:
         self.client = client
         self.node = node
@@ -89,9 +89,12 @@ class Coordinator:
         self.prefix = f"/{name}"
         self.lease_ttl = lease_ttl
         self.replicas = replicas
-        # A candidate other than the preferred leader waits this long before campaigning
-        # while the preferred one is a live member, so placement decides who leads.
-        self.campaign_grace = campaign_grace
+        # A candidate other than the preferred leader waits up to this long before
+        # campaigning while the preferred one is live and in sync, so placement (or a
+        # move_vhost_leader) decides who leads. By default a lease's TTL: a preferred node
+        # that cannot win within it is waited for no longer than a dead leader would be,
+        # and a busy one (a loaded machine can hold its loop for a second) still wins.
+        self.campaign_grace = float(lease_ttl) if campaign_grace is None else campaign_grace
         #: More of this node's facts for its membership key (the broker's ports).
         self.info: dict[str, object] = {}
         self.fencing = Fencing(lease_ttl)
@@ -410,16 +413,20 @@ class Coordinator:
 
     async def _campaign_soon(self, vhost: str) -> None:
         try:
-            preferred = (self.vhost_members(vhost) or [self.node])[0]
-            if preferred != self.node and preferred in self.members():
-                # Wait for the preferred node, unless placement makes this node the
-                # preferred one meanwhile (a move back to it): then at once.
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + self.campaign_grace
-                while loop.time() < deadline:
-                    await asyncio.sleep(min(0.05, self.campaign_grace))
-                    if (self.vhost_members(vhost) or [self.node])[0] == self.node:
-                        break
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.campaign_grace
+            while loop.time() < deadline and self.leader(vhost) is None:
+                # Wait while the preferred node could win (live and in sync); at once when
+                # placement makes this node the preferred one (a move back to it), or the
+                # preferred one dies or leaves the in-sync set.
+                preferred = (self.vhost_members(vhost) or [self.node])[0]
+                if (
+                    preferred == self.node
+                    or preferred not in self.members()
+                    or preferred not in self.in_sync(vhost)
+                ):
+                    break
+                await asyncio.sleep(min(0.05, self.campaign_grace))
             if self.leader(vhost) is None and vhost in self.following:
                 try:
                     await self.campaign(vhost)

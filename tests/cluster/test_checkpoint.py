@@ -186,7 +186,9 @@ def test_leadership_away_and_back_in_one_process_recovers_no_duplicates(cluster)
     conn.close()
     for target in (second, first):
         code, _out, err = run_ctl(target, "move_vhost_leader", "/", target.name)
-        assert code == 0, err
+        assert code == 0, (
+            err + "\n\n" + "\n\n".join(f"{n.name}:\n{n.log.read_text()[-4000:]}" for n in cluster)
+        )
         assert until(lambda t=target: agreed_leader(cluster) == t.name, 20)
         if target is second:
             conn = connect(second)
