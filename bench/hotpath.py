@@ -89,6 +89,7 @@ def open_connection(broker: Broker) -> Connection:
 #: ``s{i}.*.x`` / ``s{i}.#`` and 1,000 literal ones, each to a queue of its own with a consumer
 #: that acks, and 100,000 distinct keys (ten times the routing-key cache) in a fixed shuffle.
 UNSEEN_BINDINGS, UNSEEN_LITERALS, UNSEEN_KEYS = 100_000, 1_000, 100_000
+UNSEEN_CACHE: int | None = None  # --unseen-cache; None: UNSEEN_KEYS / 10
 
 
 def setup_topic_unseen(consumer: Connection, publisher: Connection) -> list[bytes]:
@@ -161,7 +162,8 @@ async def measure(scenario: str, messages: int, profile: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="roarmq-hotpath-") as tmp:
         overrides: dict = {"archive": {"enabled": True, "dir": tmp}} if archive else {}
         if scenario == "topic-unseen":  # the issue's ratio: ten keys for each the cache holds
-            overrides["routing"] = {"cache_keys": UNSEEN_KEYS // 10}
+            cache = UNSEEN_KEYS // 10 if UNSEEN_CACHE is None else UNSEEN_CACHE
+            overrides["routing"] = {"cache_keys": cache}
         broker = Broker(ephemeral_config(**overrides))
         await broker.start(management=False)
         return await _measure(broker, scenario.removesuffix("+archive"), messages, profile)
@@ -221,7 +223,7 @@ async def _measure(broker: Broker, scenario: str, messages: int, profile: bool) 
 
 
 def main() -> int:
-    global UNSEEN_BINDINGS, UNSEEN_LITERALS, UNSEEN_KEYS  # --unseen sets them
+    global UNSEEN_BINDINGS, UNSEEN_LITERALS, UNSEEN_KEYS, UNSEEN_CACHE  # --unseen sets them
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--json", default="bench/results/hotpath.json")
@@ -241,8 +243,15 @@ def main() -> int:
         "N/10); a smaller N fits callgrind's cache simulation (docs/benchmarks.md, 'Cold "
         "topic routes')",
     )
+    parser.add_argument(
+        "--unseen-cache",
+        type=int,
+        metavar="N",
+        help="topic-unseen's routing-key cache size (default: a tenth of its keys; 0: none)",
+    )
     args = parser.parse_args()
     UNSEEN_BINDINGS, UNSEEN_LITERALS, UNSEEN_KEYS = args.unseen, args.unseen // 100, args.unseen
+    UNSEEN_CACHE = args.unseen_cache
     scenarios = args.scenarios.split(",") * args.repeat
     if args.profile:
         asyncio.run(measure(args.profile, args.messages, True))

@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/topic_go.py [--broker both|roarmq|rabbitmq] [--bindings 100000]
         [--literals 1000] [--keys 100000] [--shape prefixed|leading] [--queues N] [--no-ack]
-        [--warmup 5] [--window 10] [--repeat 1] [--roarmq-rev REV] [--json PATH]
+        [--warmup 5] [--window 10] [--repeat 1] [--roarmq-rev REV] [--cache-keys N]
+        [--json PATH]
 
 A benchmark, not a test (issue 27 part 4: "100,000 distinct keys over ~101,000 topic
 bindings"). A topic exchange bound with ``--bindings`` wildcard patterns and ``--literals``
@@ -59,6 +60,8 @@ def run_once(kind: str, procs: Procs, binary: Path, args: argparse.Namespace, sr
     options: dict[str, Any] = {"src": src} if kind == "roarmq" else {"schedulers": 1}
     if kind == "roarmq" and args.probe:
         options.update(management=True, lag_probe=True)
+    if kind == "roarmq" and args.cache_keys is not None:
+        options["extra_config"] = f"\n[routing]\ncache_keys = {args.cache_keys}\n"
     logs: dict[str, Any] = {}
     tag = uuid.uuid4().hex[:6]
     queue, exchange = f"topic27.{tag}.q", f"topic27.{tag}.x"
@@ -148,6 +151,12 @@ def main() -> int:
         help="spread the bindings over N queues (default: one queue per binding; 1: one queue)",
     )
     p.add_argument("--no-ack", action="store_true")
+    p.add_argument(
+        "--cache-keys",
+        type=int,
+        metavar="N",
+        help="RoarMQ's routing-key cache size ([routing] cache_keys; default its own 10,000)",
+    )
     p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--window", type=float, default=10.0)
     p.add_argument("--repeat", type=int, default=1)
