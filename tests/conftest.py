@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from roarmq.broker.clock import VirtualClock
@@ -31,3 +36,25 @@ def thread_broker(tmp_path):
     """A broker in its own thread (for blocking clients such as pika and kombu)."""
     with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "data"))) as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory) -> tuple[Path, str]:
+    """RoarMQ's wheel and pip's output, built once for the tests that install it (the
+    Dockerfile's steps, a user's venv): `pip wheel` compiles the extensions, half a minute
+    each time. Built as a user would, with nothing of this environment's import path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.pop("VIRTUAL_ENV", None)
+    wheels = tmp_path_factory.mktemp("wheels")
+    root = Path(__file__).resolve().parents[1]
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(wheels)]
+        + [str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    (wheel,) = wheels.glob("roarmq-*.whl")
+    return wheel, build.stdout + build.stderr

@@ -18,7 +18,6 @@ import pytest
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config, running_broker
 
-ROOT = Path(__file__).resolve().parents[1]
 # slow (a pip install into a new venv): `make check` leaves it out
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -59,22 +58,13 @@ def test_session_broker_is_shared(amqp_broker_session):
 """
 
 
-def test_installed_wheel_beside_a_users_broker_and_pipeline(tmp_path):
+def test_installed_wheel_beside_a_users_broker_and_pipeline(tmp_path, built_wheel):
     # Nothing of this environment's own import path may leak into the fresh venv.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env.pop("VIRTUAL_ENV", None)
-    wheels = tmp_path / "wheels"
-    build = subprocess.run(
-        env=env,
-        args=[sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(wheels), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert build.returncode == 0, build.stdout + build.stderr
+    wheel, output = built_wheel
     # Clean metadata: no setuptools deprecation (project.license is an SPDX string).
-    assert "deprecated" not in (build.stdout + build.stderr).lower(), build.stdout + build.stderr
-    (wheel,) = wheels.glob("roarmq-*.whl")
+    assert "deprecated" not in output.lower(), output
     venv = tmp_path / "venv"
     subprocess.run(
         env=env, args=[sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True

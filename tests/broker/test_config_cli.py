@@ -176,7 +176,7 @@ def test_daemon_starts_serves_and_stops(tmp_path, argv0):
 
 @pytest.mark.slow  # a pip install: not in `make check`
 @pytest.mark.timeout(600)  # the install compiles the message path's modules (setup.py)
-def test_dockerfile_install_and_check_config_steps(tmp_path):
+def test_dockerfile_install_and_check_config_steps(tmp_path, built_wheel):
     """Docker cannot run here: do what the Dockerfile does, step for step, outside it."""
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM python:3.11-slim AS build" in dockerfile
@@ -186,28 +186,13 @@ def test_dockerfile_install_and_check_config_steps(tmp_path):
     assert re.search(r"^USER roarmq$", dockerfile, re.M)  # not root
     assert 'CMD ["python", "-m", "roarmq", "--config", "/etc/roarmq/config.toml"]' in dockerfile
     assert "COPY roarmq ./roarmq" in dockerfile and "COPY pyproject.toml setup.py" in dockerfile
-    # RUN pip wheel --no-deps --wheel-dir /wheels .   (stage one: compiles where it can)
-    wheels = tmp_path / "wheels"
+    # RUN pip wheel --no-deps --wheel-dir /wheels .   (stage one: compiles where it can;
+    # the same command as the session's `built_wheel`, which the user-project test shares)
     assert "pip wheel --no-cache-dir --no-deps --wheel-dir /wheels ." in dockerfile
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "-w",
-            str(wheels),
-            str(ROOT),
-        ],
-        check=True,
-        timeout=540,
-    )
+    wheel, _output = built_wheel
     # RUN pip install /wheels/*.whl  (stage two; dependencies are already in this venv)
     target = tmp_path / "site"
     assert "pip install --no-cache-dir /wheels/*.whl" in dockerfile
-    (wheel,) = wheels.glob("roarmq-*.whl")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target)]
         + [str(wheel)],
