@@ -488,7 +488,7 @@ def status(api: Api, a: argparse.Namespace) -> str:
 
 
 def _wait_for_leader(api: Api, vhost: str, node: str, timeout: float = 20.0) -> str | None:
-    """None once `node` leads the vhost; else the leader last seen (None too if none)."""
+    """None once `node` leads the vhost; else the leader last seen, or "no node"."""
     deadline = time.monotonic() + timeout
     seen = None
     while time.monotonic() < deadline:
