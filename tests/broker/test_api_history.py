@@ -117,15 +117,17 @@ def test_the_history_is_bounded():
     h = History(passes=4, limit=3)
     objs = [Obj() for _ in range(6)]
 
+    objects = {id(o): o for o in objs}  # the sample keeps them (an id names one object)
+
     def current(step):
-        counts = {id(o): (o, EXCHANGE_FIELDS, (step * (i + 1), 0)) for i, o in enumerate(objs)}
-        counts["global"] = (None, ("publish",), (step,))
+        counts = {id(o): (EXCHANGE_FIELDS, step * (i + 1), 0) for i, o in enumerate(objs)}
+        counts["global"] = (("publish",), step)
         return counts
 
     last = {}
     for step in range(10):
         now = current(step)
-        for _ in h.record(now, last, 1000.0 + 5 * step):
+        for _ in h.record(now, objects, last, 1000.0 + 5 * step):
             pass
         last = now
     assert len(h.rings) == 3 + 1  # the limit, and the overview's ring
@@ -140,10 +142,10 @@ def test_the_history_is_bounded():
     # Objects that stop moving for a whole ring give their place to ones that move.
     movers = objs[3:]
     for step in range(10, 20):
-        now = {id(o): (o, EXCHANGE_FIELDS, (step * (i + 1), 0)) for i, o in enumerate(movers)}
-        now.update({id(o): (o, EXCHANGE_FIELDS, (0, 0)) for o in objs[:3]})
-        now["global"] = (None, ("publish",), (step,))
-        for _ in h.record(now, last, 1000.0 + 5 * step):
+        now = {id(o): (EXCHANGE_FIELDS, step * (i + 1), 0) for i, o in enumerate(movers)}
+        now.update({id(o): (EXCHANGE_FIELDS, 0, 0) for o in objs[:3]})
+        now["global"] = (("publish",), step)
+        for _ in h.record(now, objects, last, 1000.0 + 5 * step):
             pass
         last = now
     assert {r.obj for r in h.rings.values() if r.obj is not None} <= set(objs)
