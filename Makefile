@@ -124,11 +124,16 @@ tools: .tools/rabbitmqadmin .tools/prometheus .tools/etcd
 # (Spark, a browser, kill -9 and disk-fault rounds, load until the broker pushes back) run
 # once, compiled: the build a release runs.
 EXPECT_COMPILED := $(if $(shell command -v cc),ROARMQ_EXPECT_COMPILED=1)
-# Where apt-get and dpkg-deb are, `make tools` extracts etcd: its absence is then our failure.
+# What `make test` provides, the absence of which is then our failure, not a skip
+# (tests/machine.py): where apt-get and dpkg-deb are, `make tools` extracts etcd, prometheus
+# and rabbitmqadmin; as root with apt-get, `system-deps` installs amqp-tools, Java and
+# chromium; with npm, `node-deps` installs amqplib.
 EXPECT_TOOLS := $(if $(and $(shell command -v apt-get),$(shell command -v dpkg-deb)),ROARMQ_EXPECT_TOOLS=1)
+EXPECT_PACKAGES := $(if $(and $(filter 0,$(shell id -u)),$(shell command -v apt-get)),ROARMQ_EXPECT_PACKAGES=1)
+EXPECT_NODE := $(if $(shell command -v npm),ROARMQ_EXPECT_NODE=1)
 
 test: $(DEV_STAMP) system-deps node-deps tools
-	$(call timed,$(EXPECT_COMPILED) $(EXPECT_TOOLS) $(PY) -m pytest \
+	$(call timed,$(EXPECT_COMPILED) $(EXPECT_TOOLS) $(EXPECT_PACKAGES) $(EXPECT_NODE) $(PY) -m pytest \
 	  && ROARMQ_NO_EXTENSIONS=1 $(PY) -m pytest -q -m "not slow")
 
 # The edit-test loop: every test not marked `slow` (pyproject.toml says what that covers), no

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pika
 import pytest
+from machine import missing
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
@@ -42,7 +43,10 @@ ADMIN = find_rabbitmqadmin()
 @pytest.fixture
 def admin(tmp_path):
     if ADMIN is None:
-        pytest.skip("rabbitmqadmin not found: `make tools` extracts it from Debian's package")
+        missing(
+            "rabbitmqadmin not found: `make tools` extracts it from Debian's package",
+            "ROARMQ_EXPECT_TOOLS",
+        )
     with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
 
         def run(*args: str, ok: bool = True) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from clusterlib import free_port
+from machine import missing
 
 ETCD = Path(__file__).resolve().parents[2] / ".tools" / "etcd"
 
@@ -29,10 +30,10 @@ def etcd_binary_or_skip() -> str:
     why, elsewhere (`make check`, or a machine without apt-get)."""
     binary = etcd_binary()
     if binary is None:
-        why = ".tools/etcd is absent: `make tools` extracts it from Debian's etcd-server"
-        if os.environ.get("ROARMQ_EXPECT_TOOLS"):
-            pytest.fail(why)
-        pytest.skip(why)
+        missing(
+            ".tools/etcd is absent: `make tools` extracts it from Debian's etcd-server",
+            "ROARMQ_EXPECT_TOOLS",
+        )
     return binary
 
 

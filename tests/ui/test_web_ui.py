@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pika
 import pytest
+from machine import missing
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
@@ -34,7 +35,10 @@ def browser():
     from selenium import webdriver  # a dev dependency: missing, it fails, never skips
 
     if CHROMIUM is None or DRIVER is None:
-        pytest.skip("chromium and chromedriver not installed (`make test` installs them with apt)")
+        missing(
+            "chromium and chromedriver not installed (`make test` installs them with apt)",
+            "ROARMQ_EXPECT_PACKAGES",
+        )
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in (
