@@ -407,8 +407,13 @@ def test_kill_9_mid_stream(tmp_path, preallocate):
     """A writer process dies abruptly (os._exit) mid-stream; what it confirmed survives.
 
     With `preallocate`, the active segment ends in space allocated past its records: that
-    is its end, not damage, and recovery cuts it off.
+    is its end, not damage, and recovery cuts it off. The allocation stops at the segment's
+    end, so a writer that dies with its segment within a page of full has nothing allocated
+    past its records; where the writer dies is up to the scheduler, so with `preallocate`
+    the segment is larger than the whole stream and its tail is under test on every run.
+    Without, small segments make the writer rotate under the kill.
     """
+    segment_size = 8 << 20 if preallocate else 256 << 10
     script = textwrap.dedent("""
         import os, random, sys, threading
         from roarmq.broker.store.segments import SegmentLog
@@ -417,7 +422,7 @@ def test_kill_9_mid_stream(tmp_path, preallocate):
         def on_synced(token):
             with lock:
                 sys.stdout.write(f"{token}\\n"); sys.stdout.flush()
-        log = SegmentLog.open(sys.argv[1], segment_size=256 << 10, buffer_size=64 << 10,
+        log = SegmentLog.open(sys.argv[1], segment_size=int(sys.argv[3]), buffer_size=64 << 10,
                               on_synced=on_synced, preallocate=int(sys.argv[2]))
         rng = random.Random(11)
         for i in range(6000):
@@ -431,7 +436,7 @@ def test_kill_9_mid_stream(tmp_path, preallocate):
     d = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run(
-        [sys.executable, "-c", script, str(d), str(preallocate)],
+        [sys.executable, "-c", script, str(d), str(preallocate), str(segment_size)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -441,8 +446,11 @@ def test_kill_9_mid_stream(tmp_path, preallocate):
     confirmed = max(int(line) for line in out.split())
     assert confirmed >= 4001
     if preallocate:
+        assert len(seg_files(d)) == 1  # one segment the stream cannot fill
         last = d / seg_files(d)[-1]
         assert last.read_bytes().endswith(bytes(4096))  # allocated past the records
+    else:
+        assert len(seg_files(d)) > 1  # the writer rotated before the kill
     log, records = replay(d, preallocate=preallocate)
     log.close()
     rng = random.Random(11)
