@@ -159,12 +159,20 @@ class ClusterConfig:
     advertise: str = ""  # the address peers use; empty: the first [amqp] bind address
     name: str = "roarmq"  # etcd key prefix: one etcd can hold several clusters
     replicas: int = 3  # copies of each vhost, the leader included
-    min_in_sync: int = 1  # below this many in-sync copies, publishes are nacked
+    #: Copies (the leader's included) that must be in sync when a confirm is released;
+    #: fewer: publishes are nacked. None: a majority of the vhost's members (2 of 3), so
+    #: no single lost disk or machine loses a confirmed message (`majority`).
+    min_in_sync: int | None = None
     lease_ttl: int = 5  # seconds; a dead leader is replaced after about this long
     replica_lag_ms: int = 10_000  # a follower this far behind leaves the in-sync set
     #: A vhost's log is checkpointed (its live state rewritten at its head) and trimmed once
     #: it holds this many bytes and more than twice its live data (docs/cluster.md).
     checkpoint_bytes: int = 8 << 20
+
+
+def majority(members: int) -> int:
+    """The default `min_in_sync` of a vhost with that many members (RabbitMQ's quorum)."""
+    return members // 2 + 1
 
 
 def _default_users() -> tuple[UserConfig, ...]:
@@ -489,7 +497,7 @@ def _cluster(raw: dict[str, Any], flags: dict[str, str] | None = None) -> Cluste
             flag = {"etcd": "--cluster-etcd", "node": "--node"}[required]
             raise ConfigError(f"[cluster] {required}: missing (or give {flag})")
     cfg = ClusterConfig(**values)
-    if cfg.min_in_sync > cfg.replicas:
+    if cfg.min_in_sync is not None and cfg.min_in_sync > cfg.replicas:
         raise ConfigError(
             f"[cluster] min_in_sync: {cfg.min_in_sync} is more than replicas = {cfg.replicas}"
         )

@@ -641,6 +641,9 @@ class Connection:
         connection handed over to us is never handed on: one hop at most)."""
         cluster = self.broker.cluster
         if cluster is not None:
+            down = cluster.vhost_down(vhost, self.user.name)
+            if down is not None:
+                raise connection_error(INTERNAL_ERROR, down)
             refusal = cluster.refusal(vhost)
             if refusal is not None:
                 if cluster.recovering(vhost) and waited < OPEN_WAIT_RECOVERY:

@@ -5,14 +5,19 @@ The keys (`{p}` is `/{name}`, vhost and node names percent-encoded, so "/" is "%
     {p}/nodes/{node}            {"address", "replication_port"}  on the node's lease
     {p}/vhosts/{vhost}/members  ["a", "b", "c"]  the vhost's replicas, first = preferred leader
     {p}/vhosts/{vhost}/isr      ["a", "b"]       the in-sync set (never empty)
+    {p}/vhosts/{vhost}/copies   {"a": id, ...}   the copy of the log each in-sync member was
+                                admitted with (replication_store.py's COPY); written in
+                                the same txns as `isr`. An in-sync member with no entry
+                                has held nothing confirmed yet (the set as placed).
     {p}/vhosts/{vhost}/leader   {"node", "address"} on the leader's lease; its create
                                 revision is the leadership's epoch
 
 Invariants (../shared/design/cluster.md) and where each is kept:
 2. the in-sync set changes only in a txn comparing the leader key's create revision with
    the caller's epoch (`shrink_isr`, `expand_isr`);
-3. `campaign` creates the leader key only in a txn comparing the isr key's mod revision with
-   the one whose value listed this node;
+3. `campaign` creates the leader key only in a txn comparing the isr and copies keys' mod
+   revisions with those whose values listed this node and its copy (a replaced disk under
+   an in-sync name cannot lead: invariant 8); the leader pins its own copy in that txn;
 4. the epoch is the leader key's create revision; a node that sees the key gone or created
    again (a higher epoch) for a vhost it leads drops the leadership at once;
 5. `may_confirm(vhost, epoch)` needs the lease's `Fencing` open and the leadership held.
@@ -21,6 +26,7 @@ Invariants (../shared/design/cluster.md) and where each is kept:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
@@ -107,7 +113,21 @@ class Coordinator:
         self.on_lost: list[Callable[[str, int, str], None]] = []
         self.on_fenced: list[Callable[[], None]] = []
         self.on_members: list[Callable[[dict[str, dict]], None]] = []
+        #: The identity of this node's copy of a vhost's log (the node sets it: the log's
+        #: COPY); "" for a node that holds none.
+        self.copy_of: Callable[[str], str] = lambda vhost: ""
+        #: Whether this node's copy of a vhost's log can serve (a log whose writes failed
+        #: cannot: it must not campaign, or it would win, fail and resign again).
+        self.copy_works: Callable[[str], bool] = lambda vhost: True
+        #: vhost -> (in-sync set, copies) as the winning campaign read them in etcd: what a
+        #: new leader starts from (the cache may lag behind a watch).
+        self.won_with: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._campaigns: dict[str, asyncio.Task[None]] = {}
+        #: vhost -> epoch: leaderships given up while fenced whose key may still be ours in
+        #: etcd (our lease may have outlived the cut): deleted once etcd answers again.
+        self.given_up: dict[str, int] = {}
+        self._giving_back: asyncio.Task[None] | None = None
+        self._reading_back: asyncio.Task[None] | None = None
         self._rejoin: asyncio.Task[None] | None = None
         self._stopped = False
         self.fencing.on_fenced.append(self._fenced)
@@ -130,11 +150,13 @@ class Coordinator:
         await self._join(starting=True)
         await self.nodes.start()
         await self.vhosts.start()
+        self._reading_back = asyncio.get_running_loop().create_task(self._read_back_loop())
 
     async def stop(self) -> None:
         """Leave: the lease is revoked, so this node's keys (membership, leaderships) go."""
         self._stopped = True
-        for task in [*self._campaigns.values(), self._rejoin]:
+        tasks = [*self._campaigns.values(), self._rejoin, self._giving_back, self._reading_back]
+        for task in tasks:
             if task is not None:
                 await cancel_and_wait(task)
         await self.nodes.stop()
@@ -180,6 +202,18 @@ class Coordinator:
         kv = self.vhosts.get(self.vhost_key(vhost, "isr"))
         return json.loads(kv.value) if kv else []
 
+    def copies(self, vhost: str) -> dict[str, str]:
+        kv = self.vhosts.get(self.vhost_key(vhost, "copies"))
+        return json.loads(kv.value) if kv else {}
+
+    def may_lead(self, vhost: str) -> bool:
+        """In the in-sync set with the copy of the log it was admitted with (or none
+        pinned yet), as this node's cache knows it."""
+        if self.node not in self.in_sync(vhost) or not self.copy_works(vhost):
+            return False
+        pinned = self.copies(vhost).get(self.node)
+        return pinned is None or pinned == self.copy_of(vhost)
+
     def vhost_members(self, vhost: str) -> list[str]:
         kv = self.vhosts.get(self.vhost_key(vhost, "members"))
         return json.loads(kv.value) if kv else []
@@ -187,16 +221,34 @@ class Coordinator:
     async def campaign(self, vhost: str) -> Campaign:
         """Try once to become the vhost's leader. Only an in-sync member can (invariant 3)."""
         leader_key, isr_key = self.vhost_key(vhost, "leader"), self.vhost_key(vhost, "isr")
+        copies_key = self.vhost_key(vhost, "copies")
         if self.keeper is None or self.keeper.lost or not self.fencing.may_confirm():
             return Campaign(False, None, 0, "no live lease")
         isr = await self.client.get(isr_key)
         if isr is None or self.node not in json.loads(isr.value):
             current = await self.client.get(leader_key)
             return _campaign_failed(current, "not in the in-sync set")
+        if not self.copy_works(vhost):
+            current = await self.client.get(leader_key)
+            return _campaign_failed(current, "this node's copy of the log failed")
+        copies_kv = await self.client.get(copies_key)
+        copies = json.loads(copies_kv.value) if copies_kv else {}
+        mine = self.copy_of(vhost)
+        if copies.get(self.node) not in (None, mine):
+            current = await self.client.get(leader_key)
+            return _campaign_failed(current, "this node's copy of the log is not the in-sync one")
         info = {"node": self.node, "address": self.address}
+        success = [put_op(leader_key, json.dumps(info), lease=self.keeper.lease)]
+        if mine and copies.get(self.node) is None:
+            copies = {**copies, self.node: mine}
+            success.append(put_op(copies_key, json.dumps(copies)))
         result = await self.client.txn(
-            [compare(leader_key, "CREATE", 0), compare(isr_key, "MOD", isr.mod_revision)],
-            [put_op(leader_key, json.dumps(info), lease=self.keeper.lease)],
+            [
+                compare(leader_key, "CREATE", 0),
+                compare(isr_key, "MOD", isr.mod_revision),
+                compare(copies_key, "MOD", copies_kv.mod_revision if copies_kv else 0),
+            ],
+            success,
             [range_op(leader_key)],
         )
         if not result.succeeded:
@@ -206,6 +258,7 @@ class Coordinator:
                 return self._won(vhost, current[0].create_revision)
             why = "a leader exists" if current else "the in-sync set changed"
             return _campaign_failed(current[0] if current else None, why)
+        self.won_with[vhost] = (json.loads(isr.value), copies)
         return self._won(vhost, result.revision)  # the txn's: the key's create revision
 
     def _won(self, vhost: str, epoch: int) -> Campaign:
@@ -214,15 +267,30 @@ class Coordinator:
         _run_all(self.on_won, vhost, epoch)
         return Campaign(True, self.node, epoch)
 
-    async def resign(self, vhost: str) -> bool:
-        """Give the leadership up (delete the leader key if it is still ours)."""
+    async def resign(self, vhost: str, reason: str = "resigned") -> bool:
+        """Give the leadership up: this node stops leading at once (`on_lost`: its clients
+        are not held), and the leader key is deleted if it is still ours. True when that
+        delete was done now; when etcd does not answer, it is retried in the background
+        until done (`_give_back`), so no failed resign keeps the vhost leaderless."""
         epoch = self.leading.pop(vhost, None)
         if epoch is None:
             return False
+        self.given_up[vhost] = epoch
+        _run_all(self.on_lost, vhost, epoch, reason)
         key = self.vhost_key(vhost, "leader")
-        result = await self.client.txn([compare(key, "CREATE", epoch)], [delete_op(key)])
-        _run_all(self.on_lost, vhost, epoch, "resigned")
+        try:
+            result = await self.client.txn([compare(key, "CREATE", epoch)], [delete_op(key)])
+        except EtcdError as exc:
+            log.warning("vhost %r: resigning: %s; retrying", vhost, exc)
+            self._give_back_later()
+            return False
+        if self.given_up.get(vhost) == epoch:
+            del self.given_up[vhost]
         return result.succeeded
+
+    def _give_back_later(self) -> None:
+        if self._giving_back is None or self._giving_back.done():
+            self._giving_back = asyncio.get_running_loop().create_task(self._give_back())
 
     def follow(self, vhost: str) -> None:
         """Campaign for this vhost whenever it has no leader and this node is in sync."""
@@ -238,48 +306,89 @@ class Coordinator:
     # -- the in-sync set (invariant 2) ---------------------------------------------------
 
     async def shrink_isr(self, vhost: str, epoch: int, node: str) -> IsrChange:
-        """Remove node from the in-sync set, only while leading at epoch."""
+        """Remove node (and its copy's pin) from the in-sync set, only while leading at
+        epoch."""
         if node == self.node:
             raise ValueError("the leader does not leave its own in-sync set")
-        return await self._change_isr(vhost, epoch, lambda isr: [n for n in isr if n != node])
 
-    async def expand_isr(self, vhost: str, epoch: int, node: str) -> IsrChange:
-        """Add a caught-up node to the in-sync set, only while leading at epoch and only
-        if it is still one of the vhost's members: a node just removed
-        (forget_cluster_node) may still be following and acking, and must not come back."""
-        return await self._change_isr(
-            vhost, epoch, lambda isr: isr if node in isr else [*isr, node], member=node
-        )
+        return await self._change_in_sync(vhost, epoch, _without(node))
+
+    async def expand_isr(self, vhost: str, epoch: int, node: str, copy: str) -> IsrChange:
+        """Add a caught-up node with its `copy` of the log to the in-sync set, only while
+        leading at epoch and only if it is still one of the vhost's members: a node just
+        removed (forget_cluster_node) may still be following and acking, and must not
+        come back."""
+
+        def add(isr: list[str], copies: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+            return (isr if node in isr else [*isr, node]), {**copies, node: copy}
+
+        return await self._change_in_sync(vhost, epoch, add, member=node)
+
+    async def pin_copy(self, vhost: str, epoch: int, node: str, copy: str) -> IsrChange:
+        """Record that in-sync `node` holds `copy` (it had no pin: a member since the vhost
+        was placed), only while leading at epoch; NOT_MEMBER if it left the set or another
+        copy is pinned for it meanwhile."""
+
+        def pin(isr: list[str], copies: dict[str, str]):  # type: ignore[no-untyped-def]
+            if node not in isr or copies.get(node) not in (None, copy):
+                return None
+            return isr, {**copies, node: copy}
+
+        return await self._change_in_sync(vhost, epoch, pin)
 
     async def add_member(self, vhost: str, epoch: int, node: str) -> IsrChange:
         """Add a node to the vhost's members (its replicas, not yet in sync), only while
         leading at epoch: how a vhost placed before the other nodes joined gets its copies."""
-        return await self._change_isr(
-            vhost,
-            epoch,
-            lambda members: members if node in members else [*members, node],
-            "members",
+        return await self._change_members(
+            vhost, epoch, lambda members: members if node in members else [*members, node]
         )
 
-    async def _change_isr(
+    async def _change_in_sync(
         self,
         vhost: str,
         epoch: int,
-        change: Callable[[list[str]], list[str]],
-        leaf: str = "isr",
+        change: Callable[[list[str], dict[str, str]], tuple[list[str], dict[str, str]] | None],
         member: str | None = None,
     ) -> IsrChange:
-        """One guarded write of the `leaf` list; with `member`, also only while that node
-        is in the vhost's members (checked in the same txn)."""
-        leader_key, isr_key = self.vhost_key(vhost, "leader"), self.vhost_key(vhost, leaf)
+        """One guarded write of the in-sync set and its copies' pins together."""
+        return await self._guarded_write(
+            vhost, epoch, ("isr", "copies"), lambda values: change(*values), member
+        )
+
+    async def _change_members(
+        self, vhost: str, epoch: int, change: Callable[[list[str]], list[str]]
+    ) -> IsrChange:
+        return await self._guarded_write(
+            vhost, epoch, ("members",), lambda values: (change(values[0]),)
+        )
+
+    async def _guarded_write(
+        self,
+        vhost: str,
+        epoch: int,
+        leaves: tuple[str, ...],
+        change: Callable[[list], tuple | None],
+        member: str | None = None,
+    ) -> IsrChange:
+        """One write of the vhost's `leaves` (read, changed, written back in one txn), only
+        while leading at epoch and while none of them changed since the read; `change`
+        returning None: no write (NOT_MEMBER). With `member`, also only while that node is
+        in the vhost's members (checked in the same txn)."""
+        leader_key = self.vhost_key(vhost, "leader")
+        keys = [self.vhost_key(vhost, leaf) for leaf in leaves]
         members_key = self.vhost_key(vhost, "members")
-        for _ in range(10):  # only the leader writes the set: a lost race here is rare
-            current = await self.client.get(isr_key)
-            before = json.loads(current.value) if current else []
+        for _ in range(10):  # only the leader writes these: a lost race here is rare
+            current = [await self.client.get(key) for key in keys]
+            before = [
+                json.loads(kv.value) if kv else ({} if leaf == "copies" else [])
+                for leaf, kv in zip(leaves, current, strict=True)
+            ]
             after = change(before)
-            guards = [
-                compare(leader_key, "CREATE", epoch),
-                compare(isr_key, "MOD", current.mod_revision if current else 0),
+            if after is None:
+                return IsrChange.NOT_MEMBER
+            guards = [compare(leader_key, "CREATE", epoch)] + [
+                compare(key, "MOD", kv.mod_revision if kv else 0)
+                for key, kv in zip(keys, current, strict=True)
             ]
             if member is not None:
                 members = await self.client.get(members_key)
@@ -288,7 +397,7 @@ class Coordinator:
                 guards.append(compare(members_key, "MOD", members.mod_revision))
             result = await self.client.txn(
                 guards,
-                [put_op(isr_key, json.dumps(after))],
+                [put_op(key, json.dumps(value)) for key, value in zip(keys, after, strict=True)],
                 [range_op(leader_key)],
             )
             if result.succeeded:
@@ -297,13 +406,13 @@ class Coordinator:
             if not leader or leader[0].create_revision != epoch:
                 self._lose(vhost, epoch, "not leader any more")
                 return IsrChange.NOT_LEADER
-        raise EtcdError(f"vhost {vhost!r}: its {leaf} kept changing under us")
+        raise EtcdError(f"vhost {vhost!r}: its {'/'.join(leaves)} kept changing under us")
 
     async def prefer(self, vhost: str, epoch: int, node: str) -> IsrChange:
         """Make node the vhost's preferred leader (first of its members), only while leading
         at epoch: after the leader resigns, the others give it `campaign_grace` to win."""
-        return await self._change_isr(
-            vhost, epoch, lambda members: [node, *(n for n in members if n != node)], "members"
+        return await self._change_members(
+            vhost, epoch, lambda members: [node, *(n for n in members if n != node)]
         )
 
     async def remove_member(self, vhost: str, epoch: int, node: str) -> IsrChange:
@@ -312,10 +421,11 @@ class Coordinator:
         already stopped waiting for it (`shrink_then_forget`) if it was in sync."""
         if node == self.node:
             raise ValueError("the leader does not remove itself; move the leadership first")
-        drop = lambda names: [n for n in names if n != node]  # noqa: E731
-        result = await self._change_isr(vhost, epoch, drop, "members")
+        result = await self._change_members(
+            vhost, epoch, lambda names: [n for n in names if n != node]
+        )
         if result is IsrChange.DONE:
-            result = await self._change_isr(vhost, epoch, drop)
+            result = await self._change_in_sync(vhost, epoch, _without(node))
         return result
 
     def forgotten_key(self, node: str) -> str:
@@ -359,12 +469,13 @@ class Coordinator:
         first = min(live, key=lambda n: (leads[n], holds[n], n))
         rest = sorted((n for n in live if n != first), key=lambda n: (holds[n], leads[n], n))
         members = [first, *rest[: self.replicas - 1]]
-        # A new vhost's log is empty, so every member starts in sync.
+        # A new vhost's log is empty, so every member starts in sync, none of its copies
+        # pinned yet (each is pinned as it first connects, before its acks count).
         body = json.dumps(members)
-        isr_key = self.vhost_key(vhost, "isr")
+        isr_key, copies_key = self.vhost_key(vhost, "isr"), self.vhost_key(vhost, "copies")
         result = await self.client.txn(
             [compare(members_key, "CREATE", 0)],
-            [put_op(members_key, body), put_op(isr_key, body)],
+            [put_op(members_key, body), put_op(isr_key, body), put_op(copies_key, "{}")],
             [range_op(members_key)],
         )
         if not result.succeeded:
@@ -405,7 +516,7 @@ class Coordinator:
             kv is None
             and vhost in self.following
             and vhost not in self.leading
-            and self.node in self.in_sync(vhost)
+            and self.may_lead(vhost)
             and vhost not in self._campaigns
             and not self._stopped
         ):
@@ -449,25 +560,73 @@ class Coordinator:
     def _fenced(self) -> None:
         if self.leading:
             log.warning("lease not renewed for %ss: confirming nothing", self.lease_ttl)
+            with contextlib.suppress(RuntimeError):  # (no loop: nothing runs to give up)
+                # Not from inside whatever asked may_confirm() (a confirm path).
+                asyncio.get_running_loop().call_soon(self._give_up_while_fenced)
         for callback in list(self.on_fenced):
             try:
                 callback()
             except Exception:
                 log.exception("fenced callback failed")
 
+    def _give_up_while_fenced(self) -> None:
+        """Invariant 11: a leader that can no longer confirm says so at once instead of
+        holding its clients until etcd answers again: every leadership is dropped here (the
+        owner nacks what waits and closes the vhost's connections), and its key is given
+        back when etcd answers (`_give_back`) or goes with the lease."""
+        if self.fencing.may_confirm():
+            return  # renewed meanwhile
+        for vhost, epoch in list(self.leading.items()):
+            self.given_up[vhost] = epoch
+            self._lose(vhost, epoch, f"its lease was not renewed within {self.lease_ttl} s")
+
+    async def _give_back(self) -> None:
+        """Delete the leader keys given up while fenced that are still ours (the lease
+        outlived the cut), so that an election follows at once; retried until etcd takes
+        it or the key is not ours any more."""
+        delay = 0.1
+        while self.given_up and not self._stopped:
+            for vhost, epoch in list(self.given_up.items()):
+                key = self.vhost_key(vhost, "leader")
+                try:
+                    await self.client.txn([compare(key, "CREATE", epoch)], [delete_op(key)])
+                except EtcdError as exc:
+                    log.warning("vhost %r: giving back its leader key: %s", vhost, exc)
+                    continue
+                if self.given_up.get(vhost) == epoch:
+                    del self.given_up[vhost]
+                log.info("vhost %r: leader key of epoch %d given back", vhost, epoch)
+                self._evaluate(vhost)
+            if self.given_up:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
     def _restored(self) -> None:
-        """The lease was renewed after a fenced spell: check each leadership still stands."""
+        """The lease was renewed after a fenced spell: check each leadership still stands,
+        and give back the keys of those given up."""
         if self.leading:
             asyncio.get_running_loop().create_task(self._recheck())
+        if self.given_up:
+            self._give_back_later()
 
-    async def _recheck(self) -> None:
+    async def _read_back_loop(self) -> None:
+        """Every third of a lease TTL, read back the keys of the vhosts this node leads: a
+        watch can go quiet without breaking (a member that lost its peers before
+        require-leader cancels it, a proxy holding the stream), and a leader must not
+        learn of its successor only from it."""
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            if self.leading:
+                await self._recheck("leader key changed (read back)")
+
+    async def _recheck(self, reason: str = "leader key changed while fenced") -> None:
         for vhost, epoch in list(self.leading.items()):
             try:
                 kv = await self.client.get(self.vhost_key(vhost, "leader"))
             except EtcdError:
                 continue  # fenced again, or soon: the next renewal rechecks
             if kv is None or kv.create_revision != epoch:
-                self._lose(vhost, epoch, "leader key changed while fenced")
+                self._lose(vhost, epoch, reason)
 
     def _lease_lost(self) -> None:
         for vhost, epoch in list(self.leading.items()):
@@ -491,6 +650,15 @@ class Coordinator:
             for vhost in list(self.following):
                 self._evaluate(vhost)
             return
+
+
+def _without(node: str) -> Callable[[list[str], dict[str, str]], tuple[list[str], dict[str, str]]]:
+    """An in-sync set change: `node` and its copy's pin leave."""
+
+    def drop(isr: list[str], copies: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        return [n for n in isr if n != node], {n: c for n, c in copies.items() if n != node}
+
+    return drop
 
 
 def _campaign_failed(current: KeyValue | None, reason: str) -> Campaign:

@@ -21,6 +21,9 @@ from typing import Any
 
 import aiohttp
 
+#: gRPC metadata through etcd's gateway: serve this call only while the member has a leader.
+REQUIRE_LEADER = {"Grpc-Metadata-hasleader": "true"}
+
 
 class EtcdError(Exception):
     """etcd answered with an error (its gRPC code and message)."""
@@ -283,13 +286,18 @@ class EtcdClient:
         """Yield (revision, events) as etcd reports changes, from start_revision (0: now).
 
         Ends (EtcdUnavailable) when the stream breaks: the caller resumes from the last
-        revision it saw + 1. WatchCompacted if start_revision is older than etcd keeps."""
-        req: dict[str, Any] = {"key": _b64(key)}
+        revision it saw + 1. WatchCompacted if start_revision is older than etcd keeps.
+
+        The watch requires a leader (etcd's WithRequireLeader, as gRPC metadata through
+        the gateway): a member cut off from its peers cancels it instead of going silent,
+        and the caller moves to another endpoint. Progress notifications are asked for,
+        so a quiet watch still hears from etcd when the server sends them."""
+        req: dict[str, Any] = {"key": _b64(key), "progress_notify": True}
         if prefix:
             req["range_end"] = _b64(prefix_end(key))
         if start_revision:
             req["start_revision"] = start_revision
-        resp = await self._open_stream("/v3/watch", {"create_request": req})
+        resp = await self._open_stream("/v3/watch", {"create_request": req}, headers=REQUIRE_LEADER)
         try:
             async for message in _json_lines(resp):
                 if "error" in message:
@@ -316,13 +324,17 @@ class EtcdClient:
             resp.close()
         raise EtcdUnavailable("watch stream ended")
 
-    async def _open_stream(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def _open_stream(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> aiohttp.ClientResponse:
         # No total timeout: a watch lives as long as its caller wants it. Connecting is bounded.
         limit = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout)
         failures = []
         for endpoint in list(self.endpoints):
             try:
-                resp = await self._http().post(endpoint + path, json=body, timeout=limit)
+                resp = await self._http().post(
+                    endpoint + path, json=body, timeout=limit, headers=headers
+                )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 failures.append(f"{endpoint}: {exc!r}")
                 continue

@@ -118,6 +118,9 @@ class ClusterNode:
         c.info = {"amqp_port": b.port, "management_port": b.mgmt_port, **self.handoff.advertised()}
         c.on_lost.append(self._lost)
         c.on_won.append(self.replicas.won)
+        c.copy_of = lambda vhost: self.replicas.log_of(vhost).copy_id
+        c.copy_works = lambda vhost: not self.replicas.log_of(vhost).log.failed
+        c.vhosts.on_change.append(lambda _events: self.replicas.members_changed())
         # The watch may show our leader key before the campaign's reply makes us leader: a
         # reconcile run on that event saw no leadership and filled no members. Run again.
         c.on_won.append(lambda _vhost, _epoch: self._poke())
@@ -238,6 +241,21 @@ class ClusterNode:
         """This node leads `vhost` but is still recovering its copy (not serving yet)."""
         c = self.coordinator
         return c is not None and vhost in c.leading and vhost not in self.replicas.serving
+
+    def vhost_down(self, vhost: str, user: str) -> str | None:
+        """RabbitMQ's words (541 INTERNAL_ERROR) for a connection.open of a vhost that etcd
+        names this node the leader of while this node does not lead it: it gave the
+        leadership up (it could not renew its lease) and its key is not gone yet. Handing
+        the client on would come back here; the client should try again elsewhere."""
+        c = self.coordinator
+        if c is None or vhost in c.leading:
+            return None
+        if vhost not in c.given_up and c.fencing.remaining() > 0:
+            return None  # (a campaign just won shows in the cache before its reply)
+        leader = c.leader(vhost)
+        if leader is None or leader[0] != self.name:
+            return None
+        return f"access to vhost '{vhost}' refused for user '{user}': vhost '{vhost}' is down"
 
     def refusal(self, vhost: str) -> str | None:
         """Why a connection.open for this vhost is refused here (530 NOT_ALLOWED), or None
@@ -423,7 +441,7 @@ class ClusterNode:
                 store.append_definitions_if_changed()
             last = await leader.flush()
             deadline = asyncio.get_running_loop().time() + timeout
-            while leader.acked(target) < last or target not in leader.in_sync:
+            while leader.holds_confirmed(target) < last or target not in leader.in_sync:
                 if not c.may_confirm(vhost, epoch):
                     raise MoveRefused(f"node '{self.name}' lost vhost '{vhost}' during the move")
                 if asyncio.get_running_loop().time() > deadline:

@@ -96,7 +96,6 @@ class ReplicatedMessageStore(MessageStore):
         *,
         replication: ReplicationLeader,
         may_confirm: Callable[[], bool],
-        min_in_sync: int,
         snapshot: Callable[[], dict],
         streams: Callable[[], list[Stream]] = list,
         **options: Any,
@@ -110,7 +109,6 @@ class ReplicatedMessageStore(MessageStore):
         self.streams = streams  # the vhost's streams (a checkpoint copies what they retain)
         self._streams_waiting: set[Stream] = set()
         self.may_confirm = may_confirm
-        self.min_in_sync = min_in_sync
         self.snapshot = snapshot
         self.next_queue_id = 1
         self.definitions_dirty = False
@@ -120,6 +118,8 @@ class ReplicatedMessageStore(MessageStore):
         self._definitions_offset = 0  # the last definitions record appended
         self.checkpointing = False
         self.checkpoints = 0
+        #: The vhost's log failed under this leadership (the owner resigns it).
+        self.on_log_failed: list[Callable[[], object]] = []
         replication.on_confirmed.append(lambda _offset: self.release_confirmed())
         replication.on_deposed.append(lambda _epoch, _node: self.nack_waiting("deposed"))
 
@@ -128,9 +128,9 @@ class ReplicatedMessageStore(MessageStore):
     def persist(self, msg: Message, queues: list[Queue], page_out: bool) -> Any:
         """Append the publish record here and to the replicated log; the token names the
         log offset whose confirmation confirms it. Refused (LogFailed: the channel nacks)
-        while fewer than `min_in_sync` copies are in sync."""
-        if 1 + len(self.replication.in_sync) < self.min_in_sync:
-            raise LogFailed(f"fewer than min_in_sync={self.min_in_sync} copies in sync")
+        while fewer than `min_in_sync` copies are in sync (checked again when the confirm
+        is released: ReplicationLeader.enough_copies)."""
+        self._refuse_if_too_few()
         self.append_definitions_if_changed()
         msg_id = self.next_id
         self.next_id += 1
@@ -143,6 +143,11 @@ class ReplicatedMessageStore(MessageStore):
             msg.body = None
         return (self, offset)
 
+    def _refuse_if_too_few(self) -> None:
+        leader = self.replication
+        if not leader.enough_copies():
+            raise LogFailed(f"fewer than min_in_sync={leader.min_copies} copies in sync")
+
     def _open_log(self, segment_size: int, sync_interval_ms: int, fsync: bool) -> Any:
         return VhostLogView(self.replication.store)
 
@@ -152,8 +157,7 @@ class ReplicatedMessageStore(MessageStore):
     def replicate_stream(self, stream: Stream, payload: bytes) -> int:
         """A stream's record goes into the vhost's log too (before the stream's own files:
         its commit and confirms wait for this offset); refused as `persist` is."""
-        if 1 + len(self.replication.in_sync) < self.min_in_sync:
-            raise LogFailed(f"fewer than min_in_sync={self.min_in_sync} copies in sync")
+        self._refuse_if_too_few()
         self.append_definitions_if_changed()
         self._streams_waiting.add(stream)
         return self._replicate(STREAM_TAG + _STREAM_ID.pack(stream.store_id) + payload)
@@ -200,6 +204,8 @@ class ReplicatedMessageStore(MessageStore):
         if error is not None:  # the leader's own log failed: nothing more is confirmed
             log.error("vhost %r: replicated log fsync failed: %r", leader.vhost, error)
             self.nack_waiting("log failed")
+            for callback in self.on_log_failed:
+                callback()
             return
         self._log_sync_requested = False
         leader.local_durable(durable)

@@ -12,8 +12,15 @@ Design (../shared/design/cluster.md; frames in replication_wire.py):
 * A follower appends a whole batch, fsyncs once (group commit: batches arriving during an
   fsync go out in the next one) and acks (epoch, durable offset).
 * `confirmed_offset()` = min(leader's durable offset, every in-sync member's acked offset)
-  (invariant 1). It never moves past a member that is still in the set: the owner removes a
-  member only after `coordination.shrink_isr` succeeded (invariant 2; `shrink_then_forget`).
+  (invariant 1), and it moves only while the set holds `min_copies` copies, the leader's
+  included (invariant 9; fewer: `on_too_few`, and the owner nacks what waits). It never
+  moves past a member that is still in the set: the owner removes a member only after
+  `coordination.shrink_isr` succeeded (invariant 2; `shrink_then_forget`).
+* A member's acked offset is what it acks on its current connection, starting with what
+  its HELLO says it holds durably, never a remembered maximum; and it counts only from the
+  copy of the log the member was admitted with (`copies`, its HELLO's `copy`): a wiped,
+  reset or rolled-back copy under an in-sync name is reported and leaves the set
+  (invariant 8).
 * Lag: a member that has not acked an offset `replica_lag_ms` after the leader made it
   durable is reported once through `on_lagging(node)`; a follower outside the set that has
   acked up to the leader's durable offset through `on_caught_up(node)`.
@@ -24,10 +31,12 @@ Design (../shared/design/cluster.md; frames in replication_wire.py):
   holds (or above its head: a divergent tail), the leader sends RESET(start) and streams
   from `start`. `snapshot_start()` is the hook for a real snapshot later.
 
-* A diverged tail (Kafka's KIP-101): a follower may hold records a deposed leader wrote
-  that the new leader never had, even at the same length. Its HELLO says the epoch of its
-  newest record; the leader answers with where its own log stops agreeing with that epoch
-  (`end_of_epoch`) and, if the follower holds more, TRUNCATE(last) before the stream.
+* A diverged tail (Kafka's KIP-101, KIP-279): a follower may hold records a deposed leader
+  wrote that the new leader never had, even at the same length, and after two leader
+  changes in a row the parting may lie inside an older epoch than its newest. Its HELLO
+  sends its epoch history; the leader finds the first offset where the two histories name
+  different epochs (`agreed_offset`, invariant 10) and, if the follower holds more,
+  answers TRUNCATE(last) before the stream.
 * Checkpoints (replication_store.py): once every in-sync member holds a checkpoint record,
   the leader trims below its base; a follower trims once it holds one durably.
 """
@@ -40,12 +49,12 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ..store.segments import LogFailed
 from . import replication_wire as wire
-from .replication_store import RecordStore
+from .replication_store import RecordStore, agreed_offset
 from .tasks import cancel_and_wait
 
 log = logging.getLogger("roarmq.cluster.replication")
@@ -61,7 +70,8 @@ class _Follower:
     """The leader's view of one follower (kept across its reconnections)."""
 
     node: str
-    acked: int = 0
+    acked: int = 0  # what it acked on its current connection (never a remembered maximum)
+    copy: str = ""  # the identity of its copy of the log, from its HELLO
     lag_reported: bool = False
     caught_up_reported: bool = False
     writer: asyncio.StreamWriter | None = None
@@ -80,6 +90,8 @@ class ReplicationLeader:
         *,
         node: str = "",
         in_sync: set[str] | frozenset[str] = frozenset(),
+        copies: dict[str, str] | None = None,
+        min_copies: int = 1,
         replica_lag_ms: float = 10_000,
         batch_bytes: int = 256 << 10,
         high_water: int = 1 << 20,
@@ -89,6 +101,14 @@ class ReplicationLeader:
         self.store = store
         self.node = node
         self.in_sync: set[str] = set(in_sync) - {node}  # followers; the leader is implicit
+        #: The copy of the log each in-sync follower was admitted with (etcd's pins): acks
+        #: from another copy under the same name (a replaced disk) never count.
+        self.copies: dict[str, str] = dict(copies or {})
+        #: Copies (the leader's included) a confirm needs when it is released.
+        self.min_copies = min_copies
+        #: How an in-sync follower's copy is pinned before its acks count (the owner writes
+        #: it to etcd; None: pinned here at once, for a leader without an owner).
+        self.pin_copy: Callable[[str, str], Awaitable[bool]] | None = None
         self.replica_lag_ms = replica_lag_ms
         self.batch_bytes = batch_bytes
         self.high_water = high_water
@@ -98,6 +118,8 @@ class ReplicationLeader:
         self.on_caught_up: list[Callable[[str], object]] = []
         self.on_deposed: list[Callable[[int, str], object]] = []
         self.on_confirmed: list[Callable[[int], object]] = []
+        #: The in-sync set fell below `min_copies`: what waits will not be confirmed.
+        self.on_too_few: list[Callable[[], object]] = []
         #: A follower's connection ended (the owner may find its process gone).
         self.on_follower_gone: list[Callable[[str], object]] = []
         self._followers: dict[str, _Follower] = {}
@@ -226,20 +248,59 @@ class ReplicationLeader:
         await future
 
     def remove_from_isr(self, node: str) -> None:
-        """The owner's etcd txn removed `node` from the in-sync set: stop waiting for it."""
+        """The owner's etcd txn removed `node` (and its pin) from the in-sync set: stop
+        waiting for it. Too few copies left: what waits is nacked (`on_too_few`)."""
         self.in_sync.discard(node)
+        self.copies.pop(node, None)
         follower = self._followers.get(node)
         if follower is not None:
             follower.caught_up_reported = False
         self._recompute()
+        if not self.enough_copies():
+            _run_all(self.on_too_few)
         self._check_caught_up_all()
 
-    def add_to_isr(self, node: str) -> None:
-        """The owner's etcd txn added `node` to the in-sync set: confirms wait for it."""
+    def add_to_isr(self, node: str, copy: str) -> None:
+        """The owner's etcd txn added `node` with its `copy` to the in-sync set: confirms
+        wait for it."""
         self.in_sync.add(node)
+        self.copies[node] = copy
         follower = self._follower(node)
         follower.lag_reported = False
         self._recompute()
+
+    def pinned(self, node: str, copy: str) -> None:
+        """The owner recorded that in-sync `node` holds `copy`: its acks count from now."""
+        if node in self.in_sync and self.copies.get(node) is None:
+            self.copies[node] = copy
+            self._recompute()
+
+    def copy_of(self, node: str) -> str:
+        """The copy of the log `node` last said it holds ("": not connected yet)."""
+        follower = self._followers.get(node)
+        return follower.copy if follower is not None else ""
+
+    def set_min_copies(self, copies: int) -> None:
+        """The owner's `min_in_sync` for this vhost changed (its members did)."""
+        if copies != self.min_copies:
+            self.min_copies = copies
+            self._recompute()
+            if not self.enough_copies():
+                _run_all(self.on_too_few)
+
+    def enough_copies(self) -> bool:
+        """Whether a confirm may be released now: the in-sync set (this leader with it)
+        holds at least `min_copies` copies (Kafka's min.insync.replicas, checked when a
+        confirm is released as when a record is appended)."""
+        return 1 + len(self.in_sync) >= self.min_copies
+
+    def holds_confirmed(self, node: str) -> int:
+        """The offset up to which `node`'s pinned copy holds the log durably, as it acked
+        on its current connection (0: another copy, or none yet)."""
+        follower = self._followers.get(node)
+        if follower is None or not follower.copy or self.copies.get(node) != follower.copy:
+            return 0
+        return follower.acked
 
     def acked(self, node: str) -> int:
         follower = self._followers.get(node)
@@ -250,9 +311,11 @@ class ReplicationLeader:
     def _recompute(self) -> None:
         if self.deposed_by is not None:
             return  # a deposed leader confirms nothing more (invariant 4)
+        if not self.enough_copies():
+            return
         confirmed = self.durable
         for node in self.in_sync:
-            confirmed = min(confirmed, self.acked(node))
+            confirmed = min(confirmed, self.holds_confirmed(node))
         if confirmed <= self._confirmed:
             return
         self._confirmed = confirmed
@@ -266,7 +329,7 @@ class ReplicationLeader:
 
     def _prune_durable_times(self) -> None:
         """Drop the times of offsets every member has acked: lag is only measured beyond."""
-        floor = min([self.acked(n) for n in self.in_sync], default=self.durable)
+        floor = min([self.holds_confirmed(n) for n in self.in_sync], default=self.durable)
         cut = bisect.bisect_right(self._durable_at, (floor, float("inf")))
         if cut:
             del self._durable_at[:cut]
@@ -284,12 +347,11 @@ class ReplicationLeader:
             follower = self._follower(node)
             if follower.lag_reported:
                 continue
-            i = bisect.bisect_right(self._durable_at, (follower.acked, float("inf")))
+            held = self.holds_confirmed(node)
+            i = bisect.bisect_right(self._durable_at, (held, float("inf")))
             if i < len(self._durable_at) and now - self._durable_at[i][1] > self.lag_limit:
                 follower.lag_reported = True
-                log.warning(
-                    "vhost %r: follower %s lags (acked %d)", self.vhost, node, follower.acked
-                )
+                log.warning("vhost %r: follower %s lags (holds %d)", self.vhost, node, held)
                 _run_all(self.on_lagging, node)
 
     def report_lagging(self, node: str) -> None:
@@ -349,6 +411,7 @@ class ReplicationLeader:
         if hello is None:
             hello = await _expect_control(reader, wire.HELLO)
         node, epoch, offset = str(hello["node"]), int(hello["epoch"]), int(hello["offset"])
+        copy = str(hello.get("copy", ""))
         if hello.get("vhost") != self.vhost or self.deposed_by is not None:
             writer.write(wire.control(wire.REFUSE, {"reason": "not leading", "epoch": self.epoch}))
             return
@@ -359,12 +422,15 @@ class ReplicationLeader:
         follower = self._follower(node)
         _close(follower.writer)  # a reconnection replaces the old connection
         follower.writer = writer
+        # What it holds is what it says now: a wiped, restored or reset copy is not what
+        # this name acked before.
+        follower.acked = 0
+        follower.copy = copy
+        if node in self.in_sync:
+            self._check_copy(follower)
         writer.transport.set_write_buffer_limits(high=self.high_water)
         writer.write(wire.control(wire.WELCOME, {"epoch": self.epoch, "start": offset + 1}))
-        if offset > 0 and "last_epoch" in hello:  # where its log stops agreeing with ours
-            agreed = min(offset, self.store.end_of_epoch(int(hello["last_epoch"])))
-        else:
-            agreed = offset
+        agreed = self._agreed(hello, offset)
         if self._needs_snapshot(agreed):
             self._start_snapshot(follower)
         else:
@@ -378,16 +444,67 @@ class ReplicationLeader:
                     offset,
                 )
             follower.next_offset = agreed + 1
+            if node in self.in_sync and agreed < self._confirmed:
+                log.warning(
+                    "vhost %r: in-sync %s holds %d < confirmed %d: it leaves the set",
+                    self.vhost,
+                    node,
+                    agreed,
+                    self._confirmed,
+                )
+                self.report_lagging(node)
             self._on_ack(follower, agreed)
         pump = asyncio.create_task(self._pump(follower, writer))
         try:
-            await self._read_acks(follower, reader)
+            await self._read_acks(follower, reader, writer)
         finally:
             await cancel_and_wait(pump, *_lost_connection)
             if follower.writer is writer:
                 follower.writer = None
                 if self.deposed_by is None:
                     _run_all(self.on_follower_gone, follower.node)
+
+    def _agreed(self, hello: dict, offset: int) -> int:
+        """Where the follower's log stops agreeing with ours: from its whole epoch history
+        (KIP-279, `agreed_offset`), or from its newest epoch alone for a peer that sends
+        no history."""
+        if offset <= 0:
+            return offset
+        if "epochs" in hello:
+            theirs = [(int(start), int(epoch)) for start, epoch in hello["epochs"]]
+            return agreed_offset(self.store.epoch_starts(), self.store.last_offset, theirs, offset)
+        if "last_epoch" in hello:
+            return min(offset, self.store.end_of_epoch(int(hello["last_epoch"])))
+        return offset
+
+    def _check_copy(self, follower: _Follower) -> None:
+        """An in-sync follower connects: its copy must be the one pinned for it. Another
+        copy under its name (a replaced disk, a reset) leaves the set; an unpinned one (a
+        member since the vhost was placed, its log empty then) is pinned before its acks
+        count."""
+        node, pinned = follower.node, self.copies.get(follower.node)
+        if pinned is None and follower.copy:
+            if self.pin_copy is None:
+                self.pinned(node, follower.copy)
+            else:
+                self._pin_later(node, follower.copy)
+        elif pinned != follower.copy:
+            log.warning(
+                "vhost %r: %s connects with a new copy of the log: it leaves the in-sync set",
+                self.vhost,
+                node,
+            )
+            self.report_lagging(node)
+
+    def _pin_later(self, node: str, copy: str) -> None:
+        async def pin() -> None:
+            assert self.pin_copy is not None
+            if await self.pin_copy(node, copy):
+                self.pinned(node, copy)
+
+        task = asyncio.get_running_loop().create_task(pin())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _needs_snapshot(self, offset: int) -> bool:
         """The follower's offset is older than what we hold, or beyond our head (divergent)."""
@@ -404,6 +521,8 @@ class ReplicationLeader:
         follower.writer.write(wire.pair_frame(wire.RESET, self.epoch, start))
         follower.next_offset = start
         follower.acked = 0  # it holds nothing until it acks again
+        if follower.node in self.in_sync:  # it is about to drop what it holds
+            self.report_lagging(follower.node)
         log.info("vhost %r: follower %s gets a snapshot from %d", self.vhost, follower.node, start)
 
     async def _pump(self, follower: _Follower, writer: asyncio.StreamWriter) -> None:
@@ -420,7 +539,9 @@ class ReplicationLeader:
             follower.next_offset = batch[-1][0] + 1
             await writer.drain()
 
-    async def _read_acks(self, follower: _Follower, reader: asyncio.StreamReader) -> None:
+    async def _read_acks(
+        self, follower: _Follower, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while True:
             kind, body = await wire.read_frame(reader)
             if kind == wire.REFUSE:  # the follower knows a higher epoch than ours
@@ -434,7 +555,7 @@ class ReplicationLeader:
             if epoch > self.epoch:
                 self.depose(epoch, follower.node)
                 return
-            if epoch == self.epoch:
+            if epoch == self.epoch and follower.writer is writer:  # not a replaced session's
                 self._on_ack(follower, offset)
 
     def _on_ack(self, follower: _Follower, offset: int) -> None:
@@ -544,6 +665,8 @@ class ReplicationFollower:
                 "epoch": self.epoch,
                 "offset": offset,
                 "last_epoch": self.store.last_epoch(),
+                "epochs": self.store.epoch_starts(),
+                "copy": self.store.copy_id,
             }
             if self.cookie:
                 hello["cookie"] = self.cookie
@@ -665,9 +788,12 @@ async def expand_then_include(coordinator, leader: ReplicationLeader, node: str)
     """A caught-up follower rejoins the in-sync set in etcd, then confirms wait for it."""
     from .coordination import IsrChange
 
-    result = await coordinator.expand_isr(leader.vhost, leader.epoch, node)
+    copy = leader.copy_of(node)
+    if not copy:
+        return IsrChange.NOT_MEMBER  # a peer that names no copy is never pinned
+    result = await coordinator.expand_isr(leader.vhost, leader.epoch, node, copy)
     if result is IsrChange.DONE:
-        leader.add_to_isr(node)
+        leader.add_to_isr(node, copy)
     elif result is IsrChange.NOT_LEADER:
         leader.depose(leader.epoch + 1, coordinator.node)
     else:
@@ -686,6 +812,16 @@ def attach_coordinator(coordinator, leader: ReplicationLeader) -> set[asyncio.Ta
 
     leader.on_lagging.append(lambda node: spawn(shrink_then_forget, node))
     leader.on_caught_up.append(lambda node: spawn(expand_then_include, node))
+
+    async def pin_copy(node: str, copy: str) -> bool:
+        from .coordination import IsrChange
+
+        result = await coordinator.pin_copy(leader.vhost, leader.epoch, node, copy)
+        if result is IsrChange.NOT_LEADER:
+            leader.depose(leader.epoch + 1, coordinator.node)
+        return result is IsrChange.DONE
+
+    leader.pin_copy = pin_copy
     return tasks
 
 

@@ -28,6 +28,13 @@ opaque; replicated_store.py says what the payloads are):
   checkpoint is durable with it (`trim_checkpointed`), the leader once every in-sync member
   has it; a replay trims at once.
 
+Each copy of a log has an identity (``COPY``, a random name beside the segments): made with
+the directory and made anew before a reset, so a wiped disk or a copy that was started over
+is a *new* copy, which the cluster does not take for one that held the confirmed records
+(coordination.py pins each in-sync member's copy). A store opened on an existing directory
+syncs what it replayed before it counts it durable: a kill -9 can leave records in the page
+cache only, and a follower acks its durable offset as soon as it connects.
+
 `sync()` blocks (one group-commit fsync): callers on the event loop run it in a thread. It
 may run while the loop appends: it makes durable what was appended before it started.
 """
@@ -38,6 +45,7 @@ import bisect
 import os
 import struct
 import threading
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -49,6 +57,8 @@ EPOCH_TAG = b"E"
 CHECKPOINT_TAG = b"C"
 _EPOCH = struct.Struct(">cQ")
 _CHECKPOINT_BASE = struct.Struct(">cQ")
+#: The file in a log's directory that names this copy of the log (`copy_id`).
+COPY_FILE = "COPY"
 
 
 def epoch_record(epoch: int) -> bytes:
@@ -58,6 +68,37 @@ def epoch_record(epoch: int) -> bytes:
 def checkpoint_record(base: int, rest: bytes = b"") -> bytes:
     """A checkpoint's last record: the state from `base` on is whole (`rest`: the owner's)."""
     return _CHECKPOINT_BASE.pack(CHECKPOINT_TAG, base) + rest
+
+
+def agreed_offset(
+    ours: list[tuple[int, int]], our_last: int, theirs: list[tuple[int, int]], their_last: int
+) -> int:
+    """The last offset up to which two copies of a log hold the same records, from their
+    epoch histories ((first offset, epoch), oldest first): Kafka's OffsetsForLeaderEpoch,
+    taken to its end (KIP-279). Each epoch had one leader, so two records at one offset
+    are the same record exactly when they were written at the same epoch; the copies part
+    at the first offset where their epochs differ, wherever that is: comparing only the
+    follower's newest epoch (KIP-101) misses a divergence inside an older one after two
+    leader changes in a row. Offsets below either history's start count as agreed (they
+    are below a checkpoint both hold, or the caller sends a snapshot)."""
+    last = min(our_last, their_last)
+    if not ours or not theirs:
+        return last
+    points = sorted({start for start, _ in ours} | {start for start, _ in theirs})
+    floor = max(ours[0][0], theirs[0][0])
+    for point in [floor, *points]:
+        if point < floor:
+            continue
+        if point > last:
+            break
+        if _epoch_at(ours, point) != _epoch_at(theirs, point):
+            return point - 1
+    return last
+
+
+def _epoch_at(history: list[tuple[int, int]], offset: int) -> int:
+    i = bisect.bisect_right(history, (offset, 1 << 64))
+    return history[i - 1][1] if i else 0
 
 
 class LogFormatError(Exception):
@@ -70,6 +111,7 @@ class RecordStore(Protocol):
     first_offset: int  # the oldest offset held (last_offset + 1 when empty)
     last_offset: int  # the newest offset appended (0 before any)
     durable_offset: int  # the newest offset known durable
+    copy_id: str  # this copy's identity: new when the directory is made or reset
 
     def append(self, offset: int, payload: bytes) -> None: ...
 
@@ -84,6 +126,8 @@ class RecordStore(Protocol):
     def trim_checkpointed(self, upto: int) -> None: ...
 
     def last_epoch(self) -> int: ...
+
+    def epoch_starts(self) -> list[tuple[int, int]]: ...
 
     def end_of_epoch(self, epoch: int) -> int: ...
 
@@ -118,7 +162,47 @@ class SegmentRecordStore:
         #: records below `first_offset` are only redundant while that record stands.
         self.trimmed_by = 0
         self._replay()
+        # What the replay read may be only in the page cache (a kill -9 before the last
+        # life's fsync): durable once synced, not before (a follower acks it at once).
+        self.log.sync_replayed()
         self.durable_offset = self.last_offset
+        self.copy_id = self._read_or_make_copy_id()
+
+    # -- the copy's identity -----------------------------------------------------------------
+
+    def _copy_path(self) -> str:
+        return os.path.join(self.log.directory, COPY_FILE)
+
+    def _read_or_make_copy_id(self) -> str:
+        try:
+            with open(self._copy_path(), encoding="ascii") as f:
+                copy_id = f.read().strip()
+            if copy_id:
+                return copy_id
+        except FileNotFoundError:
+            pass
+        return self.renew_copy_id()
+
+    def renew_copy_id(self) -> str:
+        """This directory becomes a new copy of the log (made, reset, or found without an
+        identity): written durably before the records it stands for change, so that a
+        crash in between leaves a new copy holding old records (safe: it must catch up
+        again), never an old identity on a copy that lost records."""
+        copy_id = uuid.uuid4().hex
+        path = self._copy_path()
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(copy_id + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(self.log.directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.copy_id = copy_id
+        return copy_id
 
     # -- replay -----------------------------------------------------------------------------
 
@@ -241,7 +325,9 @@ class SegmentRecordStore:
         return target
 
     def reset(self, start: int) -> None:
-        """Void everything held; the next record appended is `start` (durable after sync)."""
+        """Void everything held; the next record appended is `start` (durable after sync).
+        The directory becomes a new copy first: what it held is gone."""
+        self.renew_copy_id()
         self.gen += 1
         self.log.append(_HEAD.pack(b"z", self.gen, start))
         self.log.release_many(self._locations)
@@ -316,6 +402,11 @@ class SegmentRecordStore:
     def last_epoch(self) -> int:
         """The epoch of the newest record (0: none known)."""
         return self.epochs[-1][1] if self.epochs else 0
+
+    def epoch_starts(self) -> list[tuple[int, int]]:
+        """(first offset, epoch) of each epoch held, oldest first: what a follower's HELLO
+        sends so that its leader finds where the two logs part (`agreed_offset`)."""
+        return list(self.epochs)
 
     def end_of_epoch(self, epoch: int) -> int:
         """The last offset of this log written at `epoch` or before (Kafka's

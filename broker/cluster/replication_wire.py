@@ -2,9 +2,10 @@
 
 Every frame is ``u32 length | u8 kind | body`` (big-endian; length counts kind and body).
 
-    HELLO    F->L  JSON {"vhost", "node", "epoch", "offset", "last_epoch"}: who I am, the
-                   epoch I know, the highest offset I hold durable and the epoch it was
-                   written at
+    HELLO    F->L  JSON {"vhost", "node", "epoch", "offset", "last_epoch", "epochs", "copy"}:
+                   who I am, the epoch I know, the highest offset I hold durable, the
+                   epoch it was written at, my epoch history ([first offset, epoch]...)
+                   and the identity of my copy of the log
     WELCOME  L->F  JSON {"epoch", "start"}: records follow from offset `start`
     REFUSE   both  JSON {"reason", "epoch"}: then the sender closes
     RECORDS  L->F  u64 epoch, u32 count, count x (u64 offset, u32 length, payload)

@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config import majority
 from ..stream import Stream
 from . import replicated_definitions as definitions
 from . import replication_wire as wire
@@ -144,6 +145,19 @@ class VhostReplicas:
         if vhost in self._checkpointed_at:
             return records.log.bytes_written - self._checkpointed_at[vhost] > room
         return records.size_bytes() > room
+
+    def min_copies(self, vhost: str) -> int:
+        """Copies a confirm of this vhost needs: `min_in_sync`, or a majority of its
+        members (invariant 9)."""
+        c = self.node.coordinator
+        members = len(c.vhost_members(vhost)) if c is not None else 1
+        return self.config.min_in_sync or majority(max(members, 1))
+
+    def members_changed(self) -> None:
+        """The vhosts' keys changed in etcd: a led vhost's members may have (its default
+        `min_copies` with them)."""
+        for vhost, leader in self.leaders.items():
+            leader.set_min_copies(self.min_copies(vhost))
 
     def log_status(self, vhost: str) -> dict[str, Any] | None:
         """This node's copy of the vhost's log, for the API (None: it holds none)."""
@@ -311,10 +325,19 @@ class VhostReplicas:
         task.add_done_callback(lambda _t: self._promoting.pop(vhost, None))
 
     async def _promote_logged(self, vhost: str, epoch: int) -> None:
+        """Every leadership ends serving or giving its key back (invariant 11): a promotion
+        that fails or finds itself fenced resigns, so another member can take over."""
         try:
             await self.promote(vhost, epoch)
         except Exception:
             log.exception("vhost %r: could not take over as leader", vhost)
+        if vhost not in self.serving:
+            self._resign(vhost, epoch, "could not take over as leader")
+
+    def _resign(self, vhost: str, epoch: int, reason: str) -> None:
+        c = self.node.coordinator
+        if c is not None and c.leading.get(vhost) == epoch:
+            self._spawn(c.resign(vhost, reason))
 
     async def promote(self, vhost: str, epoch: int) -> None:
         c = self.node.coordinator
@@ -346,12 +369,16 @@ class VhostReplicas:
         if saved is None:  # a new log: this node's own definitions start it
             saved = definitions.snapshot(vhost_obj)
         queues = definitions.apply(self.broker, vhost_obj, saved)
+        # The in-sync set and pins the campaign read, not the cache: a watch may lag.
+        in_sync, copies = c.won_with.pop(vhost, None) or (c.in_sync(vhost), c.copies(vhost))
         leader = ReplicationLeader(
             vhost,
             epoch,
             records,
             node=self.node.name,
-            in_sync=set(c.in_sync(vhost)),
+            in_sync=set(in_sync),
+            copies=copies,
+            min_copies=self.min_copies(vhost),
             replica_lag_ms=self.config.replica_lag_ms,
         )
         store = self._open_store(vhost, epoch, messages, leader, vhost_obj)
@@ -363,6 +390,10 @@ class VhostReplicas:
         vhost_obj.replicated = store
         leader.start_routed()
         self._isr_tasks.append(attach_coordinator(c, leader))
+        leader.on_too_few.append(
+            lambda: store.nack_waiting("fewer copies in sync than min_in_sync")
+        )
+        store.on_log_failed.append(lambda: self._resign(vhost, epoch, "its vhost log failed"))
         leader.on_follower_gone.append(lambda node: self._spawn(self._drop_if_gone(leader, node)))
         live = c.members()
         for node in sorted(leader.in_sync):  # gone (its lease with it): no waiting for lag
@@ -390,7 +421,6 @@ class VhostReplicas:
             directory,
             replication=leader,
             may_confirm=lambda: c.may_confirm(vhost, epoch),
-            min_in_sync=self.config.min_in_sync,
             snapshot=lambda: definitions.snapshot(vhost_obj),
             streams=lambda: [
                 q for q in vhost_obj.queues.values() if isinstance(q, Stream) and not q.deleted

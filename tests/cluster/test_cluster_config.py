@@ -16,7 +16,7 @@ def test_cluster_section_parsed_with_defaults():
     cfg = parse_config({"cluster": {"etcd": ["http://10.0.0.1:2379/"], "node": "n1"}})
     assert cfg.cluster == ClusterConfig(etcd=("http://10.0.0.1:2379",), node="n1")
     assert cfg.cluster.name == "roarmq" and cfg.cluster.replicas == 3
-    assert cfg.cluster.min_in_sync == 1 and cfg.cluster.lease_ttl == 5
+    assert cfg.cluster.min_in_sync is None and cfg.cluster.lease_ttl == 5
     assert parse_config({}).cluster is None and Config().cluster is None
 
 

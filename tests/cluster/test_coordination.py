@@ -184,17 +184,17 @@ async def test_isr_changes_only_by_the_current_leader(etcd):
         e2 = (await b.campaign("v")).epoch
         assert e2 > e1
         assert await a.shrink_isr("v", e1, "c") is IsrChange.NOT_LEADER
-        assert await a.expand_isr("v", e1, "c") is IsrChange.NOT_LEADER
+        assert await a.expand_isr("v", e1, "c", "copy-c") is IsrChange.NOT_LEADER
         assert json.loads((await b.client.get(b.vhost_key("v", "isr"))).value) == ["a", "b", "c"]
         assert await b.shrink_isr("v", e2, "c") is IsrChange.DONE
         assert await b.shrink_isr("v", e2, "a") is IsrChange.DONE
         assert await until(lambda: b.in_sync("v") == ["b"], 5)
-        assert await b.expand_isr("v", e2, "c") is IsrChange.DONE
+        assert await b.expand_isr("v", e2, "c", "copy-c") is IsrChange.DONE
         assert await until(lambda: b.in_sync("v") == ["b", "c"], 5)
         # A node removed from the members (forget_cluster_node) that is still following
         # and catches up does not come back into the in-sync set.
         assert await b.remove_member("v", e2, "c") is IsrChange.DONE
-        assert await b.expand_isr("v", e2, "c") is IsrChange.NOT_MEMBER
+        assert await b.expand_isr("v", e2, "c", "copy-c") is IsrChange.NOT_MEMBER
         isr = json.loads((await b.client.get(b.vhost_key("v", "isr"))).value)
         assert isr == ["b"]
 
@@ -294,3 +294,21 @@ async def test_frozen_leader_wakes_to_a_higher_epoch(etcd):
                 os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             await reader
+
+
+async def test_a_leader_whose_watch_went_quiet_reads_its_key_back(etcd):
+    """A leader must not learn of its successor only from its watch: with its watch
+    stopped (a quiet stream), the deleted leader key is found by reading it back, within a
+    third of a lease TTL and a round trip."""
+    async with nodes(etcd, ["a", "b"]) as (a, b):
+        await a.place_vhost("v")
+        won = await a.campaign("v")
+        assert won.won
+        lost: list[str] = []
+        a.on_lost.append(lambda _vhost, _epoch, reason: lost.append(reason))
+        await a.vhosts.stop()  # nothing more reaches a's cache
+        await b.client.delete(a.vhost_key("v", "leader"))
+        started = time.monotonic()
+        assert await until(lambda: "v" not in a.leading, TTL)
+        assert time.monotonic() - started <= TTL / 3 + 0.5
+        assert lost == ["leader key changed (read back)"]

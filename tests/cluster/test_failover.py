@@ -6,11 +6,15 @@ after catching up on restart."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
+import subprocess
 
 import pika
 import pytest
+from machine import missing
 from test_node import TTL, Node, placement, three_nodes, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -159,3 +163,121 @@ def test_follower_kill9_shrinks_then_rejoins(cluster):
 
     assert until(rejoined, 20), victim.log.read_text()[-3000:]
     assert len(drain(leader, "q")) == 100
+
+
+#: Each fdatasync of the node with the replaced disk takes this long (strace's delay_exit):
+#: its catch-up takes seconds, so "in sync" reported before it holds everything shows.
+SLOW_FSYNC_US = 300_000
+
+
+@contextlib.contextmanager
+def fsync_fault(pid: int, fault: str):
+    """Every fdatasync of process `pid` (all its threads) gets strace's `fault` (its
+    inject= rule after the call's name) while the block runs: strace attached, then
+    detached (the process goes on untraced)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        missing("strace is not installed", "ROARMQ_EXPECT_PACKAGES")
+    args = [strace, "-f", "-qq", "-o", "/dev/null", "-p", str(pid), "-e", "trace=fdatasync"]
+    args += ["-e", f"inject=fdatasync:{fault}"]
+    tracer = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def tracers() -> set[int]:
+        found = set()
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError):
+                status = open(f"/proc/{pid}/task/{task}/status").read()
+                found.add(int(status.split("TracerPid:")[1].split()[0]))
+        return found
+
+    try:
+        assert until(lambda: tracers() == {tracer.pid} or tracer.poll() is not None, 10)
+        assert tracer.poll() is None, tracer.stderr.read().decode()  # type: ignore[union-attr]
+        yield
+    finally:
+        if tracer.poll() is None:
+            tracer.send_signal(signal.SIGINT)  # detaches from every thread and exits
+            tracer.wait(10)
+
+
+def test_a_replaced_disk_is_in_sync_only_once_it_holds_every_confirmed_message(cluster):
+    """A follower's disk is replaced: kill -9, its data dir emptied, restarted (with slow
+    fsyncs, so that its catch-up takes seconds). Once the leader reports it in sync the
+    two other nodes die: it then leads alone and must hold every confirmed message. (A
+    follower's acked offset used to be a remembered maximum: the empty copy was back in
+    the set as soon as it connected, and the messages it had not copied yet were lost.)"""
+    leader_name = until(lambda: agreed_leader(cluster), 30)
+    assert leader_name, [n.log.read_text()[-2000:] for n in cluster]
+    leader = by_name(cluster, leader_name)
+    victim = next(n for n in cluster if n is not leader)
+    pad = os.urandom(16 << 10)
+    confirmed = publish_confirmed(leader, "q", [b"%06d" % i + pad for i in range(600)])
+
+    victim.kill9()
+    shutil.rmtree(victim.data_dir)
+    victim.start()
+    assert victim.proc is not None
+
+    def reported_in_sync():
+        return victim.name in leader.api("/api/vhosts/%2F")["in_sync"]
+
+    with fsync_fault(victim.proc.pid, f"delay_exit={SLOW_FSYNC_US}"):
+        assert until(reported_in_sync, 90, step=0.05), victim.log.read_text()[-3000:]
+        for node in cluster:
+            if node is not victim:
+                node.kill9()
+    assert until(lambda: placement(victim)[0] == victim.name, 4 * TTL + 10, step=0.1), (
+        victim.log.read_text()[-3000:]
+    )
+    got = drain(victim, "q")
+    lost = set(confirmed) - set(got)
+    assert not lost, f"{len(lost)} of {len(confirmed)} confirmed messages lost"
+    assert got == confirmed
+
+
+def test_a_leader_left_alone_nacks_instead_of_confirming_on_one_copy(cluster):
+    """min_in_sync defaults to a majority of the vhost's members (2 of 3), checked when a
+    confirm is released: with both followers gone the leader nacks, so no single lost
+    disk can take a confirmed message with it."""
+    leader_name = until(lambda: agreed_leader(cluster), 30)
+    assert leader_name, [n.log.read_text()[-2000:] for n in cluster]
+    leader = by_name(cluster, leader_name)
+    assert publish_confirmed(leader, "q", [b"before"]) == [b"before"]
+    conn = connect(leader)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for node in cluster:
+        if node is not leader:
+            node.kill9()
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish("", "q", b"alone", PERSISTENT, mandatory=True)
+    conn.close()
+
+
+def test_a_leader_whose_log_fails_hands_over_instead_of_nacking_forever(cluster):
+    """The leader's fdatasyncs fail (EIO, strace): it nacks what waits, gives its key back
+    and does not campaign again with a failed log, so another in-sync member leads and
+    confirms, holding everything confirmed before."""
+    leader_name = until(lambda: agreed_leader(cluster), 30)
+    assert leader_name, [n.log.read_text()[-2000:] for n in cluster]
+    leader = by_name(cluster, leader_name)
+    before = publish_confirmed(leader, "q", [b"before%d" % i for i in range(20)])
+    survivors = [n for n in cluster if n is not leader]
+    assert leader.proc is not None
+    with fsync_fault(leader.proc.pid, "error=EIO"):
+        conn = connect(leader)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        with pytest.raises((pika.exceptions.NackError, pika.exceptions.AMQPConnectionError)):
+            ch.basic_publish("", "q", b"failed", PERSISTENT, mandatory=True)
+
+        def successor():
+            name = placement(survivors[0])[0]
+            return name if name not in (None, leader_name) else None
+
+        assert until(successor, 4 * TTL + 10, step=0.1), leader.log.read_text()[-3000:]
+    assert "its vhost log failed" in leader.log.read_text()
+    new = by_name(cluster, successor())
+    after = publish_confirmed(new, "q", [b"after"])
+    got = drain(new, "q")
+    assert set(before) <= set(got) and got[-1:] == after

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from roarmq.broker.cluster.replication import (
 )
 from roarmq.broker.cluster.replication_store import (
     SegmentRecordStore,
+    agreed_offset,
     checkpoint_record,
     epoch_record,
 )
@@ -94,6 +96,24 @@ class Cluster:
             await self.stop_follower(node)
         await self.leader.stop()
         self.leader_store.close()
+
+
+def own_the_set(leader: ReplicationLeader) -> list[tuple[str, str]]:
+    """The owner's part without etcd: a reported member leaves the in-sync set at once, a
+    caught-up one comes back with the copy it holds. Returns the changes, in order."""
+    changes: list[tuple[str, str]] = []
+
+    def leave(node: str) -> None:
+        changes.append(("out", node))
+        leader.remove_from_isr(node)
+
+    def enter(node: str) -> None:
+        changes.append(("in", node))
+        leader.add_to_isr(node, leader.copy_of(node))
+
+    leader.on_lagging.append(leave)
+    leader.on_caught_up.append(enter)
+    return changes
 
 
 @contextlib.asynccontextmanager
@@ -368,6 +388,17 @@ async def _isr(coord) -> list[str]:
     return json.loads(kv.value)
 
 
+async def rejoin_and_compare(tmp_path: Path, *, epoch: int, then_confirmed: int) -> None:
+    """Follower b rejoins leader a (logs prepared in tmp_path) at `epoch`; one record more
+    is confirmed at `then_confirmed`; both copies hold the same records, live and replayed."""
+    async with cluster(tmp_path, epoch=epoch, in_sync=("b",)) as c:
+        f = c.follower("b", epoch=epoch)
+        await publish(c.leader, [b"after"])
+        assert await until(lambda: c.leader.confirmed_offset() == then_confirmed, 5)
+        assert f.store.records() == c.leader_store.records()
+    assert replayed(tmp_path / "b") == replayed(tmp_path / "a")
+
+
 async def test_diverged_tail_of_the_same_length_is_truncated_kip101(tmp_path):
     """A deposed leader's follower holds records 31..40 of epoch 5 that the new leader (epoch
     9) never had; the new leader's own 31..40 differ. Same length, so only the epochs tell:
@@ -390,12 +421,7 @@ async def test_diverged_tail_of_the_same_length_is_truncated_kip101(tmp_path):
     leader_store.close()
     follower_store.close()
 
-    async with cluster(tmp_path, epoch=9, in_sync=("b",)) as c:
-        f = c.follower("b", epoch=9)
-        await publish(c.leader, [b"after"])
-        assert await until(lambda: c.leader.confirmed_offset() == 41, 5)
-        assert f.store.records() == c.leader_store.records()
-    assert replayed(tmp_path / "b") == replayed(tmp_path / "a")
+    await rejoin_and_compare(tmp_path, epoch=9, then_confirmed=41)
     assert replayed(tmp_path / "b")[30][1] == epoch_record(9)
 
 
@@ -421,8 +447,135 @@ async def test_truncation_below_a_trimmed_checkpoint_starts_the_follower_over(tm
         store.close()
 
     async with cluster(tmp_path, epoch=9, in_sync=("b",)) as c:
+        changes = own_the_set(c.leader)
         f = c.follower("b", epoch=9)
+        first_copy = f.store.copy_id
         await publish(c.leader, [b"after"])
         assert await until(lambda: c.leader.confirmed_offset() == 23, 5)
         assert f.store.records() == c.leader_store.records()
         assert f.store.first_offset == 1
+        # Started over: a new copy, which left the set and came back once caught up.
+        assert f.store.copy_id != first_copy
+        assert changes == [("out", "b"), ("in", "b")]
+        assert c.leader.copies["b"] == f.store.copy_id
+
+
+async def test_a_wiped_follower_leaves_the_set_and_is_back_only_once_caught_up(tmp_path):
+    """An in-sync follower's directory is emptied while it is down. What it acked before
+    is not what it holds: its new copy leaves the in-sync set when it connects, its acked
+    offset is what it says it holds, and it is back only once it holds everything."""
+    async with cluster(tmp_path, in_sync=("b",)) as c:
+        changes = own_the_set(c.leader)
+        held_when_back: list[int] = []
+        c.leader.on_caught_up.append(lambda node: held_when_back.append(f.store.durable_offset))
+        f = c.follower("b")
+        old_copy = f.store.copy_id
+        await publish(c.leader, payloads(2000, seed=31))
+        await asyncio.wait_for(c.leader.wait_confirmed(2000), 10)
+        assert c.leader.copies == {"b": old_copy}
+        await c.stop_follower("b")
+        shutil.rmtree(tmp_path / "b")
+        f = c.follower("b")
+        assert f.store.copy_id != old_copy
+        assert await until(lambda: ("in", "b") in changes, 10)
+        assert changes == [("out", "b"), ("in", "b")]
+        assert held_when_back and held_when_back[0] >= 2000
+        assert c.leader.copies == {"b": f.store.copy_id}
+        await publish(c.leader, [b"xafter"])
+        await asyncio.wait_for(c.leader.wait_confirmed(2001), 10)
+    assert replayed(tmp_path / "b") == replayed(tmp_path / "a")
+
+
+async def test_a_follower_that_reconnects_holding_less_than_confirmed_leaves_the_set(tmp_path):
+    """A copy rolled back under the same identity (its tail lost): what its HELLO says
+    is what counts, never what it acked before, and below the confirmed offset it is not
+    in sync."""
+    async with cluster(tmp_path, in_sync=("b",)) as c:
+        changes = own_the_set(c.leader)
+        c.follower("b")
+        await publish(c.leader, payloads(500, seed=32))
+        await asyncio.wait_for(c.leader.wait_confirmed(500), 10)
+        await c.stop_follower("b")
+        rolled_back = SegmentRecordStore(tmp_path / "b")
+        rolled_back.truncate(100)
+        rolled_back.sync()
+        rolled_back.close()
+        f = c.follower("b")
+        assert await until(lambda: changes == [("out", "b"), ("in", "b")], 10)
+        assert f.store.last_offset == 500
+        assert c.leader.holds_confirmed("b") == 500
+
+
+async def test_confirms_need_min_copies_when_released_not_only_when_appended(tmp_path):
+    """min_in_sync (here 2 of leader + b) is checked when a confirm is released: once b
+    has left the set, what was appended before is not confirmed by the leader alone, and
+    the owner hears that too few copies are left (it nacks what waits)."""
+    async with cluster(tmp_path, in_sync=("b",)) as c:
+        c.leader.set_min_copies(2)
+        too_few: list[bool] = []
+        c.leader.on_too_few.append(lambda: too_few.append(True))
+        c.follower("b")
+        await publish(c.leader, payloads(100, seed=33))
+        await asyncio.wait_for(c.leader.wait_confirmed(100), 10)
+        await c.stop_follower("b")
+        for payload in payloads(50, seed=34):
+            c.leader.append(payload)
+        await c.leader.flush()
+        assert c.leader.confirmed_offset() == 100  # b is still in the set: waiting for it
+        c.leader.remove_from_isr("b")  # the owner's shrink_isr txn succeeded
+        assert too_few == [True]
+        assert not c.leader.enough_copies()
+        await asyncio.sleep(0.05)
+        assert c.leader.confirmed_offset() == 100  # one copy: nothing more confirmed
+        c.leader.set_min_copies(1)  # a deliberate min_in_sync = 1
+        assert c.leader.confirmed_offset() == 150
+
+
+@pytest.mark.parametrize(
+    ("ours", "our_last", "theirs", "their_last", "agreed"),
+    [
+        ([(1, 1)], 40, [(1, 1)], 30, 30),  # one epoch: the shorter log
+        ([(1, 5), (31, 9)], 40, [(1, 5)], 40, 30),  # KIP-101: same length, newer epoch
+        # Two leader changes (KIP-279): the follower led epoch 3 after epoch 1 and wrote
+        # 11..20; the leader's log has epoch 2 at 11..15, then 4. Its end of epoch 3 is
+        # 15, but 11..15 of epoch 2 are not the follower's records of epoch 3.
+        ([(1, 1), (11, 2), (16, 4)], 30, [(1, 1), (11, 3)], 20, 10),
+        ([(1, 1), (11, 2), (16, 4)], 30, [(1, 1), (11, 2)], 13, 13),  # a prefix
+        ([(21, 9)], 30, [(11, 3), (25, 9)], 28, 20),  # trimmed: parts at the later start
+        ([(21, 9)], 30, [(11, 9)], 28, 28),  # trimmed, the same epoch from there on
+        ([], 10, [(1, 1)], 12, 10),  # no history: lengths alone
+    ],
+)
+def test_agreed_offset_finds_where_two_epoch_histories_part(
+    ours, our_last, theirs, their_last, agreed
+):
+    assert agreed_offset(ours, our_last, theirs, their_last) == agreed
+
+
+async def test_two_leader_changes_in_a_row_leave_no_diverged_tail_kip279(tmp_path):
+    """b led epoch 3 after epoch 1 and wrote 11..20, which nobody else got; meanwhile a
+    led epoch 2 (11..15) and now leads epoch 4. b's newest epoch is 3, and a's log says
+    epoch 3 ended at 15 (where 4 began): truncating b to 15 would keep b's 11..15 of
+    epoch 3 as if they were a's of epoch 2. From b's whole history, a truncates it at
+    10."""
+    leader_store = SegmentRecordStore(tmp_path / "a")
+    follower_store = SegmentRecordStore(tmp_path / "b")
+    for store in (leader_store, follower_store):
+        store.append(1, epoch_record(1))
+        for offset in range(2, 11):
+            store.append(offset, b"x%d" % offset)
+    follower_store.append(11, epoch_record(3))
+    for offset in range(12, 21):
+        follower_store.append(offset, b"b-epoch3-%d" % offset)
+    leader_store.append(11, epoch_record(2))
+    for offset in range(12, 16):
+        leader_store.append(offset, b"a-epoch2-%d" % offset)
+    leader_store.append(16, epoch_record(4))
+    for offset in range(17, 31):
+        leader_store.append(offset, b"a-epoch4-%d" % offset)
+    for store in (leader_store, follower_store):
+        store.sync()
+        store.close()
+
+    await rejoin_and_compare(tmp_path, epoch=4, then_confirmed=31)
+    assert not any(p.startswith(b"b-epoch3") for _, p in replayed(tmp_path / "b"))
