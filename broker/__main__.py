@@ -25,6 +25,7 @@ from typing import Any  # noqa: E402
 
 from . import __version__  # noqa: E402
 from .config import LOG_LEVELS, Config, ConfigError, load_config  # noqa: E402
+from .errors import StartupError  # noqa: E402
 from .logs import NOTICE, setup_logging  # noqa: E402
 
 log = logging.getLogger("roarmq.server")
@@ -121,10 +122,6 @@ def _load(args: argparse.Namespace) -> Config:
         node=args.node,
         replication_port=args.replication_port,
     )
-
-
-class StartupError(Exception):
-    """A reason the broker cannot start, told in one line (no traceback)."""
 
 
 def lock_data_dir(path: str) -> int:

@@ -168,6 +168,8 @@ class ClusterConfig:
     #: A vhost's log is checkpointed (its live state rewritten at its head) and trimmed once
     #: it holds this many bytes and more than twice its live data (docs/cluster.md).
     checkpoint_bytes: int = 8 << 20
+    #: Seconds a starting node waits for etcd to answer before it stops, saying so.
+    join_timeout: int = 30
 
 
 def majority(members: int) -> int:
@@ -490,6 +492,7 @@ def _cluster(raw: dict[str, Any], flags: dict[str, str] | None = None) -> Cluste
         "lease_ttl": lambda k, v: _int(k, v, 2, 600),  # etcd grants no lease under 2 s
         "replica_lag_ms": lambda k, v: _int(k, v, 1),
         "checkpoint_bytes": lambda k, v: _int(k, v, 1 << 16),
+        "join_timeout": lambda k, v: _int(k, v, 1, 3600),
     }
     values = {k: checks[k](flags.get(k) or f"[cluster] {k}", v) for k, v in raw.items()}
     for required in ("etcd", "node"):

@@ -24,3 +24,7 @@ class MetadataUnavailable(Exception):
     """A cluster node could not write operator metadata (users, permissions, policies...)
     to etcd, their one home (broker/cluster/metadata.py): nothing was changed. The
     management API answers 503; the node keeps serving with its cached copy."""
+
+
+class StartupError(Exception):
+    """A reason the broker cannot start, told in one line (no traceback)."""

@@ -47,6 +47,10 @@ def encode(name: str) -> str:
     return quote(name, safe="")
 
 
+class NodeNameTaken(Exception):
+    """Another instance (another data dir) is live in the cluster under this node's name."""
+
+
 class IsrChange(enum.Enum):
     DONE = "done"
     NOT_LEADER = "not leader any more"
@@ -169,6 +173,8 @@ class Coordinator:
         """A lease and this node's membership key. Starting the node (re)adds it to the
         cluster, so it clears a `forget_cluster_node` mark; a rejoin after a lost lease
         (frozen, cut off from etcd) does not: a node being drained stays forgotten."""
+        if starting:
+            await self._check_name_free()
         keeper = LeaseKeeper(self.client, self.lease_ttl, self.fencing)
         keeper.on_lost.append(self._lease_lost)
         await keeper.start()
@@ -177,6 +183,25 @@ class Coordinator:
         await self.client.put(self.node_key(self.node), json.dumps(info), lease=keeper.lease)
         if starting:
             await self.client.delete(self.forgotten_key(self.node))
+
+    async def _check_name_free(self) -> None:
+        """A live key under this node's name is either our own last life (the same
+        instance: killed, its lease not expired yet), whose lease is revoked so that its
+        leaderships go now, or another node's (NodeNameTaken)."""
+        kv = await self.client.get(self.node_key(self.node))
+        if kv is None:
+            return
+        held = json.loads(kv.value)
+        mine = self.info.get("instance")
+        if mine and held.get("instance") not in (None, mine):
+            raise NodeNameTaken(
+                f"[cluster] node {self.node!r} is already live in the cluster at "
+                f"{held.get('address')} (another data dir); give this node another name"
+            )
+        if kv.lease:
+            log.info("node %r: revoking the lease of this node's last life", self.node)
+            with contextlib.suppress(EtcdError):
+                await self.client.lease_revoke(kv.lease)
 
     @property
     def lease(self) -> int:

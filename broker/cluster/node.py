@@ -33,11 +33,13 @@ import hmac
 import json
 import logging
 import secrets
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from ..config import ClusterConfig
-from .coordination import Coordinator, IsrChange
+from ..config import ClusterConfig, majority
+from ..errors import StartupError
+from .coordination import Coordinator, IsrChange, NodeNameTaken
 from .etcd import EtcdClient, EtcdError, compare, put_op
 from .handoff import Handoffs
 from .metadata import OperatorMetadata
@@ -51,6 +53,9 @@ log = logging.getLogger("roarmq.cluster")
 
 #: Seconds between attempts to join when etcd cannot be reached at start.
 JOIN_RETRY = 1.0
+#: The file in the data dir naming this node's instance: a node name already live in the
+#: cluster under another instance is another machine's (or data dir's), not our last life.
+INSTANCE_FILE = "cluster-instance"
 
 
 def _hostport(host: str, port: object) -> str:
@@ -71,7 +76,6 @@ class ClusterNode:
         #: connection to a replication port (a follower's HELLO, a relayed client's
         #: HANDOFF) must carry it, as Erlang nodes show their cookie. Empty until joined.
         self.cookie = ""
-        self._join_task: asyncio.Task[None] | None = None
         self._reconcile_task: asyncio.Task[None] | None = None
         self._dirty = False
         self._placing: dict[str, asyncio.Task[None]] = {}
@@ -85,26 +89,42 @@ class ClusterNode:
     # -- life ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Join now if etcd answers; otherwise keep trying in the background (until then
-        every connection.open is refused: this node does not know who leads)."""
-        try:
-            await self._join()
-        except (EtcdError, OSError) as exc:
-            log.warning("cannot join the cluster yet (%s); retrying", exc)
-            self._join_task = asyncio.create_task(self._join_loop(), name="cluster-join")
-
-    async def _join_loop(self) -> None:
-        while not self._stopped:
-            await asyncio.sleep(JOIN_RETRY)
+        """Join the cluster, or stop the broker with one line saying why: etcd does not
+        answer within `join_timeout`, this node's name is live under another instance, or
+        the replication port is taken. (Until it has joined, every connection.open is
+        refused: this node does not know who leads.)"""
+        if self.replicas._server is None:
+            address = self.config.advertise or self._address()
+            try:
+                await self.replicas.start(address)
+            except OSError as exc:
+                raise StartupError(
+                    f"[cluster] replication_port {self.config.replication_port} on {address}: "
+                    f"{exc.strerror or exc}"
+                ) from None
+        deadline = asyncio.get_running_loop().time() + self.config.join_timeout
+        while True:
             try:
                 await self._join()
                 return
+            except NodeNameTaken as exc:
+                raise StartupError(str(exc)) from None
             except (EtcdError, OSError) as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise StartupError(
+                        f"[cluster] etcd {', '.join(self.config.etcd)} did not answer in "
+                        f"{self.config.join_timeout} s (join_timeout): {exc}"
+                    ) from None
                 log.warning("cannot join the cluster yet (%s); retrying", exc)
+                await asyncio.sleep(JOIN_RETRY)
+
+    def _address(self) -> str:
+        b = self.broker
+        return b.bound[0] if b.bound else b.config.amqp.bind[0]
 
     async def _join(self) -> None:
         b, cfg = self.broker, self.config
-        address = cfg.advertise or (b.bound[0] if b.bound else b.config.amqp.bind[0])
+        address = cfg.advertise or self._address()
         c = Coordinator(
             self.client,
             node=self.name,
@@ -115,7 +135,12 @@ class ClusterNode:
             replicas=cfg.replicas,
         )
         await self.handoff.listen()  # the Unix socket nodes on this machine pass clients to
-        c.info = {"amqp_port": b.port, "management_port": b.mgmt_port, **self.handoff.advertised()}
+        c.info = {
+            "amqp_port": b.port,
+            "management_port": b.mgmt_port,
+            "instance": self._instance(),
+            **self.handoff.advertised(),
+        }
         c.on_lost.append(self._lost)
         c.on_won.append(self.replicas.won)
         c.copy_of = lambda vhost: self.replicas.log_of(vhost).copy_id
@@ -131,8 +156,6 @@ class ClusterNode:
         c.vhosts.on_change.append(lambda _: self._poke())
         try:
             self.cookie = await self._cluster_cookie()
-            if self.replicas._server is None:
-                await self.replicas.start(address)
             await c.start()
             await c.nodes.synced()
             await self.metadata.start()  # users & co. as etcd has them before any open
@@ -152,6 +175,16 @@ class ClusterNode:
         log.info("joined the cluster as %r (lease %x)", self.name, c.lease)
         self._poke()
 
+    def _instance(self) -> str:
+        """This data dir's identity as a cluster node (made once; see INSTANCE_FILE)."""
+        path = Path(self.broker.config.storage.data_dir) / INSTANCE_FILE
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            instance = secrets.token_hex(16)
+            path.write_text(instance + "\n")
+            return instance
+
     async def _cluster_cookie(self) -> str:
         """The cluster's cookie, made (put-if-absent) by the first node to ask."""
         key = f"/{self.config.name}/cookie"
@@ -168,7 +201,7 @@ class ClusterNode:
     async def stop(self) -> None:
         """Leave: the lease is revoked, so this node's leaderships go at once."""
         self._stopped = True
-        for task in [self._join_task, self._reconcile_task, *self._placing.values()]:
+        for task in [self._reconcile_task, *self._placing.values()]:
             if task is not None:
                 await cancel_and_wait(task, Exception)
         self.handoff.close()
@@ -223,6 +256,33 @@ class ClusterNode:
                 }
             )
         return rows
+
+    def replica_status(self, vhost: str) -> list[dict[str, Any]] | None:
+        """Each other member as this node sees it while leading `vhost` (None: it does
+        not lead it; the leader answers, the API forwards there)."""
+        leader = self.replicas.leaders.get(vhost)
+        if leader is None or self.coordinator is None:
+            return None
+        return leader.member_status(self.coordinator.vhost_members(vhost))
+
+    def quorum_critical(self) -> list[str]:
+        """The vhosts that could no longer confirm, or not be led at all, if this node
+        stopped now: it is in their in-sync set, and the other live in-sync members are
+        fewer than the vhost's `min_in_sync` (or none)."""
+        c = self.coordinator
+        if c is None:
+            return []
+        live = c.members()
+        critical = []
+        for vhost, members in sorted(self.placements().items()):
+            in_sync = c.in_sync(vhost)
+            if self.name not in in_sync:
+                continue
+            others = [n for n in in_sync if n != self.name and n in live]
+            need = self.config.min_in_sync or majority(max(len(members), 1))
+            if not others or len(others) < need:
+                critical.append(vhost)
+        return critical
 
     def placements(self) -> dict[str, list[str]]:
         """vhost -> members, from this node's cache of etcd."""

@@ -58,7 +58,7 @@ from ..store.messages import _MARK, MessageStore, confirm_waiting, encode_publis
 from ..store.segments import Location, LogFailed, RecoveryReport, SegmentLog
 from ..stream import DEFAULT_SEGMENT_SIZE, record_offset
 from . import replicated_definitions as definitions
-from .replication_store import CHECKPOINT_TAG, checkpoint_record, epoch_record
+from .replication_store import CHECKPOINT_TAG, EPOCH_TAG, checkpoint_record, epoch_record
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -89,6 +89,17 @@ DEFINITIONS_BARRIER = "definitions: waiting for the in-sync set"
 
 class ReplicatedMessageStore(MessageStore):
     """A clustered vhost's message store on its leader (see module doc)."""
+
+    FOREIGN_KINDS = frozenset(
+        tag[0]
+        for tag in (
+            definitions.DEFINITIONS_TAG,
+            STREAM_TAG,
+            STREAM_START_TAG,
+            EPOCH_TAG,
+            CHECKPOINT_TAG,
+        )
+    )
 
     def __init__(
         self,

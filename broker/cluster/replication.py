@@ -77,6 +77,9 @@ class _Follower:
     writer: asyncio.StreamWriter | None = None
     next_offset: int = 1
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    #: When it last acked (or said HELLO), and when a frame last went to it (monotonic).
+    heard_at: float = field(default_factory=time.monotonic)
+    sent_at: float = field(default_factory=time.monotonic)
 
 
 class ReplicationLeader:
@@ -275,6 +278,31 @@ class ReplicationLeader:
             self.copies[node] = copy
             self._recompute()
 
+    def member_status(self, members: list[str]) -> list[dict[str, object]]:
+        """This leader's own view of each other member (not etcd's): in the set or not,
+        connected, what it holds durably of this copy of the log, how far behind the
+        leader's durable offset that is, and how long since it was last heard from."""
+        now = time.monotonic()
+        rows: list[dict[str, object]] = []
+        for node in members:
+            if node == self.node:
+                continue
+            follower = self._followers.get(node)
+            held = follower.acked if follower is not None else 0
+            rows.append(
+                {
+                    "node": node,
+                    "in_sync": node in self.in_sync,
+                    "connected": follower is not None and follower.writer is not None,
+                    "holds": held,
+                    "behind": max(0, self.durable - held),
+                    "last_heard_ms": (
+                        round((now - follower.heard_at) * 1000) if follower is not None else None
+                    ),
+                }
+            )
+        return rows
+
     def copy_of(self, node: str) -> str:
         """The copy of the log `node` last said it holds ("": not connected yet)."""
         follower = self._followers.get(node)
@@ -340,9 +368,24 @@ class ReplicationLeader:
         period = max(0.005, self.replica_lag_ms / 4000)
         while True:
             await asyncio.sleep(period)
-            self._check_lag(time.monotonic())
+            now = time.monotonic()
+            self._heartbeat(now)
+            self._check_lag(now)
+
+    def _heartbeat(self, now: float) -> None:
+        """An empty batch to each follower that got nothing for a quarter of the lag limit:
+        it acks it, so that an idle vhost still hears from every member (`_check_lag`)."""
+        quiet = self.lag_limit / 4
+        for follower in self._followers.values():
+            writer = follower.writer
+            if writer is not None and now - follower.sent_at > quiet and not writer.is_closing():
+                follower.sent_at = now
+                writer.write(wire.records_frame(self.epoch, ()))
 
     def _check_lag(self, now: float) -> None:
+        """An in-sync member leaves when it has not acked an offset `replica_lag_ms` after
+        the leader made it durable, or has not been heard from at all for that long (on an
+        idle vhost too: a powered-off follower is not in sync)."""
         for node in list(self.in_sync):
             follower = self._follower(node)
             if follower.lag_reported:
@@ -350,9 +393,14 @@ class ReplicationLeader:
             held = self.holds_confirmed(node)
             i = bisect.bisect_right(self._durable_at, (held, float("inf")))
             if i < len(self._durable_at) and now - self._durable_at[i][1] > self.lag_limit:
-                follower.lag_reported = True
-                log.warning("vhost %r: follower %s lags (holds %d)", self.vhost, node, held)
-                _run_all(self.on_lagging, node)
+                why = f"lags (holds {held})"
+            elif now - follower.heard_at > self.lag_limit:
+                why = f"silent for {now - follower.heard_at:.1f} s"
+            else:
+                continue
+            follower.lag_reported = True
+            log.warning("vhost %r: follower %s %s", self.vhost, node, why)
+            _run_all(self.on_lagging, node)
 
     def report_lagging(self, node: str) -> None:
         """Take `node` out of the in-sync set through the owner now (`on_lagging`), without
@@ -415,6 +463,11 @@ class ReplicationLeader:
         if hello.get("vhost") != self.vhost or self.deposed_by is not None:
             writer.write(wire.control(wire.REFUSE, {"reason": "not leading", "epoch": self.epoch}))
             return
+        unsupported = wire.unsupported(hello)
+        if unsupported is not None:
+            log.error("vhost %r: follower %s refused: %s", self.vhost, node, unsupported)
+            writer.write(wire.control(wire.REFUSE, {"reason": unsupported, "epoch": self.epoch}))
+            return
         if epoch > self.epoch:
             writer.write(wire.control(wire.REFUSE, {"reason": "deposed", "epoch": self.epoch}))
             self.depose(epoch, node)
@@ -426,10 +479,12 @@ class ReplicationLeader:
         # this name acked before.
         follower.acked = 0
         follower.copy = copy
+        follower.heard_at = time.monotonic()
         if node in self.in_sync:
             self._check_copy(follower)
         writer.transport.set_write_buffer_limits(high=self.high_water)
-        writer.write(wire.control(wire.WELCOME, {"epoch": self.epoch, "start": offset + 1}))
+        welcome = {"epoch": self.epoch, "start": offset + 1, **wire.VERSIONS}
+        writer.write(wire.control(wire.WELCOME, welcome))
         agreed = self._agreed(hello, offset)
         if self._needs_snapshot(agreed):
             self._start_snapshot(follower)
@@ -536,6 +591,7 @@ class ReplicationLeader:
                 continue
             batch = self._read(follower.next_offset)
             writer.write(wire.records_frame(self.epoch, batch))
+            follower.sent_at = time.monotonic()
             follower.next_offset = batch[-1][0] + 1
             await writer.drain()
 
@@ -556,6 +612,7 @@ class ReplicationLeader:
                 self.depose(epoch, follower.node)
                 return
             if epoch == self.epoch and follower.writer is writer:  # not a replaced session's
+                follower.heard_at = time.monotonic()
                 self._on_ack(follower, offset)
 
     def _on_ack(self, follower: _Follower, offset: int) -> None:
@@ -667,6 +724,7 @@ class ReplicationFollower:
                 "last_epoch": self.store.last_epoch(),
                 "epochs": self.store.epoch_starts(),
                 "copy": self.store.copy_id,
+                **wire.VERSIONS,
             }
             if self.cookie:
                 hello["cookie"] = self.cookie
@@ -692,6 +750,11 @@ class ReplicationFollower:
             return False
         if kind != wire.WELCOME:
             raise wire.ProtocolError(f"expected WELCOME, got frame {kind}")
+        unsupported = wire.unsupported(fields)
+        if unsupported is not None:
+            log.error("vhost %r: leader refused: %s", self.vhost, unsupported)
+            _run_all(self.on_refused, unsupported, epoch)
+            return False
         if epoch < self.epoch:
             self._refuse_stale(writer, epoch)
             return False

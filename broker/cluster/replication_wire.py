@@ -2,13 +2,20 @@
 
 Every frame is ``u32 length | u8 kind | body`` (big-endian; length counts kind and body).
 
-    HELLO    F->L  JSON {"vhost", "node", "epoch", "offset", "last_epoch", "epochs", "copy"}:
-                   who I am, the epoch I know, the highest offset I hold durable, the
-                   epoch it was written at, my epoch history ([first offset, epoch]...)
-                   and the identity of my copy of the log
-    WELCOME  L->F  JSON {"epoch", "start"}: records follow from offset `start`
+    HELLO    F->L  JSON {"vhost", "node", "epoch", "offset", "last_epoch", "epochs", "copy",
+                   "version", "min_version"}: who I am, the epoch I know, the highest
+                   offset I hold durable, the epoch it was written at, my epoch history
+                   ([first offset, epoch]...), the identity of my copy of the log, and
+                   the protocol versions I speak and need
+    WELCOME  L->F  JSON {"epoch", "start", "version", "min_version"}: records follow from
+                   offset `start`
+
+Versions: each side refuses a peer whose `min_version` is above the version it speaks (a
+missing field is version 1). A newer node joins an older cluster by speaking the older
+version until every node speaks the newer one.
     REFUSE   both  JSON {"reason", "epoch"}: then the sender closes
-    RECORDS  L->F  u64 epoch, u32 count, count x (u64 offset, u32 length, payload)
+    RECORDS  L->F  u64 epoch, u32 count, count x (u64 offset, u32 length, payload); an
+                   empty one is the leader's heartbeat on a quiet log (acked as any)
     RESET    L->F  u64 epoch, u64 start: drop everything you hold; a snapshot (records from
                    `start`) follows, then the stream goes on
     ACK      F->L  u64 epoch, u64 durable offset
@@ -29,6 +36,20 @@ import struct
 from collections.abc import Iterable
 
 HELLO, WELCOME, REFUSE, RECORDS, RESET, ACK, TRUNCATE = range(1, 8)
+
+#: The protocol version this node speaks, and the oldest one it can replicate with.
+VERSION = 1
+MIN_VERSION = 1
+VERSIONS = {"version": VERSION, "min_version": MIN_VERSION}
+
+
+def unsupported(fields: dict) -> str | None:
+    """Why a peer that sent `fields` (its HELLO or WELCOME) cannot be replicated with."""
+    needed = int(fields.get("min_version", 1))
+    if needed > VERSION:
+        return f"the peer needs replication protocol {needed}; this node speaks {VERSION}"
+    return None
+
 
 _HEAD = struct.Struct(">IB")
 _U64U32 = struct.Struct(">QI")

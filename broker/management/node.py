@@ -168,6 +168,41 @@ async def health_ok(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def quorum_critical(request: web.Request) -> web.Response:
+    """RabbitMQ's node-is-quorum-critical: 503 when stopping this node now would leave a
+    replicated vhost without enough live in-sync copies to confirm (its `min_in_sync`),
+    or without any to lead it; the vhost's durable queues are listed as RabbitMQ lists
+    the quorum queues that would lose their quorum."""
+    b = broker_of(request)
+    if b.cluster is None:
+        return web.json_response({"status": "ok", "reason": "single node cluster"})
+    critical = b.cluster.quorum_critical()
+    if not critical:
+        return web.json_response({"status": "ok"})
+    queues = [
+        {
+            "name": queue.name,
+            "readable_name": f"queue '{queue.name}' in vhost '{name}'",
+            "virtual_host": name,
+            "type": queue.queue_type,
+        }
+        for name in critical
+        if (vhost := b.vhosts.get(name)) is not None
+        for queue in vhost.queues.values()
+        if queue.durable
+    ]
+    return web.json_response(
+        {
+            "status": "failed",
+            "reason": "There are quorum queues that would lose their quorum if the target "
+            "node is shut down",
+            "queues": queues,
+            "vhosts": critical,
+        },
+        status=503,
+    )
+
+
 async def alarms(request: web.Request) -> web.Response:
     """RabbitMQ's alarms check, and a message store that cannot write counts as one."""
     b = broker_of(request)

@@ -262,7 +262,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/aliveness-test/{vhost}", node.aliveness)
     router.add_get("/api/health/checks/local-alarms", node.alarms)
     router.add_get("/api/health/checks/virtual-hosts", node.health_ok)
-    router.add_get("/api/health/checks/node-is-quorum-critical", node.health_ok)
+    router.add_get("/api/health/checks/node-is-quorum-critical", node.quorum_critical)
     router.add_get("/api/health/checks/node-is-mirror-sync-critical", node.health_ok)
     router.add_get("/api/health/checks/port-listener/{port}", node.port_listener)
     router.add_get("/api/health/checks/protocol-listener/{protocol}", node.protocol_listener)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.frames import ContentHeader
 
+from ..errors import StartupError
 from ..logs import NOTICE
 from .segments import Location, LogFailed, SegmentLog
 
@@ -271,6 +272,10 @@ class MessageStore:
     acks and delivery markers wait in memory. `resume()` brings the log back in place
     (SegmentLog.resume) and writes those markers; the broker calls it again until it works.
     """
+
+    #: Record kinds of other owners that a log shared with them holds (a cluster's vhost
+    #: log): skipped at recovery. Any other unknown kind stops it (a newer version's).
+    FOREIGN_KINDS: frozenset[int] = frozenset()
 
     def __init__(
         self,
@@ -582,8 +587,14 @@ class MessageStore:
                 marks.setdefault(msg_id, []).append((kind, qid, loc))
                 if msg_id > last_id:  # never reuse an id a tombstone on disk names
                     last_id = msg_id
+            elif kind in self.FOREIGN_KINDS:
+                self.log.release(loc)  # another owner's record in a shared log
             else:
-                self.log.release(loc)
+                raise StartupError(
+                    f"{self.dir}: a record of kind {bytes([kind])!r} ({len(payload)} "
+                    "bytes) is not of this version's message store (written by a newer "
+                    "RoarMQ?): run that version, or move the directory aside"
+                )
         for msg_id in [m for m in marks if m not in index]:
             for _, _, loc in marks.pop(msg_id):
                 self.log.release(loc)  # its publish is gone for good

@@ -7,10 +7,13 @@ after catching up on restart."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
+import urllib.error
+import urllib.request
 
 import pika
 import pytest
@@ -281,3 +284,53 @@ def test_a_leader_whose_log_fails_hands_over_instead_of_nacking_forever(cluster)
     after = publish_confirmed(new, "q", [b"after"])
     got = drain(new, "q")
     assert set(before) <= set(got) and got[-1:] == after
+
+
+def quorum_check(node: Node) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{node.mgmt_port}/api/health/checks/node-is-quorum-critical",
+        headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="},  # guest:guest
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=2) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_node_is_quorum_critical_says_which_node_can_be_stopped(cluster):
+    """All three in sync: any one can stop (2 copies left, min_in_sync 2). With one
+    follower gone, each of the other two is critical: stopping it would leave one copy."""
+    leader_name = until(lambda: agreed_leader(cluster), 30)
+    assert leader_name, [n.log.read_text()[-2000:] for n in cluster]
+    leader = by_name(cluster, leader_name)
+    publish_confirmed(leader, "q", [b"m"])
+    assert [quorum_check(n) for n in cluster] == [(200, {"status": "ok"})] * 3
+    victim = next(n for n in cluster if n is not leader)
+    victim.kill9()
+    rest = [n for n in cluster if n is not victim]
+
+    def critical():
+        return all(quorum_check(n)[0] == 503 for n in rest)
+
+    assert until(critical, 4 * TTL + 5), [quorum_check(n) for n in rest]
+    # The leader's own view of each member (GET /api/vhosts/{vhost}: "replicas").
+    rows = {row["node"]: row for row in leader.api("/api/vhosts/%2F")["replicas"]}
+    assert set(rows) == {n.name for n in cluster} - {leader_name}
+    assert not rows[victim.name]["in_sync"] and not rows[victim.name]["connected"]
+    (other,) = [n for n in rest if n is not leader]
+    assert rows[other.name]["in_sync"] and rows[other.name]["connected"]
+    assert rows[other.name]["behind"] == 0 and rows[other.name]["last_heard_ms"] < 5000
+    status, body = quorum_check(leader)
+    assert body["reason"] == (
+        "There are quorum queues that would lose their quorum if the target node is shut down"
+    )
+    assert body["vhosts"] == ["/"]
+    assert body["queues"] == [
+        {
+            "name": "q",
+            "readable_name": "queue 'q' in vhost '/'",
+            "virtual_host": "/",
+            "type": "classic",
+        }
+    ]

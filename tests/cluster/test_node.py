@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -286,3 +287,46 @@ def test_a_fenced_leader_closes_its_clients_and_refuses_new_ones_until_etcd_answ
         assert got[0] == b"before" and got[-1] == b"after"
     finally:
         node.stop()
+
+
+def stopped_with(node: Node, timeout: float = 20) -> str:
+    """The last line a node that could not start logged (it must exit 1)."""
+    assert node.proc is not None
+    assert node.proc.wait(timeout) == 1, node.log.read_text()[-2000:]
+    return node.log.read_text().strip().splitlines()[-1]
+
+
+def test_a_node_whose_configuration_cannot_work_stops_at_start_saying_why(etcd, tmp_path):
+    """One line each: etcd that does not answer (join_timeout), a node name live under
+    another data dir, a replication port in use. The same name from the same data dir
+    is the node's own last life: it starts."""
+    for sub in "abcd":
+        (tmp_path / sub).mkdir()
+    nobody = Node(tmp_path / "a", "lonely", f"http://127.0.0.1:{free_port()}")
+    with open(nobody.config, "a") as config:
+        config.write("join_timeout = 1\n")
+    started = time.monotonic()
+    line = stopped_with(nobody.start())
+    assert "cannot start: [cluster] etcd http://127.0.0.1:" in line, line
+    assert "did not answer in 1 s (join_timeout)" in line, line
+    assert time.monotonic() - started < 15
+
+    first = Node(tmp_path / "b", "twin", etcd.url).start()
+    try:
+        assert until(lambda: first.api("/api/vhosts/%2F")["leader"] == "twin", 30)
+        second = Node(tmp_path / "c", "twin", etcd.url)
+        line = stopped_with(second.start())
+        assert "cannot start: [cluster] node 'twin' is already live in the cluster" in line
+        first.kill9()  # its last life's lease is still alive: the same data dir restarts
+        first.start()
+        assert until(lambda: first.api("/api/vhosts/%2F")["leader"] == "twin", 30)
+    finally:
+        first.stop()
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = Node(tmp_path / "d", "busy", etcd.url)
+        busy.repl_port = taken.getsockname()[1]
+        line = stopped_with(busy.start())
+    assert f"cannot start: [cluster] replication_port {busy.repl_port} on 127.0.0.1" in line

@@ -579,3 +579,45 @@ async def test_two_leader_changes_in_a_row_leave_no_diverged_tail_kip279(tmp_pat
 
     await rejoin_and_compare(tmp_path, epoch=4, then_confirmed=31)
     assert not any(p.startswith(b"b-epoch3") for _, p in replayed(tmp_path / "b"))
+
+
+async def test_on_an_idle_vhost_a_silent_member_leaves_and_a_quiet_one_stays(tmp_path):
+    """Nothing is published: a member that still acks the leader's heartbeats stays in
+    the set past the lag limit; one that stopped talking is reported after it (a
+    powered-off follower on an idle vhost is not in sync)."""
+    lag_ms = 300
+    async with cluster(tmp_path, in_sync=("b", "c"), lag_ms=lag_ms) as c:
+        lagging: list[tuple[str, float]] = []
+        c.leader.on_lagging.append(lambda node: lagging.append((node, time.monotonic())))
+        c.follower("b"), c.follower("c")
+        await publish(c.leader, payloads(10, seed=41))
+        await asyncio.wait_for(c.leader.wait_confirmed(10), 10)
+        await c.stop_follower("c")
+        stopped = time.monotonic()
+        assert await until(lambda: lagging, 5)
+        # Silent since its last ack, which may precede the stop by a heartbeat period.
+        assert lagging[0][0] == "c" and lagging[0][1] - stopped >= 0.75 * lag_ms / 1000
+        await asyncio.sleep(4 * lag_ms / 1000)
+        assert [node for node, _ in lagging] == ["c"]  # b, idle but heard, stays
+
+
+async def test_a_peer_that_needs_a_newer_protocol_is_refused_in_words(tmp_path):
+    """The replication protocol carries a version: a follower that needs a newer one
+    than the leader speaks is refused with the reason (an older follower, or one that
+    sends no version, is version 1 and served)."""
+    async with cluster(tmp_path, in_sync=()) as c:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        hello = {"vhost": VHOST, "node": "future", "epoch": 0, "offset": 0, "min_version": 99}
+        writer.write(wire.control(wire.HELLO, hello))
+        kind, body = await wire.read_frame(reader)
+        assert kind == wire.REFUSE
+        reason = wire.decode_control(body)["reason"]
+        assert reason == "the peer needs replication protocol 99; this node speaks 1"
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        writer.write(
+            wire.control(wire.HELLO, {"vhost": VHOST, "node": "old", "epoch": 0, "offset": 0})
+        )
+        kind, body = await wire.read_frame(reader)
+        assert kind == wire.WELCOME and wire.decode_control(body)["version"] == 1
+        writer.close()

@@ -14,6 +14,7 @@ import pika
 import pytest
 from faultlib import PERSISTENT, BrokerProcess, connect, drain, free_port, wait_for
 
+from roarmq.broker.store.segments import SegmentLog
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 # slow (kill -9 rounds and restarts): `make check` leaves it out
@@ -249,3 +250,22 @@ def test_an_ack_with_nothing_after_it_reaches_the_disk_soon(tmp_path):
         assert [b for b, _ in drain(broker.port, "alone")] == [b"1", b"2"]
     finally:
         broker.stop()
+
+
+def test_a_record_kind_of_a_newer_version_stops_recovery_saying_so(tmp_path):
+    """A message store holding a record this version does not know (a newer RoarMQ wrote
+    it, then an older one was started on the data dir) is not recovered around it: the
+    broker stops, with one line naming the directory and the kind. Skipping it would
+    drop whatever it meant."""
+    broker = BrokerProcess(tmp_path / "data").start()
+    connect(broker.port).close()
+    broker.stop()
+    with SegmentLog.open(tmp_path / "data" / "messages") as log:
+        log.append(b"Z" + bytes(20))
+        log.sync_now()
+    with pytest.raises(AssertionError):  # it exits instead of serving
+        broker.start()
+    assert broker.proc is not None and broker.proc.wait(10) == 1
+    last = broker.log.read_text().strip().splitlines()[-1]
+    assert "cannot start:" in last and "messages: a record of kind b'Z' (21 bytes)" in last
+    assert "is not of this version's message store" in last
