@@ -545,11 +545,12 @@ class OperatorMetadata:
         return True
 
     async def import_definitions(self, doc: dict[str, Any]) -> None:
-        """A definitions file: its vhosts, users, limits, permissions, topic permissions and
-        policies into etcd (validated first, written in as few txns as fit), then its
-        exchanges, queues and bindings here as a single node imports them."""
+        """A definitions file's operator metadata: its vhosts, users, limits, permissions,
+        topic permissions and policies into etcd (validated first, written in as few txns
+        as fit). Its exchanges, queues and bindings are each vhost's leader's: the
+        management API sends them there (`import_at_the_leaders`)."""
         from ..auth import hash_password
-        from ..management.definitions import _tags_of, import_definitions, limit_value
+        from ..management.definitions import _tags_of, limit_value
         from ..management.definitions import vhost_metadata as metadata_of
         from ..policy import make_policy
 
@@ -600,9 +601,6 @@ class OperatorMetadata:
         for name, meta in vhosts:
             await self.add_vhost(name, meta)
         await self._write(ops, "import the definitions")
-        import_definitions(
-            self.broker, {k: doc.get(k, []) for k in ("exchanges", "queues", "bindings")}
-        )
 
 
 def _changed(response: dict[str, Any]) -> bool:

@@ -265,6 +265,29 @@ class ClusterNode:
             return None
         return leader.member_status(self.coordinator.vhost_members(vhost))
 
+    async def definitions_durable(self, vhost: str) -> str | None:
+        """After a change to the definitions of `vhost`, led here: None once its in-sync
+        set holds them (the management API answers then, as an AMQP declare's reply
+        waits); otherwise why they may not survive a failover (it answers 503)."""
+        c = self.coordinator
+        store = self.replicas.stores.get(vhost)
+        leader = self.replicas.leaders.get(vhost)
+        epoch = c.leading.get(vhost) if c is not None else None
+        if store is None or leader is None or epoch is None:
+            return f"vhost '{vhost}' is not led by node '{self.name}' any more"
+        offset = store.append_definitions_if_changed()
+        wait = 2 * self.config.lease_ttl + self.config.replica_lag_ms / 1000
+        try:
+            await asyncio.wait_for(leader.wait_confirmed(offset), wait)
+        except TimeoutError:
+            return (
+                f"the change to vhost '{vhost}' was not confirmed by its in-sync copies in "
+                f"{wait:.0f} s (min_in_sync {leader.min_copies})"
+            )
+        if c is None or not c.may_confirm(vhost, epoch):
+            return f"node '{self.name}' lost vhost '{vhost}' before the change was confirmed"
+        return None
+
     def quorum_critical(self) -> list[str]:
         """The vhosts that could no longer confirm, or not be led at all, if this node
         stopped now: it is in their in-sync set, and the other live in-sync members are

@@ -9,10 +9,14 @@
   Sorting, `name=`, `columns=` and paging are applied after the merge. A node that does not
   answer is skipped and named in `X-RoarMQ-Nodes-Skipped`.
 * One vhost's objects (`/api/queues/{vhost}/{name}...`, `/api/exchanges/{vhost}/{name}...`,
-  `/api/bindings/{vhost}...`, `GET /api/definitions/{vhost}`, `/api/route/...`,
+  `/api/bindings/{vhost}...`, `/api/definitions/{vhost}`, `/api/route/...`,
   `/api/aliveness-test/{vhost}`), any method, asked of a node that does not lead the vhost:
   forwarded as they are to its leader, which holds them (`at_the_leader`); the answer comes
-  back unchanged, marked `X-RoarMQ-Served-By`.
+  back unchanged, marked `X-RoarMQ-Served-By`. At the leader, a change is answered once
+  the vhost's in-sync set holds it (503 saying why otherwise); a vhost with no leader
+  answers 503, never from a node's stale copy.
+* `POST /api/definitions` anywhere: its operator metadata goes to etcd, and each vhost's
+  exchanges, queues and bindings to that vhost's leader (`import_at_the_leaders`).
 * `POST /api/vhosts/{vhost}/leader` `{"node": NAME}` (administrator): move the vhost's
   leadership (`ClusterNode.move_leader`), forwarded to the current leader when asked
   elsewhere.
@@ -34,7 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from ..api_query import QUERY_KEYS, shape
-from .context import bad_request, broker_of, read_json
+from .context import USER, bad_request, broker_of, read_json
 
 #: Marks a request from another node: answer with this node's own rows, ask nobody.
 NODE_LOCAL = "X-RoarMQ-Node-Local"
@@ -208,8 +212,29 @@ async def merged_lists(request: web.Request, handler: Any) -> web.StreamResponse
 
 def _held_by_the_leader(route: str, method: str) -> bool:
     if route == "/api/definitions/{vhost}":
-        return method == "GET"  # an import writes operator metadata too: etcd's path
+        return True  # an import's objects are the leader's; its metadata goes to etcd there
     return any(route == r or route.startswith(r + "/") for r in AT_THE_LEADER)
+
+
+def _unavailable(text: str) -> web.Response:
+    return web.json_response({"error": "unavailable", "reason": text}, status=503)
+
+
+async def _here_once_durable(
+    request: web.Request, handler: Any, cluster: Any, vhost: str
+) -> web.StreamResponse:
+    """Serve a request for a vhost this node leads; a change to its definitions is
+    answered once the in-sync set holds it (as an AMQP declare's reply waits), or with
+    503 saying why it may not survive a failover."""
+    user = request.get(USER)
+    down = cluster.vhost_down(vhost, getattr(user, "name", "")) or cluster.refusal(vhost)
+    if down is not None:
+        return _unavailable(down)
+    response = await handler(request)
+    if request.method in ("GET", "HEAD") or response.status >= 300:
+        return response
+    problem = await cluster.definitions_durable(vhost)
+    return response if problem is None else _unavailable(problem)
 
 
 @web.middleware
@@ -224,8 +249,15 @@ async def at_the_leader(request: web.Request, handler: Any) -> web.StreamRespons
     if vhost is None or route is None or not _held_by_the_leader(route, request.method):
         return await handler(request)
     leader = cluster.leader_of(vhost)
-    if leader is None or leader == cluster.name:
-        return await handler(request)  # ours, or nobody's at the moment: answered here
+    if leader is None:
+        if vhost in broker.vhosts or vhost in cluster.placements():
+            # No stale copy: only a leader's answer is the vhost's.
+            return _unavailable(
+                f"vhost '{vhost}' has no leader at the moment (an election is under way)"
+            )
+        return await handler(request)  # unknown here: the handler's 404
+    if leader == cluster.name:
+        return await _here_once_durable(request, handler, cluster, vhost)
     peer = next((n for n in _peers(request) if n["name"] == leader), None)
     if peer is None:
         return web.json_response(
@@ -262,6 +294,46 @@ def _default_order(row: Any) -> tuple[str, str]:
 
 
 # -- leadership and membership --------------------------------------------------------------
+
+
+async def import_at_the_leaders(request: web.Request, objects: dict[str, list]) -> None:
+    """The exchanges, queues and bindings of a definitions import, each vhost's through
+    its leader (POST /api/definitions/{vhost} there, or here when this node leads it),
+    answered once each leader's in-sync set holds them: on another node they would never
+    reach the vhost's log. Raises HTTPServiceUnavailable naming the vhost that could
+    not take its part."""
+    from .definitions import import_definitions
+
+    broker = broker_of(request)
+    cluster = broker.cluster
+    parts: dict[str, dict[str, list]] = {}
+    for key, rows in objects.items():
+        for row in rows:
+            parts.setdefault(row.get("vhost", "/"), {}).setdefault(key, []).append(row)
+    for vhost, part in parts.items():
+        leader = cluster.leader_of(vhost)
+        if leader is None:
+            problem = f"vhost '{vhost}' has no leader at the moment (an election is under way)"
+        elif leader == cluster.name:
+            problem = cluster.refusal(vhost)
+            if problem is None:
+                import_definitions(broker, part)
+                problem = await cluster.definitions_durable(vhost)
+        elif request.headers.get(NODE_LOCAL):
+            problem = f"node '{cluster.name}' does not lead vhost '{vhost}'"
+        else:
+            peer = next((n for n in _peers(request) if n["name"] == leader), None)
+            if peer is None:
+                problem = f"the leader of vhost '{vhost}', node '{leader}', is not reachable"
+            else:
+                path = f"/api/definitions/{urllib.parse.quote(vhost, safe='')}"
+                status, answer = await _call_node(request, peer, "POST", path, part, 30.0)
+                problem = None if status < 300 else f"node '{leader}' answered {status}: {answer}"
+        if problem is not None:
+            raise web.HTTPServiceUnavailable(
+                text=json.dumps({"error": "unavailable", "reason": problem}),
+                content_type="application/json",
+            )
 
 
 async def _at_leader(

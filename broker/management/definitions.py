@@ -17,6 +17,7 @@ from .. import __version__
 from ..auth import hash_password
 from ..exchange import Exchange
 from ..queue_arguments import QUEUE_TYPES
+from .cluster import import_at_the_leaders
 from .context import bad_request, broker_of, keep_an_administrator, read_json, vhosts_of
 from .erlang import ApiArguments
 from .rows import json_safe
@@ -350,7 +351,9 @@ async def post_definitions(request: web.Request) -> web.Response:
     broker = broker_of(request)
     try:
         if broker.cluster is not None:  # operator metadata through etcd (cluster/metadata.py)
+            objects = {key: body.get(key) or [] for key in ("exchanges", "queues", "bindings")}
             await broker.cluster.metadata.import_definitions(body)
+            await import_at_the_leaders(request, objects)
         else:
             import_definitions(broker, body)
     except (KeyError, TypeError, ValueError, ProtocolError) as exc:
