@@ -541,6 +541,7 @@ def cluster_status(api: Api, a: argparse.Namespace) -> str:
             "leader": v.get("leader"),
             "members": ", ".join(v.get("members") or []),
             "in_sync": ", ".join(v.get("in_sync") or []),
+            "replicas": v.get("replicas"),
         }
         for v in vhosts
     ]
@@ -550,9 +551,47 @@ def cluster_status(api: Api, a: argparse.Namespace) -> str:
             render(node_rows, ["node", "running", "address", "leads"], "table"),
             "",
             "Vhosts",
-            render(vhost_rows, ["vhost", "leader", "members", "in_sync"], "table"),
+            render(vhost_rows, ["vhost", "leader", "members", "in_sync", "replicas"], "table"),
         ]
     )
+
+
+def _membership(api: Api, method: str, path: str, body: Any, what: str) -> Any:
+    try:
+        return api.call(method, path, body)
+    except ApiError as exc:
+        if exc.status in (404, 405):
+            raise CtlError("this broker is not a cluster node") from None
+        raise CtlError(f"cannot {what}: {exc.reason}") from None
+
+
+def add_vhost_member(api: Api, a: argparse.Namespace) -> str:
+    """A copy of the vhost on one more node (RabbitMQ's add_member): it catches up, then
+    joins the in-sync set; `move_vhost_leader` can hand it the vhost after that."""
+    what = f"add node '{a.node}' to vhost '{a.vhost}'"
+    result = _membership(api, "POST", f"/api/vhosts/{q(a.vhost)}/members", {"node": a.node}, what)
+    return f'Adding node "{a.node}" to vhost "{a.vhost}" ... members: ' + ", ".join(
+        result.get("members", [])
+    )
+
+
+def delete_vhost_member(api: Api, a: argparse.Namespace) -> str:
+    """Take a node's copy out of a vhost (RabbitMQ's delete_member); the vhost's replica
+    count shrinks with it. Its leader cannot be taken out: move the leadership first."""
+    what = f"remove node '{a.node}' from vhost '{a.vhost}'"
+    path = f"/api/vhosts/{q(a.vhost)}/members/{q(a.node)}"
+    result = _membership(api, "DELETE", path, None, what)
+    return f'Removing node "{a.node}" from vhost "{a.vhost}" ... members: ' + ", ".join(
+        result.get("members", [])
+    )
+
+
+def set_vhost_replicas(api: Api, a: argparse.Namespace) -> str:
+    """How many copies one vhost keeps (its leader adds or removes members to match)."""
+    what = f"set the replicas of vhost '{a.vhost}'"
+    body = {"replicas": a.replicas}
+    _membership(api, "PUT", f"/api/vhosts/{q(a.vhost)}/replicas", body, what)
+    return f'Setting the replicas of vhost "{a.vhost}" to {a.replicas} ...'
 
 
 def forget_cluster_node(api: Api, a: argparse.Namespace) -> str:
@@ -697,6 +736,24 @@ def _parser() -> argparse.ArgumentParser:
         forget_cluster_node,
         "drain a node: move its leaderships, remove it from every vhost (administrator)",
     ).add_argument("node")
+    for name, run, text in (
+        ("add_vhost_member", add_vhost_member, "give a vhost a copy on a node (administrator)"),
+        (
+            "delete_vhost_member",
+            delete_vhost_member,
+            "take a node's copy out of a vhost (administrator)",
+        ),
+    ):
+        c = command(name, run, text)
+        c.add_argument("vhost")
+        c.add_argument("node")
+    c = command(
+        "set_vhost_replicas",
+        set_vhost_replicas,
+        "how many copies a vhost keeps, 1 to 9 (administrator)",
+    )
+    c.add_argument("vhost")
+    c.add_argument("replicas", type=int)
     return p
 
 

@@ -5,6 +5,8 @@ The keys (`{p}` is `/{name}`, vhost and node names percent-encoded, so "/" is "%
     {p}/nodes/{node}            {"address", "replication_port"}  on the node's lease
     {p}/vhosts/{vhost}/members  ["a", "b", "c"]  the vhost's replicas, first = preferred leader
     {p}/vhosts/{vhost}/isr      ["a", "b"]       the in-sync set (never empty)
+    {p}/vhosts/{vhost}/replicas N                the vhost's own replica count (operator's;
+                                absent: [cluster] replicas)
     {p}/vhosts/{vhost}/copies   {"a": id, ...}   the copy of the log each in-sync member was
                                 admitted with (replication_store.py's COPY); written in
                                 the same txns as `isr`. An in-sync member with no entry
@@ -238,6 +240,16 @@ class Coordinator:
             return False
         pinned = self.copies(vhost).get(self.node)
         return pinned is None or pinned == self.copy_of(vhost)
+
+    def vhost_replicas(self, vhost: str) -> int:
+        """How many members the vhost should have: its own setting, else `replicas`."""
+        kv = self.vhosts.get(self.vhost_key(vhost, "replicas"))
+        return int(json.loads(kv.value)) if kv else self.replicas
+
+    async def set_vhost_replicas(self, vhost: str, replicas: int) -> None:
+        """The operator's replica count for one vhost (its leader adds or removes members
+        to match: ClusterNode._fill)."""
+        await self.client.put(self.vhost_key(vhost, "replicas"), json.dumps(replicas))
 
     def vhost_members(self, vhost: str) -> list[str]:
         kv = self.vhosts.get(self.vhost_key(vhost, "members"))

@@ -257,6 +257,11 @@ class ClusterNode:
             )
         return rows
 
+    def replica_count(self, vhost: str) -> int:
+        """The copies the vhost should have (its own setting, else [cluster] replicas)."""
+        c = self.coordinator
+        return c.vhost_replicas(vhost) if c is not None else self.config.replicas
+
     def replica_status(self, vhost: str) -> list[dict[str, Any]] | None:
         """Each other member as this node sees it while leading `vhost` (None: it does
         not lead it; the leader answers, the API forwards there)."""
@@ -458,10 +463,23 @@ class ClusterNode:
         await self.replicas.forget(vhost)
 
     async def _fill(self, c: Coordinator, vhost: str, epoch: int, members: list[str]) -> None:
-        """Add live nodes to the vhost's members; each joins the in-sync set once it has
-        caught up with the log (the replication leader's on_caught_up -> expand_isr)."""
+        """Bring the vhost's members to its replica count: add live nodes (each joins the
+        in-sync set once it has caught up with the log: the replication leader's
+        on_caught_up -> expand_isr), or remove the ones least in sync (never this
+        leader; a member leaves the in-sync set first, `remove_member`)."""
         live = c.members()
-        room = self.config.replicas - len(members)
+        target = c.vhost_replicas(vhost)
+        if len(members) > target:
+            in_sync = set(c.in_sync(vhost))
+            extra = sorted(
+                (n for n in members if n != self.name),
+                key=lambda n: (n in in_sync and n in live, members.index(n)),
+            )[: len(members) - target]
+            for node in extra:
+                await self.remove_member(vhost, node)
+                log.info("vhost %r: node %r removed from its members", vhost, node)
+            return
+        room = target - len(members)
         for node in sorted(n for n in live if n not in members)[: max(room, 0)]:
             if await c.is_forgotten(node):  # forget_cluster_node: being decommissioned
                 continue
@@ -550,6 +568,41 @@ class ClusterNode:
             if not resigned:
                 for conn in held:
                     conn.flow.release(MOVING)
+
+    async def add_vhost_member(self, vhost: str, node: str) -> None:
+        """Give a vhost this node leads a copy on `node` (a live node, not forgotten): it
+        joins the members now and the in-sync set once caught up; the vhost's replica
+        count grows with it if it was full."""
+        c = self.coordinator
+        epoch = c.leading.get(vhost) if c is not None else None
+        if c is None or epoch is None:
+            raise MoveRefused(f"node '{self.name}' does not lead vhost '{vhost}'")
+        members = c.vhost_members(vhost)
+        if node in members:
+            return
+        if node not in c.members():
+            raise MoveRefused(f"node '{node}' is not running")
+        if await c.is_forgotten(node):
+            raise MoveRefused(f"node '{node}' was forgotten (forget_cluster_node); start it again")
+        if len(members) + 1 > c.vhost_replicas(vhost):
+            await c.set_vhost_replicas(vhost, len(members) + 1)
+        if await c.add_member(vhost, epoch, node) is not IsrChange.DONE:
+            raise MoveRefused(f"node '{self.name}' lost vhost '{vhost}' meanwhile")
+
+    async def delete_vhost_member(self, vhost: str, node: str) -> None:
+        """Take `node`'s copy out of a vhost this node leads (not this node: move the
+        leadership first); the vhost's replica count shrinks with it, so the copy is not
+        made again elsewhere."""
+        c = self.coordinator
+        if c is None or vhost not in c.leading:
+            raise MoveRefused(f"node '{self.name}' does not lead vhost '{vhost}'")
+        if node == self.name:
+            raise MoveRefused(f"node '{node}' leads vhost '{vhost}': move its leadership first")
+        members = c.vhost_members(vhost)
+        if node not in members:
+            return
+        await c.set_vhost_replicas(vhost, max(1, min(len(members) - 1, c.vhost_replicas(vhost))))
+        await self.remove_member(vhost, node)
 
     async def remove_member(self, vhost: str, node: str) -> None:
         """Take node out of a vhost this node leads (members and in-sync set)."""

@@ -416,6 +416,14 @@ class ReplicationLeader:
     def lag_limit(self) -> float:
         return self.replica_lag_ms / 1000
 
+    def members_changed(self) -> None:
+        """The vhost's members changed: a caught-up follower that was not a member when it
+        was reported (it stayed out) is reported again, now that it may be one."""
+        for follower in self._followers.values():
+            if follower.node not in self.in_sync:
+                follower.caught_up_reported = False
+        self._check_caught_up_all()
+
     def _check_caught_up_all(self) -> None:
         for follower in self._followers.values():
             self._check_caught_up(follower)

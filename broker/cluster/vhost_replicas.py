@@ -158,6 +158,7 @@ class VhostReplicas:
         `min_copies` with them)."""
         for vhost, leader in self.leaders.items():
             leader.set_min_copies(self.min_copies(vhost))
+            leader.members_changed()
 
     def log_status(self, vhost: str) -> dict[str, Any] | None:
         """This node's copy of the vhost's log, for the API (None: it holds none)."""

@@ -394,11 +394,42 @@ async def _remove(request: web.Request, vhost: str, node: str) -> tuple[int, Any
     )
 
     async def here() -> dict[str, Any]:
-        if node in cluster.members(vhost):
-            await cluster.remove_member(vhost, node)
+        await cluster.delete_vhost_member(vhost, node)
         return {"vhost": vhost, "members": [n for n in cluster.members(vhost) if n != node]}
 
     return await _at_leader(request, vhost, "DELETE", path, None, here)
+
+
+async def add_member(request: web.Request) -> web.Response:
+    """POST /api/vhosts/{vhost}/members {"node": NAME}: a copy of the vhost on NAME, on
+    (or forwarded to) the vhost's leader."""
+    cluster = _cluster_of(request)
+    vhost = request.match_info["vhost"]
+    node = (await read_json(request)).get("node")
+    if not isinstance(node, str) or not node:
+        raise bad_request('the body must name the node: {"node": NAME}')
+    path = f"/api/vhosts/{urllib.parse.quote(vhost, safe='')}/members"
+
+    async def here() -> dict[str, Any]:
+        await cluster.add_vhost_member(vhost, node)
+        return {"vhost": vhost, "members": cluster.members(vhost)}
+
+    status, body = await _at_leader(request, vhost, "POST", path, {"node": node}, here)
+    return web.json_response(body, status=status)
+
+
+async def set_replicas(request: web.Request) -> web.Response:
+    """PUT /api/vhosts/{vhost}/replicas {"replicas": N}: the vhost's own replica count
+    (1 to 9); its leader adds or removes members to match."""
+    broker, cluster = broker_of(request), _cluster_of(request)
+    vhost = request.match_info["vhost"]
+    replicas = (await read_json(request)).get("replicas")
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 9:
+        raise bad_request('the body must give the count, 1 to 9: {"replicas": N}')
+    if vhost not in broker.vhosts and vhost not in cluster.placements():
+        raise bad_request(f"no vhost '{vhost}'")
+    await cluster.coordinator.set_vhost_replicas(vhost, replicas)  # its watch: the leader acts
+    return web.json_response({"vhost": vhost, "replicas": replicas})
 
 
 async def move_leader(request: web.Request) -> web.Response:

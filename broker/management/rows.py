@@ -261,7 +261,8 @@ def vhost_row(
         row["leader"] = cluster.leader_of(vhost.name)
         row["members"] = cluster.members(vhost.name)
         row["in_sync"] = cluster.in_sync(vhost.name)
-        row["replicas"] = cluster.replica_status(vhost.name)
+        row["replicas"] = cluster.replica_count(vhost.name)
+        row["member_status"] = cluster.replica_status(vhost.name)
         row["replicated_log"] = cluster.replicas.log_status(vhost.name)
     return row
 

@@ -294,6 +294,8 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/api/archive/roll", node.archive_roll)
     router.add_post("/api/vhosts/{vhost}/leader", cluster.move_leader)
     router.add_delete("/api/vhosts/{vhost}/members/{node}", cluster.remove_member)
+    router.add_post("/api/vhosts/{vhost}/members", cluster.add_member)
+    router.add_put("/api/vhosts/{vhost}/replicas", cluster.set_replicas)
     router.add_delete("/api/nodes/{name}", cluster.forget_node)
     router.add_get("/api/queue-arguments", console.queue_arguments)
     router.add_post("/api/queues/{vhost}/{name}/move", console.move_messages)

@@ -169,3 +169,60 @@ def test_move_status_lists_and_forget(cluster):
     headers, rows = raw(others[0], "/api/queues")
     assert headers.get("X-RoarMQ-Nodes-Skipped") == target.name, headers
     assert sorted(r["name"] for r in rows) == ["classic", "qq"]
+
+
+def test_an_operator_moves_a_vhost_onto_a_new_node_and_sets_its_replicas(etcd, tmp_path):
+    """With `replicas = 2` one node holds no copy of "/" (a node just added). From `roarmq
+    ctl` alone: give it a copy, hand it the leadership, take the old leader's copy out,
+    shrink the vhost to one copy and grow it to three again, losing no confirmed message
+    and keeping "in sync" true at every step."""
+    with three_nodes(etcd, tmp_path, "replicas = 2\n") as nodes:
+
+        def settled(size: int):
+            seen = {placement(node) for node in nodes}
+            if len(seen) != 1:
+                return None
+            (leader, members, in_sync), *_ = seen
+            ok = leader and len(members) == size and set(in_sync) == set(members)
+            return (leader, members) if ok else None
+
+        placed = until(lambda: settled(2), 30)
+        assert placed, [n.log.read_text()[-2000:] for n in nodes]
+        old_leader, members = placed
+        (newcomer,) = [n for n in nodes if n.name not in members]
+        any_node = nodes[0]
+        conn = pika.BlockingConnection(by_name(nodes, old_leader).params())
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("kept", durable=True)
+        for i in range(100):
+            ch.basic_publish("", "kept", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        conn.close()
+
+        code, out, err = run_ctl(any_node, "add_vhost_member", "/", newcomer.name)
+        assert code == 0, err
+        assert until(lambda: settled(3), 30), [placement(n) for n in nodes]
+        code, out, err = run_ctl(any_node, "move_vhost_leader", "/", newcomer.name)
+        assert code == 0, err
+        assert until(lambda: (settled(3) or ("",))[0] == newcomer.name, 30)
+        code, out, err = run_ctl(any_node, "delete_vhost_member", "/", old_leader)
+        assert code == 0, err
+        assert until(lambda: settled(2), 30), [placement(n) for n in nodes]
+        assert old_leader not in placement(newcomer)[1]
+
+        code, out, err = run_ctl(any_node, "set_vhost_replicas", "/", "1")
+        assert code == 0, err
+        assert until(lambda: settled(1), 30), [placement(n) for n in nodes]
+        code, out, err = run_ctl(any_node, "set_vhost_replicas", "/", "3")
+        assert code == 0, err
+        assert until(lambda: settled(3), 30), [placement(n) for n in nodes]
+        code, out, err = run_ctl(any_node, "cluster_status")
+        assert code == 0 and "replicas" in out, err
+
+        conn = pika.BlockingConnection(newcomer.params())
+        ch = conn.channel()
+        got = []
+        while (message := ch.basic_get("kept", auto_ack=True))[0] is not None:
+            got.append(message[2])
+        conn.close()
+        assert got == [b"%d" % i for i in range(100)]
