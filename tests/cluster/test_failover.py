@@ -314,8 +314,8 @@ def test_node_is_quorum_critical_says_which_node_can_be_stopped(cluster):
         return all(quorum_check(n)[0] == 503 for n in rest)
 
     assert until(critical, 4 * TTL + 5), [quorum_check(n) for n in rest]
-    # The leader's own view of each member (GET /api/vhosts/{vhost}: "replicas").
-    rows = {row["node"]: row for row in leader.api("/api/vhosts/%2F")["replicas"]}
+    # The leader's own view of each member (GET /api/vhosts/{vhost}: "member_status").
+    rows = {row["node"]: row for row in leader.api("/api/vhosts/%2F")["member_status"]}
     assert set(rows) == {n.name for n in cluster} - {leader_name}
     assert not rows[victim.name]["in_sync"] and not rows[victim.name]["connected"]
     (other,) = [n for n in rest if n is not leader]
