@@ -312,3 +312,32 @@ async def test_a_leader_whose_watch_went_quiet_reads_its_key_back(etcd):
         assert await until(lambda: "v" not in a.leading, TTL)
         assert time.monotonic() - started <= TTL / 3 + 0.5
         assert lost == ["leader key changed (read back)"]
+
+
+async def test_a_resign_etcd_does_not_take_lets_go_at_once_and_gives_the_key_back_later(etcd):
+    """A leader resigns while etcd is away (a move, a failed promotion, a failed log): it
+    stops leading at once (its clients are not held) and deletes its key once etcd
+    answers again, so the vhost is not left with a leader that does not lead."""
+    async with nodes(etcd, ["a"]) as (a,):
+        await a.place_vhost("v")
+        won = await a.campaign("v")
+        assert won.won
+        lost: list[str] = []
+        a.on_lost.append(lambda _vhost, _epoch, reason: lost.append(reason))
+        etcd.kill()
+        assert await a.resign("v", "its vhost log failed") is False
+        assert lost == ["its vhost log failed"] and "v" not in a.leading
+        etcd.start()
+        key = a.vhost_key("v", "leader")
+
+        async def key_gone() -> bool:
+            try:
+                return await a.client.get(key) is None
+            except Exception:
+                return False
+
+        deadline = time.monotonic() + 20
+        while not await key_gone():
+            assert time.monotonic() < deadline, "the leader key was never given back"
+            await asyncio.sleep(0.1)
+        assert a.given_up == {}
