@@ -54,11 +54,12 @@ cluster-stop:
 	$(VENV)/bin/roarmq cluster-demo stop
 
 # System packages the tests use: amqp-tools (librabbitmq's CLI), a Java runtime for Spark,
-# the openssl CLI (tests/broker/test_tls.py runs docs/security.md's certificate recipe), and
-# headless Chromium with its driver (tests/ui/test_web_ui.py drives the web UI).
+# the openssl CLI (tests/broker/test_tls.py runs docs/security.md's certificate recipe),
+# headless Chromium with its driver (tests/ui/test_web_ui.py drives the web UI), and fuse3
+# (libfuse3 and fusermount3, for tests/support/powerloss.py's power-loss filesystem).
 # Installed through apt when we can; otherwise the tests that need them say why they did
 # not run.
-APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless) $(if $(shell command -v openssl),,openssl) $(if $(shell command -v chromedriver),,chromium chromium-driver) $(if $(shell command -v strace),,strace)
+APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless) $(if $(shell command -v openssl),,openssl) $(if $(shell command -v chromedriver),,chromium chromium-driver) $(if $(shell command -v strace),,strace) $(if $(shell command -v fusermount3),,fuse3)
 
 system-deps:
 	@if [ -n "$(strip $(APT_PACKAGES))" ]; then \
@@ -127,13 +128,15 @@ EXPECT_COMPILED := $(if $(shell command -v cc),ROARMQ_EXPECT_COMPILED=1)
 # What `make test` provides, the absence of which is then our failure, not a skip
 # (tests/machine.py): where apt-get and dpkg-deb are, `make tools` extracts etcd, prometheus
 # and rabbitmqadmin; as root with apt-get, `system-deps` installs amqp-tools, Java and
-# chromium; with npm, `node-deps` installs amqplib.
+# chromium; with npm, `node-deps` installs amqplib; as root where /dev/fuse exists, FUSE
+# mounts (tests/support/powerloss.py).
 EXPECT_TOOLS := $(if $(and $(shell command -v apt-get),$(shell command -v dpkg-deb)),ROARMQ_EXPECT_TOOLS=1)
 EXPECT_PACKAGES := $(if $(and $(filter 0,$(shell id -u)),$(shell command -v apt-get)),ROARMQ_EXPECT_PACKAGES=1)
 EXPECT_NODE := $(if $(shell command -v npm),ROARMQ_EXPECT_NODE=1)
+EXPECT_FUSE := $(if $(and $(filter 0,$(shell id -u)),$(wildcard /dev/fuse)),ROARMQ_EXPECT_FUSE=1)
 
 test: $(DEV_STAMP) system-deps node-deps tools
-	$(call timed,$(EXPECT_COMPILED) $(EXPECT_TOOLS) $(EXPECT_PACKAGES) $(EXPECT_NODE) $(PY) -m pytest \
+	$(call timed,$(EXPECT_COMPILED) $(EXPECT_TOOLS) $(EXPECT_PACKAGES) $(EXPECT_NODE) $(EXPECT_FUSE) $(PY) -m pytest \
 	  && ROARMQ_NO_EXTENSIONS=1 $(PY) -m pytest -q -m "not slow")
 
 # The edit-test loop: every test not marked `slow` (pyproject.toml says what that covers), no

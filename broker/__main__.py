@@ -27,6 +27,7 @@ from . import __version__  # noqa: E402
 from .config import LOG_LEVELS, Config, ConfigError, load_config  # noqa: E402
 from .errors import StartupError  # noqa: E402
 from .logs import NOTICE, setup_logging  # noqa: E402
+from .store.segments import make_dirs_durably  # noqa: E402
 
 log = logging.getLogger("roarmq.server")
 
@@ -134,7 +135,7 @@ def lock_data_dir(path: str) -> int:
 
     where = Path(path).resolve()
     try:
-        where.mkdir(parents=True, exist_ok=True)
+        make_dirs_durably(where)
         fd = os.open(where / "roarmq.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise StartupError(

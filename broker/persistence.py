@@ -27,6 +27,7 @@ from .store.definitions import (
     PermissionDef,
     UserDef,
 )
+from .store.segments import make_dirs_durably
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -43,7 +44,7 @@ class Persistence:
     def __init__(self, broker: Broker, data_dir: str | Path) -> None:
         self.broker = broker
         self.dir = Path(data_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs_durably(self.dir)
         existed = (self.dir / DEFINITIONS_FILE).exists()
         self.definitions = DefinitionStore(self.dir / DEFINITIONS_FILE)
         #: Not seeded yet: the config's users, vhosts and permissions seed it. The seed and

@@ -8,8 +8,10 @@ environment (see its `test` target):
 * ``ROARMQ_EXPECT_TOOLS``: apt-get and dpkg-deb are here, so `make tools` extracts etcd,
   prometheus and rabbitmqadmin from Debian's packages;
 * ``ROARMQ_EXPECT_PACKAGES``: root and apt-get, so `make system-deps` installs amqp-tools, a
-  Java runtime and chromium with its driver;
+  Java runtime, chromium with its driver and fuse3;
 * ``ROARMQ_EXPECT_NODE``: npm is here, so `make node-deps` installs amqplib;
+* ``ROARMQ_EXPECT_FUSE``: root, and /dev/fuse is here, so FUSE filesystems mount
+  (tests/support/powerloss.py);
 * ``ROARMQ_EXPECT_COMPILED``: a C compiler is here, so `make install` compiles the message
   path.
 """
