@@ -4,7 +4,9 @@ Invariant 6 (../shared/design/cluster.md): each node's copy is a cache fed by a 
 a known revision. The copy remembers the revision it reflects; when the watch breaks
 (etcd restarted, the connection reset, `stop()` then `start()`), it resumes from that
 revision + 1 and receives exactly what it missed. If etcd has compacted past that revision
-it reloads the whole prefix (`reloads` counts the full loads) and watches from the reload.
+it reloads the whole prefix (`reloads` counts the full loads) and watches from the reload;
+so it does when etcd's revision is now below it (etcd restored from an older backup: a
+watch from a future revision would wait, silent, showing keys etcd no longer has).
 """
 
 from __future__ import annotations
@@ -116,6 +118,16 @@ class PrefixCache:
         delay = RETRY_FIRST
         while True:
             try:
+                _, current = await self.client.range(self.prefix)  # etcd's revision now
+                if current < self.revision:
+                    log.warning(
+                        "watch %s: etcd is at revision %d, below ours %d (restored from an "
+                        "older backup?); reloading",
+                        self.prefix,
+                        current,
+                        self.revision,
+                    )
+                    await self.load()
                 async for _, events in self.client.watch(
                     self.prefix, prefix=True, start_revision=self.revision + 1
                 ):

@@ -11,8 +11,19 @@ The keys (`{p}` is `/{name}`, vhost and node names percent-encoded, so "/" is "%
                                 admitted with (replication_store.py's COPY); written in
                                 the same txns as `isr`. An in-sync member with no entry
                                 has held nothing confirmed yet (the set as placed).
-    {p}/vhosts/{vhost}/leader   {"node", "address"} on the leader's lease; its create
-                                revision is the leadership's epoch
+    {p}/vhosts/{vhost}/leader   {"node", "address", "base"} on the leader's lease; its
+                                create revision is the leadership's epoch, and that plus
+                                `base` its term (below)
+    {p}/epoch_base              N: what terms add to etcd's revisions (absent: 0)
+
+Terms: the replicated logs number their epochs by term, not by etcd revision, because a
+restored etcd snapshot takes the revisions back: a new leadership could then get an epoch
+a log already holds. A term is the leader key's create revision plus the `epoch_base` the
+campaign read (in its value, so every node computes the same term). A node that meets a
+term etcd never issued in this history (in its own log when it wins, or from a follower
+that knows more) raises the base past it (`raise_base`) and resigns: the next leadership's
+term is above every term any copy holds. etcd's guarded txns compare the epoch (the create
+revision) as before.
 
 Invariants (../shared/design/cluster.md) and where each is kept:
 2. the in-sync set changes only in a txn comparing the leader key's create revision with
@@ -128,6 +139,8 @@ class Coordinator:
         #: vhost -> (in-sync set, copies) as the winning campaign read them in etcd: what a
         #: new leader starts from (the cache may lag behind a watch).
         self.won_with: dict[str, tuple[list[str], dict[str, str]]] = {}
+        #: vhost -> the term of this node's leadership (epoch + the base it was won with).
+        self.terms: dict[str, int] = {}
         self._campaigns: dict[str, asyncio.Task[None]] = {}
         #: vhost -> epoch: leaderships given up while fenced whose key may still be ours in
         #: etcd (our lease may have outlived the cut): deleted once etcd answers again.
@@ -225,6 +238,38 @@ class Coordinator:
         kv = self.vhosts.get(self.vhost_key(vhost, "leader"))
         return (json.loads(kv.value)["node"], kv.create_revision) if kv else None
 
+    def leader_term(self, vhost: str) -> int:
+        """The term of the vhost's leadership as this node's cache knows it (0: none)."""
+        kv = self.vhosts.get(self.vhost_key(vhost, "leader"))
+        return kv.create_revision + int(json.loads(kv.value).get("base", 0)) if kv else 0
+
+    def base_key(self) -> str:
+        return f"{self.prefix}/epoch_base"
+
+    async def raise_base(self, term: int) -> None:
+        """etcd was restored to an older revision (`term` was issued by a later history):
+        raise `epoch_base` so that every leadership from now on has a higher term."""
+        key = self.base_key()
+        for _ in range(10):
+            kvs, revision = await self.client.range(key)
+            base = int(json.loads(kvs[0].value)) if kvs else 0
+            if revision + base > term:
+                return  # already past it (another node raised it, or etcd moved on)
+            wanted = term + 1 - revision
+            result = await self.client.txn(
+                [compare(key, "MOD", kvs[0].mod_revision if kvs else 0)],
+                [put_op(key, json.dumps(wanted))],
+            )
+            if result.succeeded:
+                log.warning(
+                    "term %d was issued by etcd before a restore: epoch_base %d -> %d",
+                    term,
+                    base,
+                    wanted,
+                )
+                return
+        raise EtcdError("epoch_base kept changing under us")
+
     def in_sync(self, vhost: str) -> list[str]:
         kv = self.vhosts.get(self.vhost_key(vhost, "isr"))
         return json.loads(kv.value) if kv else []
@@ -274,7 +319,9 @@ class Coordinator:
         if copies.get(self.node) not in (None, mine):
             current = await self.client.get(leader_key)
             return _campaign_failed(current, "this node's copy of the log is not the in-sync one")
-        info = {"node": self.node, "address": self.address}
+        base_kv = await self.client.get(self.base_key())
+        base = int(json.loads(base_kv.value)) if base_kv else 0
+        info = {"node": self.node, "address": self.address, "base": base}
         success = [put_op(leader_key, json.dumps(info), lease=self.keeper.lease)]
         if mine and copies.get(self.node) is None:
             copies = {**copies, self.node: mine}
@@ -284,6 +331,7 @@ class Coordinator:
                 compare(leader_key, "CREATE", 0),
                 compare(isr_key, "MOD", isr.mod_revision),
                 compare(copies_key, "MOD", copies_kv.mod_revision if copies_kv else 0),
+                compare(self.base_key(), "MOD", base_kv.mod_revision if base_kv else 0),
             ],
             success,
             [range_op(leader_key)],
@@ -292,15 +340,17 @@ class Coordinator:
             (current,) = result.ranges()
             if current and current[0].lease == self.keeper.lease:
                 # Ours already: an earlier try of this txn was applied but its reply lost.
-                return self._won(vhost, current[0].create_revision)
+                base = int(json.loads(current[0].value).get("base", 0))
+                return self._won(vhost, current[0].create_revision, base)
             why = "a leader exists" if current else "the in-sync set changed"
             return _campaign_failed(current[0] if current else None, why)
         self.won_with[vhost] = (json.loads(isr.value), copies)
-        return self._won(vhost, result.revision)  # the txn's: the key's create revision
+        return self._won(vhost, result.revision, base)  # the txn's: the key's create revision
 
-    def _won(self, vhost: str, epoch: int) -> Campaign:
+    def _won(self, vhost: str, epoch: int, base: int = 0) -> Campaign:
         self.leading[vhost] = epoch
-        log.info("vhost %r: leader at epoch %d", vhost, epoch)
+        self.terms[vhost] = epoch + base
+        log.info("vhost %r: leader at epoch %d (term %d)", vhost, epoch, epoch + base)
         _run_all(self.on_won, vhost, epoch)
         return Campaign(True, self.node, epoch)
 

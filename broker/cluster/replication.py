@@ -101,6 +101,10 @@ class ReplicationLeader:
     ) -> None:
         self.vhost = vhost
         self.epoch = epoch
+        #: The etcd leadership this replication serves (the leader key's create revision,
+        #: which etcd's guarded txns compare): the epoch itself unless etcd was restored
+        #: to an older revision (coordination.py, "terms").
+        self.leadership = epoch
         self.store = store
         self.node = node
         self.in_sync: set[str] = set(in_sync) - {node}  # followers; the leader is implicit
@@ -476,9 +480,10 @@ class ReplicationLeader:
             log.error("vhost %r: follower %s refused: %s", self.vhost, node, unsupported)
             writer.write(wire.control(wire.REFUSE, {"reason": unsupported, "epoch": self.epoch}))
             return
-        if epoch > self.epoch:
+        newest = max([epoch, *(int(e) for _, e in hello.get("epochs", ()))])
+        if newest > self.epoch:  # it knows, or holds records of, a later term than ours
             writer.write(wire.control(wire.REFUSE, {"reason": "deposed", "epoch": self.epoch}))
-            self.depose(epoch, node)
+            self.depose(newest, node)
             return
         follower = self._follower(node)
         _close(follower.writer)  # a reconnection replaces the old connection
@@ -842,12 +847,13 @@ class ReplicationFollower:
 async def shrink_then_forget(coordinator, leader: ReplicationLeader, node: str):  # type: ignore[no-untyped-def]
     """Remove a lagging follower from the in-sync set in etcd, then stop waiting for it.
 
-    `coordinator.shrink_isr` is a txn that checks this node still leads at `leader.epoch`;
+    `coordinator.shrink_isr` is a txn that checks this node still leads at
+    `leader.leadership`;
     only after it succeeded does `confirmed_offset` go on without `node` (invariant 2). A
     NOT_LEADER answer deposes the leader: it confirms nothing more."""
     from .coordination import IsrChange
 
-    result = await coordinator.shrink_isr(leader.vhost, leader.epoch, node)
+    result = await coordinator.shrink_isr(leader.vhost, leader.leadership, node)
     if result is IsrChange.DONE:
         leader.remove_from_isr(node)
     else:
@@ -862,7 +868,7 @@ async def expand_then_include(coordinator, leader: ReplicationLeader, node: str)
     copy = leader.copy_of(node)
     if not copy:
         return IsrChange.NOT_MEMBER  # a peer that names no copy is never pinned
-    result = await coordinator.expand_isr(leader.vhost, leader.epoch, node, copy)
+    result = await coordinator.expand_isr(leader.vhost, leader.leadership, node, copy)
     if result is IsrChange.DONE:
         leader.add_to_isr(node, copy)
     elif result is IsrChange.NOT_LEADER:
@@ -887,7 +893,7 @@ def attach_coordinator(coordinator, leader: ReplicationLeader) -> set[asyncio.Ta
     async def pin_copy(node: str, copy: str) -> bool:
         from .coordination import IsrChange
 
-        result = await coordinator.pin_copy(leader.vhost, leader.epoch, node, copy)
+        result = await coordinator.pin_copy(leader.vhost, leader.leadership, node, copy)
         if result is IsrChange.NOT_LEADER:
             leader.depose(leader.epoch + 1, coordinator.node)
         return result is IsrChange.DONE

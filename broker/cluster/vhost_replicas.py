@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import majority
+from ..store.segments import make_dirs_durably
 from ..stream import Stream
 from . import replicated_definitions as definitions
 from . import replication_wire as wire
@@ -110,7 +111,7 @@ class VhostReplicas:
         records = self.logs.get(vhost)
         if records is None:
             path = self.vhost_dir(vhost) / "log"
-            path.mkdir(parents=True, exist_ok=True)
+            make_dirs_durably(path)
             records = self.logs[vhost] = SegmentRecordStore(
                 path, segment_size=self.broker.config.storage.segment_size
             )
@@ -236,7 +237,7 @@ class VhostReplicas:
                 address,
                 self.node.name,
                 self.log_of(vhost),
-                epoch=leader[1],
+                epoch=c.leader_term(vhost),
                 cookie=self.node.cookie,
             )
             self.followers[vhost] = follower
@@ -245,8 +246,8 @@ class VhostReplicas:
             )
             follower.start()
             log.info("vhost %r: following %s at %s", vhost, leader[0], address)
-        elif follower.leader != address or follower.epoch < leader[1]:
-            follower.follow(address, leader[1])
+        elif follower.leader != address or follower.epoch < c.leader_term(vhost):
+            follower.follow(address, c.leader_term(vhost))
             log.info("vhost %r: following %s at %s", vhost, leader[0], address)
 
     def _spawn(self, work: Any) -> None:
@@ -295,12 +296,12 @@ class VhostReplicas:
         if c is None:
             return
         kv = c.vhosts.get(c.vhost_key(vhost, "leader"))
-        if kv is None or kv.create_revision != epoch or not kv.lease:
+        if kv is None or c.leader_term(vhost) != epoch or not kv.lease:
             return  # another leadership already
         if not await _refuses(address):  # once more: not a restart under way
             return
         leader = c.leader(vhost)
-        if leader is None or leader[1] != epoch:
+        if leader is None or c.leader_term(vhost) != epoch:
             return
         log.warning(
             "vhost %r: leader %s's replication port %s refuses connections: its process is "
@@ -335,6 +336,20 @@ class VhostReplicas:
         if vhost not in self.serving:
             self._resign(vhost, epoch, "could not take over as leader")
 
+    async def _after_deposed(self, vhost: str, epoch: int, known: int) -> None:
+        """A member knows a later term than ours: usually a successor's (etcd has it
+        already), but after a restore of etcd it may be one etcd no longer knows; then the
+        base is raised past it, and either way this leadership gives its key back."""
+        c = self.node.coordinator
+        if c is None:
+            return
+        try:
+            await c.raise_base(known)
+        except EtcdError as exc:
+            log.warning("vhost %r: raising the epoch base: %s", vhost, exc)
+        if c.leading.get(vhost) == epoch:
+            await c.resign(vhost, f"a member knows a later term ({known})")
+
     def _resign(self, vhost: str, epoch: int, reason: str) -> None:
         c = self.node.coordinator
         if c is not None and c.leading.get(vhost) == epoch:
@@ -360,6 +375,19 @@ class VhostReplicas:
         assert c is not None
         records = self.log_of(vhost)
         await asyncio.to_thread(records.sync)
+        term = c.terms.get(vhost, epoch)
+        held = max((e for _, e in records.epoch_starts()), default=0)
+        if held >= term:  # etcd was restored to an older revision: see coordination.py
+            log.warning(
+                "vhost %r: our log holds term %d >= this leadership's %d: etcd went back "
+                "in time; raising the epoch base and resigning",
+                vhost,
+                held,
+                term,
+            )
+            await c.raise_base(held)
+            await c.resign(vhost, f"its log holds a later term ({held})")
+            return
         messages = self.vhost_dir(vhost) / "messages"  # not created: VhostLogView
         rebuilt = await asyncio.to_thread(rebuild_from_log, records, self.vhost_dir(vhost))
         if not c.may_confirm(vhost, epoch):
@@ -374,7 +402,7 @@ class VhostReplicas:
         in_sync, copies = c.won_with.pop(vhost, None) or (c.in_sync(vhost), c.copies(vhost))
         leader = ReplicationLeader(
             vhost,
-            epoch,
+            term,
             records,
             node=self.node.name,
             in_sync=set(in_sync),
@@ -394,7 +422,11 @@ class VhostReplicas:
         leader.on_too_few.append(
             lambda: store.nack_waiting("fewer copies in sync than min_in_sync")
         )
+        leader.leadership = epoch
         store.on_log_failed.append(lambda: self._resign(vhost, epoch, "its vhost log failed"))
+        leader.on_deposed.append(
+            lambda known, _node: self._spawn(self._after_deposed(vhost, epoch, known))
+        )
         leader.on_follower_gone.append(lambda node: self._spawn(self._drop_if_gone(leader, node)))
         live = c.members()
         for node in sorted(leader.in_sync):  # gone (its lease with it): no waiting for lag
