@@ -11,7 +11,7 @@ each endpoint of the list below on both. A field is a JSON path (list items merg
 endpoint "answers alike" when the status codes are equal. Prints a table and the fields
 RoarMQ lacks most often; writes JSON (default bench/results/api_compare.json).
 
-Then the parity checks of issue 26 (item 5), each a value both brokers must give alike:
+Then the parity checks, each a value both brokers must give alike:
 connection and channel names (RabbitMQ's "client -> server" form), channel and vhost
 `message_stats` (keys and counts), vhost octets and rate details, exclusive queues left out
 of definitions, the statuses of permission and topic-permission PUTs (made, then changed),
@@ -208,7 +208,7 @@ def _details(row: dict[str, Any], keys: list[str]) -> dict[str, Any]:
 
 
 def parity(base: str, amqp_port: int) -> dict[str, Any]:
-    """Issue 26's item 5 on one broker: what it answers, in values comparable across brokers
+    """The parity checks on one broker: what it answers, in values comparable across brokers
     (no ports, node names or times)."""
     out: dict[str, Any] = {}
     call(base, "PUT", "/api/vhosts/par")
@@ -428,7 +428,7 @@ def main() -> int:
     top = sorted(counts.items(), key=lambda kv: -kv[1])[: args.show_missing]
     print("most often missing:", ", ".join(f"{k} ({n})" for k, n in top))
     checks = []
-    print("\nissue 26, item 5: RabbitMQ 3.10.8 against RoarMQ")
+    print("\nparity: RabbitMQ 3.10.8 against RoarMQ")
     for key, theirs in seen[rabbit].items():
         ours = seen[roar].get(key)
         checks.append({"check": key, "rabbitmq": theirs, "roarmq": ours, "same": theirs == ours})

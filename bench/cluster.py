@@ -4,7 +4,7 @@
                                       [--parts faults,rate,capacity,scale] [--quick]
                                       [--json bench/results/cluster.json]
 
-A benchmark, not a test (the short version of part 1 is tests/cluster/test_fault_rounds.py,
+A benchmark, not a test (the short version of the fault rounds is tests/cluster/test_fault_rounds.py,
 whose client load this uses: ``tests/cluster/clusterlib.py`` ``FaultLoad``).
 
 Part 1, fault rounds: a 3-node cluster on loopback (``harness.start_roarmq_cluster``: etcd
@@ -683,7 +683,7 @@ def main() -> int:
     p.add_argument("--lease-ttl", type=int, default=2)
     p.add_argument("--freeze", type=float, default=8.0, help="SIGSTOP length, s")
     p.add_argument("--etcd-outage", type=float, default=3.0)
-    p.add_argument("--seconds", type=float, default=20.0, help="part 2 run length")
+    p.add_argument("--seconds", type=float, default=20.0, help="the rate part's run length")
     p.add_argument("--publishers", type=int, default=4)
     p.add_argument("--no-rate", action="store_true")
     p.add_argument("--cap-seconds", type=float, default=20.0, help="parts 3-4: measured window")
@@ -702,10 +702,10 @@ def main() -> int:
     p.add_argument(
         "--cap-setups",
         default="roarmq-cluster,roarmq-single,rabbitmq-cluster",
-        help="part 3: which setups (rabbitmq-cluster only with --broker both/rabbitmq)",
+        help="capacity: which setups (rabbitmq-cluster only with --broker both/rabbitmq)",
     )
     p.add_argument(
-        "--scale-replicas", default="2,1", help="part 4: replicas of each vhost, one run each"
+        "--scale-replicas", default="2,1", help="scale: replicas of each vhost, one run each"
     )
     p.add_argument("--tmp-dir", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep data dirs and logs")

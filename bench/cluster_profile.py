@@ -4,8 +4,8 @@
         [--replicas R] [--follower] [--seconds S] [--py-spy PATH --out FILE]
 
 A benchmark, not a test. ``single`` is one broker without ``[cluster]``; ``cluster`` is
-etcd and ``--nodes`` nodes (``--replicas`` copies of ``/``). The load is part 3 of
-bench/cluster.py for one vhost (2 publishers x 1,000 unconfirmed persistent messages, 2
+etcd and ``--nodes`` nodes (``--replicas`` copies of ``/``). The load is the capacity part
+of bench/cluster.py for one vhost (2 publishers x 1,000 unconfirmed persistent messages, 2
 consumers with manual acks, prefetch 1,000, one durable queue, clients on the leader):
 3-s warm-up, then ``--seconds``. It prints one JSON line: confirmed and received msg/s,
 each broker's CPU seconds over the window, and broker CPU a message (all brokers).
@@ -39,7 +39,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--py-spy", type=Path, help="a py-spy binary: profile while measuring")
     p.add_argument("--out", type=Path, default=Path("cluster_profile.txt"))
-    # part 3's load (bench/cluster.py --cap-*)
+    # the capacity part's load (bench/cluster.py --cap-*)
     p.add_argument("--cap-publishers", type=int, default=2)
     p.add_argument("--cap-window", type=int, default=1000)
     p.add_argument("--cap-consumers", type=int, default=2)

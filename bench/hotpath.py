@@ -85,7 +85,7 @@ def open_connection(broker: Broker) -> Connection:
     return conn
 
 
-#: topic-unseen: issue 27 part 4's shape (bench/topic_go.py), in process: wildcard bindings
+#: topic-unseen: bench/topic_go.py's shape, in process: wildcard bindings
 #: ``s{i}.*.x`` / ``s{i}.#`` and 1,000 literal ones, each to a queue of its own with a consumer
 #: that acks, and 100,000 distinct keys (ten times the routing-key cache) in a fixed shuffle.
 UNSEEN_BINDINGS, UNSEEN_LITERALS, UNSEEN_KEYS = 100_000, 1_000, 100_000

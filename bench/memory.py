@@ -3,7 +3,7 @@
     .venv/bin/python bench/memory.py [--messages N] [--skip-rabbitmq] [--scenarios a,b]
                                      [--alarm-seconds S] [--json PATH]
 
-A benchmark, not a test (issue 10). Two measurements, each on a fresh broker
+A benchmark, not a test. Two measurements, each on a fresh broker
 pinned to CPU 0 (the publisher on CPU 1), started with bench/harness.py (resident
 memory sampled as bench/overload.py samples it):
 

@@ -4,7 +4,7 @@
                                        [--brokers roarmq,rabbitmq,garagemq]
                                        [--window S] [--roarmq-rev REV] [--json PATH]
 
-A benchmark, not a test (issue 10). Each scenario runs against RoarMQ and
+A benchmark, not a test. Each scenario runs against RoarMQ and
 RabbitMQ (apt-installed; ``bench/harness.py`` starts it on its own loopback
 ports and data dir), the broker pinned to one core (``taskset -c 0``) and
 everything else -- load generator, probe and this script -- to the other

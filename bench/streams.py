@@ -1,4 +1,4 @@
-"""Streams benchmark (issue 25): RoarMQ vs RabbitMQ 3.10.8 streams over AMQP 0-9-1.
+"""Streams benchmark: RoarMQ vs RabbitMQ 3.10.8 streams over AMQP 0-9-1.
 
     .venv/bin/python bench/streams.py [--broker roarmq|rabbitmq|both] [--quick]
                                       [--messages N] [--json bench/results/streams.json]

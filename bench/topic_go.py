@@ -5,8 +5,7 @@
         [--warmup 5] [--window 10] [--repeat 1] [--roarmq-rev REV] [--cache-keys N]
         [--json PATH]
 
-A benchmark, not a test (issue 27 part 4: "100,000 distinct keys over ~101,000 topic
-bindings"). A topic exchange bound with ``--bindings`` wildcard patterns and ``--literals``
+A benchmark, not a test ("100,000 distinct keys over ~101,000 topic bindings"). A topic exchange bound with ``--bindings`` wildcard patterns and ``--literals``
 literal ones (``bench/overload_load.go``'s topicTopology: by default ``s{i}.*.x`` /
 ``s{i}.#`` plus ``lit{i}``, the bindings of ``bench/topic_keys.py``), each binding to a
 queue of its own (101,000 queues; ``--queues N`` spreads them round-robin over N queues,

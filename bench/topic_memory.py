@@ -1,4 +1,4 @@
-"""Memory of a topic index shaped like issue 27 part 4's, bound and then routed (tracemalloc).
+"""Memory of a topic index shaped like bench/topic_go.py's, bound and then routed (tracemalloc).
 
     .venv/bin/python bench/topic_memory.py [--patterns 100000]
     PYTHONPATH=OTHER_TREE .venv/bin/python bench/topic_memory.py   # another tree's index

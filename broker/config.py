@@ -151,7 +151,7 @@ class PermissionConfig:
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
-    """[cluster] (issue 24; docs/cluster.md). Absent: a single node, nothing of it runs."""
+    """[cluster] (docs/cluster.md). Absent: a single node, nothing of it runs."""
 
     etcd: tuple[str, ...] = ()  # etcd client URLs, tried in order
     node: str = ""  # this node's name, unique in the cluster

@@ -37,7 +37,7 @@ _CHECKOUT = _root in __path__  # noqa: F821
 #: Connection): a compiled module checks at import that the classes it cimports are the
 #: compiled ones, so these run compiled together or not at all. The topic index and its
 #: routing-key cache have none: compiled as they are, a cold route (split, trie walk, cache
-#: admission) runs without the interpreter's frames and dispatch (issue 27 part 4).
+#: admission) runs without the interpreter's frames and dispatch (bench/topic_go.py).
 COMPILED = {
     "roarmq.protocol.frames": "protocol/frames.py",
     "roarmq.broker.message": "broker/message.py",

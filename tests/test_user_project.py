@@ -1,4 +1,4 @@
-"""RoarMQ as a user's project sees it (issue 11, items 9-10): installed from a wheel into a
+"""RoarMQ as a user's project sees it installed from a wheel into a
 fresh venv, next to the user's own `broker` and `pipeline` packages.
 
 The venv gets RoarMQ's wheel (no dependencies); the dependencies (uvloop, pika, pytest...)

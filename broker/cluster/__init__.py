@@ -1,4 +1,4 @@
-"""The cluster (issue 24): etcd client, leases with fencing, membership, vhost leadership.
+"""The cluster: etcd client, leases with fencing, membership, vhost leadership.
 
 Imported only when `[cluster]` is configured; the single-node broker never loads it.
 """

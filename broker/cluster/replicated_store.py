@@ -9,9 +9,9 @@ Shape (docs/cluster.md, "Replicated messages"):
 * On the leader, `ReplicatedMessageStore` is a MessageStore whose records live in the
   vhost's log and nowhere else: each record is written once, appended to the vhost's
   `ReplicationLeader`, and read back from the log (`VhostLogView`: a message's index entry
-  names its log offset). Until 2026-11-27 the leader also kept a working copy in
-  ``data/vhosts/<vhost>/messages``: every record written twice, which made a clustered
-  vhost cost 40% more CPU a message than a single node. A publish is confirmed when the
+  names its log offset): a working copy beside it would write every record twice (a
+  clustered vhost then cost 40% more CPU a message than a single node; a start removes
+  one an older version left). A publish is confirmed when the
   replication's `confirmed_offset()` covers it (the leader's fsync of the log and every
   in-sync member's ack: invariant 1).
 * When a node becomes leader, the ordinary `MessageStore.recover` reads the log's records

@@ -1,4 +1,4 @@
-"""What real clients' own test suites noticed (issue 11, items 1-8), each with a real client.
+"""What real clients' own test suites noticed, each checked with a real client.
 
 Every expectation here was checked against RabbitMQ 3.10.8: closing handshakes, nothing
 on a channel after its close-ok, the order of queue.delete replies, idempotent teardown,
@@ -159,7 +159,7 @@ async def test_confirms_owed_go_before_channel_close_ok_and_nothing_after(broker
 
 def node_or_skip_reason() -> str | None:
     if shutil.which("node") is None:
-        return "node is not installed: the amqplib checks of issue 11 did not run"
+        return "node is not installed: the amqplib checks did not run"
     if not (NODE_DIR / "node_modules" / "amqplib").is_dir():
         return "amqplib is not installed: run `make test` (it runs npm install in tests/node)"
     return None

@@ -1,4 +1,4 @@
-"""Start-up and shutdown as an operator sees them (issue 11, item 12): one clear line for each
+"""Start-up and shutdown as an operator sees them one clear line for each
 reason the broker cannot start, and its life logged at the default level, in JSON if asked."""
 
 from __future__ import annotations

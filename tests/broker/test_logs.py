@@ -1,4 +1,4 @@
-"""Logs an operator can alert on (issue 26, item 4): a clean shutdown is one notice with the
+"""Logs an operator can alert on a clean shutdown is one notice with the
 number of connections closed and no warnings; the first boot says "new data directory"
 without a `clean=False`; the archive's state at start-up in one line; and the package ships
 its web UI without setuptools warnings."""

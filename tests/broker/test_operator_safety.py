@@ -1,4 +1,4 @@
-"""Commands that cannot hurt by accident (issue 26, item 2): `roarmq ctl` run as an operator
+"""Commands that cannot hurt by accident `roarmq ctl` run as an operator
 runs it (a subprocess, credentials from the environment) against a real broker, and the
 management API refusing to leave the broker without an administrator."""
 

@@ -1,4 +1,4 @@
-"""Stream filtering (issue 25 item 3) through pika against a real broker.
+"""Stream filtering through pika against a real broker.
 
 Publishers set the `x-stream-filter-value` header; consumers pass `x-stream-filter` (a
 string or an array of strings) and `x-stream-match-unfiltered`. RoarMQ skips whole chunks

@@ -1,4 +1,4 @@
-"""Streams' memory and start-up (issue 25 item 4), against real brokers with pika.
+"""Streams' memory and start-up, against real brokers with pika.
 
 - Memory does not grow per message: the segment log counts a stream segment's records
   (no per-record liveness), the index is sparse, the tail and the shared ring are bounded.

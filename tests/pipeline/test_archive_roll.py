@@ -1,4 +1,4 @@
-"""The archive is readable while the broker runs (issue 26, item 3): `roarmq ctl archive_roll`
+"""The archive is readable while the broker runs `roarmq ctl archive_roll`
 closes the open journals into Parquet on demand, and an empty window says which files exist
 and why none were read."""
 

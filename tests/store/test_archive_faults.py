@@ -1,4 +1,4 @@
-"""The traffic archive on a full or failing disk, on a real broker (issue 22, item 5).
+"""The traffic archive on a full or failing disk, on a real broker.
 
 A disk that refuses the archive's writes (ENOSPC on a small tmpfs, EIO injected by strace
 into the broker's own system calls) must cost the archive the batches it cannot write, and
