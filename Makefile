@@ -55,11 +55,15 @@ cluster-stop:
 
 # System packages the tests use: amqp-tools (librabbitmq's CLI), a Java runtime for Spark,
 # the openssl CLI (tests/broker/test_tls.py runs docs/security.md's certificate recipe),
-# headless Chromium with its driver (tests/ui/test_web_ui.py drives the web UI), and fuse3
-# (libfuse3 and fusermount3, for tests/support/powerloss.py's power-loss filesystem).
+# headless Chromium with its driver (tests/ui/test_web_ui.py drives the web UI), fuse3
+# (libfuse3 and fusermount3, for tests/support/powerloss.py's power-loss filesystem), and
+# erlang-base (erl: tests/broker/test_api_parity.py checks our phash2 against OTP's).
 # Installed through apt when we can; otherwise the tests that need them say why they did
 # not run.
-APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless) $(if $(shell command -v openssl),,openssl) $(if $(shell command -v chromedriver),,chromium chromium-driver) $(if $(shell command -v strace),,strace) $(if $(shell command -v fusermount3),,fuse3)
+APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless) $(if $(shell command -v openssl),,openssl) $(if $(shell command -v chromedriver),,chromium chromium-driver) $(if $(shell command -v strace),,strace) $(if $(shell command -v fusermount3),,fuse3) $(if $(shell command -v erl),,erlang-base)
+# nftables and iproute2 (nft, ip) for tests/support/netns.py: network namespaces and kernel
+# partitions for tests/cluster/test_jepsen.py and bench/jepsen.py.
+APT_PACKAGES += $(if $(shell command -v nft),,nftables) $(if $(shell command -v ip),,iproute2)
 
 system-deps:
 	@if [ -n "$(strip $(APT_PACKAGES))" ]; then \
@@ -134,9 +138,10 @@ EXPECT_TOOLS := $(if $(and $(shell command -v apt-get),$(shell command -v dpkg-d
 EXPECT_PACKAGES := $(if $(and $(filter 0,$(shell id -u)),$(shell command -v apt-get)),ROARMQ_EXPECT_PACKAGES=1)
 EXPECT_NODE := $(if $(shell command -v npm),ROARMQ_EXPECT_NODE=1)
 EXPECT_FUSE := $(if $(and $(filter 0,$(shell id -u)),$(wildcard /dev/fuse)),ROARMQ_EXPECT_FUSE=1)
+EXPECT_ROOT := $(if $(filter 0,$(shell id -u)),ROARMQ_EXPECT_ROOT=1)
 
 test: $(DEV_STAMP) system-deps node-deps tools
-	$(call timed,$(EXPECT_COMPILED) $(EXPECT_TOOLS) $(EXPECT_PACKAGES) $(EXPECT_NODE) $(EXPECT_FUSE) $(PY) -m pytest \
+	$(call timed,$(EXPECT_COMPILED) $(EXPECT_TOOLS) $(EXPECT_PACKAGES) $(EXPECT_NODE) $(EXPECT_FUSE) $(EXPECT_ROOT) $(PY) -m pytest \
 	  && ROARMQ_NO_EXTENSIONS=1 $(PY) -m pytest -q -m "not slow")
 
 # The edit-test loop: every test not marked `slow` (pyproject.toml says what that covers), no

@@ -12,6 +12,8 @@ environment (see its `test` target):
 * ``ROARMQ_EXPECT_NODE``: npm is here, so `make node-deps` installs amqplib;
 * ``ROARMQ_EXPECT_FUSE``: root, and /dev/fuse is here, so FUSE filesystems mount
   (tests/support/powerloss.py);
+* ``ROARMQ_EXPECT_ROOT``: `make test` runs as root, so a test may mount a small tmpfs (a
+  real full disk);
 * ``ROARMQ_EXPECT_COMPILED``: a C compiler is here, so `make install` compiles the message
   path.
 """

@@ -72,8 +72,12 @@ def run_round(kind: str, nodes: list[Node], etcd, load: FaultLoad) -> dict:
     elif kind == "freeze_leader":
         os.kill(leader.proc.pid, signal.SIGSTOP)
         time.sleep(FREEZE)
+        woke = time.monotonic()
         os.kill(leader.proc.pid, signal.SIGCONT)
         took = load.wait_confirm_after(t0, 2 * TTL + RECOVERY_MARGIN + 5)
+        # A successor confirmed while the old leader slept (not the old one on waking; a
+        # second for confirms it sent before the stop).
+        extra["confirmed_while_frozen"] = load.confirmed_between(t0 + 1.0, woke)
     elif kind == "kill_follower":
         follower.kill9()
         took = load.wait_confirm_after(t0, 2 * TTL + RECOVERY_MARGIN + 5)
@@ -127,5 +131,6 @@ def test_fault_rounds_lose_nothing_confirmed(cluster, etcd):
         bound = 2 * TTL + RECOVERY_MARGIN + (ETCD_OUTAGE if row["round"] == "kill_etcd" else 0)
         assert row["failover_s"] is not None and row["failover_s"] <= bound, (rounds, summary)
         assert row.get("confirmed_while_fenced", 0) == 0, (rounds, summary)
+        assert row.get("confirmed_while_frozen", 1) > 0, (rounds, summary)
         assert row.get("restored_s", 0) is not None, (rounds, summary)
     assert summary["consumed"] >= summary["confirmed"]

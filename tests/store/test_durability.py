@@ -92,6 +92,8 @@ def test_kill9_rounds_lose_nothing_confirmed(tmp_path):
             except (pika.exceptions.AMQPError, OSError):
                 pass  # the broker died under us: only confirmed messages count
             broker.start()
+        # The rounds prove something only if the broker confirmed a fair number first.
+        assert sum(map(len, confirmed.values())) >= 200, confirmed
         # Final check: every confirmed, unacked message is there exactly once, in order.
         for q, sent in confirmed.items():
             got = drain(port, q)

@@ -934,6 +934,7 @@ def test_random_faults_and_resumes_keep_exactly_the_live_records(tmp_path, monke
     faults = _Faults(monkeypatch, "_fdatasync", errno.EIO)
     log = SegmentLog.open(tmp_path, segment_size=4096, buffer_size=64 << 10)
     live: dict[Location, bytes] = {}
+    failed = 0
 
     def relocate(old, new, payload):
         assert live.pop(old) == payload
@@ -951,6 +952,7 @@ def test_random_faults_and_resumes_keep_exactly_the_live_records(tmp_path, monke
         try:
             log.sync_now(timeout=10)
         except LogFailed:
+            failed += 1
             faults.on = rng.random() < 0.3  # sometimes the fault outlasts the first resume
             log.resume(relocate)
             if faults.on:
@@ -961,6 +963,7 @@ def test_random_faults_and_resumes_keep_exactly_the_live_records(tmp_path, monke
             log.sync_now(timeout=10)
         if step % 50 == 0:
             log.compact(relocate)
+    assert failed >= 10  # the faults fired: the log failed and resumed that often
     for loc, payload in live.items():
         assert log.read(loc) == payload
     log.close()
