@@ -46,6 +46,8 @@ NODE_LOCAL = "X-RoarMQ-Node-Local"
 SKIPPED = "X-RoarMQ-Nodes-Skipped"
 #: Seconds a node waits for another's rows.
 PEER_TIMEOUT = 2.0
+#: Seconds a request for a vhost this node was just elected to lead waits for its recovery.
+RECOVERY_WAIT = 10.0
 
 #: On a forwarded answer: the node that served it.
 SERVED_BY = "X-RoarMQ-Served-By"
@@ -227,6 +229,12 @@ async def _here_once_durable(
     answered once the in-sync set holds it (as an AMQP declare's reply waits), or with
     503 saying why it may not survive a failover."""
     user = request.get(USER)
+    waited = 0.0
+    while cluster.recovering(vhost) and waited < RECOVERY_WAIT:
+        # Just elected, recovering its copy: answer once it serves, as connection.open
+        # does (a client asking right after a failover sees a pause, not 503).
+        await asyncio.sleep(0.05)
+        waited += 0.05
     down = cluster.vhost_down(vhost, getattr(user, "name", "")) or cluster.refusal(vhost)
     if down is not None:
         return _unavailable(down)

@@ -336,7 +336,7 @@ def make_dirs_durably(path: str | os.PathLike[str]) -> None:
     power loss (POSIX promises nothing more; ext4 mostly keeps it, others need not)."""
     path = os.path.abspath(path)
     missing = []
-    while not os.path.isdir(path):
+    while not os.path.exists(path):  # (a file in the way: makedirs says so below)
         missing.append(path)
         parent = os.path.dirname(path)
         if parent == path:
