@@ -7,7 +7,7 @@
 A benchmark, not a test (the short version of the fault rounds is tests/cluster/test_fault_rounds.py,
 whose client load this uses: ``tests/cluster/clusterlib.py`` ``FaultLoad``).
 
-Part 1, fault rounds: a 3-node cluster on loopback (``harness.start_roarmq_cluster``: etcd
+Fault rounds (`faults`): a 3-node cluster on loopback (``harness.start_roarmq_cluster``: etcd
 + n1..n3, ``lease_ttl`` 2 s, ``replica_lag_ms`` 1000; ``harness.start_rabbitmq_cluster``:
 RabbitMQ r1..r3 joined with ``rabbitmqctl join_cluster``, one quorum queue of 3 members).
 One publisher (pika, persistent messages, confirms, one at a time, ``mandatory``) and one
@@ -22,14 +22,14 @@ failover = fault -> first confirm of a message first published after the fault. 
 end publishing stops, the consumer drains, and lost = confirmed ids never consumed,
 duplicated = deliveries beyond the first.
 
-Part 2, cost of replication: the same client load without faults for ``--seconds`` s
+Cost of replication (`rate`): the same client load without faults for ``--seconds`` s
 (``--publishers`` publisher threads) through our 3-node cluster, our single node
 (``harness.start_roarmq``), RabbitMQ's 3-node cluster with a quorum queue; msg/s =
 confirmed / seconds (and consumed / seconds). One run each. Everything runs on this
-machine unpinned (brokers, etcd and the pika client share its cores). Part 2 measures
+machine unpinned (brokers, etcd and the pika client share its cores). The rate part measures
 confirm latency (each pika publisher waits for every confirm), not capacity.
 
-Part 3, capacity: many confirms in flight. The load generator is bench/cluster_load.go
+Capacity (`capacity`): many confirms in flight. The load generator is bench/cluster_load.go
 built with bench/overload_load.go (Debian's golang-go; standard library only): per queue
 ``--cap-publishers`` connections, each keeping up to ``--cap-window`` persistent messages
 (16-byte bodies) unconfirmed, written ``batch`` 100 per write, and ``--cap-consumers``
@@ -43,7 +43,7 @@ the generator opens and closes the window), the generator's own CPU, and what ev
 process on the machine used (/proc/stat busy time minus ours). ``--repeat`` runs per setup
 on fresh brokers; the table shows the median run and every run's rate.
 
-Part 4, scale-out: two vhosts (``/`` and ``v2``), each with the part-3 load, at once: both
+Scale-out (`scale`): two vhosts (``/`` and ``v2``), each with the capacity load, at once: both
 on one single-node broker, against a 2-node cluster whose vhosts are led by different
 nodes (placement puts ``v2`` on the node not leading ``/``; if not, ``move_vhost_leader``)
 with ``--scale-replicas`` copies of each (2: each node also follows the other's vhost;
@@ -201,7 +201,7 @@ def rate(kind: str, args: Any, procs: Procs, say: Any) -> dict:
     return row
 
 
-# -- parts 3 and 4: capacity (many confirms in flight) and scale-out --------------------
+# -- capacity (many confirms in flight) and scale-out -------------------------------------
 
 GENERATOR = [
     harness.REPO / "bench" / "overload_load.go",
@@ -686,18 +686,24 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="the rate part's run length")
     p.add_argument("--publishers", type=int, default=4)
     p.add_argument("--no-rate", action="store_true")
-    p.add_argument("--cap-seconds", type=float, default=20.0, help="parts 3-4: measured window")
-    p.add_argument("--cap-warmup", type=float, default=5.0, help="parts 3-4: before the window")
+    p.add_argument(
+        "--cap-seconds", type=float, default=20.0, help="capacity and scale: measured window"
+    )
+    p.add_argument(
+        "--cap-warmup", type=float, default=5.0, help="capacity and scale: before the window"
+    )
     p.add_argument("--cap-publishers", type=int, default=2, help="per queue (vhost)")
     p.add_argument("--cap-window", type=int, default=1000, help="unconfirmed per publisher")
     p.add_argument("--cap-consumers", type=int, default=2, help="per queue (vhost)")
     p.add_argument("--cap-prefetch", type=int, default=1000)
-    p.add_argument("--repeat", type=int, default=3, help="parts 3-4: runs per setup (median)")
+    p.add_argument(
+        "--repeat", type=int, default=3, help="capacity and scale: runs per setup (median)"
+    )
     p.add_argument(
         "--quiet-wait",
         type=float,
         default=180,
-        help="parts 3-4: wait up to this long for other processes to leave the CPUs idle",
+        help="capacity and scale: wait up to this long for other processes to leave the CPUs idle",
     )
     p.add_argument(
         "--cap-setups",
