@@ -209,9 +209,18 @@ class Coordinator:
         held = json.loads(kv.value)
         mine = self.info.get("instance")
         if mine and held.get("instance") not in (None, mine):
+            # Another data dir: a node elsewhere, or this node's own last life on a disk
+            # since replaced, whose lease then expires within a TTL. Wait that long.
+            deadline = asyncio.get_running_loop().time() + self.lease_ttl + 1
+            while kv is not None and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.2)
+                kv = await self.client.get(self.node_key(self.node))
+            if kv is None:
+                return
             raise NodeNameTaken(
                 f"[cluster] node {self.node!r} is already live in the cluster at "
-                f"{held.get('address')} (another data dir); give this node another name"
+                f"{held.get('address')} (another data dir, its lease renewed for "
+                f"{self.lease_ttl + 1} s); give this node another name"
             )
         if kv.lease:
             log.info("node %r: revoking the lease of this node's last life", self.node)

@@ -356,6 +356,10 @@ class ClusterNode:
                 return None
             return f"vhost '{vhost}' is being recovered on node '{self.name}'; try again"
         leader = c.leader(vhost) if c is not None else None
+        if leader is not None and leader[0] == self.name:
+            # Our key, but we do not lead (given back, and the watch has not shown it
+            # gone yet): never send a client back here.
+            return f"vhost '{vhost}' has no leader at the moment (an election is under way)"
         if leader is not None:
             node = leader[0]
             info = c.members().get(node) if c is not None else None

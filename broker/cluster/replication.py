@@ -749,9 +749,11 @@ class ReplicationFollower:
             await self._receive(reader, syncer)
             return True
         finally:
+            # Closed first: the await below re-raises a cancellation of this task (stop()),
+            # and a socket left open would keep the leader counting on a follower gone.
+            _close(writer)
             if syncer is not None:
                 await cancel_and_wait(syncer, *_lost_connection)
-            _close(writer)
 
     async def _welcomed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         kind, body = await wire.read_frame(reader)
@@ -798,6 +800,9 @@ class ReplicationFollower:
                 self._check_epoch(epoch)
                 self.store.reset(start)
                 _run_all(self.on_reset, start)
+                # A new copy now (reset renews its identity): connect again, so the leader
+                # pins this copy, not the one the last HELLO named, when it is caught up.
+                raise wire.ProtocolError(f"reset to {start}: reconnecting as a new copy")
             elif kind == wire.TRUNCATE:
                 epoch, last = wire.decode_pair(body)
                 self._check_epoch(epoch)

@@ -336,17 +336,19 @@ class VhostReplicas:
         if vhost not in self.serving:
             self._resign(vhost, epoch, "could not take over as leader")
 
-    async def _after_deposed(self, vhost: str, epoch: int, known: int) -> None:
+    async def _after_deposed(self, vhost: str, epoch: int, known: int, by: str) -> None:
         """A member knows a later term than ours: usually a successor's (etcd has it
         already), but after a restore of etcd it may be one etcd no longer knows; then the
-        base is raised past it, and either way this leadership gives its key back."""
+        base is raised past it, and either way this leadership gives its key back. (This
+        node deposing itself, as it stops leading, names no term anyone holds.)"""
         c = self.node.coordinator
         if c is None:
             return
-        try:
-            await c.raise_base(known)
-        except EtcdError as exc:
-            log.warning("vhost %r: raising the epoch base: %s", vhost, exc)
+        if by != self.node.name:
+            try:
+                await c.raise_base(known)
+            except EtcdError as exc:
+                log.warning("vhost %r: raising the epoch base: %s", vhost, exc)
         if c.leading.get(vhost) == epoch:
             await c.resign(vhost, f"a member knows a later term ({known})")
 
@@ -425,7 +427,7 @@ class VhostReplicas:
         leader.leadership = epoch
         store.on_log_failed.append(lambda: self._resign(vhost, epoch, "its vhost log failed"))
         leader.on_deposed.append(
-            lambda known, _node: self._spawn(self._after_deposed(vhost, epoch, known))
+            lambda known, by: self._spawn(self._after_deposed(vhost, epoch, known, by))
         )
         leader.on_follower_gone.append(lambda node: self._spawn(self._drop_if_gone(leader, node)))
         live = c.members()

@@ -621,3 +621,30 @@ async def test_a_peer_that_needs_a_newer_protocol_is_refused_in_words(tmp_path):
         kind, body = await wire.read_frame(reader)
         assert kind == wire.WELCOME and wire.decode_control(body)["version"] == 1
         writer.close()
+
+
+async def test_a_reset_follower_is_pinned_with_its_new_copy_not_the_old(tmp_path):
+    """A follower behind the leader's trim point gets a snapshot (RESET) and so becomes a
+    new copy. It must be re-admitted with that copy: pinned under the one its first
+    HELLO named, it would be in sync by name yet unable ever to lead (its COPY would not
+    match), and with the others lost nobody could."""
+    async with cluster(tmp_path, in_sync=("b",)) as c:
+        changes = own_the_set(c.leader)
+        f = c.follower("b")
+        await publish(c.leader, payloads(100, seed=51))
+        await asyncio.wait_for(c.leader.wait_confirmed(100), 10)
+        old_copy = f.store.copy_id
+        await c.stop_follower("b")
+
+        def connected() -> bool:
+            return bool(c.leader.member_status(["b"])[0]["connected"])
+
+        assert await until(lambda: not connected(), 5)  # the leader saw it go
+        c.leader.remove_from_isr("b")  # the owner's shrink after the follower went
+        await publish(c.leader, payloads(899, seed=52) + [checkpoint_record(600)])
+        assert c.leader_store.first_offset == 600
+        f = c.follower("b")
+        assert await until(lambda: ("in", "b") in changes, 10)
+        assert f.store.copy_id != old_copy  # the RESET made it a new copy
+        assert c.leader.copies["b"] == f.store.copy_id
+        assert c.leader.holds_confirmed("b") == 1000
