@@ -11,21 +11,10 @@ from pathlib import Path
 
 import pytest
 from faultlib import PERSISTENT, BrokerProcess, connect, drain
-from machine import missing
-from support.powerloss import FuseUnavailable, powerloss_mount
 
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def fs(tmp_path):
-    try:
-        with powerloss_mount(tmp_path) as mounted:
-            yield mounted
-    except FuseUnavailable as exc:
-        missing(f"cannot mount FUSE: {exc}", exc.provided_by)
 
 
 def test_a_fresh_broker_keeps_what_it_confirmed_through_a_power_loss(fs):

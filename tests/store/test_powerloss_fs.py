@@ -64,15 +64,6 @@ def run(script: str, *args: object) -> str:
     return done.stdout
 
 
-@pytest.fixture
-def fs(tmp_path):
-    try:
-        with powerloss_mount(tmp_path) as mounted:
-            yield mounted
-    except FuseUnavailable as exc:
-        missing(f"cannot mount FUSE: {exc}", exc.provided_by)
-
-
 @pytest.mark.parametrize("sync", ["fsync", "fdatasync"])
 def test_synced_contents_survive_the_rest_is_lost(fs, sync):
     run(
