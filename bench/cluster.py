@@ -648,28 +648,6 @@ def fault_table(kind: str, result: dict) -> list[str]:
     return lines
 
 
-def tree_state() -> str:
-    """The commit measured, and the files of broker/ that differ from it (other engineers
-    edit the tree while benchmarks run)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=harness.REPO,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--short", "--", "broker", "protocol", "roarmq"],
-            cwd=harness.REPO,
-            capture_output=True,
-            text=True,
-        ).stdout.split("\n")
-    except OSError:
-        return "?"
-    changed = [line[3:] for line in dirty if line.strip()]
-    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--broker", choices=("roarmq", "rabbitmq", "both"), default="both")
@@ -733,7 +711,7 @@ def main() -> int:
         print(f"[{time.monotonic() - t_begin:6.1f}s] {text}", flush=True)
 
     procs = Procs()
-    machine = machine_info(command=" ".join(sys.argv), tree=tree_state())
+    machine = machine_info(command=" ".join(sys.argv), tree=harness.tree_state())
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     result: dict[str, Any] = {
         "machine": machine,

@@ -1045,3 +1045,25 @@ def machine_steal_s() -> float:
     steal, every CPU): a loop stall off CPU and out of the run queue may be this."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     return int(fields[7]) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_state() -> str:
+    """The commit measured, and the files of the broker's code that differ from it (other
+    engineers edit the tree while benchmarks run)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--short", "--", "broker", "protocol", "roarmq"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.split("\n")
+    except OSError:
+        return "?"
+    changed = [line[3:] for line in dirty if line.strip()]
+    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")

@@ -45,7 +45,6 @@ import json
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -421,26 +420,6 @@ def table(broker: str, res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def tree_state() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=harness.REPO,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--short", "--", "broker"],
-            cwd=harness.REPO,
-            capture_output=True,
-            text=True,
-        ).stdout.split("\n")
-    except OSError:
-        return "?"
-    changed = [line[3:] for line in dirty if line.strip()]
-    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=60.0)
@@ -476,7 +455,7 @@ def main() -> int:
             out = {}
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     out[args.broker] = {
-        "machine": machine_info(command=" ".join(sys.argv), tree=tree_state()),
+        "machine": machine_info(command=" ".join(sys.argv), tree=harness.tree_state()),
         "settings": settings,
         "result": res,
         "table": "\n".join(lines),

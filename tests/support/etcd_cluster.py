@@ -21,9 +21,7 @@ The binary is `.tools/etcd` (`make tools` extracts it from Debian's etcd-server,
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.request
@@ -31,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .netns import Network
+from .process import ControlledProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_PORT = 2379
@@ -45,10 +44,11 @@ def etcd_binary() -> str | None:
     return shutil.which("etcd")
 
 
-class EtcdMember:
+class EtcdMember(ControlledProcess):
     """One member in host `name` of the network; the process is started by PID."""
 
     def __init__(self, cluster: EtcdCluster, name: str) -> None:
+        super().__init__()
         self.cluster = cluster
         self.name = name
         self.address = cluster.net.addresses[name]
@@ -56,8 +56,6 @@ class EtcdMember:
         self.peer_url = f"http://{self.address}:{PEER_PORT}"
         self.data_dir = cluster.base / name
         self.log = cluster.base / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.frozen = False
 
     def argv(self) -> list[str]:
         c = self.cluster
@@ -77,10 +75,6 @@ class EtcdMember:
             "--log-level=warn",
         ]
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def start(self) -> None:
         if self.running:
             return
@@ -90,32 +84,6 @@ class EtcdMember:
             self.proc = self.cluster.net.popen(
                 self.name, self.argv(), stdout=out, stderr=subprocess.STDOUT
             )
-        self.frozen = False
-
-    def kill9(self) -> None:
-        """kill -9 this member and reap it."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self.frozen = False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.thaw()
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-
-    def freeze(self) -> None:
-        if self.running:
-            os.kill(self.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
-            self.frozen = True
-
-    def thaw(self) -> None:
-        if self.running:
-            os.kill(self.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
         self.frozen = False
 
     def healthy(self, timeout: float = 1.0) -> bool:

@@ -62,12 +62,10 @@ import bisect
 import contextlib
 import json
 import logging
-import os
 import random
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +83,7 @@ import pika
 
 from .etcd_cluster import EtcdCluster
 from .netns import CLIENT, Network, Partition
+from .process import ControlledProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 AMQP_PORT = 5672
@@ -128,18 +127,20 @@ class Settings:
 # -- nodes -------------------------------------------------------------------------------
 
 
-class RoarNode:
-    """One `python -m roarmq` node in its namespace; signals go to its PID."""
+class RoarNode(ControlledProcess):
+    """One `python -m roarmq` node in its namespace; signals go to its PID. Stopped with
+    SIGTERM (a clean shutdown: the lease revoked, the log synced), SIGKILL after 15 s."""
+
+    STOP_GRACE = 15.0
 
     def __init__(self, cluster: RoarCluster, name: str) -> None:
+        super().__init__()
         self.cluster = cluster
         self.name = name
         self.address = cluster.net.addresses[name]
         self.data_dir = cluster.base / name
         self.log = cluster.base / f"{name}.log"
         self.config = cluster.base / f"{name}.toml"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.frozen = False
         self.starts = 0
 
     def write_config(self) -> None:
@@ -165,10 +166,6 @@ class RoarNode:
             'configure = ".*"\nwrite = ".*"\nread = ".*"\n'
         )
         self.config.write_text(text)
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
         if self.running:
@@ -206,33 +203,6 @@ class RoarNode:
             )
         self.frozen = False
         self.starts += 1
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self.frozen = False
-
-    def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM (a clean shutdown: the lease revoked, the log synced), SIGKILL after
-        `grace` seconds."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.thaw()
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-
-    def freeze(self) -> None:
-        if self.running:
-            os.kill(self.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
-            self.frozen = True
-
-    def thaw(self) -> None:
-        if self.running:
-            os.kill(self.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
-        self.frozen = False
 
     def wipe(self) -> None:
         """kill -9, then the whole data dir removed: a replaced disk."""

@@ -1,0 +1,51 @@
+"""A process a test started and controls by its PID: kill -9, SIGSTOP/SIGCONT, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+
+class ControlledProcess:
+    """`proc` is set by the subclass's start(); `frozen` says whether it is SIGSTOPped."""
+
+    #: Seconds `stop` waits after SIGTERM before SIGKILL.
+    STOP_GRACE = 10.0
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.frozen = False
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        """kill -9 and reap."""
+        if self.running:
+            os.kill(self.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            self.proc.wait(10)  # type: ignore[union-attr]
+        self.frozen = False
+
+    def stop(self, grace: float | None = None) -> None:
+        """SIGTERM (a frozen process woken first, so that it can stop), SIGKILL after
+        `grace` seconds (STOP_GRACE)."""
+        grace = self.STOP_GRACE if grace is None else grace
+        if self.running:
+            self.thaw()
+            os.kill(self.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+            try:
+                self.proc.wait(grace)  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def freeze(self) -> None:
+        if self.running:
+            os.kill(self.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+            self.frozen = True
+
+    def thaw(self) -> None:
+        if self.running:
+            os.kill(self.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        self.frozen = False
