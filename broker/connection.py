@@ -89,8 +89,9 @@ CLOSING_TIMEOUT = 30.0
 #: RabbitMQ's channel processes shut down in between (aiormq 7.2.4's close tests pass
 #: against a close-ok 5 ms late 8 times in 8, against one sent at once 2 in 10).
 CLOSE_OK_AFTER_CHANNELS = 0.005
-#: Seconds a connection.open may wait for a just-elected leader to recover its vhost
-#: (cluster only), asking again every OPEN_RETRY.
+#: Seconds a connection.open may wait for a just-elected leader to recover its vhost, or
+#: for a silent leader to be replaced or heard again (cluster only), asking again every
+#: OPEN_RETRY.
 OPEN_WAIT_RECOVERY = 10.0
 OPEN_RETRY = 0.05
 #: Write directly once this many bytes are pending, so one dispatch loop cannot
@@ -646,10 +647,13 @@ class Connection:
                 raise connection_error(INTERNAL_ERROR, down)
             refusal = cluster.refusal(vhost)
             if refusal is not None:
-                if cluster.recovering(vhost) and waited < OPEN_WAIT_RECOVERY:
+                waiting = cluster.recovering(vhost) or cluster.leader_silent(vhost)
+                if waiting and waited < OPEN_WAIT_RECOVERY:
                     # Just elected, still recovering its copy of the vhost: answer once it
                     # serves (a client reconnecting after a failover sees a pause, not 530),
-                    # whether it came straight here or was handed over by another node.
+                    # whether it came straight here or was handed over by another node. Or
+                    # the leader has gone silent (frozen, cut off): hand the client to its
+                    # successor, not to a socket nobody reads, or to it once it speaks.
                     # Frames the client pipelines after connection.open wait for it.
                     self.flow.hold(AWAIT_RECOVERY)
                     self.broker.clock.loop.call_later(

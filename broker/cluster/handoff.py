@@ -283,6 +283,9 @@ class Handoffs:
                 return
             if conn.transport is None or conn.transport.is_closing():
                 return
+            # The pass may have waited on a leader that no longer answers: relay to the
+            # one etcd names now.
+            node, host, port = self.target(vhost) or target
         relay = _Relay(self)
         loop = asyncio.get_running_loop()
         try:

@@ -33,6 +33,7 @@ import hmac
 import json
 import logging
 import secrets
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -329,6 +330,16 @@ class ClusterNode:
         """This node leads `vhost` but is still recovering its copy (not serving yet)."""
         c = self.coordinator
         return c is not None and vhost in c.leading and vhost not in self.replicas.serving
+
+    def leader_silent(self, vhost: str) -> bool:
+        """This node follows `vhost` and has not heard from its leader for two of the
+        leader's heartbeats (it sends one after `replica_lag_ms` / 4 of quiet): frozen, cut
+        off or dead. A client is not handed to it (it would wait on a socket nobody reads)
+        but held until the next leader serves or the leader speaks again."""
+        follower = self.replicas.followers.get(vhost)
+        if follower is None:
+            return False
+        return time.monotonic() - follower.heard_at > self.config.replica_lag_ms / 2000
 
     def vhost_down(self, vhost: str, user: str) -> str | None:
         """RabbitMQ's words (541 INTERNAL_ERROR) for a connection.open of a vhost that etcd

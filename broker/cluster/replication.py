@@ -669,6 +669,9 @@ class ReplicationFollower:
         self.acked = 0
         self.failed: BaseException | None = None
         self.connected = asyncio.Event()
+        #: When the leader was last heard from (a frame of its session, or it was named):
+        #: a leader silent for two heartbeats is not handed clients (`ClusterNode`).
+        self.heard_at = time.monotonic()
         self.on_stale_leader: list[Callable[[int], object]] = []
         self.on_refused: list[Callable[[str, int], object]] = []
         self.on_reset: list[Callable[[int], object]] = []
@@ -695,6 +698,7 @@ class ReplicationFollower:
     def follow(self, leader: tuple[str, int], epoch: int) -> None:
         """The owner learnt (from etcd) who leads now: reconnect there at once."""
         self.leader, self.epoch = leader, max(self.epoch, epoch)
+        self.heard_at = time.monotonic()
         if self._task is not None:
             self._task.cancel()
             self._task = asyncio.create_task(self._run())
@@ -774,6 +778,7 @@ class ReplicationFollower:
             self._refuse_stale(writer, epoch)
             return False
         self.epoch = epoch
+        self.heard_at = time.monotonic()
         return True
 
     def _refuse_stale(self, writer: asyncio.StreamWriter | None, epoch: int) -> None:
@@ -786,6 +791,7 @@ class ReplicationFollower:
     async def _receive(self, reader: asyncio.StreamReader, syncer: asyncio.Task[None]) -> None:
         while True:
             kind, body = await wire.read_frame(reader)
+            self.heard_at = time.monotonic()
             if syncer.done():
                 syncer.result()  # the fsync failed: raise it (the connection is dropped)
             if kind == wire.RECORDS:

@@ -589,3 +589,39 @@ def test_the_replication_port_refuses_a_stranger_without_the_cluster_cookie(clus
     conns = leader.api("/api/connections")
     assert conns == [], conns
     assert "not this cluster's cookie" in leader.log.read_text()
+
+
+def test_a_client_reaching_a_follower_of_a_frozen_leader_is_served_by_its_successor(etcd, tmp_path):
+    """The leader is frozen (SIGSTOP) and stays frozen. A client that reaches a follower
+    once the leader has been silent for two of its heartbeats (replica_lag_ms 1000: 0.5 s)
+    but before its lease has expired (TTL 2 s) is neither handed to the frozen process (a
+    socket nobody reads: the client would wait until the leader wakes) nor refused: the
+    follower holds its connection.open until a successor serves, and the client publishes
+    with confirms on the successor while the old leader still sleeps."""
+    with three_nodes(etcd, tmp_path, "replica_lag_ms = 1000\n") as nodes:
+        leader_name = until(lambda: agreed_leader(nodes), 40)
+        assert leader_name, [n.log.read_text()[-2000:] for n in nodes]
+        leader = next(n for n in nodes if n.name == leader_name)
+        follower = next(n for n in nodes if n is not leader)
+        os.kill(leader.proc.pid, signal.SIGSTOP)
+        time.sleep(1.0)
+        params = follower.params()
+        params.connection_attempts = 1
+        params.socket_timeout = 20
+        params.stack_timeout = 20
+        started = time.monotonic()
+        conn = pika.BlockingConnection(params)
+        took = time.monotonic() - started
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("successor", durable=True)
+        publish_and_consume(ch, "successor", 20, b"s")
+        successor = next(n for n in nodes if n is not leader and placement(n)[0] == n.name)
+        assert local_port(conn) in {c["peer_port"] for c in own_connections(successor)}
+        # Everything above happened while the old leader slept.
+        assert leader.proc.poll() is None
+        with open(f"/proc/{leader.proc.pid}/stat") as stat:
+            assert stat.read().split(") ")[1][0] == "T", "the old leader woke up"
+        # Held for the election (lease expiry, campaign, recovery), not for a timeout.
+        assert took < 2 * TTL + 3, took
+        conn.close()
