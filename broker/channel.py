@@ -169,7 +169,7 @@ class Channel:
 
     def send_method(self, method: Any) -> None:
         replicated = self.vhost.replicated
-        if replicated is not None and replicated.definitions_dirty:
+        if replicated.definitions_dirty:
             replicated.hold_reply(self.conn)  # a durable declare waits for the in-sync set
         self.conn.send_method(self.id, method)
 

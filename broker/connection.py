@@ -641,28 +641,26 @@ class Connection:
         """Admit the client to `vhost` here, or hand it to the vhost's leader (`hand_on`: a
         connection handed over to us is never handed on: one hop at most)."""
         cluster = self.broker.cluster
-        if cluster is not None:
-            down = cluster.vhost_down(vhost, self.user.name)
-            if down is not None:
-                raise connection_error(INTERNAL_ERROR, down)
-            refusal = cluster.refusal(vhost)
-            if refusal is not None:
-                waiting = cluster.recovering(vhost) or cluster.leader_silent(vhost)
-                if waiting and waited < OPEN_WAIT_RECOVERY:
-                    # Just elected, still recovering its copy of the vhost: answer once it
-                    # serves (a client reconnecting after a failover sees a pause, not 530),
-                    # whether it came straight here or was handed over by another node. Or
-                    # the leader has gone silent (frozen, cut off): hand the client to its
-                    # successor, not to a socket nobody reads, or to it once it speaks.
-                    # Frames the client pipelines after connection.open wait for it.
-                    self.flow.hold(AWAIT_RECOVERY)
-                    self.broker.clock.loop.call_later(
-                        OPEN_RETRY, self._open_again, vhost, waited + OPEN_RETRY, hand_on
-                    )
-                    return
-                if hand_on and cluster.handoff.start(self, vhost, refusal):
-                    return  # not read until the relay owns the socket (or the 530)
-                raise connection_error(NOT_ALLOWED, refusal)
+        down = cluster.vhost_down(vhost, self.user.name)
+        if down is not None:
+            raise connection_error(INTERNAL_ERROR, down)
+        refusal = cluster.refusal(vhost)
+        if refusal is not None:
+            if cluster.must_wait(vhost) and waited < OPEN_WAIT_RECOVERY:
+                # Just elected, still recovering its copy of the vhost: answer once it
+                # serves (a client reconnecting after a failover sees a pause, not 530),
+                # whether it came straight here or was handed over by another node. Or
+                # the leader has gone silent (frozen, cut off): hand the client to its
+                # successor, not to a socket nobody reads, or to it once it speaks.
+                # Frames the client pipelines after connection.open wait for it.
+                self.flow.hold(AWAIT_RECOVERY)
+                self.broker.clock.loop.call_later(
+                    OPEN_RETRY, self._open_again, vhost, waited + OPEN_RETRY, hand_on
+                )
+                return
+            if hand_on and cluster.hand_off(self, vhost, refusal):
+                return  # not read until the relay owns the socket (or the 530)
+            raise connection_error(NOT_ALLOWED, refusal)
         self._admit(vhost)
 
     def _open_again(self, vhost: str, waited: float, hand_on: bool) -> None:

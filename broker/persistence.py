@@ -191,8 +191,8 @@ class Persistence:
 
     def _changed(self, vhost: str) -> None:
         """A cluster node replicates a vhost's durable definitions in its log."""
-        if not self.restoring and self.broker.cluster is not None:
-            self.broker.cluster.replicas.definitions_changed(vhost)
+        if not self.restoring:
+            self.broker.cluster.definitions_changed(vhost)
 
     def exchange_created(self, x: Exchange) -> None:
         if x.durable:
@@ -215,8 +215,7 @@ class Persistence:
                 q.vhost.name, q.name, q.auto_delete, q.arguments
             )
             q.store = self.broker.store
-            if self.broker.cluster is not None:  # a led vhost's queue lives in its log
-                self.broker.cluster.replicas.queue_created(q)
+            self.broker.cluster.queue_created(q)  # a led vhost's queue lives in its log
         if q.store_id is not None:
             self._changed(q.vhost.name)
 

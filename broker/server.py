@@ -23,6 +23,7 @@ from . import __version__
 from .alarms import CLUSTER, DISK, ResourceMonitor
 from .auth import NO_PERMISSION, Authenticator
 from .clock import Clock
+from .cluster_hooks import ClusterHooks, SingleNode
 from .config import Config
 from .logs import NOTICE
 from .metrics import Totals
@@ -60,9 +61,10 @@ class Broker:
         self.config = config or Config()
         self.clock = clock or Clock()
         self.node_name = f"roarmq@{socket.gethostname()}"
-        #: broker/cluster/node.py's ClusterNode when [cluster] is set (made below, imported
-        #: only then); None before that, so restoring the definitions can ask.
-        self.cluster: Any = None
+        #: What the core asks of the cluster (broker/cluster_hooks.py): a lone node's
+        #: answers, or broker/cluster/node.py's ClusterNode when [cluster] is set (made
+        #: below, imported only then; restoring the definitions asks the lone node's).
+        self.cluster: ClusterHooks = SingleNode(self)
         self.persistence = Persistence(self, self.config.storage.data_dir)
         self.persistence.seed_from_config()
         settings = self.persistence.definitions.settings()
@@ -158,8 +160,7 @@ class Broker:
 
             self._management = ManagementServer(self)
             self.mgmt_port = await self._management.start()
-        if self.cluster is not None:  # after the listeners: it registers their ports
-            await self.cluster.start()
+        await self.cluster.start()  # after the listeners: a cluster node registers their ports
         # One line that says where to connect. Scripts and benchmarks read the plain port as
         # the number after the line's last " port ", so the other listeners do not say "port".
         where = []
@@ -206,10 +207,7 @@ class Broker:
         """Open the message log and put recovered messages back in their durable queues."""
         storage = self.config.storage
         started = time.monotonic()
-        # A cluster node's own store holds no clustered message: it dispatches to each led
-        # vhost's replicated store (broker/cluster/replicated_store.py).
-        store_class = MessageStore if self.cluster is None else self.cluster.node_store_class()
-        self.store = store_class(
+        self.store = self.cluster.store_class()(
             Path(storage.data_dir) / "messages",
             segment_size=storage.segment_size,
             sync_interval_ms=storage.sync_interval_ms,
@@ -335,8 +333,7 @@ class Broker:
 
     async def stop(self) -> None:
         open_connections = len(self.connections)
-        if self.cluster is not None:  # first: the lease is revoked, another node leads now
-            await self.cluster.stop()
+        await self.cluster.stop()  # first: a cluster node's lease is revoked, another leads now
         self.resources.stop()
         if self.loop_lag is not None:
             self.loop_lag.stop()
@@ -394,8 +391,8 @@ class Broker:
             self.persistence.definitions.put_vhost(name, stored)
             vhost.metadata = stored
         self.vhosts[name] = vhost
-        if created and self.cluster is not None:
-            self.cluster.vhost_added(name)  # its placement keys in etcd
+        if created:
+            self.cluster.vhost_added(name)  # a cluster's placement keys in etcd
         return created
 
     def set_cluster_name(self, name: str) -> None:

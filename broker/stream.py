@@ -138,10 +138,7 @@ def _load_summary(directory: Path, seg_id: int) -> dict | None:
 
 
 def _stream_dir(queue: Queue, store_id: int) -> Path:
-    broker = queue.vhost.broker
-    if broker.cluster is not None:  # beside the vhost's replicated log, which rebuilds it
-        return broker.cluster.replicas.vhost_dir(queue.vhost.name) / "streams" / str(store_id)
-    return Path(broker.config.storage.data_dir) / "streams" / str(store_id)
+    return queue.vhost.broker.cluster.stream_home(queue.vhost.name) / "streams" / str(store_id)
 
 
 def record_offset(payload: bytes | memoryview) -> int:
@@ -551,9 +548,7 @@ class Stream(Queue):
             sync_interval_ms=storage.sync_interval_ms,
             on_synced=lambda token: loop.call_soon_threadsafe(self._synced, token),
             whole_segments=True,  # retention drops whole segments: no memory per record
-            # In a cluster the vhost's replicated log is durable and a new leader rebuilds
-            # this directory from it: the stream's own files are a working copy.
-            fsync=self.vhost.broker.cluster is None,
+            fsync=self.vhost.broker.cluster.streams_fsync,
         )
         # Segments with a summary (written when each was complete) are taken from it
         # without reading them: start-up costs a file per segment, not a pass over the data.
@@ -772,10 +767,9 @@ class Stream(Queue):
                 body,
             )
         )
-        replicated = self.vhost.replicated
         try:
-            if replicated is not None:  # a led clustered vhost: a copy in its log first
-                self.last_replicated = replicated.replicate_stream(self, payload)
+            # A led clustered vhost: a copy in its log first (0 elsewhere).
+            self.last_replicated = self.vhost.replicated.replicate_stream(self, payload)
             loc, token = log.append(payload)
         except (SegmentLogError, ValueError):  # failed, or closed (a deposed cluster leader)
             return False

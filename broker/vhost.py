@@ -27,6 +27,7 @@ from roarmq.protocol.errors import (
 )
 
 from . import queue_arguments
+from .cluster_hooks import NOT_REPLICATED, VhostReplication
 from .errors import channel_error
 from .exchange import DefaultExchange, Exchange
 from .message import FLAG_HEADERS, Message, copy_properties
@@ -167,9 +168,9 @@ class VirtualHost:
         #: Set once the vhost's definitions are deleted from the store (all in one
         #: transaction), so tearing down its queues and exchanges writes nothing more.
         self.deleted = False
-        #: The vhost's ReplicatedMessageStore while this cluster node leads it (None on a
-        #: single node): a durable declare's reply waits for its in-sync set there.
-        self.replicated: Any = None
+        #: The vhost's ReplicatedMessageStore while this cluster node leads it, else
+        #: NOT_REPLICATED: a durable declare's reply waits for its in-sync set there.
+        self.replicated: VhostReplication = NOT_REPLICATED
         #: message_stats of the vhost's closed channels (metrics.CHANNEL_STATS order).
         self.channel_stats = [0] * 12
         #: The firehose (broker/trace.py): publishes and deliveries copied to

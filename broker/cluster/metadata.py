@@ -397,11 +397,10 @@ class OperatorMetadata:
 
     def has_vhost(self, name: str) -> bool:
         """Known to the cluster: here, in etcd's metadata, or placed."""
-        cluster = self.broker.cluster
         return (
             name in self.broker.vhosts
             or self.meta.get("vhosts", name) is not None
-            or (cluster is not None and name in cluster.placements())
+            or name in self.broker.cluster.placements()
         )
 
     def knows_vhost(self, name: str) -> bool:
@@ -525,8 +524,7 @@ class OperatorMetadata:
         from etcd in one txn; the vhost itself from this node (as the Broker's), and from
         every other node when it sees the placement go (`ClusterNode._vhost_gone`)."""
         m = self.meta
-        cluster = self.broker.cluster
-        coordinator = cluster.coordinator if cluster is not None else None
+        coordinator = getattr(self.broker.cluster, "coordinator", None)  # (this ClusterNode's)
         placement = [delete_op(coordinator.vhost_key(name, ""), True)] if coordinator else []
         ops = [delete_op(m.key("vhosts", name)), *placement] + [
             delete_op(m.under(kind, *path), True)

@@ -48,7 +48,12 @@ from .tasks import cancel_and_wait
 from .vhost_replicas import VhostReplicas
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..connection import Connection
+    from ..queue import Queue
     from ..server import Broker
+    from ..store.messages import MessageStore
 
 log = logging.getLogger("roarmq.cluster")
 
@@ -64,6 +69,8 @@ def _hostport(host: str, port: object) -> str:
 
 
 class ClusterNode:
+    """This node in a cluster: the broker's `ClusterHooks` (broker/cluster_hooks.py)."""
+
     def __init__(self, broker: Broker, config: ClusterConfig) -> None:
         self.broker = broker
         self.config = config
@@ -413,12 +420,71 @@ class ClusterNode:
             self._placing.pop(name, None)
         self._poke()
 
-    @staticmethod
-    def node_store_class() -> type:
-        """The broker's own MessageStore class on a cluster node (replicated_store.py)."""
+    def store_class(self) -> type[MessageStore]:
+        """The broker's own store on a cluster node holds no clustered message: it
+        dispatches to each led vhost's replicated store (replicated_store.py)."""
         from .replicated_store import ClusterMessageStore
 
         return ClusterMessageStore
+
+    # -- the rest of ClusterHooks (broker/cluster_hooks.py) -------------------------------
+
+    #: A stream's own files are a working copy: the vhost's replicated log is durable and
+    #: a new leader rebuilds them from it.
+    streams_fsync = False
+
+    def definitions_changed(self, vhost: str) -> None:
+        self.replicas.definitions_changed(vhost)
+
+    def queue_created(self, queue: Queue) -> None:
+        self.replicas.queue_created(queue)
+
+    def stream_home(self, vhost: str) -> Path:
+        return self.replicas.vhost_dir(vhost)  # beside the vhost's log, which rebuilds them
+
+    def must_wait(self, vhost: str) -> bool:
+        return self.recovering(vhost) or self.leader_silent(vhost)
+
+    def hand_off(self, conn: Connection, vhost: str, refusal: str) -> bool:
+        return self.handoff.start(conn, vhost, refusal)
+
+    def running(self) -> set[str]:
+        return {row["name"] for row in self.nodes() if row.get("running")}
+
+    def node_rows(self, own: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every node etcd knows of; this one's row keeps its own fields and gains its
+        hand-off counters (connections passed / relayed to leaders)."""
+        own = {**own, **self.handoff.stats()}
+        return [{**row, **own} if row["name"] == own["name"] else row for row in self.nodes()]
+
+    def vhost_placement(self, vhost: str) -> dict[str, Any]:
+        return {
+            "leader": self.leader_of(vhost),
+            "members": self.members(vhost),
+            "in_sync": self.in_sync(vhost),
+            "replicas": self.replica_count(vhost),
+            "member_status": self.replica_status(vhost),
+            "replicated_log": self.replicas.log_status(vhost),
+        }
+
+    async def change(self, method: str, *args: Any) -> Any:
+        """Through etcd, the home of operator metadata (metadata.py): answered once etcd
+        has it and this node has applied it; 503 when etcd cannot be reached."""
+        return await getattr(self.metadata, method)(*args)
+
+    def knows_vhost(self, name: str) -> bool:
+        return self.metadata.has_vhost(name)
+
+    async def barrier(self) -> None:
+        await self.metadata.barrier()
+
+    def operator_refusal(self) -> str | None:
+        return None
+
+    async def import_metadata(
+        self, doc: dict[str, Any], import_here: Callable[[dict[str, Any]], None]
+    ) -> None:
+        await self.metadata.import_definitions(doc)
 
     def _release_confirms(self) -> None:
         """The lease is renewed again: publishes replicated meanwhile may be confirmed."""

@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..cluster_hooks import NOT_REPLICATED
 from ..config import majority
 from ..store.segments import make_dirs_durably
 from ..stream import Stream
@@ -494,7 +495,7 @@ class VhostReplicas:
         if store is not None:
             vhost_obj = self.broker.vhosts.get(vhost)
             if vhost_obj is not None and vhost_obj.replicated is store:
-                vhost_obj.replicated = None
+                vhost_obj.replicated = NOT_REPLICATED
             await store.close_replicated()
             for queue in vhost_obj.queues.values() if vhost_obj is not None else ():
                 if isinstance(queue, Stream):  # its files: a working copy, rebuilt if we lead again

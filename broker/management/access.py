@@ -49,8 +49,8 @@ async def put_vhost(request: web.Request) -> web.Response:
     metadata = vhost_metadata(body)  # RabbitMQ: a PUT with no body clears them too
     broker = broker_of(request)
     created = await change(broker, "add_vhost", request.match_info["vhost"], metadata)
-    if created and broker.cluster is not None:
-        await broker.cluster.placed(request.match_info["vhost"])  # its keys are in etcd
+    if created:
+        await broker.cluster.placed(request.match_info["vhost"])  # a cluster's keys in etcd
     vhost = broker.vhosts.get(request.match_info["vhost"])
     if isinstance(body.get("tracing"), bool) and vhost is not None:
         set_tracing(vhost, body["tracing"])  # this node's firehose (absent: unchanged)

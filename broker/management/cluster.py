@@ -24,7 +24,9 @@
   another in-sync member, then it is removed from every vhost's members, so it can be
   decommissioned.
 
-Single-node (no `[cluster]`) the middleware steps aside: every response is what it was.
+On a single node (no `[cluster]`) the same code asks `SingleNode` (broker/cluster_hooks.py):
+no peers to merge from, every vhost led here and durable once written, so every response
+is the handler's own.
 """
 
 from __future__ import annotations
@@ -170,19 +172,19 @@ async def metadata_barrier(request: web.Request, handler: Any) -> web.StreamResp
     node's copy made as new as etcd's first (one read of etcd's revision), so what another
     node wrote a moment ago is known; 503 when etcd cannot be reached."""
     broker = broker_of(request)
-    if broker.cluster is None or request.method not in ("PUT", "POST", "DELETE"):
+    if request.method not in ("PUT", "POST", "DELETE"):
         return await handler(request)
     path = request.path
     vhost = path.startswith("/api/vhosts/") and request.method != "POST"
     if vhost or any(path == p or path.startswith(p + "/") for p in METADATA_PATHS):
-        await broker.cluster.metadata.barrier()
+        await broker.cluster.barrier()
     return await handler(request)
 
 
 @web.middleware
 async def merged_lists(request: web.Request, handler: Any) -> web.StreamResponse:
     broker = broker_of(request)
-    if broker.cluster is None or request.method != "GET":
+    if request.method != "GET" or not _peers(request):
         return await handler(request)
     scoped = MERGED.get(_route_of(request) or "")
     vhost = request.match_info.get("vhost")
@@ -250,7 +252,7 @@ async def at_the_leader(request: web.Request, handler: Any) -> web.StreamRespons
     """Forward a request about one vhost's objects to the vhost's leader (module doc)."""
     broker = broker_of(request)
     cluster = broker.cluster
-    if cluster is None or request.headers.get(NODE_LOCAL):
+    if request.headers.get(NODE_LOCAL):
         return await handler(request)
     vhost = request.match_info.get("vhost")
     route = _route_of(request)
@@ -373,8 +375,9 @@ def _reason(text: str) -> dict[str, str]:
 
 def _cluster_of(request: web.Request) -> Any:
     cluster = broker_of(request).cluster
-    if cluster is None:
-        raise bad_request("this broker is not a cluster node")
+    refusal = cluster.operator_refusal()
+    if refusal is not None:
+        raise bad_request(refusal)
     return cluster
 
 

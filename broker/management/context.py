@@ -66,16 +66,14 @@ async def change(broker: Broker, method: str, *args: Any) -> Any:
     cluster node through etcd, their home there (broker/cluster/metadata.py: answered once
     etcd has it and this node has applied it; 503 when etcd cannot be reached), else the
     broker's own method of the same name and answer."""
-    if broker.cluster is not None:
-        return await getattr(broker.cluster.metadata, method)(*args)
-    return getattr(broker, method)(*args)
+    return await broker.cluster.change(method, *args)
 
 
 def vhost_exists(broker: Broker, name: str) -> bool:
     """This node has it, or (a cluster node) the cluster knows it and it is on its way."""
     if name in broker.vhosts:
         return True
-    return broker.cluster is not None and broker.cluster.metadata.has_vhost(name)
+    return broker.cluster.knows_vhost(name)
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:

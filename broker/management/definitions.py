@@ -15,6 +15,7 @@ from roarmq.protocol.errors import ProtocolError
 
 from .. import __version__
 from ..auth import hash_password
+from ..cluster_hooks import OBJECT_KEYS
 from ..exchange import Exchange
 from ..queue_arguments import QUEUE_TYPES
 from .cluster import import_at_the_leaders
@@ -350,12 +351,10 @@ async def post_definitions(request: web.Request) -> web.Response:
         keep_an_administrator(broker_of(request), {u["name"]: _tags_of(u) for u in users})
     broker = broker_of(request)
     try:
-        if broker.cluster is not None:  # operator metadata through etcd (cluster/metadata.py)
-            objects = {key: body.get(key) or [] for key in ("exchanges", "queues", "bindings")}
-            await broker.cluster.metadata.import_definitions(body)
-            await import_at_the_leaders(request, objects)
-        else:
-            import_definitions(broker, body)
+        # Operator metadata where it lives (etcd in a cluster), then each vhost's objects
+        # at its leader (this node, alone).
+        await broker.cluster.import_metadata(body, lambda doc: import_definitions(broker, doc))
+        await import_at_the_leaders(request, {key: body.get(key) or [] for key in OBJECT_KEYS})
     except (KeyError, TypeError, ValueError, ProtocolError) as exc:
         raise bad_request(f"cannot import definitions: {exc}") from None
     return web.Response(status=204)

@@ -132,13 +132,7 @@ async def nodes(request: web.Request) -> web.Response:
         "uptime": int((time.time() - b.totals.started) * 1000),
         "processors": os.cpu_count(),
     }
-    rows = [node]
-    if b.cluster is not None:  # every node etcd knows of; this one keeps its own fields too
-        node.update(b.cluster.handoff.stats())  # connections passed / relayed to leaders
-        rows = [
-            {**other, **node} if other["name"] == b.node_name else other
-            for other in b.cluster.nodes()
-        ]
+    rows = b.cluster.node_rows(node)
     if "name" in request.match_info:
         for row in rows:
             if row["name"] == request.match_info["name"]:
@@ -174,7 +168,7 @@ async def quorum_critical(request: web.Request) -> web.Response:
     or without any to lead it; the vhost's durable queues are listed as RabbitMQ lists
     the quorum queues that would lose their quorum."""
     b = broker_of(request)
-    if b.cluster is None:
+    if b.cluster.running() == {b.cluster.name}:
         return web.json_response({"status": "ok", "reason": "single node cluster"})
     critical = b.cluster.quorum_critical()
     if not critical:

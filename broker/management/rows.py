@@ -84,9 +84,7 @@ def queue_row(q: Any, broker: Broker, rates: RateSampler, detailed: bool = False
         **rates.idle_since(q),
         "consumers": q.consumer_count,
         "state": "running",
-        "node": broker.node_name
-        if broker.cluster is None
-        else broker.cluster.leader_of(q.vhost.name),
+        "node": broker.cluster.leader_of(q.vhost.name),
         "exclusive_consumer_tag": None,
         "memory": q.ready_bytes if q.store is None else 0,  # bodies held in memory
         "consumer_details": [] if not detailed else consumer_details(broker, q),
@@ -95,9 +93,7 @@ def queue_row(q: Any, broker: Broker, rates: RateSampler, detailed: bool = False
         "effective_policy_definition": q.effective_policy,
         "message_stats": stats(rates, q, queue_counts(q)),
         **(stream_row(q) if q.queue_type == "stream" else {}),
-        **(
-            quorum_row(q, broker) if q.queue_type in ("quorum", "stream") and broker.cluster else {}
-        ),
+        **(quorum_row(q, broker) if q.queue_type in ("quorum", "stream") else {}),
     }
 
 
@@ -107,7 +103,7 @@ def quorum_row(q: Any, broker: Broker) -> dict[str, Any]:
     vhost's log."""
     cluster = broker.cluster
     members = cluster.members(q.vhost.name)
-    running = {n["name"] for n in cluster.nodes() if n.get("running")}
+    running = cluster.running()
     return {
         "leader": cluster.leader_of(q.vhost.name),
         "members": members,
@@ -256,14 +252,7 @@ def vhost_row(
         **(rates.depth(vhost) if rates is not None else {}),
         "message_stats": stats(rates, vhost, dict(zip(CHANNEL_STATS, counts, strict=True))),
     }
-    cluster = broker.cluster
-    if cluster is not None:  # placement from etcd; absent single-node
-        row["leader"] = cluster.leader_of(vhost.name)
-        row["members"] = cluster.members(vhost.name)
-        row["in_sync"] = cluster.in_sync(vhost.name)
-        row["replicas"] = cluster.replica_count(vhost.name)
-        row["member_status"] = cluster.replica_status(vhost.name)
-        row["replicated_log"] = cluster.replicas.log_status(vhost.name)
+    row.update(broker.cluster.vhost_placement(vhost.name))  # a cluster's, from etcd
     return row
 
 
