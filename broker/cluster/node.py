@@ -71,6 +71,8 @@ def _hostport(host: str, port: object) -> str:
 class ClusterNode:
     """This node in a cluster: the broker's `ClusterHooks` (broker/cluster_hooks.py)."""
 
+    name: str
+
     def __init__(self, broker: Broker, config: ClusterConfig) -> None:
         self.broker = broker
         self.config = config

@@ -101,6 +101,9 @@ class ReplicatedMessageStore(MessageStore):
         )
     )
 
+    #: A durable definition changed and is not in the log yet (`VhostReplication`).
+    definitions_dirty: bool
+
     def __init__(
         self,
         directory: str | Path,
