@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.tables import decode_table, encode_table
 
+from ..store.record_tags import DEFINITIONS_TAG
+
 if TYPE_CHECKING:
     from ..server import Broker
-    from ..vhost import VHost
+    from ..vhost import VirtualHost
 
 log = logging.getLogger("roarmq.cluster")
-
-DEFINITIONS_TAG = b"J"
 
 
 def _table(args: dict | None) -> str:
@@ -41,7 +41,7 @@ def queue_arguments(q: dict[str, Any]) -> dict[str, Any]:
     return _untable(q["arguments"])
 
 
-def snapshot(vhost: VHost) -> dict[str, Any]:
+def snapshot(vhost: VirtualHost) -> dict[str, Any]:
     """Everything durable in the vhost, with each queue's message-log id."""
     exchanges = [
         {
@@ -94,7 +94,7 @@ def decode(payload: bytes) -> dict[str, Any]:
     return json.loads(bytes(payload[1:]))
 
 
-def apply(broker: Broker, vhost: VHost, definitions: dict[str, Any]) -> dict[int, Any]:
+def apply(broker: Broker, vhost: VirtualHost, definitions: dict[str, Any]) -> dict[int, Any]:
     """Make the vhost's durable objects those of `definitions`; returns queues by log id.
 
     Runs when this node becomes the vhost's leader, before recovery. Every durable queue it
@@ -161,7 +161,7 @@ def apply(broker: Broker, vhost: VHost, definitions: dict[str, Any]) -> dict[int
         persistence.restoring = False
 
 
-def _forget_exchange(vhost: VHost, exchange: Any) -> None:
+def _forget_exchange(vhost: VirtualHost, exchange: Any) -> None:
     """Drop an exchange the log does not know from memory, without writing any record."""
     for x in vhost.exchanges.values():
         for key, dest, args in list(x.index.bindings()):
@@ -170,7 +170,7 @@ def _forget_exchange(vhost: VHost, exchange: Any) -> None:
     vhost.exchanges.pop(exchange.name, None)
 
 
-def _forget_queue(vhost: VHost, queue: Any) -> None:
+def _forget_queue(vhost: VirtualHost, queue: Any) -> None:
     """Drop a queue the log does not know from memory, without writing any record."""
     for x in vhost.exchanges.values():
         for key, dest, args in list(x.index.bindings()):

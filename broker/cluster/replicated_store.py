@@ -55,10 +55,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..store.messages import _MARK, MessageStore, confirm_waiting, encode_publish, nack_waiting
+from ..store.record_tags import (
+    ACK_TAG,
+    CHECKPOINT_TAG,
+    DEFINITIONS_TAG,
+    EPOCH_TAG,
+    STREAM_START_TAG,
+    STREAM_TAG,
+)
 from ..store.segments import Location, LogFailed, RecoveryReport, SegmentLog
 from ..stream import DEFAULT_SEGMENT_SIZE, record_offset
 from . import replicated_definitions as definitions
-from .replication_store import CHECKPOINT_TAG, EPOCH_TAG, checkpoint_record, epoch_record
+from .replication_store import checkpoint_record, epoch_record
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -79,8 +87,6 @@ CHECKPOINT_CHUNK = 4 << 20
 #: A stream's record in the vhost's log: STREAM_TAG, the stream's queue id, the record as
 #: the stream stores it (it names its offset). STREAM_START_TAG, the id and the stream's
 #: first retained offset begin a checkpoint's copy of that stream.
-STREAM_TAG = b"S"
-STREAM_START_TAG = b"s"
 _STREAM_ID = struct.Struct(">I")
 _STREAM_START = struct.Struct(">IQ")
 #: The flow-control reason of a connection waiting for its declare to be confirmed.
@@ -93,7 +99,7 @@ class ReplicatedMessageStore(MessageStore):
     FOREIGN_KINDS = frozenset(
         tag[0]
         for tag in (
-            definitions.DEFINITIONS_TAG,
+            DEFINITIONS_TAG,
             STREAM_TAG,
             STREAM_START_TAG,
             EPOCH_TAG,
@@ -190,7 +196,7 @@ class ReplicatedMessageStore(MessageStore):
         self.append_definitions_if_changed()
         qid = queue.store_id
         try:
-            self._replicate(_MARK.pack(b"A", qid, msg_id))
+            self._replicate(_MARK.pack(ACK_TAG, qid, msg_id))
         except LogFailed:  # this leadership's log failed: it confirms nothing more, and
             pass  # the next leader delivers the message again (as after a crash)
         loc = self.index.unref(msg_id)
@@ -256,7 +262,7 @@ class ReplicatedMessageStore(MessageStore):
                 index.move(msg_id, _at(self._replicate(payload), len(payload)))
                 copied += len(payload)
                 for qid in acks.get(msg_id, ()):
-                    self._replicate(_MARK.pack(b"A", qid, msg_id))
+                    self._replicate(_MARK.pack(ACK_TAG, qid, msg_id))
                 if copied >= CHECKPOINT_CHUNK:
                     copied = 0
                     await asyncio.sleep(0)
@@ -401,7 +407,7 @@ class ReplicatedMessageStore(MessageStore):
         for msg_id, locations in self._tombs.items():
             for location in locations:
                 kind, qid, _ = _MARK.unpack(read(location))
-                if kind == b"A":
+                if kind == ACK_TAG:
                     self._acks.setdefault(msg_id, []).append(qid)
         self._tombs.clear()
         self._seg_of.clear()
@@ -510,7 +516,7 @@ def rebuild_from_log(records: SegmentRecordStore, vhost_dir: Path) -> Rebuilt:
     try:
         for _, payload in records.scan():
             tag = payload[:1]
-            if tag == definitions.DEFINITIONS_TAG:
+            if tag == DEFINITIONS_TAG:
                 last_definitions = payload
                 streams.definitions(payload)
             elif tag == STREAM_TAG:

@@ -50,11 +50,16 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from ..store.record_tags import (
+    CHECKPOINT_TAG,
+    EPOCH_TAG,
+    RECORD_ENVELOPE,
+    RESET_ENVELOPE,
+    TRUNCATION_ENVELOPE,
+)
 from ..store.segments import Location, SegmentLog
 
 _HEAD = struct.Struct(">cIQ")
-EPOCH_TAG = b"E"
-CHECKPOINT_TAG = b"C"
 _EPOCH = struct.Struct(">cQ")
 _CHECKPOINT_BASE = struct.Struct(">cQ")
 #: The file in a log's directory that names this copy of the log (`copy_id`).
@@ -213,11 +218,11 @@ class SegmentRecordStore:
         for location, payload in self.log.replay():
             tag, gen, number = _HEAD.unpack_from(payload, 0)
             self.gen = max(self.gen, gen)
-            if tag == b"r":
+            if tag == RECORD_ENVELOPE:
                 records.append((gen, number, location, bytes(payload[_HEAD.size : _HEAD.size + 9])))
-            elif tag == b"t":
+            elif tag == TRUNCATION_ENVELOPE:
                 truncations.append((gen, number))
-            elif tag == b"z":
+            elif tag == RESET_ENVELOPE:
                 resets.append((gen, number))
             else:
                 raise LogFormatError(
@@ -284,7 +289,7 @@ class SegmentRecordStore:
     def append(self, offset: int, payload: bytes) -> None:
         if offset != self.last_offset + 1:
             raise ValueError(f"offset {offset} does not follow {self.last_offset}")
-        location, _ = self.log.append(_HEAD.pack(b"r", self.gen, offset) + payload)
+        location, _ = self.log.append(_HEAD.pack(RECORD_ENVELOPE, self.gen, offset) + payload)
         self._locations.append(location)
         self.last_offset = offset  # after the append: sync() relies on this order
         if payload[:1] in (EPOCH_TAG, CHECKPOINT_TAG):
@@ -329,7 +334,7 @@ class SegmentRecordStore:
         The directory becomes a new copy first: what it held is gone."""
         self.renew_copy_id()
         self.gen += 1
-        self.log.append(_HEAD.pack(b"z", self.gen, start))
+        self.log.append(_HEAD.pack(RESET_ENVELOPE, self.gen, start))
         self.log.release_many(self._locations)
         self._locations = []
         self.first_offset = start
@@ -351,7 +356,7 @@ class SegmentRecordStore:
             self.reset(1)
             return
         self.gen += 1
-        self.log.append(_HEAD.pack(b"t", self.gen, last))
+        self.log.append(_HEAD.pack(TRUNCATION_ENVELOPE, self.gen, last))
         keep = last + 1 - self.first_offset
         self.log.release_many(self._locations[keep:])
         del self._locations[keep:]
@@ -392,7 +397,7 @@ class SegmentRecordStore:
 
     def _relocated(self, old: Location, new: Location, payload: bytes) -> None:
         tag, _, offset = _HEAD.unpack_from(payload, 0)
-        if tag == b"r" and self.first_offset <= offset <= self.last_offset:
+        if tag == RECORD_ENVELOPE and self.first_offset <= offset <= self.last_offset:
             i = offset - self.first_offset
             if self._locations[i] == old:
                 self._locations[i] = new

@@ -32,6 +32,7 @@ from roarmq.protocol.frames import ContentHeader
 
 from ..errors import StartupError
 from ..logs import NOTICE
+from .record_tags import ACK_TAG, DELIVERED_TAG, PUBLISH_TAG
 from .segments import Location, LogFailed, SegmentLog
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ _P_HEAD = struct.Struct(">cQH")
 _QID = struct.Struct(">I")
 _MARK = struct.Struct(">cIQ")
 _U32 = struct.Struct(">I")
+#: The kinds' first bytes as replay sees them (an int from a memoryview).
+_PUBLISH, _ACK, _DELIVERED = PUBLISH_TAG[0], ACK_TAG[0], DELIVERED_TAG[0]
 CLEAN_SHUTDOWN = "clean-shutdown"
 
 #: Seconds an ack (or delivered) record may wait in the log's buffer for a batch someone
@@ -67,7 +70,7 @@ def encode_publish(msg_id: int, queue_ids: list[int], msg: Message, body: bytes)
     raw = msg.header.raw
     return b"".join(
         (
-            _P_HEAD.pack(b"P", msg_id, len(queue_ids)),
+            _P_HEAD.pack(PUBLISH_TAG, msg_id, len(queue_ids)),
             b"".join(_QID.pack(q) for q in queue_ids),
             bytes((len(ex),)),
             ex,
@@ -393,11 +396,11 @@ class MessageStore:
         tombs.append(loc)
 
     def delivered(self, queue: Queue, msg_id: int) -> None:
-        self._tombstone(b"D", queue, msg_id)
+        self._tombstone(DELIVERED_TAG, queue, msg_id)
 
     def settled(self, queue: Queue, msg_id: int) -> None:
         """The message left a durable queue (ack, expiry, drop, purge, delete)."""
-        self._tombstone(b"A", queue, msg_id)
+        self._tombstone(ACK_TAG, queue, msg_id)
         loc = self.index.unref(msg_id)
         if loc is not None:
             self.log.release(loc)
@@ -516,7 +519,7 @@ class MessageStore:
 
     def _relocated(self, old: Location, new: Location, payload: bytes) -> None:
         kind = payload[:1]
-        if kind == b"P":
+        if kind == PUBLISH_TAG:
             msg_id = _P_HEAD.unpack_from(payload, 0)[1]
             self.index.move(msg_id, new)
             seg = self._seg_of.get(msg_id)
@@ -562,7 +565,7 @@ class MessageStore:
         # Pass 1: where every publish record is, whom it was for; tombstones by message.
         for loc, payload in self.log.replay(copy=False):  # memoryviews: keep nothing of them
             kind = payload[0]
-            if kind == 0x50:  # P
+            if kind == _PUBLISH:
                 _, msg_id, n = unpack_head(payload, 0)
                 if n == 1:
                     qids = [unpack_qid(payload, 11)[0]]
@@ -582,7 +585,7 @@ class MessageStore:
                 replayed.put(msg_id, qids, len(payload) - pos - 4 - hlen, priority)
                 if msg_id > last_id:
                     last_id = msg_id
-            elif (kind == 0x41 or kind == 0x44) and len(payload) == _MARK.size:  # A, D
+            elif (kind == _ACK or kind == _DELIVERED) and len(payload) == _MARK.size:
                 _, qid, msg_id = _MARK.unpack_from(payload)
                 marks.setdefault(msg_id, []).append((kind, qid, loc))
                 if msg_id > last_id:  # never reuse an id a tombstone on disk names
@@ -609,8 +612,8 @@ class MessageStore:
             qids, size, priority = replayed.get(msg_id)
             tombs = marks.get(msg_id) if marks else None
             if tombs:
-                acked = {qid for kind, qid, _ in tombs if kind == 0x41}
-                delivered = {qid for kind, qid, _ in tombs if kind == 0x44}
+                acked = {qid for kind, qid, _ in tombs if kind == _ACK}
+                delivered = {qid for kind, qid, _ in tombs if kind == _DELIVERED}
                 seg = index.location(msg_id).segment
                 self._tombs[msg_id] = [t[2] for t in tombs]
                 self._seg_of[msg_id] = seg
