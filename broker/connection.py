@@ -966,10 +966,26 @@ class Connection:
         else:
             transport.writelines(out)
 
-    def drop_output(self) -> None:
-        """Forget what waits to be sent (a held reply whose outcome is unknown)."""
-        self._out = []
-        self._out_bytes = 0
+    def hold_output(self, reason: str) -> None:
+        """Keep everything written from now on until `release_output`: a reply that must
+        not reach the client before something else is durable (a clustered vhost's
+        declare, until its in-sync set holds it). The client is not read meanwhile
+        (`reason` is the flow-control hold), so it waits as for any slow reply."""
+        if not self.output_held:
+            self.output_held = True
+            self.flow.hold(reason)
+
+    def release_output(self, reason: str, *, send: bool = True) -> None:
+        """End `hold_output`: send what waited, or forget it (`send` false: its outcome is
+        unknown and the connection is about to be closed), and read the client again."""
+        if not self.output_held:
+            return
+        self.output_held = False
+        if not send:
+            self._out = []
+            self._out_bytes = 0
+        self.flush()
+        self.flow.release(reason)
 
     def _write_now(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -346,9 +346,7 @@ class ReplicatedMessageStore(MessageStore):
         offset = self.append_definitions_if_changed()
         if offset <= self.replication.confirmed_offset() and self.may_confirm():
             return
-        if not conn.output_held:
-            conn.output_held = True
-            conn.flow.hold(DEFINITIONS_BARRIER)
+        conn.hold_output(DEFINITIONS_BARRIER)
         self._held_replies.append((offset, conn))
 
     # -- confirms -------------------------------------------------------------------------
@@ -368,7 +366,7 @@ class ReplicatedMessageStore(MessageStore):
         confirm_waiting(waiting, confirmed)
         held = self._held_replies
         while held and held[0][0] <= confirmed:
-            _release_output(held.popleft()[1], send=True)
+            held.popleft()[1].release_output(DEFINITIONS_BARRIER)
         streams = self._streams_waiting
         if streams:
             for stream in list(streams):
@@ -381,8 +379,8 @@ class ReplicatedMessageStore(MessageStore):
         if nack_waiting(waiting):
             log.warning("%d publishes nacked: %s", len(waiting), reason)
         held, self._held_replies = self._held_replies, deque()
-        for _, conn in held:  # their outcome is unknown: they never hear of it
-            _release_output(conn, send=False)
+        for _, conn in held:  # their outcome is unknown: they never hear of it (320 next)
+            conn.release_output(DEFINITIONS_BARRIER, send=False)
         streams, self._streams_waiting = self._streams_waiting, set()
         for stream in streams:
             stream.fail_replicated()
@@ -481,18 +479,6 @@ class ClusterMessageStore(MessageStore):
             super().delivered(queue, msg_id)
         else:
             store.delivered(queue, msg_id)
-
-
-def _release_output(conn: Connection, *, send: bool) -> None:
-    """End `hold_reply` on `conn`: send what waited (or drop it: the leadership ended and
-    the connection is about to be closed with 320), and read again."""
-    if not conn.output_held:
-        return
-    conn.output_held = False
-    if not send:
-        conn.drop_output()
-    conn.flush()
-    conn.flow.release(DEFINITIONS_BARRIER)
 
 
 @dataclass
