@@ -212,7 +212,9 @@ class Queue:
         self.policy, self.operator_policy = vhost.policies_for("queue", name, self.queue_type)
         self._settle()
         self.ready: FifoReady | PriorityReady = (
-            PriorityReady(self.max_priority, self) if self.max_priority else FifoReady(self)
+            PriorityReady(self.max_priority, Entry, self)
+            if self.max_priority
+            else FifoReady(Entry, self)
         )
         self.ready_bytes = 0
         self.unacked = 0

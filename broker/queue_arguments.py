@@ -17,6 +17,7 @@ named by its `attr` and the code that reads it).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -229,8 +230,6 @@ class MaxAge(Check):
     """A stream's max age: a positive count and one of Y M D h m s ("7D", "12h")."""
 
     def argument(self, value: Any) -> Any:
-        from .stream import age_seconds
-
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
         if not isinstance(value, str):
@@ -244,8 +243,6 @@ class MaxAge(Check):
         return value
 
     def accepts(self, value: Any) -> bool:
-        from .stream import age_seconds
-
         return age_seconds(value) is not None
 
 
@@ -279,13 +276,25 @@ def _argument_wins(argument: Any, policy: Any) -> Any:
     return policy if argument is None else argument
 
 
+_AGE = re.compile(r"^([0-9]+)([YMDhms])$")
+_AGE_SECONDS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def age_seconds(value: Any) -> int | None:
+    """RabbitMQ's max-age / interval syntax ("7D", "1h", "30m"): seconds, None if invalid."""
+    if not isinstance(value, str):
+        return None
+    m = _AGE.match(value)
+    if m is None or int(m.group(1)) == 0:
+        return None
+    return int(m.group(1)) * _AGE_SECONDS[m.group(2)]
+
+
 def _policy_only(argument: Any, policy: Any) -> Any:
     return policy
 
 
 def _shorter(argument: Any, policy: Any) -> Any:
-    from .stream import age_seconds
-
     if argument is None:
         return policy
     if policy is None:

@@ -100,10 +100,12 @@ class FifoReady:
         "_refs",
         "_xnames",
         "_xidx",
+        "_entry",
     )
 
-    def __init__(self, queue: Queue | None = None) -> None:
+    def __init__(self, entry: type[Entry], queue: Queue | None = None) -> None:
         self.n = 0  # all ready entries; read directly on the hot path
+        self._entry = entry  # the class of what is unpacked (queue.py's: it imports us)
         self._queue = queue  # unpacked entries belong to it
         self._head: deque[Entry] = deque()
         self._back: list[tuple[int, Entry]] = []
@@ -312,14 +314,13 @@ class FifoReady:
 
     def _unpack(self, limit: int) -> list[Entry]:
         """Take up to `limit` records from the front of the tail as entries."""
-        from .queue import Entry
-
         out: list[Entry] = []
+        entry_class = self._entry
         chunks = self._chunks
         xnames = self._xnames
         refs = self._refs
         queue = self._queue
-        new_entry = Entry.__new__
+        new_entry = entry_class.__new__
         while len(out) < limit and self._packed:
             chunk = chunks[0]
             pos = self._rpos
@@ -353,7 +354,7 @@ class FifoReady:
                         header = ContentHeader(60, blen, raw)
                         persistent = bool(bits & _PERSISTENT)
                         msg = Message.unpacked(xnames[xi], key, header, body, prio, persistent)
-                    entry = new_entry(Entry)
+                    entry = new_entry(entry_class)
                     entry.msg = msg
                     entry.seq = seq
                     entry.queue = queue
@@ -419,9 +420,9 @@ class PriorityReady:
 
     __slots__ = ("_levels", "_max", "n")
 
-    def __init__(self, max_priority: int, queue: Queue | None = None) -> None:
+    def __init__(self, max_priority: int, entry: type[Entry], queue: Queue | None = None) -> None:
         self._max = max_priority
-        self._levels = [FifoReady(queue) for _ in range(max_priority + 1)]
+        self._levels = [FifoReady(entry, queue) for _ in range(max_priority + 1)]
         self.n = 0
 
     def _level(self, entry: Entry) -> FifoReady:

@@ -35,7 +35,6 @@ import bisect
 import datetime
 import json
 import os
-import re
 import shutil
 import struct
 import time
@@ -56,6 +55,7 @@ from . import queue_arguments, trace
 from .errors import channel_error, connection_error
 from .message import Message, copy_properties
 from .queue import Entry, Queue
+from .queue_arguments import age_seconds
 from .store.segments import HEADER_SIZE, MAGIC, Location, SegmentLog, SegmentLogError
 
 if TYPE_CHECKING:
@@ -87,21 +87,8 @@ DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes
 #: much of it instead of the whole segment.
 PARTIAL_SUMMARY_BYTES = 32 << 20
 
-_AGE = re.compile(r"^([0-9]+)([YMDhms])$")
-_AGE_SECONDS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
-
 #: Streams the message being routed was appended to; `Channel._route` empties it each time.
 TOUCHED: set[Stream] = set()
-
-
-def age_seconds(value: Any) -> int | None:
-    """RabbitMQ's max-age / interval syntax ("7D", "1h", "30m"): seconds, None if invalid."""
-    if not isinstance(value, str):
-        return None
-    m = _AGE.match(value)
-    if m is None or int(m.group(1)) == 0:
-        return None
-    return int(m.group(1)) * _AGE_SECONDS[m.group(2)]
 
 
 def _remove(path: Path) -> None:

@@ -41,7 +41,7 @@ class ReadyMachine(RuleBasedStateMachine):
         super().__init__()
         self._saved = (ready.HEAD_MAX, ready.REFILL)
         ready.HEAD_MAX, ready.REFILL = 3, 2  # pack and refill all the time
-        self.fifo = ready.FifoReady()
+        self.fifo = ready.FifoReady(Entry)
         self.model: list[tuple] = []  # views, ordered by seq
         self.out: list[Entry] = []  # popped, not yet requeued
         self.seq = 0
@@ -109,7 +109,7 @@ test_ready_state_machine = ReadyMachine.TestCase
 
 def test_requeue_in_ascending_order_is_not_quadratic():
     """20,000 single requeues in ascending order each cost O(log n): the old list re-sorted."""
-    fifo = ready.FifoReady()
+    fifo = ready.FifoReady(Entry)
     entries = [Entry(_message(i, False), i, None) for i in range(1, 20_001)]  # type: ignore[arg-type]
     for e in entries:
         fifo.push(e)
@@ -121,7 +121,7 @@ def test_requeue_in_ascending_order_is_not_quadratic():
 
 def test_packed_messages_are_small():
     """A queued 16-byte message costs well under 100 bytes once packed."""
-    fifo = ready.FifoReady()
+    fifo = ready.FifoReady(Entry)
     n = 50_000
     for i in range(n):
         header = ContentHeader(60, 16, b"\x00\x00")
