@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 RUN_STAMP  := $(VENV)/.installed-run
 DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test check bench lint format install clean system-deps node-deps tools cluster cluster-stop
+.PHONY: run test check bench lint typecheck format install clean system-deps node-deps tools cluster cluster-stop
 
 # When make started: `make test` and `make check` end by printing how long they took,
 # set-up included.
@@ -161,9 +161,17 @@ bench: $(DEV_STAMP)
 	$(PY) bench/overload.py --quick
 	$(PY) bench/memory.py --messages 200000
 
-lint: $(DEV_STAMP)
+lint: typecheck
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# mypy over the packages pyproject.toml's [tool.mypy] names, through .typecheck/: links
+# that put each folder at its import name (broker/ is roarmq.broker), as installed.
+typecheck: $(DEV_STAMP)
+	@mkdir -p .typecheck/roarmq
+	@for d in broker protocol pipeline; do ln -sfn ../../$$d .typecheck/roarmq/$$d; done
+	@ln -sfn ../../roarmq/__init__.py .typecheck/roarmq/__init__.py
+	$(PY) -m mypy
 
 format: $(DEV_STAMP)
 	$(PY) -m ruff format .

@@ -33,8 +33,10 @@ OBJECT_KEYS = ("exchanges", "queues", "bindings")
 class ClusterHooks(Protocol):
     """What the core asks of the cluster."""
 
-    #: This node's name, as the API and the cluster know it.
-    name: str
+    @property
+    def name(self) -> str:
+        """This node's name, as the API and the cluster know it."""
+        ...
 
     # -- lifecycle
     async def start(self) -> None: ...
@@ -57,8 +59,10 @@ class ClusterHooks(Protocol):
         """The directory the vhost's streams' segment files live under."""
         ...
 
-    #: Whether a stream fsyncs its own files (not when a replicated log holds them).
-    streams_fsync: bool
+    @property
+    def streams_fsync(self) -> bool:
+        """Whether a stream fsyncs its own files (not when a replicated log holds them)."""
+        ...
 
     # -- a client's connection.open
     def vhost_down(self, vhost: str, user: str) -> str | None:

@@ -10,6 +10,7 @@ and their indexes are registered once, in ``broker/routing/__init__.py``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.errors import COMMAND_INVALID, PRECONDITION_FAILED, HardError
@@ -121,7 +122,7 @@ class Exchange:
             self.exchange_dests += 1
         return added
 
-    def unbind(self, key: str, destination: Any, arguments: dict | None) -> bool:
+    def unbind(self, key: str, destination: Any, arguments: Mapping | None) -> bool:
         removed = self.index.unbind(key, destination, arguments or None)
         if removed and isinstance(destination, Exchange):
             self.exchange_dests -= 1

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from .channel import Consumer
     from .message import Message
+    from .store.messages import MessageStore
     from .vhost import VirtualHost
 
 #: Most messages one dispatch pass hands out before yielding to the loop, so one
@@ -246,7 +247,7 @@ class Queue:
         # (RabbitMQ's messages_persistent: persistent messages of a durable queue).
         self.persistent = 0
         self.persistent_bytes = 0
-        self.store = None
+        self.store: MessageStore | None = None
         self.store_id: int | None = None  # row id of a durable queue in the definitions store
         self._account = vhost.broker.account_bytes
         self.throttled: set | None = None  # publisher connections paused for this queue

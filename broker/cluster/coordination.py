@@ -43,14 +43,18 @@ import contextlib
 import enum
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from .cache import PrefixCache
 from .etcd import EtcdClient, EtcdError, Event, KeyValue, compare, delete_op, put_op, range_op
 from .lease import Fencing, LeaseKeeper
 from .tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from .replication import ReplicationLeader
 
 log = logging.getLogger("roarmq.cluster")
 
@@ -346,13 +350,13 @@ class Coordinator:
             [range_op(leader_key)],
         )
         if not result.succeeded:
-            (current,) = result.ranges()
-            if current and current[0].lease == self.keeper.lease:
+            (found,) = result.ranges()
+            if found and found[0].lease == self.keeper.lease:
                 # Ours already: an earlier try of this txn was applied but its reply lost.
-                base = int(json.loads(current[0].value).get("base", 0))
-                return self._won(vhost, current[0].create_revision, base)
-            why = "a leader exists" if current else "the in-sync set changed"
-            return _campaign_failed(current[0] if current else None, why)
+                base = int(json.loads(found[0].value).get("base", 0))
+                return self._won(vhost, found[0].create_revision, base)
+            why = "a leader exists" if found else "the in-sync set changed"
+            return _campaign_failed(found[0] if found else None, why)
         self.won_with[vhost] = (json.loads(isr.value), copies)
         return self._won(vhost, result.revision, base)  # the txn's: the key's create revision
 
@@ -425,7 +429,7 @@ class Coordinator:
         was placed), only while leading at epoch; NOT_MEMBER if it left the set or another
         copy is pinned for it meanwhile."""
 
-        def pin(isr: list[str], copies: dict[str, str]):  # type: ignore[no-untyped-def]
+        def pin(isr: list[str], copies: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
             if node not in isr or copies.get(node) not in (None, copy):
                 return None
             return isr, {**copies, node: copy}
@@ -769,3 +773,65 @@ def _run_all(callbacks: list[Callable[..., None]], *args: object) -> None:
             callback(*args)
         except Exception:
             log.exception("cluster callback failed")
+
+
+# -- a vhost's replication leader wired to etcd (invariant 2) ---------------------------------
+
+
+async def shrink_then_forget(
+    coordinator: Coordinator, leader: ReplicationLeader, node: str
+) -> IsrChange:
+    """Remove a lagging follower from the in-sync set in etcd, then stop waiting for it.
+
+    `coordinator.shrink_isr` is a txn that checks this node still leads at
+    `leader.leadership`;
+    only after it succeeded does `confirmed_offset` go on without `node` (invariant 2). A
+    NOT_LEADER answer deposes the leader: it confirms nothing more."""
+    result = await coordinator.shrink_isr(leader.vhost, leader.leadership, node)
+    if result is IsrChange.DONE:
+        leader.remove_from_isr(node)
+    else:
+        leader.depose(leader.epoch + 1, coordinator.node)
+    return result
+
+
+async def expand_then_include(
+    coordinator: Coordinator, leader: ReplicationLeader, node: str
+) -> IsrChange:
+    """A caught-up follower rejoins the in-sync set in etcd, then confirms wait for it."""
+    copy = leader.copy_of(node)
+    if not copy:
+        return IsrChange.NOT_MEMBER  # a peer that names no copy is never pinned
+    result = await coordinator.expand_isr(leader.vhost, leader.leadership, node, copy)
+    if result is IsrChange.DONE:
+        leader.add_to_isr(node, copy)
+    elif result is IsrChange.NOT_LEADER:
+        leader.depose(leader.epoch + 1, coordinator.node)
+    else:
+        log.info("vhost %r: %s caught up but is not a member: stays out", leader.vhost, node)
+    return result
+
+
+def attach_coordinator(coordinator: Coordinator, leader: ReplicationLeader) -> set[asyncio.Task]:
+    """Wire lagging -> shrink_isr and caught up -> expand_isr; returns the live task set."""
+    tasks: set[asyncio.Task] = set()
+
+    def spawn(
+        action: Callable[[Coordinator, ReplicationLeader, str], Coroutine[Any, Any, IsrChange]],
+        node: str,
+    ) -> None:
+        task = asyncio.get_running_loop().create_task(action(coordinator, leader, node))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    leader.on_lagging.append(lambda node: spawn(shrink_then_forget, node))
+    leader.on_caught_up.append(lambda node: spawn(expand_then_include, node))
+
+    async def pin_copy(node: str, copy: str) -> bool:
+        result = await coordinator.pin_copy(leader.vhost, leader.leadership, node, copy)
+        if result is IsrChange.NOT_LEADER:
+            leader.depose(leader.epoch + 1, coordinator.node)
+        return result is IsrChange.DONE
+
+    leader.pin_copy = pin_copy
+    return tasks

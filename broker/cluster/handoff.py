@@ -145,10 +145,15 @@ def _remove_stale(path: str) -> None:
     raise OSError(f"another process listens on {path}")
 
 
+def _wake(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
+
+
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
     ready = loop.create_future()
     fd = sock.fileno()
-    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    loop.add_reader(fd, _wake, ready)
     try:
         await ready
     finally:
@@ -507,7 +512,7 @@ class Handoffs:
             return
         data = str(facts.pop("data", "")).encode("latin-1") + bytes(held.data)
         if not held.lost:
-            self._adopt(transport, facts, data, passed=True)  # type: ignore[arg-type]
+            self._adopt(transport, facts, data, passed=True)
 
     # -- the leader ----------------------------------------------------------------------
 
@@ -516,8 +521,10 @@ class Handoffs:
     ) -> None:
         """A HANDOFF frame on the replication listener: the socket becomes a Connection."""
         transport = writer.transport
-        buffered = bytes(reader._buffer)  # bytes the relay sent after the preamble
-        reader._buffer.clear()
+        # The bytes the relay sent after the preamble, which the reader has read ahead:
+        # asyncio has no public way to take them back.
+        buffered = bytes(reader._buffer)  # type: ignore[attr-defined]
+        reader._buffer.clear()  # type: ignore[attr-defined]
         self._writers = {w for w in self._writers if not w.transport.is_closing()}
         self._writers.add(writer)
         self._adopt(transport, facts, buffered, passed=False)  # type: ignore[arg-type]
@@ -528,7 +535,7 @@ class Handoffs:
         """The one adoption path, relayed or passed: the socket becomes a Connection at
         AWAIT_OPEN, continued from the preamble's facts (`Connection.adopt`)."""
         conn = Connection(self.node.broker)
-        transport.set_protocol(conn)
+        transport.set_protocol(conn)  # type: ignore[arg-type]  # an asyncio protocol by its methods (a compiled class)
         conn.adopt(transport, facts, data)
         if not transport.is_closing():
             transport.resume_reading()  # the stream reader may have paused it

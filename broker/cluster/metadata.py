@@ -205,13 +205,14 @@ class OperatorMetadata:
             value = {"write": t.write, "read": t.read}
             ops.append(_put(m, "topic_permissions", t.vhost, t.user, t.exchange, value=value))
         for (kind, owner), values in b.limits.items():
-            for name, value in values.items():
-                ops.append(_put(m, "limits", kind, owner, name, value=value))
+            for name, limit in values.items():
+                ops.append(_put(m, "limits", kind, owner, name, value=limit))
         for vhost in b.vhosts.values():
-            for p in vhost.policies.values():
-                ops.append(_put(m, "policies", vhost.name, p.name, value=p.row()))
-            for p in vhost.operator_policies.values():
-                ops.append(_put(m, "operator_policies", vhost.name, p.name, value=p.row()))
+            for policy in vhost.policies.values():
+                ops.append(_put(m, "policies", vhost.name, policy.name, value=policy.row()))
+            for policy in vhost.operator_policies.values():
+                row = policy.row()
+                ops.append(_put(m, "operator_policies", vhost.name, policy.name, value=row))
         if "cluster_name" in store.settings():
             ops.append(_put(m, "global_parameters", "cluster_name", value=b.cluster_name))
         # The vhosts first: the seeding txn (with the `seeded` marker) carries them, so a
@@ -355,11 +356,11 @@ class OperatorMetadata:
                 deletes.append(lambda h=vhost, n=name, o=operator: b.clear_policy(h, n, o))
 
         for path, v in m.items("vhosts").items():
-            vhost = b.vhosts.get(path[0]) if len(path) == 1 else None
+            here = b.vhosts.get(path[0]) if len(path) == 1 else None
             if (
-                vhost is not None
+                here is not None
                 and isinstance(v, dict)
-                and any(vhost.metadata.get(k) != x for k, x in v.items())
+                and any(here.metadata.get(k) != x for k, x in v.items())
             ):
                 puts.append(lambda n=path[0], v=v: b.add_vhost(n, v))
 

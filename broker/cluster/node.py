@@ -40,7 +40,7 @@ from urllib.parse import unquote
 
 from ..config import ClusterConfig, majority
 from ..errors import StartupError
-from .coordination import Coordinator, IsrChange, NodeNameTaken
+from .coordination import Coordinator, IsrChange, NodeNameTaken, shrink_then_forget
 from .etcd import EtcdClient, EtcdError, compare, put_op
 from .handoff import Handoffs
 from .metadata import OperatorMetadata
@@ -689,8 +689,6 @@ class ClusterNode:
 
     async def remove_member(self, vhost: str, node: str) -> None:
         """Take node out of a vhost this node leads (members and in-sync set)."""
-        from .replication import shrink_then_forget
-
         c = self.coordinator
         epoch = c.leading.get(vhost) if c is not None else None
         if c is None or epoch is None:

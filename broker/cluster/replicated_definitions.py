@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.tables import decode_table, encode_table
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("roarmq.cluster")
 
 
-def _table(args: dict | None) -> str:
+def _table(args: Mapping | None) -> str:
     return base64.b64encode(encode_table(args or {})).decode()
 
 

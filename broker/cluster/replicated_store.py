@@ -66,7 +66,7 @@ from ..store.record_tags import (
 from ..store.segments import Location, LogFailed, RecoveryReport, SegmentLog
 from ..stream import DEFAULT_SEGMENT_SIZE, record_offset
 from . import replicated_definitions as definitions
-from .replication_store import checkpoint_record, epoch_record
+from .replication_store import SegmentRecordStore, checkpoint_record, epoch_record
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -75,7 +75,6 @@ if TYPE_CHECKING:
     from ..queue import Queue
     from ..stream import Stream
     from .replication import ReplicationLeader
-    from .replication_store import SegmentRecordStore
 
 log = logging.getLogger("roarmq.cluster")
 
@@ -154,13 +153,13 @@ class ReplicatedMessageStore(MessageStore):
         self.append_definitions_if_changed()
         msg_id = self.next_id
         self.next_id += 1
-        payload = encode_publish(msg_id, [q.store_id for q in queues], msg, msg.body)
+        payload = encode_publish(msg_id, [q.store_id for q in queues], msg, msg.body)  # type: ignore[misc]  # durable queues: their ids are set
         offset = self._replicate(payload)
         msg.store_id = msg_id
         self.index.add(msg_id, _at(offset, len(payload)), len(queues))
         self._live_bytes += len(payload)
         if page_out:
-            msg.body = None
+            msg.body = None  # type: ignore[assignment]  # paged out: the log has it
         return (self, offset)
 
     def _refuse_if_too_few(self) -> None:
@@ -169,7 +168,10 @@ class ReplicatedMessageStore(MessageStore):
             raise LogFailed(f"fewer than min_in_sync={leader.min_copies} copies in sync")
 
     def _open_log(self, segment_size: int, sync_interval_ms: int, fsync: bool) -> Any:
-        return VhostLogView(self.replication.store)
+        records = self.replication.store
+        if not isinstance(records, SegmentRecordStore):  # its segments are read in place
+            raise TypeError(f"a vhost's message store needs a SegmentRecordStore, not {records!r}")
+        return VhostLogView(records)
 
     def _want_sync(self) -> None:
         """The log's group commit is asked for by `_replicate`."""
@@ -195,6 +197,7 @@ class ReplicatedMessageStore(MessageStore):
         otherwise the ack is remembered for the checkpoints."""
         self.append_definitions_if_changed()
         qid = queue.store_id
+        assert qid is not None  # only a durable queue's settlements reach a store
         try:
             self._replicate(_MARK.pack(ACK_TAG, qid, msg_id))
         except LogFailed:  # this leadership's log failed: it confirms nothing more, and

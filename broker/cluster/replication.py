@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import heapq
 import itertools
 import logging
@@ -840,77 +841,12 @@ class ReplicationFollower:
             await self._dirty.wait()
             self._dirty.clear()
             synced: asyncio.Future[int] = loop.create_future()
-            self.store.sync_soon(
-                lambda offset, error, synced=synced: loop.call_soon_threadsafe(
-                    _settle, synced, offset, error
-                )
-            )
+            self.store.sync_soon(functools.partial(_settle_from_thread, loop, synced))
             durable = await synced
             self.store.trim_checkpointed(durable)
             self.acked = durable
             writer.write(wire.pair_frame(wire.ACK, self.epoch, durable))
             await writer.drain()
-
-
-# -- the owner's helpers with the Coordinator (invariant 2) ---------------------------------
-
-
-async def shrink_then_forget(coordinator, leader: ReplicationLeader, node: str):  # type: ignore[no-untyped-def]
-    """Remove a lagging follower from the in-sync set in etcd, then stop waiting for it.
-
-    `coordinator.shrink_isr` is a txn that checks this node still leads at
-    `leader.leadership`;
-    only after it succeeded does `confirmed_offset` go on without `node` (invariant 2). A
-    NOT_LEADER answer deposes the leader: it confirms nothing more."""
-    from .coordination import IsrChange
-
-    result = await coordinator.shrink_isr(leader.vhost, leader.leadership, node)
-    if result is IsrChange.DONE:
-        leader.remove_from_isr(node)
-    else:
-        leader.depose(leader.epoch + 1, coordinator.node)
-    return result
-
-
-async def expand_then_include(coordinator, leader: ReplicationLeader, node: str):  # type: ignore[no-untyped-def]
-    """A caught-up follower rejoins the in-sync set in etcd, then confirms wait for it."""
-    from .coordination import IsrChange
-
-    copy = leader.copy_of(node)
-    if not copy:
-        return IsrChange.NOT_MEMBER  # a peer that names no copy is never pinned
-    result = await coordinator.expand_isr(leader.vhost, leader.leadership, node, copy)
-    if result is IsrChange.DONE:
-        leader.add_to_isr(node, copy)
-    elif result is IsrChange.NOT_LEADER:
-        leader.depose(leader.epoch + 1, coordinator.node)
-    else:
-        log.info("vhost %r: %s caught up but is not a member: stays out", leader.vhost, node)
-    return result
-
-
-def attach_coordinator(coordinator, leader: ReplicationLeader) -> set[asyncio.Task]:  # type: ignore[no-untyped-def]
-    """Wire lagging -> shrink_isr and caught up -> expand_isr; returns the live task set."""
-    tasks: set[asyncio.Task] = set()
-
-    def spawn(action, node: str) -> None:  # type: ignore[no-untyped-def]
-        task = asyncio.get_running_loop().create_task(action(coordinator, leader, node))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    leader.on_lagging.append(lambda node: spawn(shrink_then_forget, node))
-    leader.on_caught_up.append(lambda node: spawn(expand_then_include, node))
-
-    async def pin_copy(node: str, copy: str) -> bool:
-        from .coordination import IsrChange
-
-        result = await coordinator.pin_copy(leader.vhost, leader.leadership, node, copy)
-        if result is IsrChange.NOT_LEADER:
-            leader.depose(leader.epoch + 1, coordinator.node)
-        return result is IsrChange.DONE
-
-    leader.pin_copy = pin_copy
-    return tasks
 
 
 # -- small helpers ----------------------------------------------------------------------------
@@ -921,6 +857,16 @@ async def _expect_control(reader: asyncio.StreamReader, kind: int) -> dict:
     if got != kind:
         raise wire.ProtocolError(f"expected frame {kind}, got {got}")
     return wire.decode_control(body)
+
+
+def _settle_from_thread(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[int],
+    offset: int,
+    error: BaseException | None,
+) -> None:
+    """The log's writer thread says the sync is done: settle `future` on its loop."""
+    loop.call_soon_threadsafe(_settle, future, offset, error)
 
 
 def _settle(future: asyncio.Future[int], offset: int, error: BaseException | None) -> None:

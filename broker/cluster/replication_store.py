@@ -48,7 +48,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..store.record_tags import (
     CHECKPOINT_TAG,
@@ -142,7 +142,7 @@ class RecordStore(Protocol):
 class SegmentRecordStore:
     """RecordStore on a SegmentLog in `directory` (see module doc); replays on open."""
 
-    def __init__(self, directory: str | os.PathLike[str], **log_options) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, directory: str | os.PathLike[str], **log_options: Any) -> None:
         #: `sync_soon` callers: (the log's token, offset, callback), by token.
         self._sync_waiters: deque[tuple[int, int, Callable[[int, BaseException | None], object]]]
         self._sync_waiters = deque()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 from pathlib import Path
@@ -35,16 +36,11 @@ from ..store.segments import make_dirs_durably
 from ..stream import Stream
 from . import replicated_definitions as definitions
 from . import replication_wire as wire
-from .coordination import encode
+from .coordination import attach_coordinator, encode
 from .etcd import EtcdError
 from .handoff import HANDOFF
 from .replicated_store import ReplicatedMessageStore, rebuild_from_log
-from .replication import (
-    ReplicationFollower,
-    ReplicationLeader,
-    _lost_connection,
-    attach_coordinator,
-)
+from .replication import ReplicationFollower, ReplicationLeader, _lost_connection
 from .replication_store import SegmentRecordStore
 
 if TYPE_CHECKING:
@@ -242,9 +238,7 @@ class VhostReplicas:
                 cookie=self.node.cookie,
             )
             self.followers[vhost] = follower
-            follower.on_leader_refused.append(
-                lambda address, epoch, v=vhost: self._leader_refused(v, address, epoch)
-            )
+            follower.on_leader_refused.append(functools.partial(self._leader_refused, vhost))
             follower.start()
             log.info("vhost %r: following %s at %s", vhost, leader[0], address)
         elif follower.leader != address or follower.epoch < c.leader_term(vhost):
@@ -396,13 +390,16 @@ class VhostReplicas:
         if not c.may_confirm(vhost, epoch):
             log.warning("vhost %r: leadership at epoch %d lost while recovering", vhost, epoch)
             return
-        vhost_obj = self.broker.vhosts.get(vhost) or self.broker.add_vhost(vhost)
+        if vhost not in self.broker.vhosts:  # led here before this node applied it
+            self.broker.add_vhost(vhost)
+        vhost_obj = self.broker.vhosts[vhost]
         saved = rebuilt.definitions
         if saved is None:  # a new log: this node's own definitions start it
             saved = definitions.snapshot(vhost_obj)
         queues = definitions.apply(self.broker, vhost_obj, saved)
         # The in-sync set and pins the campaign read, not the cache: a watch may lag.
-        in_sync, copies = c.won_with.pop(vhost, None) or (c.in_sync(vhost), c.copies(vhost))
+        won_with = c.won_with.pop(vhost, None)
+        in_sync, copies = won_with or (c.in_sync(vhost), c.copies(vhost))
         leader = ReplicationLeader(
             vhost,
             term,

@@ -469,7 +469,8 @@ class DefinitionStore:
     def delete_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> int:
         """Remove a user's topic permissions in a vhost (on one exchange, or all); how many."""
         if exchange is None:
-            sql, params = "DELETE FROM topic_permissions WHERE user = ? AND vhost = ?", ()
+            sql = "DELETE FROM topic_permissions WHERE user = ? AND vhost = ?"
+            params: tuple[str, ...] = ()
         else:
             sql = "DELETE FROM topic_permissions WHERE user = ? AND vhost = ? AND exchange = ?"
             params = (exchange,)
@@ -601,7 +602,9 @@ class DefinitionStore:
     def _unbind(self, vhost: str, name: str, kind: str, limit: int) -> int:
         """Delete at most ``limit`` (-1: all) stored bindings of the queue or exchange ``name``
         (``kind``), each statement on an index; returns how many."""
-        wheres = [("destination = ? AND destination_type = ?", (name, kind))]
+        wheres: list[tuple[str, tuple[str, ...]]] = [
+            ("destination = ? AND destination_type = ?", (name, kind))
+        ]
         if kind == "exchange":
             wheres.insert(0, ("source = ?", (name,)))
         deleted = 0

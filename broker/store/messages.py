@@ -49,6 +49,7 @@ _MARK = struct.Struct(">cIQ")
 _U32 = struct.Struct(">I")
 #: The kinds' first bytes as replay sees them (an int from a memoryview).
 _PUBLISH, _ACK, _DELIVERED = PUBLISH_TAG[0], ACK_TAG[0], DELIVERED_TAG[0]
+_NONE: frozenset[int] = frozenset()
 CLEAN_SHUTDOWN = "clean-shutdown"
 
 #: Seconds an ack (or delivered) record may wait in the log's buffer for a batch someone
@@ -344,12 +345,12 @@ class MessageStore:
         msg_id = self.next_id
         self.next_id += 1
         loc, token = self.log.append(
-            encode_publish(msg_id, [q.store_id for q in queues], msg, msg.body)
+            encode_publish(msg_id, [q.store_id for q in queues], msg, msg.body)  # type: ignore[misc]  # durable queues, stored: their ids are set
         )
         msg.store_id = msg_id
         self.index.add(msg_id, loc, len(queues))
         if page_out:
-            msg.body = None
+            msg.body = None  # type: ignore[assignment]  # paged out: the store has it
         self._urgent = token
         self._want_sync()
         return token
@@ -613,14 +614,16 @@ class MessageStore:
             tombs = marks.get(msg_id) if marks else None
             if tombs:
                 acked = {qid for kind, qid, _ in tombs if kind == _ACK}
-                delivered = {qid for kind, qid, _ in tombs if kind == _DELIVERED}
+                delivered: set[int] | frozenset[int] = {
+                    qid for kind, qid, _ in tombs if kind == _DELIVERED
+                }
                 seg = index.location(msg_id).segment
                 self._tombs[msg_id] = [t[2] for t in tombs]
                 self._seg_of[msg_id] = seg
                 self._tomb_seg.setdefault(seg, set()).add(msg_id)
                 live = [q for q in dict.fromkeys(qids) if q not in acked and q in queues_by_id]
             else:
-                delivered = ()
+                delivered = _NONE
                 live = [q for q in qids if q in queues_by_id]
             if not live:
                 self.log.release(index.remove(msg_id))

@@ -120,7 +120,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pyroaring import BitMap
 
@@ -487,7 +487,7 @@ class SegmentLog:
         self._completed = 0  # batches finished
         self._durable_below = first  # every segment id < this is fully written and synced
         self._rfds: dict[int, int] = {}  # read fds, oldest first
-        self._wfd: int | None = None  # writer's fd (writer thread only)
+        self._wfd = -1  # writer's fd, -1 when none is open (writer thread only)
         self._wseg = -1
         self._wend = 0  # where the records written to _wseg end (writer thread only)
         self._allocated = 0  # _wseg's file size: allocated, zeros from _wend on (writer)
@@ -505,7 +505,7 @@ class SegmentLog:
         return thread
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], **options) -> SegmentLog:  # type: ignore[no-untyped-def]
+    def open(cls, directory: str | os.PathLike[str], **options: Any) -> SegmentLog:
         """Open (creating if needed) the log in `directory`; appends go to a fresh segment."""
         return cls(directory, **options)
 
@@ -810,7 +810,7 @@ class SegmentLog:
         copy: bool = True,
         known: dict[int, tuple[int, int, int]] | None = None,
         prefixes: dict[int, tuple[int, int, int]] | None = None,
-    ) -> Iterator[tuple[Location, bytes]]:
+    ) -> Iterator[tuple[Location, bytes | memoryview]]:
         """Yield (location, payload) of every intact record of the pre-existing segments.
 
         Repairs as it goes (see module doc); never raises for damage. Run it once, to the end.
@@ -845,11 +845,11 @@ class SegmentLog:
             yield from self._replay_segment(seg_id, report, copy, prefix)
         with self._lock:
             for seg_id in ids:
-                seg = self._segments.get(seg_id)
-                if seg is not None and seg.state == _RECOVERING:
-                    seg.state = _SEALED
-                    if not seg.live:
-                        self._doom_locked(seg)
+                replayed = self._segments.get(seg_id)
+                if replayed is not None and replayed.state == _RECOVERING:
+                    replayed.state = _SEALED
+                    if not replayed.live:
+                        self._doom_locked(replayed)
             if self._deletions:
                 self._want = True
                 self._cond.notify()
@@ -876,7 +876,7 @@ class SegmentLog:
         report: RecoveryReport,
         copy: bool = True,
         prefix: tuple[int, int, int] | None = None,
-    ) -> Iterator[tuple[Location, bytes]]:
+    ) -> Iterator[tuple[Location, bytes | memoryview]]:
         """Replay one segment file; with `prefix` (its first bytes, records, payload bytes,
         known to the owner), from the end of that prefix: positions stay the file's."""
         path = os.path.join(self.directory, segment_name(seg_id))
@@ -902,8 +902,9 @@ class SegmentLog:
         seg.size = base + len(data)
         live = seg.live
         if base:
-            live.n, live.nbytes = prefix[1], prefix[2]  # type: ignore[index, union-attr]
-            report.records_ok += prefix[1]  # type: ignore[index]
+            assert prefix is not None  # (base is the prefix's length)
+            live.n, live.nbytes = prefix[1], prefix[2]
+            report.records_ok += prefix[1]
         with self._lock:
             self._segments[seg_id] = seg
         end = len(data)
@@ -1241,18 +1242,18 @@ class SegmentLog:
                     self._completed = batch
                     self._done.notify_all()
                 if closing:
-                    if self._wfd is not None and self._allocated > self._wend:
+                    if self._wfd >= 0 and self._allocated > self._wend:
                         self._finish_file()
                     break
         except BaseException as exc:  # noqa: BLE001 - must never die silently
             self._fail(exc)
         finally:
-            if self._wfd is not None:
+            if self._wfd >= 0:
                 try:
                     os.close(self._wfd)
                 except OSError:
                     pass
-                self._wfd = None
+                self._wfd = -1
 
     def _note_fsync(self, seconds: float) -> None:
         """Writer thread only; read at scrape time (ints and a float: a torn read is harmless)."""
@@ -1285,7 +1286,7 @@ class SegmentLog:
         new_files = False
         for seg_id, base, data, used in chunks:
             if seg_id != self._wseg:
-                if self._wfd is not None:
+                if self._wfd >= 0:
                     self._finish_file()
                 self._wfd = os.open(
                     os.path.join(self.directory, segment_name(seg_id)),
@@ -1306,7 +1307,7 @@ class SegmentLog:
         if chunks:
             if self._do_fsync:
                 started = time.perf_counter()
-                _fdatasync(self._wfd)  # type: ignore[arg-type]
+                _fdatasync(self._wfd)
                 self._note_fsync(time.perf_counter() - started)
                 if new_files:
                     _fsync_dir(self.directory)
@@ -1356,11 +1357,11 @@ class SegmentLog:
         (what `preallocate` allocated past them is no use now), make it durable, close it."""
         fd = self._wfd
         if self._allocated > self._wend:
-            os.ftruncate(fd, self._wend)  # type: ignore[arg-type]
+            os.ftruncate(fd, self._wend)
         if self._do_fsync:
             _fdatasync(fd)
-        os.close(fd)  # type: ignore[arg-type]
-        self._wfd = None
+        os.close(fd)
+        self._wfd = -1
 
     def _delete(self, seg_ids: list[int]) -> None:
         deleted = []
@@ -1369,9 +1370,9 @@ class SegmentLog:
                 fd = self._rfds.pop(seg_id, None)
             if fd is not None:
                 os.close(fd)
-            if seg_id == self._wseg and self._wfd is not None:
+            if seg_id == self._wseg and self._wfd >= 0:
                 os.close(self._wfd)
-                self._wfd = None
+                self._wfd = -1
                 self._wseg = -1
             try:
                 os.unlink(os.path.join(self.directory, segment_name(seg_id)))
@@ -1404,12 +1405,12 @@ class SegmentLog:
         for seg_id, base, _, _ in chunks:
             starts[seg_id] = min(base, starts.get(seg_id, base))
         self._failed_from = starts
-        if self._wfd is not None:
+        if self._wfd >= 0:
             try:
                 os.close(self._wfd)
             except OSError:
                 pass
-            self._wfd, self._wseg = None, -1
+            self._wfd, self._wseg = -1, -1
         for seg_id, start in starts.items():
             self._truncate(os.path.join(self.directory, segment_name(seg_id)), start, sync=False)
 

@@ -230,11 +230,9 @@ def test_a_deleted_vhost_goes_from_every_node_and_stays_gone(cluster):
     ok(n1, "PUT", "/api/vhosts/doomed")
     ok(n1, "PUT", "/api/permissions/doomed/guest", {"configure": ".*", "write": ".*", "read": ".*"})
 
-    def placed_everywhere():
-        return all(
-            set(call(n, "GET", "/api/vhosts/doomed")[1].get("in_sync") or []) == NAMES
-            for n in cluster
-        )
+    def placed_everywhere():  # (placed with every member in sync before a leader is elected)
+        rows = [call(n, "GET", "/api/vhosts/doomed")[1] for n in cluster]
+        return all(set(r.get("in_sync") or []) == NAMES and r.get("leader") for r in rows)
 
     assert until(placed_everywhere, 30)
     leader = by_name(cluster, call(n1, "GET", "/api/vhosts/doomed")[1]["leader"])

@@ -19,11 +19,8 @@ import pytest
 from clusterlib import until as poll
 
 from roarmq.broker.cluster import replication_wire as wire
-from roarmq.broker.cluster.replication import (
-    ReplicationFollower,
-    ReplicationLeader,
-    attach_coordinator,
-)
+from roarmq.broker.cluster.coordination import attach_coordinator
+from roarmq.broker.cluster.replication import ReplicationFollower, ReplicationLeader
 from roarmq.broker.cluster.replication_store import (
     SegmentRecordStore,
     agreed_offset,
