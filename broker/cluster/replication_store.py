@@ -166,12 +166,18 @@ class SegmentRecordStore:
         #: The offset of the checkpoint record the log was last trimmed by (0: none): the
         #: records below `first_offset` are only redundant while that record stands.
         self.trimmed_by = 0
-        self._replay()
-        # What the replay read may be only in the page cache (a kill -9 before the last
-        # life's fsync): durable once synced, not before (a follower acks it at once).
-        self.log.sync_replayed()
-        self.durable_offset = self.last_offset
-        self.copy_id = self._read_or_make_copy_id()
+        try:
+            self._replay()
+            # What the replay read may be only in the page cache (a kill -9 before the last
+            # life's fsync): durable once synced, not before (a follower acks it at once).
+            self.log.sync_replayed()
+            self.durable_offset = self.last_offset
+            self.copy_id = self._read_or_make_copy_id()
+        except BaseException:
+            # A log that cannot be opened lets go of its directory: the next attempt must
+            # meet the same error, not "in use by another log" from a leaked lock.
+            self.log.close()
+            raise
 
     # -- the copy's identity -----------------------------------------------------------------
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 
 import pytest
 
 from roarmq.broker.cluster.replication_store import (
+    LogFormatError,
     SegmentRecordStore,
     checkpoint_record,
     epoch_record,
 )
+from roarmq.broker.store.segments import SegmentLog
 
 
 def reopen(store: SegmentRecordStore) -> SegmentRecordStore:
@@ -200,3 +203,15 @@ def test_sync_soon_answers_every_caller_once_even_when_already_synced(tmp_path):
     answered = asyncio.run(run())
     assert len(answered) == 1000
     assert answered == sorted(answered) and answered[-1] == 1000
+
+
+def test_a_log_that_cannot_be_opened_lets_go_of_its_directory(tmp_path):
+    """A record of a kind this version does not know stops the opening; the next attempt
+    (a follower's retry) meets the same error, not a lock the failed one kept."""
+    log = SegmentLog.open(tmp_path / "log", segment_size=1 << 16, sync_interval_ms=0)
+    log.append(struct.pack(">cIQ", b"q", 0, 1) + b"from a newer version")
+    log.sync_now()
+    log.close()
+    for _attempt in range(2):
+        with pytest.raises(LogFormatError, match="not of this version's log"):
+            SegmentRecordStore(tmp_path / "log")
