@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from support.waiting import free_port
 
 from roarmq.broker.config import Config, ConfigError, load_config, parse_config
 
@@ -102,12 +102,6 @@ def test_overrides_win_over_file():
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("argv0", [[sys.executable, "-m", "roarmq"], "roarmq-serve"])
 def test_daemon_starts_serves_and_stops(tmp_path, argv0):
     """The real daemon as a subprocess: starts in well under a second, speaks AMQP, stops on SIGTERM."""
@@ -115,7 +109,7 @@ def test_daemon_starts_serves_and_stops(tmp_path, argv0):
 
     if argv0 == "roarmq-serve":
         argv0 = [str(Path(sys.executable).with_name("roarmq")), "serve"]
-    port, mgmt = _free_port(), _free_port()
+    port, mgmt = free_port(), free_port()
     data = tmp_path / "data"
     started = time.monotonic()
     # The container's way to a network-reachable user (RabbitMQ: RABBITMQ_DEFAULT_USER/_PASS).

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -38,31 +37,6 @@ def api_call(
     except urllib.error.HTTPError as exc:
         text = exc.read()
         return exc.code, dict(exc.headers), json.loads(text) if text else None
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on, never the same twice in this process (the
-    kernel may give a just-closed port again; two nodes then clash on it)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-
-
-async def until(predicate: Callable[[], object], timeout: float, step: float = 0.05) -> bool:
-    """Poll `predicate` on the loop until it is true or `timeout` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(step)
-    return bool(predicate())
 
 
 # -- the fault workload (tests/cluster/test_fault_rounds.py and bench/cluster.py) ----------

@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from clusterlib import free_port
 from machine import missing
+from support.waiting import free_port
 
 ETCD = Path(__file__).resolve().parents[2] / ".tools" / "etcd"
 

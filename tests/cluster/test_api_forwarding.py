@@ -6,8 +6,8 @@ from __future__ import annotations
 import pika
 import pytest
 from clusterlib import api_call
-from test_failover import PERSISTENT, agreed_leader, by_name, connect
-from test_node import three_nodes, until
+from support.cluster_nodes import PERSISTENT, agreed_leader, by_name, connect, three_nodes
+from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

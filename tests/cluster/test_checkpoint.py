@@ -15,8 +15,19 @@ import signal
 
 import pika
 import pytest
-from test_failover import PERSISTENT, agreed_leader, by_name, connect, drain
-from test_node import TTL, placement, three_nodes, until
+from support.cluster_nodes import (
+    PERSISTENT,
+    TTL,
+    agreed_leader,
+    by_name,
+    connect,
+    drain,
+    log_of,
+    placement,
+    the_leader,
+    three_nodes,
+)
+from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -28,17 +39,6 @@ def cluster(etcd, tmp_path):
     extra = "replica_lag_ms = 1000\ncheckpoint_bytes = 262144\n[storage]\nsegment_size = 1048576\n"
     with three_nodes(etcd, tmp_path, extra) as nodes:
         yield nodes
-
-
-def the_leader(cluster):
-    """The node every node agrees leads "/" with all three in sync."""
-    name = until(lambda: agreed_leader(cluster), 60)
-    assert name, "\n\n".join(f"{n.name}:\n{n.log.read_text()[-1500:]}" for n in cluster)
-    return by_name(cluster, name)
-
-
-def log_of(node) -> dict:
-    return node.api("/api/vhosts/%2F")["replicated_log"]
 
 
 def test_checkpoint_trims_every_copy_and_failover_recovers_exactly_the_unacked(cluster):

@@ -14,7 +14,8 @@ import urllib.request
 import pika
 import pytest
 from clusterlib import api_call
-from test_node import TTL, Node, placement, three_nodes, until
+from support.cluster_nodes import TTL, Node, placement, three_nodes
+from support.waiting import until
 
 from roarmq.broker import ctl
 

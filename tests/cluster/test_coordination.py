@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clusterlib import until
+from support.waiting import until_async as until
 
 from roarmq.broker.cluster.coordination import Coordinator, IsrChange
 from roarmq.broker.cluster.etcd import EtcdClient

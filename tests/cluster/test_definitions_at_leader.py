@@ -10,8 +10,15 @@ import signal
 
 import pytest
 from clusterlib import api_call
-from test_failover import agreed_leader, by_name, drain, publish_confirmed
-from test_node import TTL, three_nodes, until
+from support.cluster_nodes import (
+    TTL,
+    agreed_leader,
+    by_name,
+    drain,
+    publish_confirmed,
+    three_nodes,
+)
+from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

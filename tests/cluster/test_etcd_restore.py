@@ -9,8 +9,15 @@ import shutil
 
 import pika
 import pytest
-from test_failover import agreed_leader, by_name, drain, publish_confirmed
-from test_node import TTL, three_nodes, until
+from support.cluster_nodes import (
+    TTL,
+    agreed_leader,
+    by_name,
+    drain,
+    publish_confirmed,
+    three_nodes,
+)
+from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

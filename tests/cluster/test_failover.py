@@ -18,71 +18,30 @@ import urllib.request
 import pika
 import pytest
 from machine import missing
-from test_node import TTL, Node, placement, three_nodes, until
+from support.cluster_nodes import (
+    PERSISTENT,
+    TTL,
+    Node,
+    agreed_leader,
+    by_name,
+    connect,
+    drain,
+    placement,
+    publish_confirmed,
+    three_nodes,
+)
+from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 N = 200
 REVOKED = "refuses connections: its process is gone; revoking its lease"
-PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
 @pytest.fixture
 def cluster(etcd, tmp_path):
     with three_nodes(etcd, tmp_path, "replica_lag_ms = 1000\n") as nodes:
         yield nodes
-
-
-def agreed_leader(nodes: list[Node], size: int = 3) -> str | None:
-    seen = {placement(node) for node in nodes}
-    if len(seen) != 1:
-        return None
-    (leader, _members, in_sync), *_ = seen
-    return leader if leader is not None and len(in_sync) == size else None
-
-
-def connect(node: Node) -> pika.BlockingConnection:
-    """A client on the node once it serves the vhost (it answers 530 while recovering)."""
-
-    def attempt():
-        try:
-            return pika.BlockingConnection(node.params())
-        except pika.exceptions.AMQPError:
-            return None
-
-    conn = until(attempt, 15, step=0.2)
-    assert conn, node.log.read_text()[-3000:]
-    return conn
-
-
-def publish_confirmed(node: Node, queue: str, bodies: list[bytes]) -> list[bytes]:
-    conn = connect(node)
-    ch = conn.channel()
-    ch.confirm_delivery()
-    ch.queue_declare(queue, durable=True)
-    confirmed = []
-    for body in bodies:
-        ch.basic_publish("", queue, body, PERSISTENT, mandatory=True)  # raises on nack
-        confirmed.append(body)
-    conn.close()
-    return confirmed
-
-
-def drain(node: Node, queue: str) -> list[bytes]:
-    conn = connect(node)
-    ch = conn.channel()
-    got = []
-    while True:
-        method, _props, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        got.append(body)
-    conn.close()
-    return got
-
-
-def by_name(nodes: list[Node], name: str) -> Node:
-    return next(n for n in nodes if n.name == name)
 
 
 def test_leader_kill9_loses_nothing_confirmed(cluster):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from clusterlib import FaultLoad
-from test_node import TTL, Node, placement, three_nodes
+from support.cluster_nodes import TTL, Node, placement, three_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

@@ -27,7 +27,8 @@ import aio_pika
 import pika
 import pytest
 import trustme
-from test_node import TTL, Node, free_port, placement, three_nodes, until
+from support.cluster_nodes import TTL, Node, placement, three_nodes
+from support.waiting import free_port, until
 
 from roarmq.protocol import spec
 from roarmq.protocol.frames import (

@@ -16,7 +16,8 @@ import time
 import pika
 import pytest
 from clusterlib import api_call
-from test_node import Node, connect, placement, three_nodes, until
+from support.cluster_nodes import Node, connect_with, placement, three_nodes
+from support.waiting import until
 
 from roarmq.broker import ctl
 from roarmq.broker.cluster.etcd import EtcdClient
@@ -53,7 +54,7 @@ def params(node: Node, user: str, password: str, vhost: str = "/") -> pika.Conne
 def logs_in(node: Node, user: str, password: str) -> bool:
     """connection.open-ok on vhost / (through that node, handed to the leader if need be)."""
     try:
-        conn = connect(params(node, user, password))
+        conn = connect_with(params(node, user, password))
     except pika.exceptions.AMQPConnectionError:
         return False
     conn.close()
@@ -118,7 +119,7 @@ def test_users_permissions_policies_live_in_etcd(cluster, etcd):
     assert etcd_value(etcd.url, "/roarmq/meta/permissions/%2F/alice") == perms
 
     # A permission changed on n3 applies to a connection already open through n1.
-    conn = connect(params(n1, "alice", "secret"))
+    conn = connect_with(params(n1, "alice", "secret"))
     ch = conn.channel()
     ch.queue_declare("alice.before", durable=True)
     ok(n3, "PUT", "/api/permissions/%2F/alice", {"configure": "^$", "write": ".*", "read": ".*"})
@@ -144,7 +145,7 @@ def test_users_permissions_policies_live_in_etcd(cluster, etcd):
     # A policy set through a node that does not lead / applies to the leader's queues.
     policy = {"pattern": "^capped$", "definition": {"max-length": 2}, "apply-to": "queues"}
     assert ok(follower, "PUT", "/api/policies/%2F/cap", policy) == 201
-    conn = connect(leader.params())
+    conn = connect_with(leader.params())
     ch = conn.channel()
     ch.confirm_delivery()
     ch.queue_declare("capped", durable=True)

@@ -4,157 +4,28 @@ kill -9 of the leader followed by another in-sync member leading and confirming.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pika
 import pytest
-from clusterlib import free_port
+from support.cluster_nodes import (
+    PERSISTENT,
+    TTL,
+    Node,
+    connect_with,
+    placement,
+    three_nodes,
+)
+from support.waiting import free_port, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
-
-ROOT = Path(__file__).resolve().parents[2]
-TTL = 2
-PERSISTENT = pika.BasicProperties(delivery_mode=2)
-
-
-class Node:
-    def __init__(self, tmp: Path, name: str, etcd_url: str) -> None:
-        self.name = name
-        self.port, self.mgmt_port, self.repl_port = free_port(), free_port(), free_port()
-        self.data_dir = tmp / name
-        self.log = tmp / f"{name}.log"
-        self.config = tmp / f"{name}.toml"
-        self.config.write_text(
-            '[amqp]\nbind = ["127.0.0.1"]\n'
-            f'[management]\nenabled = true\nbind = "127.0.0.1"\nport = {self.mgmt_port}\n'
-            f"[cluster]\netcd = [{json.dumps(etcd_url)}]\nnode = {json.dumps(name)}\n"
-            f"lease_ttl = {TTL}\n"
-        )
-        self.etcd_url = etcd_url
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, under: list[str] = ()) -> Node:
-        """Start the node (`under`: a command to run it under, strace for one)."""
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    *under,
-                    sys.executable,
-                    "-m",
-                    "roarmq",
-                    "--config",
-                    str(self.config),
-                    "--port",
-                    str(self.port),
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--cluster-etcd",
-                    self.etcd_url,
-                    "--node",
-                    self.name,
-                    "--replication-port",
-                    str(self.repl_port),
-                    "--log-level",
-                    "info",
-                ],
-                stdout=out,
-                stderr=out,
-                cwd=ROOT,
-            )
-        return self
-
-    def api(self, path: str):
-        with urllib.request.urlopen(
-            urllib.request.Request(
-                f"http://127.0.0.1:{self.mgmt_port}{path}",
-                headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="},  # guest:guest
-            ),
-            timeout=2,
-        ) as resp:
-            return json.loads(resp.read())
-
-    def params(self) -> pika.ConnectionParameters:
-        return pika.ConnectionParameters(
-            "127.0.0.1", self.port, connection_attempts=1, socket_timeout=3
-        )
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-
-
-def connect(params: pika.ConnectionParameters, timeout: float = 15) -> pika.BlockingConnection:
-    """A connection once the vhost serves: a leader just elected answers 530 "is being
-    recovered" until its copy of the vhost is recovered."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return pika.BlockingConnection(params)
-        except pika.exceptions.ProbableAccessDeniedError as exc:
-            if "being recovered" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def until(predicate, timeout: float, step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-        except OSError:
-            value = None
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
-
-
-@contextlib.contextmanager
-def three_nodes(etcd, tmp_path, extra: str = ""):  # type: ignore[no-untyped-def]
-    """n1, n2, n3 on `etcd`, `extra` appended to each one's [cluster] section; all
-    stopped at the end, a frozen one (SIGSTOP) woken first so that it can stop."""
-    nodes = [Node(tmp_path, f"n{i}", etcd.url) for i in (1, 2, 3)]
-    for node in nodes:
-        if extra:
-            with open(node.config, "a") as config:
-                config.write(extra)
-    try:
-        for node in nodes:
-            node.start()
-        yield nodes
-    finally:
-        for node in nodes:
-            if node.proc is not None and node.proc.poll() is None:
-                os.kill(node.proc.pid, signal.SIGCONT)
-            node.stop()
 
 
 @pytest.fixture
 def cluster(etcd, tmp_path):
     with three_nodes(etcd, tmp_path) as nodes:
         yield nodes
-
-
-def placement(node: Node) -> tuple:
-    row = node.api("/api/vhosts/%2F")
-    return row["leader"], tuple(row["members"]), tuple(row["in_sync"])
 
 
 def test_three_nodes_one_leader_handoff_and_failover(cluster):
@@ -186,7 +57,7 @@ def test_three_nodes_one_leader_handoff_and_failover(cluster):
     assert "mem_used" in {n["name"]: n for n in leader.api("/api/nodes")}[leader_name]
 
     # A client on the leader works; one on another node is told where to go.
-    conn = connect(leader.params())
+    conn = connect_with(leader.params())
     ch = conn.channel()
     ch.queue_declare("q1", durable=True)
     ch.basic_publish("", "q1", b"hello")
@@ -194,7 +65,7 @@ def test_three_nodes_one_leader_handoff_and_failover(cluster):
     queue = leader.api("/api/queues/%2F/q1")
     assert queue["node"] == leader_name
     # (handed over to the leader: test_handoff.py)
-    conn = connect(others[0].params())
+    conn = connect_with(others[0].params())
     assert conn.channel().queue_declare("q1", passive=True).method.message_count == 1
     conn.close()
 
@@ -218,7 +89,7 @@ def test_three_nodes_one_leader_handoff_and_failover(cluster):
     assert listed[leader_name]["running"] is False
     assert "/" in listed[successor_name]["leaders"]
 
-    conn = connect(successor.params())
+    conn = connect_with(successor.params())
     ch = conn.channel()
     ch.confirm_delivery()
     ch.queue_declare("q2", durable=True)
@@ -229,7 +100,7 @@ def test_three_nodes_one_leader_handoff_and_failover(cluster):
     conn.close()
     # The remaining non-leader now hands its clients to the successor.
     third = next(n for n in others if n is not successor)
-    conn = connect(third.params())
+    conn = connect_with(third.params())
     assert conn.channel().queue_declare("q2", passive=True).method.message_count == 1
     conn.close()
 
@@ -243,7 +114,7 @@ def test_a_fenced_leader_closes_its_clients_and_refuses_new_ones_until_etcd_answ
     node = Node(tmp_path, "solo", etcd.url).start()
     try:
         assert until(lambda: node.api("/api/vhosts/%2F")["leader"] == "solo", 30)
-        conn = connect(node.params())
+        conn = connect_with(node.params())
         ch = conn.channel()
         ch.confirm_delivery()
         ch.queue_declare("q", durable=True)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clusterlib import until as poll
+from support.waiting import until_async as poll
 
 from roarmq.broker.cluster import replication_wire as wire
 from roarmq.broker.cluster.coordination import attach_coordinator

@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import pika
 import pytest
-from test_checkpoint import log_of, the_leader
-from test_failover import agreed_leader, by_name, connect
-from test_node import TTL, placement, three_nodes, until
+from support.cluster_nodes import (
+    TTL,
+    agreed_leader,
+    by_name,
+    connect,
+    log_of,
+    placement,
+    the_leader,
+    three_nodes,
+)
+from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

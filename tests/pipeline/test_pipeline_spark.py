@@ -17,6 +17,7 @@ import pipeline_reference as ref
 import pyarrow.parquet as pq
 import pytest
 from machine import missing
+from support.waiting import free_port
 
 from roarmq.broker.clock import VirtualClock
 from roarmq.broker.management import export_definitions
@@ -471,14 +472,6 @@ def test_files_the_executors_cannot_read_fail_the_run(
     assert "Files the executors could not read" in (out / "report.html").read_text()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
     """A Spark standalone master and one worker from the installed pyspark, on loopback
@@ -500,7 +493,7 @@ def standalone(tmp_path_factory):
     work = tmp_path_factory.mktemp("standalone")
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(work / "w")}
     env["SPARK_HOME"] = str(spark_class.parent.parent)
-    port, ui, worker_ui = _free_port(), _free_port(), _free_port()
+    port, ui, worker_ui = free_port(), free_port(), free_port()
     master = subprocess.Popen(
         [str(spark_class), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
         + ["--port", str(port), "--webui-port", str(ui)],

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,16 +26,11 @@ from pathlib import Path
 import pika
 import pytest
 from machine import missing
+from support.waiting import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 STRACE = shutil.which("strace")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BrokerProcess:

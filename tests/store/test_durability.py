@@ -12,7 +12,8 @@ import time
 
 import pika
 import pytest
-from faultlib import PERSISTENT, BrokerProcess, connect, drain, free_port, wait_for
+from faultlib import PERSISTENT, BrokerProcess, connect, drain, wait_for
+from support.waiting import free_port
 
 from roarmq.broker.store.segments import SegmentLog
 from roarmq.broker.testing import BrokerThread, ephemeral_config
