@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .definitions_json import json_safe
 from .exchange import Exchange
 from .routing import make_index
 from .routing.graph import sender_selected_keys
@@ -95,8 +96,6 @@ def explain(vhost: Any, exchange: Exchange, routing_key: str, headers: Mapping |
 
 
 def _row(source: Exchange, dest: Any, key: str, args: Any, routed_key: str) -> dict[str, Any]:
-    from .management.rows import json_safe
-
     return {
         "source": source.name,
         "destination": dest.name,

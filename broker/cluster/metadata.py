@@ -45,6 +45,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
+from ..definitions_json import limit_value, tags_of
+from ..definitions_json import vhost_metadata as metadata_of
 from ..errors import MetadataUnavailable
 from .cache import PrefixCache
 from .etcd import EtcdClient, EtcdError, compare, delete_op, put_op
@@ -549,8 +551,6 @@ class OperatorMetadata:
         as fit). Its exchanges, queues and bindings are each vhost's leader's: the
         management API sends them there (`import_at_the_leaders`)."""
         from ..auth import hash_password
-        from ..management.definitions import _tags_of, limit_value
-        from ..management.definitions import vhost_metadata as metadata_of
         from ..policy import make_policy
 
         m = self.meta
@@ -574,7 +574,7 @@ class OperatorMetadata:
         for u in doc.get("users", []):
             value = {
                 "password_hash": u.get("password_hash") or hash_password(u["password"]),
-                "tags": list(_tags_of(u)),
+                "tags": list(tags_of(u)),
                 "loopback_only": False,
             }
             ops.append(_put(m, "users", u["name"], value=value))

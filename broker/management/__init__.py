@@ -8,15 +8,14 @@ path nothing but an increment.
   and the refusals in RabbitMQ's shapes.
 - `rows.py`: the JSON rows of exchanges, queues, bindings, messages, vhosts, connections,
   channels and consumers.
-- `definitions.py`: definitions.json export and import, the user, permission and limit rows
-  they share with the API, and /api/definitions.
+- `definitions.py`: /api/definitions (the document: broker/definitions_json.py).
 - `objects.py`: exchanges, queues, bindings; publish, get, purge, route explain.
 - `access.py`: vhosts, users, permissions, topic permissions, limits, policies.
 - `clients.py`: connections, channels, consumers.
 - `node.py`: overview, nodes, health checks, aliveness, parameters, /metrics.
 """
 
-from .definitions import (
+from ..definitions_json import (
     RABBITMQ_API_VERSION,
     export_definitions,
     import_definitions,

@@ -8,6 +8,15 @@ from typing import Any
 from aiohttp import web
 
 from ..auth import hash_password
+from ..definitions_json import (
+    DefinitionError,
+    limit_rows,
+    limit_value,
+    permission_rows,
+    topic_permission_rows,
+    user_rows,
+    vhost_metadata,
+)
 from ..policy import PolicyError
 from ..trace import set_tracing
 from .context import (
@@ -24,14 +33,6 @@ from .context import (
     vhost_refused,
     vhosts_of,
 )
-from .definitions import (
-    limit_rows,
-    limit_value,
-    permission_rows,
-    topic_permission_rows,
-    user_rows,
-    vhost_metadata,
-)
 from .rows import connections_by_vhost, vhost_row
 
 
@@ -46,7 +47,10 @@ async def vhosts(request: web.Request) -> web.Response:
 
 async def put_vhost(request: web.Request) -> web.Response:
     body = await read_json(request) if request.can_read_body else {}
-    metadata = vhost_metadata(body)  # RabbitMQ: a PUT with no body clears them too
+    try:
+        metadata = vhost_metadata(body)  # RabbitMQ: a PUT with no body clears them too
+    except DefinitionError as exc:
+        raise bad_request(str(exc)) from None
     broker = broker_of(request)
     created = await change(broker, "add_vhost", request.match_info["vhost"], metadata)
     if created:

@@ -40,6 +40,7 @@ import aiohttp
 from aiohttp import web
 
 from ..api_query import QUERY_KEYS, shape
+from ..definitions_json import import_definitions
 from .context import USER, bad_request, broker_of, read_json
 
 #: Marks a request from another node: answer with this node's own rows, ask nobody.
@@ -312,8 +313,6 @@ async def import_at_the_leaders(request: web.Request, objects: dict[str, list]) 
     answered once each leader's in-sync set holds them: on another node they would never
     reach the vhost's log. Raises HTTPServiceUnavailable naming the vhost that could
     not take its part."""
-    from .definitions import import_definitions
-
     broker = broker_of(request)
     cluster = broker.cluster
     parts: dict[str, dict[str, list]] = {}

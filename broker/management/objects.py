@@ -14,11 +14,11 @@ from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
 
 from ..api_query import paged_objects, paged_stream
+from ..erlang import ApiArguments
 from ..exchange import Exchange
 from ..explain import explain
 from ..message import Message
 from .context import bad_request, broker_of, not_found, rates_of, read_json, vhosts_of
-from .erlang import ApiArguments
 from .rows import (
     binding_row,
     exchange_row,

@@ -12,27 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.properties import BasicProperties
 
+from ..definitions_json import json_safe
+from ..erlang import args_hash as arguments_hash
 from ..exchange import Exchange
 from ..metrics import CHANNEL_STATS, channel_stats, queue_counts, vhost_counts
 from ..tls import PLAIN_REPORT
-from .erlang import args_hash as arguments_hash
 
 if TYPE_CHECKING:
     from ..rates import RateSampler
     from ..server import Broker
-
-
-def json_safe(value: Any) -> Any:
-    """AMQP field values as JSON can hold them: bytes as text, anything else odd as str."""
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
 
 
 def stats(rates: RateSampler | None, key: Any, counts: dict[str, int]) -> dict[str, Any]:

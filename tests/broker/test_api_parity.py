@@ -18,7 +18,7 @@ import pytest
 from machine import missing
 
 from roarmq.broker import ctl
-from roarmq.broker.management.erlang import ApiArguments, Atom, args_hash, phash2
+from roarmq.broker.erlang import ApiArguments, Atom, args_hash, phash2
 
 pytestmark = pytest.mark.timeout(60)
 
