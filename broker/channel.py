@@ -373,10 +373,11 @@ class Channel:
         queue = entry.queue
         store = queue.store if queue is not None else None  # a clustered vhost's, or the node's
         if store is None:
-            return body if body is not None else self.conn.broker.store.body(entry.msg)
+            store = self.conn.broker.store  # (opened by Broker.start)
+            return body if body is not None else store.body(entry.msg)  # type: ignore[union-attr]
         if not entry.marked:
             entry.marked = True
-            store.delivered(queue, entry.msg.store_id)
+            store.delivered(queue, entry.msg.store_id)  # type: ignore[arg-type]  # stored: has one
         return body if body is not None else store.body(entry.msg)
 
     def cancel_by_server(self, consumer: Consumer) -> None:
@@ -919,7 +920,7 @@ class Channel:
                 self.stats[_DROPPED] += 1
             self._confirmed(seq, True)
             return
-        if msg.flags & FLAG_HEADERS and "BCC" in msg.headers:
+        if msg.flags & FLAG_HEADERS and "BCC" in msg.headers:  # type: ignore[operator]  # (it has)
             msg = _strip_bcc(msg)
         ok, token = enqueue(msg, queues, self.confirm)
         for queue in queues:
@@ -931,7 +932,7 @@ class Channel:
                 return
             TOUCHED.clear()
         if token is not None and ok and self.confirm:
-            self.conn.broker.store.confirm_after(token, self, seq)
+            self.conn.broker.store.confirm_after(token, self, seq)  # type: ignore[union-attr]  # (open)
             return
         self._confirmed(seq, ok)
 
@@ -1066,7 +1067,8 @@ def _check_sender_selected(headers: dict) -> None:
 def _strip_bcc(msg: Message) -> Message:
     """Sender-selected distribution: BCC routes the message but is never delivered."""
     props = copy_properties(msg.properties)
-    props.headers = {k: v for k, v in props.headers.items() if k != "BCC"}
+    headers = props.headers  # (it has a BCC header)
+    props.headers = {k: v for k, v in headers.items() if k != "BCC"}  # type: ignore[union-attr]
     return msg.with_properties(props)
 
 

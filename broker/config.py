@@ -499,7 +499,7 @@ def _cluster(raw: dict[str, Any], flags: dict[str, str] | None = None) -> Cluste
         if required not in values:
             flag = {"etcd": "--cluster-etcd", "node": "--node"}[required]
             raise ConfigError(f"[cluster] {required}: missing (or give {flag})")
-    cfg = ClusterConfig(**values)
+    cfg = ClusterConfig(**values)  # type: ignore[arg-type]  # each value checked by its key's rule
     if cfg.min_in_sync is not None and cfg.min_in_sync > cfg.replicas:
         raise ConfigError(
             f"[cluster] min_in_sync: {cfg.min_in_sync} is more than replicas = {cfg.replicas}"

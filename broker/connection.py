@@ -236,7 +236,7 @@ class Connection:
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:  # amqps: made once the TLS handshake is done
             self.tls = session_of(ssl_object, self.broker.config.amqp.tls)
-        self.flow.attach(self.transport)
+        self.flow.attach(self.transport)  # type: ignore[arg-type]  # (set above)
         self.broker.connection_opened(self)
         self._timer = self.broker.clock.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
@@ -595,7 +595,11 @@ class Connection:
             if m.mechanism == EXTERNAL:
                 self.user = self.broker.auth.external(tls.login, peer_host)  # type: ignore[union-attr]
             else:
-                self.user = self.broker.auth.authenticate(m.mechanism, m.response, peer_host)
+                self.user = self.broker.auth.authenticate(
+                    m.mechanism,
+                    m.response,  # type: ignore[arg-type]  # received: bytes (str when we build one)
+                    peer_host,
+                )
             self.auth_mechanism = m.mechanism
         except MalformedResponse as exc:
             return self._refuse_login(HardError(SYNTAX_ERROR, str(exc)), m.mechanism)

@@ -204,7 +204,8 @@ def vhost_metadata(body: dict[str, Any]) -> dict[str, Any]:
     """What a PUT /api/vhosts body (or a definitions file's vhost) sets. As in RabbitMQ 3.10.8,
     a PUT replaces the description and tags (absent: empty); tags are a list or RabbitMQ's
     comma-separated string."""
-    meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    given = body.get("metadata")
+    meta: dict[str, Any] = given if isinstance(given, dict) else {}
     description = body.get("description", meta.get("description", ""))
     if not isinstance(description, str):
         raise DefinitionError("description must be a string")

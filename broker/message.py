@@ -102,7 +102,7 @@ class Message:
             # and reference counting frees it. Tracked, every message in flight was scanned
             # again by each young-generation collection: with 100,000 queues (bench/topic_go.py)
             # those took a sixth of the broker's CPU.
-            PyObject_GC_UnTrack(self)  # noqa: F821
+            PyObject_GC_UnTrack(self)  # type: ignore[name-defined]  # noqa: F821  # Cython's
 
     @classmethod
     def _rebuilt(
@@ -120,7 +120,7 @@ class Message:
         msg.exchange = exchange
         msg.routing_key = routing_key
         msg.header = header
-        msg.body = body
+        msg.body = body  # type: ignore[assignment]  # None: paged out, the store holds it
         msg.size = size
         raw = header.raw
         msg.flags = (raw[0] << 8 | raw[1]) if len(raw) >= 2 else 0

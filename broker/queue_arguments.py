@@ -475,9 +475,10 @@ def inequivalent(new: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[st
     """The first argument a redeclaration must repeat but does not: (key, new, current)."""
     for row in EQUIVALENCE:
         key = row.argument
+        assert key is not None  # (EQUIVALENCE holds rows with an argument only)
         got, cur = row.check.compared(new.get(key)), row.check.compared(current.get(key))
         if got != cur:
-            return key, got, cur  # type: ignore[return-value]
+            return key, got, cur
     return None
 
 

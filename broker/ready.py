@@ -357,7 +357,7 @@ class FifoReady:
                     entry = new_entry(entry_class)
                     entry.msg = msg
                     entry.seq = seq
-                    entry.queue = queue
+                    entry.queue = queue  # type: ignore[assignment]  # (None in unit tests only)
                     entry.redelivered = bool(bits & _REDELIVERED)
                     entry.expires_at = expires if bits & _EXPIRES else None
                     entry.consumer = None
@@ -373,9 +373,9 @@ class FifoReady:
 
     def _load(self, msg_id: int) -> Message | None:
         """A stored message read back from the log; None (logged) if it cannot be."""
-        store = self._queue.store  # type: ignore[union-attr]
+        store = self._queue.store  # type: ignore[union-attr]  # a queue's own, stored: both set
         try:
-            return store.load(msg_id, INLINE_MAX)
+            return store.load(msg_id, INLINE_MAX)  # type: ignore[union-attr]  # (as above)
         except Exception as exc:  # a damaged record must not stop the queue
             log.error(
                 "stored message %d unreadable, skipped: %s",

@@ -178,8 +178,10 @@ class Broker:
         if self.loop_lag is not None:
             self.loop_lag.start()
 
-    async def _listen(self, factory: Callable[[], asyncio.Protocol]) -> None:
-        """The plain listener on every [amqp] address; port 0 picks one free port for all."""
+    async def _listen(self, factory: Callable[[], Any]) -> None:
+        """The plain listener on every [amqp] address; port 0 picks one free port for all.
+        (`factory` makes a Connection: an asyncio protocol by its methods, not by its class,
+        being compiled.)"""
         loop = asyncio.get_running_loop()
         hosts, port = self.config.amqp.bind, self.config.amqp.port
         for host in hosts:

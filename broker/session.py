@@ -121,7 +121,7 @@ def _each(methods: Any, entry: Entry) -> dict[type, Entry]:
 
 
 #: Every method type the frame parser can yield; a bound row holds each of them.
-ALL_METHODS: tuple[type, ...] = tuple(spec.METHODS.values())
+ALL_METHODS: tuple[type[spec.Method], ...] = tuple(spec.METHODS.values())
 CONTENT_METHODS: tuple[type, ...] = tuple(m for m in ALL_METHODS if m.HAS_CONTENT)
 CONNECTION_CLASS: tuple[type, ...] = tuple(m for m in ALL_METHODS if m.CLASS_ID == 10)
 

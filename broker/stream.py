@@ -490,7 +490,7 @@ class Stream(Queue):
 
     # A stream's messages never go to the message store: `store` stays None, whatever the
     # broker sets; `store_id` (its definitions row) names its directory and opens its log.
-    @property  # type: ignore[override]
+    @property
     def store(self) -> None:
         return None
 
@@ -498,7 +498,7 @@ class Stream(Queue):
     def store(self, value: Any) -> None:
         pass
 
-    @property  # type: ignore[override]
+    @property
     def store_id(self) -> int | None:
         return self._sid
 
@@ -739,9 +739,10 @@ class Stream(Queue):
             if isinstance(value, bytes):
                 value = value.decode("utf-8", "replace")
             if isinstance(value, str):
-                fid = self._fvals.get(value)  # a value seen before: nothing to encode
-                if fid is None:
-                    fid = self._intern(value.encode()[:65535].decode("utf-8", "replace"))
+                known = self._fvals.get(value)  # a value seen before: nothing to encode
+                if known is None:
+                    known = self._intern(value.encode()[:65535].decode("utf-8", "replace"))
+                fid = known
                 flags |= _FILTERED
                 filt = self._fstored[fid]
         payload = b"".join(
@@ -925,7 +926,7 @@ class Stream(Queue):
         """Drop whole segments, oldest first, past x-max-length-bytes or x-max-age; never
         the newest segment holding records, nor one not wholly fsynced."""
         segs = self.segs
-        limit = self.max_length_bytes
+        limit = self.max_length_bytes  # type: ignore[attr-defined]  # set by its argument row
         age = self.max_age_seconds
         if limit is None and age is None:
             return
@@ -1065,7 +1066,7 @@ class Stream(Queue):
                         break
                     continue
                 if msg is None:
-                    msg = self._build(record)
+                    msg = self._build(record)  # type: ignore[arg-type]  # msg is None: read just now
                 entry = Entry(msg, off, self)
                 if tracing:
                     trace.delivered(consumer.channel, entry)
@@ -1093,7 +1094,7 @@ class Stream(Queue):
             closed = k + 1 < len(ix)
             end = ix[k + 1] if closed else self.next_offset
             bits = bits_of[k]
-            if (bits is not None and bits.intersect(want)) or (unfiltered and unf_of[k]):
+            if (bits is not None and bits.intersect(want)) or (unfiltered and unf_of[k]):  # type: ignore[arg-type]  # a filtered reader
                 reader.checked = end
                 break
             if closed and end <= committed:

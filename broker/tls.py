@@ -17,7 +17,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,7 +138,7 @@ def session_of(ssl_object: ssl.SSLObject, cfg: AmqpTlsConfig) -> TlsSession:
     )
 
 
-def _erlang_suite(suite: dict[str, Any]) -> tuple[str, str, str]:
+def _erlang_suite(suite: Mapping[str, Any]) -> tuple[str, str, str]:
     """OpenSSL's description of a cipher suite (SSLContext.get_ciphers()) as Erlang's
     selected_cipher_suite names it: cipher, key exchange, MAC."""
     cipher = suite["symmetric"].replace("-", "_")  # "aes-256-gcm" -> "aes_256_gcm"
@@ -238,7 +238,7 @@ class TlsListener:
     A failure closes that client's socket and nothing else.
     """
 
-    def __init__(self, context: ssl.SSLContext, factory: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(self, context: ssl.SSLContext, factory: Callable[[], Any]) -> None:
         self.context = context
         self.factory = factory
         self.sockets: list[socket.socket] = []

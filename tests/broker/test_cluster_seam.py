@@ -28,7 +28,9 @@ from roarmq.protocol import spec
 
 
 def _members(protocol: type) -> set[str]:
-    own = {n for n, v in vars(protocol).items() if inspect.isfunction(v)}
+    own = {
+        n for n, v in vars(protocol).items() if inspect.isfunction(v) or isinstance(v, property)
+    }
     return (own | set(protocol.__annotations__)) - {"__init__"}
 
 
@@ -39,7 +41,7 @@ def _answers(side: type, member: str) -> bool:
 
 def test_every_hook_is_answered_on_both_sides():
     hooks = _members(ClusterHooks)
-    assert {"refusal", "must_wait", "hand_off", "stream_home", "streams_fsync"} <= hooks
+    assert {"name", "refusal", "must_wait", "hand_off", "stream_home", "streams_fsync"} <= hooks
     for side in (SingleNode, ClusterNode):
         missing = {h for h in hooks if not _answers(side, h)}
         assert not missing, (side.__name__, missing)
