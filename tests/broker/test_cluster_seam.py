@@ -28,9 +28,7 @@ from roarmq.protocol import spec
 
 
 def _members(protocol: type) -> set[str]:
-    own = {
-        n for n, v in vars(protocol).items() if inspect.isfunction(v) or isinstance(v, property)
-    }
+    own = {n for n, v in vars(protocol).items() if inspect.isfunction(v) or isinstance(v, property)}
     return (own | set(protocol.__annotations__)) - {"__init__"}
 
 
