@@ -227,9 +227,16 @@ class ClusterNode:
     # -- what the broker and the management API ask -------------------------------------
 
     def leader_of(self, vhost: str) -> str | None:
+        """The vhost's leader as etcd names it; never this node unless it leads it (a
+        node that gave its leadership up, fenced, keeps its key in its copy of etcd's
+        keys until etcd answers again)."""
         c = self.coordinator
-        leader = c.leader(vhost) if c is not None else None
-        return leader[0] if leader else None
+        if c is None:
+            return None
+        leader = c.leader(vhost)
+        if leader is None or (leader[0] == self.name and vhost not in c.leading):
+            return None
+        return leader[0]
 
     def members(self, vhost: str) -> list[str]:
         return self.coordinator.vhost_members(vhost) if self.coordinator is not None else []

@@ -136,6 +136,8 @@ def test_a_fenced_leader_closes_its_clients_and_refuses_new_ones_until_etcd_answ
             pika.BlockingConnection(node.params())
         said = str(refused.value).replace("\\'", "'")
         assert "(541)" in said and "refused for user 'guest': vhost '/' is down" in said, said
+        # Nor does its API name it the leader (its copy of etcd's keys still does).
+        assert node.api("/api/vhosts/%2F")["leader"] is None
 
         etcd.start()  # the lease survives (etcd restarts leases): the key is given back
         assert until(lambda: "leader key of epoch" in node.log.read_text(), 30)
