@@ -603,8 +603,10 @@ class ClusterNode:
             raise MoveRefused(f"node '{self.name}' has not joined the cluster")
         epoch = c.leading.get(vhost)
         leader = self.replicas.leaders.get(vhost)
-        if epoch is None or leader is None or vhost not in self.replicas.serving:
+        if epoch is None:
             raise MoveRefused(f"node '{self.name}' does not lead vhost '{vhost}'")
+        if leader is None or vhost not in self.replicas.serving:
+            raise MoveRefused(f"vhost '{vhost}' is being recovered on '{self.name}'; try again")
         members, isr = c.vhost_members(vhost), c.in_sync(vhost)
         if target not in members:
             raise MoveRefused(
