@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection
 
     from .channel import Consumer
+    from .clock import TimerHandle
     from .message import Message
     from .store.messages import MessageStore
     from .vhost import VirtualHost
@@ -82,9 +83,9 @@ def _persist(msg: Message, queues: Collection[Queue]) -> int | None:
     # beside the durable ones cannot once they let go.
     page_out = len(durable) == len(queues) and any(q.ready_bytes > q.memory_limit for q in durable)
     try:
-        token = store.persist(msg, durable, page_out)
+        token = store.persist(msg, durable, page_out)  # type: ignore[union-attr]  # durable: set
     except LogFailed:
-        store.refused += 1
+        store.refused += 1  # type: ignore[union-attr]  # (as above)
         raise
     for queue in durable:
         queue.stored(msg.size)
@@ -189,6 +190,19 @@ class Queue:
         "blocked_seconds",
     )
 
+    # What the argument table sets (queue_arguments.QUEUE_ATTRS, by `_settle`), typed for
+    # the checker: the rows decide the values.
+    expires: int | None
+    message_ttl: int | None
+    dlx: str | None
+    dlrk: str | None
+    max_length: int | None
+    max_length_bytes: int | None
+    max_priority: int | None
+    overflow: str
+    single_active: bool
+    delivery_limit: int | None
+
     def __init__(
         self,
         vhost: VirtualHost,
@@ -227,10 +241,10 @@ class Queue:
         self._only: Consumer | None = None
         self.consumer_count = 0
         self._seq = 0
-        self._expiry_timer = None
+        self._expiry_timer: TimerHandle | None = None
         self._expiry_at: float | None = None
         self._timed = 0
-        self._idle_timer = None
+        self._idle_timer: TimerHandle | None = None
         self._had_consumers = False
         self._dispatch_scheduled = False
         self.deleted = False

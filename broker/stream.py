@@ -926,7 +926,7 @@ class Stream(Queue):
         """Drop whole segments, oldest first, past x-max-length-bytes or x-max-age; never
         the newest segment holding records, nor one not wholly fsynced."""
         segs = self.segs
-        limit = self.max_length_bytes  # type: ignore[attr-defined]  # set by its argument row
+        limit = self.max_length_bytes
         age = self.max_age_seconds
         if limit is None and age is None:
             return

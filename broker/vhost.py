@@ -565,7 +565,7 @@ class VirtualHost:
             return  # RabbitMQ drops the message when the DLX does not exist
         if msg.body is None:
             store = queue.store or self.broker.store  # a clustered vhost's store, or the node's
-            msg = Message(msg.exchange, msg.routing_key, msg.header, store.body(msg))  # type: ignore[union-attr]
+            msg = Message(msg.exchange, msg.routing_key, msg.header, store.body(msg))
         old = msg.properties
         props = copy_properties(old)
         headers = dict(props.headers or {})
@@ -623,7 +623,7 @@ class VirtualHost:
                 "dead-lettered without x-death: headers could not be re-encoded",
                 extra={"queue": queue.name, "vhost": self.name, "error": str(exc)},
             )
-            dead = Message(queue.dlx, key, msg.header, msg.body)  # type: ignore[arg-type]
+            dead = Message(queue.dlx, key, msg.header, msg.body)
         dead.persistent = msg.persistent
         if queue.dlrk is not None:
             targets = self._route_key(exchange, key, headers)

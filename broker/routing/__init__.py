@@ -54,6 +54,10 @@ class Index(Protocol):
 
     def bindings(self) -> Iterator[tuple[str, Any, Mapping | None]]: ...
 
+    def has_bindings(self) -> bool: ...
+
+    def __len__(self) -> int: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ExchangeType:
