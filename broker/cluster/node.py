@@ -59,6 +59,8 @@ log = logging.getLogger("roarmq.cluster")
 
 #: Seconds between attempts to join when etcd cannot be reached at start.
 JOIN_RETRY = 1.0
+#: Seconds before a vhost whose bookkeeping failed here (not etcd's fault) is looked at again.
+VHOST_RETRY = 5.0
 #: The file in the data dir naming this node's instance: a node name already live in the
 #: cluster under another instance is another machine's (or data dir's), not our last life.
 INSTANCE_FILE = "cluster-instance"
@@ -521,24 +523,37 @@ class ClusterNode:
                     await self._vhost_gone(vhost)  # only a vhost's deletion removes it
                 self._placed_seen = set(placements)
                 for vhost, members in placements.items():
-                    if self.name in members:
-                        if vhost not in self.broker.vhosts:
-                            log.info("vhost %r: placed on this node; creating it", vhost)
-                            self.broker.add_vhost(vhost)
-                        if vhost not in c.following:
-                            c.follow(vhost)
-                        if vhost not in c.leading:
-                            self.replicas.follow(vhost)
-                    elif vhost in c.following:
-                        c.unfollow(vhost)
-                        await self.replicas.unfollow(vhost)
-                    epoch = c.leading.get(vhost)
-                    if epoch is not None:
-                        await self._fill(c, vhost, epoch, members)
+                    try:
+                        await self._reconcile_vhost(c, vhost, members)
+                    except EtcdError:
+                        raise
+                    except Exception as exc:
+                        # One vhost's trouble (its copy of the log cannot be opened) must
+                        # not keep this node from following and leading the others.
+                        log.error(
+                            "vhost %r: %s; looked at again in %.0f s", vhost, exc, VHOST_RETRY
+                        )
+                        self.broker.clock.loop.call_later(VHOST_RETRY, self._poke)
             except EtcdError as exc:
                 log.warning("cluster bookkeeping failed (%s); retrying", exc)
                 self._dirty = True
                 await asyncio.sleep(0.5)
+
+    async def _reconcile_vhost(self, c: Coordinator, vhost: str, members: list[str]) -> None:
+        if self.name in members:
+            if vhost not in self.broker.vhosts:
+                log.info("vhost %r: placed on this node; creating it", vhost)
+                self.broker.add_vhost(vhost)
+            if vhost not in c.following:
+                c.follow(vhost)
+            if vhost not in c.leading:
+                self.replicas.follow(vhost)
+        elif vhost in c.following:
+            c.unfollow(vhost)
+            await self.replicas.unfollow(vhost)
+        epoch = c.leading.get(vhost)
+        if epoch is not None:
+            await self._fill(c, vhost, epoch, members)
 
     async def _vhost_gone(self, vhost: str) -> None:
         """The vhost was deleted from the cluster (its placement went with its metadata,

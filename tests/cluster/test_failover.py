@@ -11,12 +11,15 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pika
 import pytest
+from clusterlib import api_call
 from machine import missing
 from support.cluster_nodes import (
     PERSISTENT,
@@ -31,6 +34,8 @@ from support.cluster_nodes import (
     three_nodes,
 )
 from support.waiting import until
+
+from roarmq.broker.store.segments import SegmentLog
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -293,3 +298,31 @@ def test_node_is_quorum_critical_says_which_node_can_be_stopped(cluster):
             "type": "classic",
         }
     ]
+
+
+def test_a_vhost_whose_copy_cannot_be_opened_does_not_keep_the_node_from_the_others(cluster):
+    """A follower restarted with a record of a kind this version does not know in its copy
+    of "/": that copy stays out (the error logged, looked at again later) and the node
+    still follows, and rejoins the in-sync set of, another vhost."""
+    put = ("PUT", "/api/vhosts/other")
+    assert until(lambda: api_call(cluster[0].mgmt_port, *put)[0] in (201, 204), 30)
+
+    def in_sync(node: Node, vhost: str) -> set[str]:
+        return set(node.api(f"/api/vhosts/{urllib.parse.quote(vhost, safe='')}")["in_sync"])
+
+    names = {n.name for n in cluster}
+    assert until(lambda: all(in_sync(cluster[0], v) == names for v in ("/", "other")), 60)
+    leader = by_name(cluster, until(lambda: agreed_leader(cluster), 30))
+    follower = next(n for n in cluster if n is not leader)
+    follower.stop()
+    log = SegmentLog.open(follower.data_dir / "vhosts" / "%2F" / "log", segment_size=1 << 20)
+    log.append(struct.pack(">cIQ", b"q", 0, 1) + b"from a newer version")
+    log.sync_now()
+    log.close()
+    follower.start()
+    assert until(lambda: follower.name in in_sync(leader, "other"), 60), follower.log.read_text()[
+        -3000:
+    ]
+    text = follower.log.read_text()
+    assert "not of this version's log" in text and "looked at again in" in text, text[-3000:]
+    assert follower.name not in in_sync(leader, "/")
