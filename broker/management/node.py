@@ -168,7 +168,7 @@ async def quorum_critical(request: web.Request) -> web.Response:
     or without any to lead it; the vhost's durable queues are listed as RabbitMQ lists
     the quorum queues that would lose their quorum."""
     b = broker_of(request)
-    if b.cluster.running() == {b.cluster.name}:
+    if len(b.cluster.nodes()) == 1:  # the cluster's only node (not: the only one running)
         return web.json_response({"status": "ok", "reason": "single node cluster"})
     critical = b.cluster.quorum_critical()
     if not critical:
