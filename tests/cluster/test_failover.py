@@ -298,6 +298,16 @@ def test_node_is_quorum_critical_says_which_node_can_be_stopped(cluster):
             "type": "classic",
         }
     ]
+    # The other follower gone too: the node left alone is the last copy, not "a single
+    # node cluster".
+    other.kill9()
+
+    def alone() -> bool:
+        return [n["name"] for n in leader.api("/api/nodes") if n["running"]] == [leader.name]
+
+    assert until(alone, 4 * TTL + 5), leader.api("/api/nodes")
+    status, body = quorum_check(leader)
+    assert status == 503 and body["vhosts"] == ["/"], body
 
 
 def test_a_vhost_whose_copy_cannot_be_opened_does_not_keep_the_node_from_the_others(cluster):
@@ -315,11 +325,13 @@ def test_a_vhost_whose_copy_cannot_be_opened_does_not_keep_the_node_from_the_oth
     leader = by_name(cluster, until(lambda: agreed_leader(cluster), 30))
     follower = next(n for n in cluster if n is not leader)
     follower.stop()
+    assert until(lambda: follower.name not in in_sync(leader, "other"), 30)  # it left both
     log = SegmentLog.open(follower.data_dir / "vhosts" / "%2F" / "log", segment_size=1 << 20)
     log.append(struct.pack(">cIQ", b"q", 0, 1) + b"from a newer version")
     log.sync_now()
     log.close()
     follower.start()
+    assert until(lambda: "looked at again in" in follower.log.read_text(), 30)
     assert until(lambda: follower.name in in_sync(leader, "other"), 60), follower.log.read_text()[
         -3000:
     ]
