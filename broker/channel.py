@@ -932,7 +932,7 @@ class Channel:
                 return
             TOUCHED.clear()
         if token is not None and ok and self.confirm:
-            self.conn.broker.store.confirm_after(token, self, seq)  # type: ignore[union-attr]  # (open)
+            self.vhost.message_store.confirm_after(token, self, seq)
             return
         self._confirmed(seq, ok)
 

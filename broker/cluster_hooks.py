@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from .connection import Connection
     from .queue import Queue
     from .server import Broker
-    from .store.messages import MessageStore
     from .stream import Stream
 
 
@@ -41,9 +40,6 @@ class ClusterHooks(Protocol):
     # -- lifecycle
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
-    def store_class(self) -> type[MessageStore]:
-        """The class of the broker's own message store."""
-        ...
 
     # -- what the core tells it (a durable change)
     def vhost_added(self, name: str) -> None: ...
@@ -188,11 +184,6 @@ class SingleNode:
 
     async def stop(self) -> None:
         pass
-
-    def store_class(self) -> type[MessageStore]:
-        from .store.messages import MessageStore
-
-        return MessageStore
 
     def vhost_added(self, name: str) -> None:
         pass

@@ -30,7 +30,7 @@ from .metrics import Totals
 from .persistence import Persistence
 from .policy import PolicyError, make_policy
 from .stalls import GC_WATCH, JobTimes, LoopLag
-from .store.messages import MessageStore
+from .store.messages import MessageStore, SegmentDurability
 from .stream import close_all as close_streams
 from .tls import TlsListener, server_context
 from .vhost import VirtualHost
@@ -76,6 +76,7 @@ class Broker:
         self.limits: dict[tuple[str, str], dict[str, int]] = {}
         for limit in self.persistence.definitions.limits():
             self.limits.setdefault((limit.kind, limit.owner), {})[limit.name] = limit.value
+        self.store: MessageStore | None = None  # opened by start(): it needs the loop
         self.vhosts: dict[str, VirtualHost] = {
             name: VirtualHost(self, name) for name in self.persistence.vhost_names()
         }
@@ -86,7 +87,6 @@ class Broker:
         self.totals = Totals()  # broker/metrics.py: churn and what deleted objects counted
         self.persistence.restore()
         self.totals.queues_at_start = sum(len(v.queues) for v in self.vhosts.values())
-        self.store: MessageStore | None = None  # opened by start(): it needs the loop
         self.connections: set[Connection] = set()
         self.draining: set[Connection] = set()  # sent close-ok, waiting for the client to hang up
         self.reply_to: dict[str, Consumer] = {}
@@ -209,14 +209,16 @@ class Broker:
         """Open the message log and put recovered messages back in their durable queues."""
         storage = self.config.storage
         started = time.monotonic()
-        self.store = self.cluster.store_class()(
+        self.store = MessageStore(
             Path(storage.data_dir) / "messages",
-            segment_size=storage.segment_size,
-            sync_interval_ms=storage.sync_interval_ms,
+            durability=SegmentDurability(
+                segment_size=storage.segment_size, sync_interval_ms=storage.sync_interval_ms
+            ),
             loop=loop,
         )
         queues = {}
         for vhost in self.vhosts.values():
+            vhost.message_store = self.store
             for queue in vhost.queues.values():
                 if queue.store_id is not None:
                     queue.store = self.store

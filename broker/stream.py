@@ -339,14 +339,8 @@ def _confirm_run(waiter: list) -> None:
 
 
 def _after_streams(channel: Channel, seq: int, token: int | None) -> None:
-    store = channel.conn.broker.store
-    if (
-        token is not None
-        and store is not None
-        and (
-            type(token) is not int or store.log.synced_token < token  # not int: a cluster's
-        )
-    ):
+    store = channel.vhost.message_store
+    if token is not None and store is not None and not store.durable(token):
         store.confirm_after(token, channel, seq)
     elif seq in channel._acks_waiting:
         channel.disk_confirmed(seq)

@@ -42,6 +42,7 @@ from .trace import TRACE_EXCHANGE
 if TYPE_CHECKING:
     from .clock import Clock
     from .server import Broker
+    from .store.messages import MessageStore
 
 log = logging.getLogger("roarmq.vhost")
 
@@ -168,9 +169,12 @@ class VirtualHost:
         #: Set once the vhost's definitions are deleted from the store (all in one
         #: transaction), so tearing down its queues and exchanges writes nothing more.
         self.deleted = False
-        #: The vhost's ReplicatedMessageStore while this cluster node leads it, else
+        #: The vhost's ReplicatedVhostStore while this cluster node leads it, else
         #: NOT_REPLICATED: a durable declare's reply waits for its in-sync set there.
         self.replicated: VhostReplication = NOT_REPLICATED
+        #: Where its durable queues' messages are stored, and so whom a publish's confirm
+        #: waits on: the broker's store, or the vhost's own while a cluster node leads it.
+        self.message_store: MessageStore | None = broker.store
         #: message_stats of the vhost's closed channels (metrics.CHANNEL_STATS order).
         self.channel_stats = [0] * 12
         #: The firehose (broker/trace.py): publishes and deliveries copied to

@@ -1,6 +1,6 @@
 """A local copy of every key under an etcd prefix, kept current by a watch.
 
-Invariant 6 (../shared/design/cluster.md): each node's copy is a cache fed by a watch from
+Invariant 6 (docs/cluster.md): each node's copy is a cache fed by a watch from
 a known revision. The copy remembers the revision it reflects; when the watch breaks
 (etcd restarted, the connection reset, `stop()` then `start()`), it resumes from that
 revision + 1 and receives exactly what it missed. If etcd has compacted past that revision
@@ -16,8 +16,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from ..tasks import cancel_and_wait
 from .etcd import EtcdClient, EtcdError, Event, KeyValue, WatchCompacted
-from .tasks import cancel_and_wait
 
 log = logging.getLogger("roarmq.cluster")
 

@@ -8,7 +8,7 @@ The keys (`{p}` is `/{name}`, vhost and node names percent-encoded, so "/" is "%
     {p}/vhosts/{vhost}/replicas N                the vhost's own replica count (operator's;
                                 absent: [cluster] replicas)
     {p}/vhosts/{vhost}/copies   {"a": id, ...}   the copy of the log each in-sync member was
-                                admitted with (replication_store.py's COPY); written in
+                                admitted with (replog/records.py's COPY); written in
                                 the same txns as `isr`. An in-sync member with no entry
                                 has held nothing confirmed yet (the set as placed).
     {p}/vhosts/{vhost}/leader   {"node", "address", "base"} on the leader's lease; its
@@ -25,7 +25,7 @@ that knows more) raises the base past it (`raise_base`) and resigns: the next le
 term is above every term any copy holds. etcd's guarded txns compare the epoch (the create
 revision) as before.
 
-Invariants (../shared/design/cluster.md) and where each is kept:
+Invariants (docs/cluster.md) and where each is kept:
 2. the in-sync set changes only in a txn comparing the leader key's create revision with
    the caller's epoch (`shrink_isr`, `expand_isr`);
 3. `campaign` creates the leader key only in a txn comparing the isr and copies keys' mod
@@ -48,13 +48,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
+from ..tasks import cancel_and_wait
 from .cache import PrefixCache
 from .etcd import EtcdClient, EtcdError, Event, KeyValue, compare, delete_op, put_op, range_op
 from .lease import Fencing, LeaseKeeper
-from .tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from .replication import ReplicationLeader
+    from ..replog.replication import ReplicationLeader
 
 log = logging.getLogger("roarmq.cluster")
 

@@ -64,14 +64,14 @@ from roarmq.protocol.errors import NOT_ALLOWED
 
 from ..connection import Connection
 from ..errors import connection_error
-from . import replication_wire as wire
+from ..replog import wire
 
 if TYPE_CHECKING:
     from .node import ClusterNode
 
 log = logging.getLogger("roarmq.cluster")
 
-#: The replication port's frame kind of a hand-off preamble (replication_wire.py has 1..6).
+#: The replication port's frame kind of a hand-off preamble (replog/wire.py has 1..6).
 HANDOFF = 16
 #: Seconds to reach the leader before the client gets the 530 naming it.
 CONNECT_TIMEOUT = 5.0

@@ -1,6 +1,6 @@
 """A node's etcd lease, renewed at a third of its TTL, and the fencing it implies.
 
-Invariant 5 (../shared/design/cluster.md): a leader that cannot renew its lease stops
+Invariant 5 (docs/cluster.md): a leader that cannot renew its lease stops
 confirming before the lease can expire on etcd's side. etcd extends a lease when it
 *processes* a keep-alive, which is after we *sent* it, so measuring the TTL from the moment
 the last successful renewal was sent (on this node's monotonic clock, which keeps counting
@@ -18,8 +18,8 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
+from ..tasks import cancel_and_wait
 from .etcd import EtcdClient, EtcdError
-from .tasks import cancel_and_wait
 
 log = logging.getLogger("roarmq.cluster")
 

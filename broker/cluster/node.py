@@ -40,11 +40,11 @@ from urllib.parse import unquote
 
 from ..config import ClusterConfig, majority
 from ..errors import StartupError
+from ..tasks import cancel_and_wait
 from .coordination import Coordinator, IsrChange, NodeNameTaken, shrink_then_forget
 from .etcd import EtcdClient, EtcdError, compare, put_op
 from .handoff import Handoffs
 from .metadata import OperatorMetadata
-from .tasks import cancel_and_wait
 from .vhost_replicas import VhostReplicas
 
 if TYPE_CHECKING:
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from ..connection import Connection
     from ..queue import Queue
     from ..server import Broker
-    from ..store.messages import MessageStore
 
 log = logging.getLogger("roarmq.cluster")
 
@@ -430,13 +429,6 @@ class ClusterNode:
         finally:
             self._placing.pop(name, None)
         self._poke()
-
-    def store_class(self) -> type[MessageStore]:
-        """The broker's own store on a cluster node holds no clustered message: it
-        dispatches to each led vhost's replicated store (replicated_store.py)."""
-        from .replicated_store import ClusterMessageStore
-
-        return ClusterMessageStore
 
     # -- the rest of ClusterHooks (broker/cluster_hooks.py) -------------------------------
 

@@ -6,14 +6,15 @@ Shape (docs/cluster.md, "Replicated messages"):
   the durable truth on every member. Its payloads are the MessageStore's publish and ack
   records (P, A; messages.py: no D, below), definition snapshots (J;
   replicated_definitions.py) and the streams' records (S, s).
-* On the leader, `ReplicatedMessageStore` is a MessageStore whose records live in the
-  vhost's log and nowhere else: each record is written once, appended to the vhost's
-  `ReplicationLeader`, and read back from the log (`VhostLogView`: a message's index entry
-  names its log offset): a working copy beside it would write every record twice (a
-  clustered vhost then cost 40% more CPU a message than a single node; a start removes
-  one an older version left). A publish is confirmed when the
-  replication's `confirmed_offset()` covers it (the leader's fsync of the log and every
-  in-sync member's ack: invariant 1).
+* On the leader, `ReplicatedVhostStore` is the `Durability` of an ordinary `MessageStore`
+  whose records live in the vhost's log and nowhere else: each record is written once,
+  appended to the vhost's `ReplicationLeader`, and read back from the log (`VhostLogView`,
+  the store's `MessageLog`: a message's index entry names its log offset): a working copy
+  beside it would write every record twice (a clustered vhost then cost 40% more CPU a
+  message than a single node; a start removes one an older version left). A record's
+  token is its log offset; a publish is confirmed when the replication's
+  `confirmed_offset()` covers it (the leader's fsync of the log and every in-sync member's
+  ack: invariant 1).
 * When a node becomes leader, the ordinary `MessageStore.recover` reads the log's records
   through the view (`rebuild_from_log` first takes the definitions, the id floors and the
   streams' records out): a failover and a restart are the same recovery, and every message
@@ -22,14 +23,13 @@ Shape (docs/cluster.md, "Replicated messages"):
 * Space: nothing is released record by record; checkpoints (below) rewrite what is live at
   the log's head and the log is trimmed below them. An ack of a message that stays in
   another queue is remembered (`_acks`) so that a checkpoint can copy it.
-* `ClusterMessageStore` is the node-wide `broker.store` in cluster mode: callers that do not
-  know the vhost's store (the channel's confirm and delivery paths) reach it through the
-  token and the queue.
+* The vhost's `message_store` is that MessageStore while this node leads it: the channel's
+  confirms wait on it, deliveries mark through `queue.store`.
 
 * **Checkpoints** keep the replicated log (and so a failover's rebuild) near the size of
   the live data: `checkpoint()` appends an epoch record, the definitions, every live
   publish record with the acks of the queues that already let it go, and a checkpoint
-  record naming where it began (replication_store.py). Recovery does not care about the
+  record naming where it began (replog/records.py). Recovery does not care about the
   order of P and A records, so publishes and acks made while the checkpoint is being
   written may interleave with it. Once the checkpoint is confirmed, the log is trimmed
   below its base on the leader, and on each follower once it holds it durably.
@@ -49,12 +49,13 @@ import logging
 import shutil
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..store.messages import _MARK, MessageStore, confirm_waiting, encode_publish, nack_waiting
+from ..replog.records import SegmentRecordStore, checkpoint_record, epoch_record
+from ..store.messages import MessageStore, Relocate, encode_mark
 from ..store.record_tags import (
     ACK_TAG,
     CHECKPOINT_TAG,
@@ -66,15 +67,11 @@ from ..store.record_tags import (
 from ..store.segments import Location, LogFailed, RecoveryReport, SegmentLog
 from ..stream import DEFAULT_SEGMENT_SIZE, record_offset
 from . import replicated_definitions as definitions
-from .replication_store import SegmentRecordStore, checkpoint_record, epoch_record
 
 if TYPE_CHECKING:
-    from ..channel import Channel
     from ..connection import Connection
-    from ..message import Message
-    from ..queue import Queue
+    from ..replog.replication import ReplicationLeader
     from ..stream import Stream
-    from .replication import ReplicationLeader
 
 log = logging.getLogger("roarmq.cluster")
 
@@ -92,10 +89,12 @@ _STREAM_START = struct.Struct(">IQ")
 DEFINITIONS_BARRIER = "definitions: waiting for the in-sync set"
 
 
-class ReplicatedMessageStore(MessageStore):
-    """A clustered vhost's message store on its leader (see module doc)."""
+class ReplicatedVhostStore:
+    """What a clustered vhost keeps on its leader (module doc): its `MessageStore`, whose
+    `Durability` this is, and the definitions, streams and checkpoints that share the
+    vhost's log. It is the vhost's `VhostReplication` while this node leads it."""
 
-    FOREIGN_KINDS = frozenset(
+    foreign_kinds = frozenset(
         tag[0]
         for tag in (
             DEFINITIONS_TAG,
@@ -116,145 +115,148 @@ class ReplicatedMessageStore(MessageStore):
         replication: ReplicationLeader,
         may_confirm: Callable[[], bool],
         snapshot: Callable[[], dict],
+        loop: asyncio.AbstractEventLoop,
         streams: Callable[[], list[Stream]] = list,
-        **options: Any,
     ) -> None:
+        if not isinstance(replication.store, SegmentRecordStore):  # read in place
+            raise TypeError(
+                f"a vhost's message store needs a SegmentRecordStore, not {replication.store!r}"
+            )
         self.replication = replication
-        self._live_bytes = 0  # payload bytes of the live publish records (`live_bytes`)
+        self.records: SegmentRecordStore = replication.store
+        self.loop = loop
         #: msg_id -> queue ids that acked a message still held by another queue: what a
         #: checkpoint copies besides the publish record.
         self._acks: dict[int, list[int]] = {}
-        super().__init__(directory, **options)
         self.streams = streams  # the vhost's streams (a checkpoint copies what they retain)
         self._streams_waiting: set[Stream] = set()
         self.may_confirm = may_confirm
         self.snapshot = snapshot
         self.next_queue_id = 1
         self.definitions_dirty = False
-        self._replicated_waiting: deque[tuple[int, Channel, int]] = deque()
         self._held_replies: deque[tuple[int, Connection]] = deque()
         self._log_sync_requested = False  # the log's writer will call _log_synced
         self._definitions_offset = 0  # the last definitions record appended
         self.checkpointing = False
         self.checkpoints = 0
-        #: The vhost's log failed under this leadership (the owner resigns it).
+        #: The vhost's log failed under this leadership (its owner resigns it).
+        self.failed: BaseException | None = None
         self.on_log_failed: list[Callable[[], object]] = []
         replication.on_confirmed.append(lambda _offset: self.release_confirmed())
         replication.on_deposed.append(lambda _epoch, _node: self.nack_waiting("deposed"))
+        self.store = MessageStore(directory, durability=self, loop=loop)
 
-    # -- writes ---------------------------------------------------------------------------
+    # -- the message store's durability -------------------------------------------------
 
-    def persist(self, msg: Message, queues: list[Queue], page_out: bool) -> Any:
-        """Append the publish record here and to the replicated log; the token names the
-        log offset whose confirmation confirms it. Refused (LogFailed: the channel nacks)
-        while fewer than `min_in_sync` copies are in sync (checked again when the confirm
-        is released: ReplicationLeader.enough_copies)."""
-        self._refuse_if_too_few()
-        self.append_definitions_if_changed()
-        msg_id = self.next_id
-        self.next_id += 1
-        payload = encode_publish(msg_id, [q.store_id for q in queues], msg, msg.body)  # type: ignore[misc]  # durable queues: their ids are set
-        offset = self._replicate(payload)
-        msg.store_id = msg_id
-        self.index.add(msg_id, _at(offset, len(payload)), len(queues))
-        self._live_bytes += len(payload)
-        if page_out:
-            msg.body = None  # type: ignore[assignment]  # paged out: the log has it
-        return (self, offset)
+    def open_log(self, store: MessageStore) -> VhostLogView:
+        return VhostLogView(self)
 
-    def _refuse_if_too_few(self) -> None:
+    def admit(self) -> None:
+        """Refused (LogFailed: the channel nacks) while fewer than `min_in_sync` copies are
+        in sync (checked again when the confirm is released: ReplicationLeader.enough_copies)."""
         leader = self.replication
         if not leader.enough_copies():
             raise LogFailed(f"fewer than min_in_sync={leader.min_copies} copies in sync")
 
-    def _open_log(self, segment_size: int, sync_interval_ms: int, fsync: bool) -> Any:
-        records = self.replication.store
-        if not isinstance(records, SegmentRecordStore):  # its segments are read in place
-            raise TypeError(f"a vhost's message store needs a SegmentRecordStore, not {records!r}")
-        return VhostLogView(records)
+    def mark(self, kind: bytes, queue_id: int, msg_id: int) -> None:
+        """An ack is a record of the log; delivered markers are not written: a clustered
+        vhost is only ever recovered from its log after a failover, a move or a restart,
+        never from a clean shutdown of this store, so the recovery marks every message
+        redelivered and no D record would ever be read (they were a third of the log's
+        records: written, fsynced and shipped to every follower for nothing). An ack of a
+        message another queue still holds is remembered for the checkpoints."""
+        if kind != ACK_TAG:
+            return
+        try:
+            self.record(encode_mark(ACK_TAG, queue_id, msg_id))
+        except LogFailed:  # this leadership's log failed: it confirms nothing more, and
+            return  # the next leader delivers the message again (as after a crash)
+        self._acks.setdefault(msg_id, []).append(queue_id)
 
-    def _want_sync(self) -> None:
-        """The log's group commit is asked for by `_replicate`."""
+    def gone(self, msg_id: int) -> None:
+        """Its records go with the next checkpoint's trim; nothing of it is copied."""
+        if self._acks:
+            self._acks.pop(msg_id, None)
+
+    def recovered(self, msg_id: int, marks: list[tuple[int, int, Location]], live: bool) -> None:
+        if live:
+            acks = [qid for kind, qid, _ in marks if kind == ACK_TAG[0]]
+            if acks:
+                self._acks[msg_id] = acks
+
+    def relocated(self, old: Location, new: Location, payload: bytes) -> None:
+        """Never called: the view neither compacts nor resumes (checkpoints do)."""
+
+    def resumed(self) -> None:
+        """Never called: a leader whose log failed resigns the vhost."""
+
+    def closed(self, store: MessageStore) -> None:
+        """Nothing of the store is on disk but the vhost's log, which VhostReplicas owns."""
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def record(self, payload: bytes) -> int:
+        """Append a record of the vhost (after the definitions, if they changed); its
+        offset in the log."""
+        self.append_definitions_if_changed()
+        return self._replicate(payload)
 
     def replicate_stream(self, stream: Stream, payload: bytes) -> int:
         """A stream's record goes into the vhost's log too (before the stream's own files:
-        its commit and confirms wait for this offset); refused as `persist` is."""
-        self._refuse_if_too_few()
-        self.append_definitions_if_changed()
+        its commit and confirms wait for this offset); refused as a message is."""
+        self.admit()
         self._streams_waiting.add(stream)
-        return self._replicate(STREAM_TAG + _STREAM_ID.pack(stream.store_id) + payload)
-
-    def delivered(self, queue: Queue, msg_id: int) -> None:
-        """No delivered marker: a clustered vhost is only ever recovered from its log after
-        a failover, a move or a restart, never from a clean shutdown of this store, so the
-        recovery marks every message redelivered and no D record would ever be read (they
-        were a third of the log's records: written, fsynced and shipped to every follower
-        for nothing)."""
-
-    def settled(self, queue: Queue, msg_id: int) -> None:
-        """The message left a durable queue: an ack record in the log. When it was the
-        last queue the message is gone (its records go with the next checkpoint's trim);
-        otherwise the ack is remembered for the checkpoints."""
-        self.append_definitions_if_changed()
-        qid = queue.store_id
-        assert qid is not None  # only a durable queue's settlements reach a store
-        try:
-            self._replicate(_MARK.pack(ACK_TAG, qid, msg_id))
-        except LogFailed:  # this leadership's log failed: it confirms nothing more, and
-            pass  # the next leader delivers the message again (as after a crash)
-        loc = self.index.unref(msg_id)
-        if loc is not None:
-            self._live_bytes -= loc.length
-            if self._acks:
-                self._acks.pop(msg_id, None)
-        elif msg_id in self.index:
-            self._acks.setdefault(msg_id, []).append(qid)
+        return self.record(STREAM_TAG + _STREAM_ID.pack(stream.store_id) + payload)
 
     def _replicate(self, payload: bytes) -> int:
         offset = self.replication.append(payload)
+        self.request_sync()
+        return offset
+
+    def request_sync(self) -> None:
+        """The log's group commit: one fsync at a time, asked for again when it ends if
+        more was appended meanwhile (`_log_synced`)."""
         if not self._log_sync_requested:
             self._log_sync_requested = True
-            self.replication.store.sync_soon(self._log_synced_from_writer)
-        return offset
+            self.records.sync_soon(self._log_synced_from_writer)
 
     def _log_synced_from_writer(self, durable: int, error: BaseException | None) -> None:
         self.loop.call_soon_threadsafe(self._log_synced, durable, error)
 
     def _log_synced(self, durable: int, error: BaseException | None) -> None:
-        """Group commit of the replicated log: the writer's fsync covered everything
-        appended before it was asked for; ask again if more came meanwhile."""
+        """The writer's fsync covered everything appended before it was asked for."""
         leader = self.replication
         if error is not None:  # the leader's own log failed: nothing more is confirmed
             log.error("vhost %r: replicated log fsync failed: %r", leader.vhost, error)
+            self.failed = error
             self.nack_waiting("log failed")
             for callback in self.on_log_failed:
                 callback()
             return
         self._log_sync_requested = False
         leader.local_durable(durable)
-        if leader.store.last_offset > durable:
-            self._log_sync_requested = True
-            leader.store.sync_soon(self._log_synced_from_writer)
+        if self.records.last_offset > durable:
+            self.request_sync()
 
     def start_epoch(self) -> None:
-        """This leadership's records begin here (replication_store.py: epochs)."""
+        """This leadership's records begin here (replog/records.py: epochs)."""
         self._replicate(epoch_record(self.replication.epoch))
 
     # -- checkpoints ------------------------------------------------------------------------
 
     async def checkpoint(self) -> bool:
         """Rewrite the vhost's live state at the log's head (module doc); False if it could
-        not finish (the leadership ended, or the working copy failed)."""
+        not finish (the leadership ended, or the log failed)."""
         if self.checkpointing or self.failed is not None:
             return False
         self.checkpointing = True
-        leader = self.replication
+        leader, store = self.replication, self.store
         try:
-            base = leader.store.last_offset + 1
+            base = self.records.last_offset + 1
             self.start_epoch()
             self.definitions_dirty = True
             self.append_definitions_if_changed()
-            index, read, acks = self.index, self.log.read, self._acks
+            index, read, acks = store.index, store.log.read, self._acks
             copied = 0
             for msg_id in list(index.ids()):
                 if msg_id not in index:  # acked by every queue since the list was made
@@ -265,7 +267,7 @@ class ReplicatedMessageStore(MessageStore):
                 index.move(msg_id, _at(self._replicate(payload), len(payload)))
                 copied += len(payload)
                 for qid in acks.get(msg_id, ()):
-                    self._replicate(_MARK.pack(ACK_TAG, qid, msg_id))
+                    self._replicate(encode_mark(ACK_TAG, qid, msg_id))
                 if copied >= CHECKPOINT_CHUNK:
                     copied = 0
                     await asyncio.sleep(0)
@@ -274,7 +276,7 @@ class ReplicatedMessageStore(MessageStore):
             for stream in self.streams():
                 if not await self._copy_stream(stream):
                     return False
-            ids = _CHECKPOINT_IDS.pack(self.next_id, self.next_queue_id)
+            ids = _CHECKPOINT_IDS.pack(store.next_id, self.next_queue_id)
             self._replicate(checkpoint_record(base, ids))
             self.checkpoints += 1
             log.info(
@@ -319,7 +321,7 @@ class ReplicatedMessageStore(MessageStore):
 
     def live_bytes(self) -> int:
         """The live data a checkpoint rewrites: messages and what streams retain."""
-        return self._live_bytes + sum(stream.retained_bytes for stream in self.streams())
+        return self.store.index.bytes + sum(stream.retained_bytes for stream in self.streams())
 
     # -- definitions ----------------------------------------------------------------------
 
@@ -354,19 +356,13 @@ class ReplicatedMessageStore(MessageStore):
 
     # -- confirms -------------------------------------------------------------------------
 
-    def confirm_replicated(self, offset: int, channel: Channel, seq: int) -> None:
-        channel.confirm_later(seq)
-        self._replicated_waiting.append((offset, channel, seq))
-        if offset <= self.replication.confirmed_offset():  # else: at the next on_confirmed
-            self.release_confirmed()
-
     def release_confirmed(self) -> None:
-        """Confirm every publish the replication has confirmed, while we may (fencing)."""
-        waiting = self._replicated_waiting
-        if not (waiting or self._held_replies or self._streams_waiting) or not self.may_confirm():
+        """What the replication has confirmed is durable: the store's publishes, held
+        replies and streams waiting for it go on, while we may confirm (fencing)."""
+        if not self.may_confirm():
             return
         confirmed = self.replication.confirmed_offset()
-        confirm_waiting(waiting, confirmed)
+        self.store.records_durable(confirmed)
         held = self._held_replies
         while held and held[0][0] <= confirmed:
             held.popleft()[1].release_output(DEFINITIONS_BARRIER)
@@ -378,9 +374,9 @@ class ReplicatedMessageStore(MessageStore):
 
     def nack_waiting(self, reason: str) -> None:
         """Nothing waiting will be confirmed by this leadership: nack it."""
-        waiting, self._replicated_waiting = self._replicated_waiting, deque()
-        if nack_waiting(waiting):
-            log.warning("%d publishes nacked: %s", len(waiting), reason)
+        nacked = self.store.nack_waiting()
+        if nacked:
+            log.warning("%d publishes nacked: %s", nacked, reason)
         held, self._held_replies = self._held_replies, deque()
         for _, conn in held:  # their outcome is unknown: they never hear of it (320 next)
             conn.release_output(DEFINITIONS_BARRIER, send=False)
@@ -390,32 +386,7 @@ class ReplicatedMessageStore(MessageStore):
 
     async def close_replicated(self) -> None:
         self.nack_waiting("leadership ended")
-        self.close()
-
-    def close(self) -> None:
-        """Nothing of this store is on disk but the vhost's log, which VhostReplicas owns
-        and closes."""
-
-    # -- recovery ---------------------------------------------------------------------------
-
-    def _recover(self, queues_by_id: dict[int, Queue]) -> dict[str, int]:
-        """The ordinary recovery, reading the log through the view; then the acks of
-        messages still held by another queue become `_acks` (MessageStore keeps them as
-        tombstone locations, for a segment log's space reclaiming, which this store has
-        no use for)."""
-        counts = super()._recover(queues_by_id)
-        read = self.log.read
-        for msg_id, locations in self._tombs.items():
-            for location in locations:
-                kind, qid, _ = _MARK.unpack(read(location))
-                if kind == ACK_TAG:
-                    self._acks.setdefault(msg_id, []).append(qid)
-        self._tombs.clear()
-        self._seg_of.clear()
-        self._tomb_seg.clear()
-        index = self.index
-        self._live_bytes = sum(index.location(msg_id).length for msg_id in index.ids())
-        return counts
+        self.store.close()
 
 
 def _at(offset: int, length: int) -> Location:
@@ -425,17 +396,26 @@ def _at(offset: int, length: int) -> Location:
 
 
 class VhostLogView:
-    """The part of a SegmentLog's interface a MessageStore uses, answered from the vhost's
-    replicated log, where a clustered vhost's records are (module doc). Locations are log
-    offsets (`_at`); reads go to the log (from memory while a record is not written yet);
-    nothing is released record by record (checkpoints and the trim reclaim space), and the
-    log's writer, fsyncs and failures are the replication's business."""
+    """The vhost's replicated log as the `MessageLog` of its leader's MessageStore, where a
+    clustered vhost's records are (module doc). Locations are log offsets (`_at`) and
+    tokens the offsets themselves; reads go to the log (from memory while a record is not
+    written yet); nothing is released record by record (checkpoints and the trim reclaim
+    space), and the log's writer, fsyncs and failures are the replication's business."""
 
-    def __init__(self, records: SegmentRecordStore) -> None:
-        self.records = records
+    def __init__(self, owner: ReplicatedVhostStore) -> None:
+        self.owner = owner
+        self.records = owner.records
         self.recovery = RecoveryReport()  # the log's own replay reported its damage
         self.error: BaseException | None = None
         self.resumes = 0
+
+    def append(self, payload: bytes) -> tuple[Location, int]:
+        offset = self.owner.record(payload)
+        return _at(offset, len(payload)), offset
+
+    @property
+    def last_token(self) -> int:
+        return self.records.last_offset
 
     def read(self, location: Location) -> bytes:
         return self.records.payload_at((location[0] << 32) | location[1])
@@ -444,12 +424,15 @@ class VhostLogView:
         pass
 
     def schedule_sync(self) -> None:
+        self.owner.request_sync()
+
+    def compact(self, relocate: Relocate) -> None:
         pass
 
-    def compact(self, relocate: Any) -> None:
-        pass
+    def resume(self, relocate: Relocate) -> None:
+        raise LogFailed("a vhost's log is not resumed in place: its leader resigns the vhost")
 
-    def replay(self, *, copy: bool = True) -> Any:
+    def replay(self, *, copy: bool = True) -> Iterator[tuple[Location, Any]]:
         """Every record the log holds, in offset order, with its location."""
         for at, payload in self.records.scan():
             yield _at(at, len(payload)), payload
@@ -463,25 +446,6 @@ class VhostLogView:
 
     def close(self) -> None:
         pass
-
-
-class ClusterMessageStore(MessageStore):
-    """`broker.store` of a cluster node: dispatches to the vhost's store where the caller
-    cannot name it (confirm by token, delivered markers by queue). Holds no clustered
-    message itself."""
-
-    def confirm_after(self, token: Any, channel: Channel, seq: int) -> None:
-        if type(token) is tuple:
-            token[0].confirm_replicated(token[1], channel, seq)
-        else:
-            super().confirm_after(token, channel, seq)
-
-    def delivered(self, queue: Queue, msg_id: int) -> None:
-        store = queue.store
-        if store is self or store is None:
-            super().delivered(queue, msg_id)
-        else:
-            store.delivered(queue, msg_id)
 
 
 @dataclass

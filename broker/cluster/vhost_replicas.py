@@ -32,16 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..cluster_hooks import NOT_REPLICATED
 from ..config import majority
+from ..replog import wire
+from ..replog.records import SegmentRecordStore
+from ..replog.replication import LOST_CONNECTION, ReplicationFollower, ReplicationLeader
 from ..store.segments import make_dirs_durably
 from ..stream import Stream
 from . import replicated_definitions as definitions
-from . import replication_wire as wire
 from .coordination import attach_coordinator, encode
 from .etcd import EtcdError
 from .handoff import HANDOFF
-from .replicated_store import ReplicatedMessageStore, rebuild_from_log
-from .replication import ReplicationFollower, ReplicationLeader, _lost_connection
-from .replication_store import SegmentRecordStore
+from .replicated_store import ReplicatedVhostStore, rebuild_from_log
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -62,7 +62,7 @@ class VhostReplicas:
         self.broker = node.broker
         self.config = node.config
         self.leaders: dict[str, ReplicationLeader] = {}
-        self.stores: dict[str, ReplicatedMessageStore] = {}
+        self.stores: dict[str, ReplicatedVhostStore] = {}
         self.followers: dict[str, ReplicationFollower] = {}
         self.logs: dict[str, SegmentRecordStore] = {}
         self.serving: set[str] = set()
@@ -195,7 +195,7 @@ class VhostReplicas:
             if kind not in (HANDOFF, wire.HELLO):
                 raise wire.ProtocolError(f"expected frame {wire.HELLO}, got {kind}")
             hello = wire.decode_control(body)
-        except _lost_connection:
+        except LOST_CONNECTION:
             writer.close()
             return
         if not self.node.cookie_matches(hello.pop("cookie", None)):
@@ -412,11 +412,13 @@ class VhostReplicas:
         )
         store = self._open_store(vhost, epoch, messages, leader, vhost_obj)
         self._recover(vhost, store, queues)
-        store.next_id = max(store.next_id, rebuilt.next_id)  # ids named below a checkpoint
+        # Ids named below a checkpoint are not given again.
+        store.store.next_id = max(store.store.next_id, rebuilt.next_id)
         store.next_queue_id = max(store.next_queue_id, rebuilt.next_queue_id)
         self._checkpointed_at.pop(vhost, None)
         store.start_epoch()
         vhost_obj.replicated = store
+        vhost_obj.message_store = store.store
         leader.start_routed()
         self._isr_tasks.append(attach_coordinator(c, leader))
         leader.on_too_few.append(
@@ -446,11 +448,10 @@ class VhostReplicas:
 
     def _open_store(
         self, vhost: str, epoch: int, directory: Path, leader: ReplicationLeader, vhost_obj: Any
-    ) -> ReplicatedMessageStore:
+    ) -> ReplicatedVhostStore:
         c = self.node.coordinator
         assert c is not None
-        storage = self.broker.config.storage
-        return ReplicatedMessageStore(
+        return ReplicatedVhostStore(
             directory,
             replication=leader,
             may_confirm=lambda: c.may_confirm(vhost, epoch),
@@ -458,17 +459,14 @@ class VhostReplicas:
             streams=lambda: [
                 q for q in vhost_obj.queues.values() if isinstance(q, Stream) and not q.deleted
             ],
-            segment_size=storage.segment_size,
-            sync_interval_ms=storage.sync_interval_ms,
             loop=asyncio.get_running_loop(),
-            fsync=False,  # unused: the records are the log's (VhostLogView)
         )
 
     @staticmethod
-    def _recover(vhost: str, store: ReplicatedMessageStore, queues: dict[int, Queue]) -> None:
+    def _recover(vhost: str, store: ReplicatedVhostStore, queues: dict[int, Queue]) -> None:
         for queue in queues.values():
-            queue.store = store
-        counts = store.recover(queues)
+            queue.store = store.store
+        counts = store.store.recover(queues)
         store.next_queue_id = max(queues, default=0) + 1
         log.info("vhost %r: recovered %d messages from its log", vhost, counts["messages"])
 
@@ -493,6 +491,7 @@ class VhostReplicas:
             vhost_obj = self.broker.vhosts.get(vhost)
             if vhost_obj is not None and vhost_obj.replicated is store:
                 vhost_obj.replicated = NOT_REPLICATED
+                vhost_obj.message_store = self.broker.store
             await store.close_replicated()
             for queue in vhost_obj.queues.values() if vhost_obj is not None else ():
                 if isinstance(queue, Stream):  # its files: a working copy, rebuilt if we lead again
@@ -505,7 +504,7 @@ class VhostReplicas:
         from the vhost's log."""
         store = self.stores.get(queue.vhost.name)
         if store is not None:
-            queue.store = store
+            queue.store = store.store
             queue.store_id = store.new_queue_id()
             store.definitions_changed()
 

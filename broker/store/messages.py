@@ -8,11 +8,17 @@ Record types (the payload the SegmentLog stores; big-endian):
     D  delivered queue_id u32, msg_id u64     first delivery from that queue
 
 One publish record serves every durable queue a message reaches. A message's
-record is released when the last of its queues lets go of it; ack and delivered
-records are tombstones and stay live until the segment holding (or last
-holding, after compaction) the publish they refer to is deleted, so recovery
-can never resurrect an acked message. Messages are ordered in each queue by
-msg_id, which grows with publish order.
+record is released when the last of its queues lets go of it. Messages are ordered in
+each queue by msg_id, which grows with publish order.
+
+Where the records live and when they are durable is the store's `Durability`, given to it:
+the node's own segment log, fsynced in batches, on which ack and delivered records are
+tombstones kept until the segment holding (or last holding, after compaction) the publish
+they refer to is deleted, so recovery can never resurrect an acked message
+(`SegmentDurability`, here); or, for a clustered vhost on its leader, the vhost's
+replicated log, durable on a majority of its copies (cluster/replicated_store.py). The
+store reads and writes its records through the `MessageLog` the durability opens; a
+record's token (an int growing with appends) is what a confirm waits for, either way.
 """
 
 from __future__ import annotations
@@ -24,16 +30,16 @@ import struct
 import threading
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from roarmq.protocol.frames import ContentHeader
 
 from ..errors import StartupError
 from ..logs import NOTICE
 from .record_tags import ACK_TAG, DELIVERED_TAG, PUBLISH_TAG
-from .segments import Location, LogFailed, SegmentLog
+from .segments import Location, LogFailed, RecoveryReport, SegmentLog
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -84,6 +90,17 @@ def encode_publish(msg_id: int, queue_ids: list[int], msg: Message, body: bytes)
     )
 
 
+def encode_mark(kind: bytes, queue_id: int, msg_id: int) -> bytes:
+    """An ack (ACK_TAG) or delivered (DELIVERED_TAG) record."""
+    return _MARK.pack(kind, queue_id, msg_id)
+
+
+def decode_mark(payload: bytes) -> tuple[bytes, int, int]:
+    """kind, queue id and message id of an ack or delivered record."""
+    kind, queue_id, msg_id = _MARK.unpack(payload)
+    return kind, queue_id, msg_id
+
+
 def decode_publish(payload: bytes) -> tuple[int, list[int], str, str, bytes, bytes]:
     _, msg_id, n = _P_HEAD.unpack_from(payload, 0)
     pos = _P_HEAD.size
@@ -128,11 +145,12 @@ class MessageIndex:
     blocks fill once and are dropped when their last message goes.
     """
 
-    __slots__ = ("_blocks", "count")
+    __slots__ = ("_blocks", "count", "bytes")
 
     def __init__(self) -> None:
         self._blocks: dict[int, _Block] = {}
         self.count = 0
+        self.bytes = 0  # the stored messages' publish records, in all
 
     def __len__(self) -> int:
         return self.count
@@ -149,6 +167,9 @@ class MessageIndex:
         if not block.refs[i]:
             block.used += 1
             self.count += 1
+        else:
+            self.bytes -= block.length[i]
+        self.bytes += loc[2]
         block.seg[i], block.off[i], block.length[i] = loc
         block.refs[i] = refs
 
@@ -165,6 +186,7 @@ class MessageIndex:
         block = self._blocks.get(msg_id >> BLOCK_BITS)
         i = msg_id & _MASK
         if block is not None and block.refs[i]:
+            self.bytes += loc[2] - block.length[i]
             block.seg[i], block.off[i], block.length[i] = loc
 
     def set_refs(self, msg_id: int, refs: int) -> None:
@@ -182,6 +204,7 @@ class MessageIndex:
         loc = Location(block.seg[i], block.off[i], block.length[i])
         block.used -= 1
         self.count -= 1
+        self.bytes -= loc.length
         if not block.used:
             del self._blocks[msg_id >> BLOCK_BITS]
         return loc
@@ -267,8 +290,201 @@ def nack_waiting(waiting: Waiting) -> int:
     return len(waiting)
 
 
+#: Called with a record that a log's compaction or resume moved: old, new, payload.
+Relocate = Callable[[Location, Location, bytes], object]
+
+
+class MessageLog(Protocol):
+    """What a MessageStore asks of the log its records live in (a SegmentLog, or a
+    clustered vhost's replicated log seen through cluster/replicated_store.py's view)."""
+
+    recovery: RecoveryReport  # the damage the log's own replay found
+    error: BaseException | None  # the writer's failure, until resumed
+    resumes: int
+
+    @property
+    def bytes_written(self) -> int: ...
+    @property
+    def last_token(self) -> int: ...
+    def append(self, payload: bytes) -> tuple[Location, int]:
+        """Where the record is, and the token its durability is reported by."""
+        ...
+
+    def read(self, location: Location) -> bytes: ...
+    def release(self, location: Location) -> None:
+        """Nothing needs the record any more (its space may be reclaimed)."""
+        ...
+
+    def schedule_sync(self) -> None:
+        """Make what was appended durable soon (the durability reports it)."""
+        ...
+
+    def replay(self, *, copy: bool = True) -> Iterator[tuple[Location, Any]]: ...
+    def segments(self) -> list: ...
+    def compact(self, relocate: Relocate) -> Any: ...
+    def resume(self, relocate: Relocate) -> object: ...
+    def close(self) -> None: ...
+
+
+class Durability(Protocol):
+    """How a MessageStore's records become durable, and which of its ack and delivered
+    records it must keep (module doc). The durability tells the store when records are
+    durable (`MessageStore.records_durable`) and when its log failed (`log_failed`)."""
+
+    #: Record kinds of other owners that a shared log holds: skipped at recovery. Any
+    #: other unknown kind stops it (a newer version's).
+    foreign_kinds: frozenset[int]
+
+    def open_log(self, store: MessageStore) -> MessageLog: ...
+    def admit(self) -> None:
+        """A message is about to be stored: raise LogFailed if it may not be now."""
+        ...
+
+    def mark(self, kind: bytes, queue_id: int, msg_id: int) -> None:
+        """A durable queue let go of a stored message (ACK_TAG) or delivered it for the
+        first time (DELIVERED_TAG); called while the store's index still holds it."""
+        ...
+
+    def gone(self, msg_id: int) -> None:
+        """The message left its last queue (the store released its publish record)."""
+        ...
+
+    def recovered(self, msg_id: int, marks: list[tuple[int, int, Location]], live: bool) -> None:
+        """Recovery found these (kind, queue id, location) marks of a stored message;
+        `live`: some queue still holds it."""
+        ...
+
+    def relocated(self, old: Location, new: Location, payload: bytes) -> None:
+        """The log moved a record (compaction, or a resume after a failed write)."""
+        ...
+
+    def resumed(self) -> None:
+        """The log is back after a failure: write what waited for it."""
+        ...
+
+    def closed(self, store: MessageStore) -> None:
+        """The store closed cleanly (its log with it)."""
+        ...
+
+
+class SegmentDurability:
+    """The node's own message log: records are durable once the writer's fsync covers them
+    (a batch at a time), and space comes back by deleting whole segments, so an ack or
+    delivered record lives until the segment holding (or last holding, after compaction)
+    the publish it names is deleted; a clean stop leaves a marker that lets the next start
+    trust the delivered records."""
+
+    foreign_kinds: frozenset[int] = frozenset()
+
+    def __init__(self, *, segment_size: int, sync_interval_ms: int, fsync: bool = True) -> None:
+        self.segment_size = segment_size
+        self.sync_interval_ms = sync_interval_ms
+        self.fsync = fsync
+        self._store: MessageStore | None = None
+        self._tombs: dict[int, list[Location]] = {}  # msg_id -> ack/delivered records
+        self._tomb_seg: dict[int, set[int]] = {}  # segment -> msg_ids with tombstones
+        self._seg_of: dict[int, int] = {}  # msg_id -> segment of its publish (tombstoned only)
+        #: Marks made while the log was failed: (kind, queue id, msg id, segment of the
+        #: message's publish record), written by `resumed`.
+        self._pending: list[tuple[bytes, int, int, int]] = []
+
+    @property
+    def store(self) -> MessageStore:
+        assert self._store is not None, "open_log first"
+        return self._store
+
+    def open_log(self, store: MessageStore) -> MessageLog:
+        self._store = store
+        return SegmentLog(
+            store.dir,
+            segment_size=self.segment_size,
+            sync_interval_ms=self.sync_interval_ms,
+            fsync=self.fsync,
+            preallocate=PREALLOCATE,
+            on_synced=lambda token: store.from_writer(store.records_durable, token),
+            on_error=lambda exc: store.from_writer(store.log_failed, exc),
+            on_deleted=lambda segment: store.from_writer(self._segment_deleted, segment),
+        )
+
+    def admit(self) -> None:
+        pass
+
+    def mark(self, kind: bytes, queue_id: int, msg_id: int) -> None:
+        store = self.store
+        seg = self._seg_of.get(msg_id)
+        if seg is None:
+            seg = store.index.location(msg_id).segment
+        if store.failed is not None:
+            self._pending.append((kind, queue_id, msg_id, seg))
+            return
+        try:
+            self._write(kind, queue_id, msg_id, seg)
+        except LogFailed:  # the writer failed since; the loop hears of it soon
+            self._pending.append((kind, queue_id, msg_id, seg))
+
+    def _write(self, kind: bytes, queue_id: int, msg_id: int, seg: int) -> None:
+        """Append an ack/delivered record, live until the publish's segment `seg` is gone."""
+        loc, _ = self.store.log.append(_MARK.pack(kind, queue_id, msg_id))
+        tombs = self._tombs.get(msg_id)
+        if tombs is None:
+            tombs = self._tombs[msg_id] = []
+            self._seg_of[msg_id] = seg
+            self._tomb_seg.setdefault(seg, set()).add(msg_id)
+        tombs.append(loc)
+
+    def gone(self, msg_id: int) -> None:
+        pass  # its tombstones stay until its publish's segment is deleted
+
+    def recovered(self, msg_id: int, marks: list[tuple[int, int, Location]], live: bool) -> None:
+        seg = self.store.index.location(msg_id).segment
+        self._tombs[msg_id] = [mark[2] for mark in marks]
+        self._seg_of[msg_id] = seg
+        self._tomb_seg.setdefault(seg, set()).add(msg_id)
+
+    def _segment_deleted(self, segment: int) -> None:
+        log_ = self.store.log
+        for msg_id in self._tomb_seg.pop(segment, ()):
+            self._seg_of.pop(msg_id, None)
+            for loc in self._tombs.pop(msg_id, ()):
+                log_.release(loc)
+
+    def relocated(self, old: Location, new: Location, payload: bytes) -> None:
+        kind = payload[:1]
+        if kind == PUBLISH_TAG:
+            msg_id = _P_HEAD.unpack_from(payload, 0)[1]
+            self.store.index.move(msg_id, new)
+            seg = self._seg_of.get(msg_id)
+            if seg is not None:
+                self._tomb_seg[seg].discard(msg_id)
+                self._seg_of[msg_id] = new.segment
+                self._tomb_seg.setdefault(new.segment, set()).add(msg_id)
+        else:
+            msg_id = _MARK.unpack_from(payload, 0)[2]
+            tombs = self._tombs.get(msg_id)
+            if tombs is not None:
+                tombs[tombs.index(old)] = new
+
+    def resumed(self) -> None:
+        marks, self._pending = self._pending, []
+        index = self.store.index
+        for kind, qid, msg_id, seg in marks:
+            if msg_id in index:  # its publish may have just moved to the new segment
+                seg = index.location(msg_id).segment
+            self._write(kind, qid, msg_id, seg)
+
+    def closed(self, store: MessageStore) -> None:
+        marker = store.dir / CLEAN_SHUTDOWN
+        marker.write_bytes(b"")
+        fd = os.open(store.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 class MessageStore:
-    """Persistent messages: the segment log plus the index of who still needs which record.
+    """Persistent messages: the index of who still needs which record, over the log its
+    `Durability` opens (module doc).
 
     When the log fails (a write or fsync error), nobody is left waiting: every publish
     waiting for its fsync is nacked at once, `persist` raises LogFailed (the channel nacks,
@@ -277,42 +493,24 @@ class MessageStore:
     (SegmentLog.resume) and writes those markers; the broker calls it again until it works.
     """
 
-    #: Record kinds of other owners that a log shared with them holds (a cluster's vhost
-    #: log): skipped at recovery. Any other unknown kind stops it (a newer version's).
-    FOREIGN_KINDS: frozenset[int] = frozenset()
-
-    def __init__(
-        self,
-        directory: str | Path,
-        *,
-        segment_size: int,
-        sync_interval_ms: int,
-        loop: Any,
-        fsync: bool = True,
-    ) -> None:
+    def __init__(self, directory: str | Path, *, durability: Durability, loop: Any) -> None:
         self.dir = Path(directory)
         self.loop = loop
         self.clean_start = (self.dir / CLEAN_SHUTDOWN).exists()
         if self.clean_start:
             (self.dir / CLEAN_SHUTDOWN).unlink()
-        self.log = self._open_log(segment_size, sync_interval_ms, fsync)
+        self.durability = durability
         self.next_id = 1
         self.index = MessageIndex()
-        self._tombs: dict[int, list[Location]] = {}  # msg_id -> ack/delivered records
-        self._tomb_seg: dict[int, set[int]] = {}  # segment -> msg_ids with tombstones
-        self._seg_of: dict[int, int] = {}  # msg_id -> segment of its publish (tombstoned only)
         self._waiting: deque[tuple[int, Channel, int]] = deque()
         self._sync_requested = False
-        self._urgent = 0  # the last token whose record waits for its fsync (a publish)
-        self._synced_upto = 0  # the last token `_synced` was told of
+        self._urgent = 0  # the last token whose record waits to be durable (a publish)
+        self._synced_upto = 0  # the last token `records_durable` was told of
         self._ack_timer: Any = None  # ACK_SYNC_DELAY's timer, while one is set
         #: The broker's JobTimes while its loop-lag probe is on: the loop callbacks below
         #: run through it, so a stall can name them (broker/stalls.py).
         self.jobs: JobTimes | None = None
         self.failed: BaseException | None = None
-        #: Ack and delivery markers made while the log was failed: (kind, queue id, msg id,
-        #: segment of the message's publish record), written by resume().
-        self._pending_marks: list[tuple[bytes, int, int, int]] = []
         self.failures = 0  # times the log failed
         self.nacked = 0  # publishes nacked because their fsync failed
         self.refused = 0  # persistent publishes that found the store failed
@@ -323,25 +521,13 @@ class MessageStore:
         #: Called on the loop with the error when the log fails (the broker's reaction).
         self.on_failure: Any = None
         self._lock = threading.Lock()
-
-    def _open_log(self, segment_size: int, sync_interval_ms: int, fsync: bool) -> Any:
-        """The records' home: this store's own segment log (a clustered vhost's store
-        reads the vhost's replicated log instead: replicated_store.py)."""
-        return SegmentLog(
-            self.dir,
-            segment_size=segment_size,
-            sync_interval_ms=sync_interval_ms,
-            fsync=fsync,
-            preallocate=PREALLOCATE,
-            on_synced=self._synced_from_writer,
-            on_error=self._error_from_writer,
-            on_deleted=self._deleted_from_writer,
-        )
+        self.log = durability.open_log(self)
 
     # -- writes (event loop) ---------------------------------------------------------
 
     def persist(self, msg: Message, queues: list[Queue], page_out: bool) -> int:
-        """Append the publish record; returns the token whose fsync confirms it."""
+        """Append the publish record; returns the token whose durability confirms it."""
+        self.durability.admit()
         msg_id = self.next_id
         self.next_id += 1
         loc, token = self.log.append(
@@ -371,40 +557,24 @@ class MessageStore:
             self._want_sync()
 
     def confirm_after(self, token: int, channel: Channel, seq: int) -> None:
+        """Confirm publish `seq` of `channel` once the record of `token` is durable."""
         channel.confirm_later(seq)
         self._waiting.append((token, channel, seq))
 
-    def _tombstone(self, kind: bytes, queue: Queue, msg_id: int) -> None:
-        seg = self._seg_of.get(msg_id)
-        if seg is None:
-            seg = self.index.location(msg_id).segment
-        if self.failed is not None:
-            self._pending_marks.append((kind, queue.store_id, msg_id, seg))  # type: ignore[arg-type]
-            return
-        try:
-            self._write_mark(kind, queue.store_id, msg_id, seg)  # type: ignore[arg-type]
-        except LogFailed:  # the writer failed since; the loop hears of it soon
-            self._pending_marks.append((kind, queue.store_id, msg_id, seg))  # type: ignore[arg-type]
-
-    def _write_mark(self, kind: bytes, qid: int, msg_id: int, seg: int) -> None:
-        """Append an ack/delivered record, live until the publish's segment `seg` is gone."""
-        loc, _ = self.log.append(_MARK.pack(kind, qid, msg_id))
-        tombs = self._tombs.get(msg_id)
-        if tombs is None:
-            tombs = self._tombs[msg_id] = []
-            self._seg_of[msg_id] = seg
-            self._tomb_seg.setdefault(seg, set()).add(msg_id)
-        tombs.append(loc)
+    def durable(self, token: int) -> bool:
+        """The record of `token` is durable (as far as the loop has been told)."""
+        return token <= self._synced_upto
 
     def delivered(self, queue: Queue, msg_id: int) -> None:
-        self._tombstone(DELIVERED_TAG, queue, msg_id)
+        self.durability.mark(DELIVERED_TAG, queue.store_id, msg_id)  # type: ignore[arg-type]  # a durable queue's
 
     def settled(self, queue: Queue, msg_id: int) -> None:
         """The message left a durable queue (ack, expiry, drop, purge, delete)."""
-        self._tombstone(ACK_TAG, queue, msg_id)
+        self.durability.mark(ACK_TAG, queue.store_id, msg_id)  # type: ignore[arg-type]  # (as above)
         loc = self.index.unref(msg_id)
         if loc is not None:
             self.log.release(loc)
+            self.durability.gone(msg_id)
         self._want_sync_soon()
 
     def body(self, msg: Message) -> bytes:
@@ -438,22 +608,16 @@ class MessageStore:
             return self.loop.call_later(delay, self.jobs.run, callback)
         return self.loop.call_later(delay, callback)
 
-    def _from_writer(self, callback: Any, arg: Any) -> None:
+    def from_writer(self, callback: Callable[[Any], object], arg: Any) -> None:
+        """Run `callback(arg)` on the loop (called from the log's writer thread)."""
         if self.jobs is not None:
             self.loop.call_soon_threadsafe(self.jobs.run, callback, arg)
         else:
             self.loop.call_soon_threadsafe(callback, arg)
 
-    def _synced_from_writer(self, token: int) -> None:
-        self._from_writer(self._synced, token)
-
-    def _error_from_writer(self, exc: BaseException) -> None:
-        self._from_writer(self._failed, exc)
-
-    def _deleted_from_writer(self, segment: int) -> None:
-        self._from_writer(self._segment_deleted, segment)
-
-    def _synced(self, token: int) -> None:
+    def records_durable(self, token: int) -> None:
+        """Every record up to `token` is durable (its durability says so): confirm the
+        publishes that waited for them."""
         self._sync_requested = False
         self._synced_upto = token
         confirm_waiting(self._waiting, token)
@@ -465,17 +629,23 @@ class MessageStore:
             self.disk_check_at = 1 << 62
             self.on_disk_check()
 
-    def _failed(self, exc: BaseException) -> None:
+    def nack_waiting(self) -> int:
+        """Nack every publish waiting for its record's durability; how many."""
+        waiting, self._waiting = self._waiting, deque()
+        nacked = nack_waiting(waiting)
+        self.nacked += nacked
+        return nacked
+
+    def log_failed(self, exc: BaseException) -> None:
         """The writer failed: nack every publish waiting for an fsync, then tell the broker."""
         self.failed = exc
         self.failures += 1
         self._sync_requested = False
-        waiting, self._waiting = self._waiting, deque()
-        self.nacked += nack_waiting(waiting)
+        nacked = self.nack_waiting()
         log.error(
             "message store write failed; %d publishes waiting for it were nacked, and "
             "persistent messages are refused until it resumes: %s",
-            len(waiting),
+            nacked,
             exc,
             extra={"directory": str(self.dir), "errno": getattr(exc, "errno", None)},
         )
@@ -490,13 +660,8 @@ class MessageStore:
         if self.failed is None:
             return True
         try:
-            self.log.resume(self._relocated)
-            marks, self._pending_marks = self._pending_marks, []
-            index = self.index
-            for kind, qid, msg_id, seg in marks:
-                if msg_id in index:  # its publish may have just moved to the new segment
-                    seg = index.location(msg_id).segment
-                self._write_mark(kind, qid, msg_id, seg)
+            self.log.resume(self.durability.relocated)
+            self.durability.resumed()
         except (OSError, LogFailed) as exc:
             log.warning("message store could not resume yet: %s", exc)
             return False
@@ -505,34 +670,12 @@ class MessageStore:
         log.log(NOTICE, "message store resumed", extra={"directory": str(self.dir)})
         return True
 
-    def _segment_deleted(self, segment: int) -> None:
-        for msg_id in self._tomb_seg.pop(segment, ()):
-            self._seg_of.pop(msg_id, None)
-            for loc in self._tombs.pop(msg_id, ()):
-                self.log.release(loc)
-
     # -- compaction -------------------------------------------------------------------
 
     def compact(self) -> None:
         """Copy live records out of mostly-dead segments (run off the hot path)."""
         if self.failed is None:
-            self.log.compact(self._relocated)
-
-    def _relocated(self, old: Location, new: Location, payload: bytes) -> None:
-        kind = payload[:1]
-        if kind == PUBLISH_TAG:
-            msg_id = _P_HEAD.unpack_from(payload, 0)[1]
-            self.index.move(msg_id, new)
-            seg = self._seg_of.get(msg_id)
-            if seg is not None:
-                self._tomb_seg[seg].discard(msg_id)
-                self._seg_of[msg_id] = new.segment
-                self._tomb_seg.setdefault(new.segment, set()).add(msg_id)
-        else:
-            msg_id = _MARK.unpack_from(payload, 0)[2]
-            tombs = self._tombs.get(msg_id)
-            if tombs is not None:
-                tombs[tombs.index(old)] = new
+            self.log.compact(self.durability.relocated)
 
     # -- recovery ---------------------------------------------------------------------
 
@@ -563,6 +706,7 @@ class MessageStore:
             _QID.unpack_from,
             _U32.unpack_from,
         )
+        foreign = self.durability.foreign_kinds
         # Pass 1: where every publish record is, whom it was for; tombstones by message.
         for loc, payload in self.log.replay(copy=False):  # memoryviews: keep nothing of them
             kind = payload[0]
@@ -591,7 +735,7 @@ class MessageStore:
                 marks.setdefault(msg_id, []).append((kind, qid, loc))
                 if msg_id > last_id:  # never reuse an id a tombstone on disk names
                     last_id = msg_id
-            elif kind in self.FOREIGN_KINDS:
+            elif kind in foreign:
                 self.log.release(loc)  # another owner's record in a shared log
             else:
                 raise StartupError(
@@ -617,16 +761,14 @@ class MessageStore:
                 delivered: set[int] | frozenset[int] = {
                     qid for kind, qid, _ in tombs if kind == _DELIVERED
                 }
-                seg = index.location(msg_id).segment
-                self._tombs[msg_id] = [t[2] for t in tombs]
-                self._seg_of[msg_id] = seg
-                self._tomb_seg.setdefault(seg, set()).add(msg_id)
                 live = [q for q in dict.fromkeys(qids) if q not in acked and q in queues_by_id]
+                self.durability.recovered(msg_id, tombs, bool(live))
             else:
                 delivered = _NONE
                 live = [q for q in qids if q in queues_by_id]
             if not live:
                 self.log.release(index.remove(msg_id))
+                self.durability.gone(msg_id)
                 dropped += 1
                 continue
             index.set_refs(msg_id, len(live))
@@ -673,10 +815,4 @@ class MessageStore:
             self.log.close()
         finally:
             if self.failed is None and self.log.error is None:
-                marker = self.dir / CLEAN_SHUTDOWN
-                marker.write_bytes(b"")
-                fd = os.open(self.dir, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                self.durability.closed(self)

@@ -4,8 +4,8 @@ kinds may share a byte, and recovery must know every kind it can meet.
 A single node's message log (store/messages.py) holds publishes, acks and deliveries; a
 clustered vhost's replicated log (broker/cluster/) holds those and the rest. Recovery
 stops at a kind it does not know (a newer node's log, or damage the CRC let through)
-rather than skip what it cannot read: `MessageStore.FOREIGN_KINDS` lists what a store
-leaves to its subclass, and anything else stops it."""
+rather than skip what it cannot read: a store's `Durability.foreign_kinds` lists what
+the store leaves to the log's other owners, and anything else stops it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ EPOCH_TAG = b"E"
 #: A checkpoint: everything below its base is copied above it.
 CHECKPOINT_TAG = b"C"
 
-#: A replicated log's copy on disk (cluster/replication_store.py) wraps each record of the
+#: A replicated log's copy on disk (replog/records.py) wraps each record of the
 #: vhost's log in an envelope with its own kinds:
 #: a record of the vhost's log (its generation, its offset, the record).
 RECORD_ENVELOPE = b"r"

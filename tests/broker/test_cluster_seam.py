@@ -17,7 +17,7 @@ import aio_pika
 from rawclient import RawClient
 
 from roarmq.broker.cluster.node import ClusterNode
-from roarmq.broker.cluster.replicated_store import ReplicatedMessageStore
+from roarmq.broker.cluster.replicated_store import ReplicatedVhostStore
 from roarmq.broker.cluster_hooks import (
     NOT_REPLICATED,
     ClusterHooks,
@@ -43,7 +43,7 @@ def test_every_hook_is_answered_on_both_sides():
     for side in (SingleNode, ClusterNode):
         missing = {h for h in hooks if not _answers(side, h)}
         assert not missing, (side.__name__, missing)
-    for side in (type(NOT_REPLICATED), ReplicatedMessageStore):
+    for side in (type(NOT_REPLICATED), ReplicatedVhostStore):
         missing = {h for h in _members(VhostReplication) if not _answers(side, h)}
         assert not missing, (side.__name__, missing)
 

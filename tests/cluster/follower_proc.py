@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from roarmq.broker.cluster.replication import ReplicationFollower
-from roarmq.broker.cluster.replication_store import SegmentRecordStore
+from roarmq.broker.replog.records import SegmentRecordStore
+from roarmq.broker.replog.replication import ReplicationFollower
 
 
 async def main(host: str, port: int, data_dir: str, node: str, vhost: str, epoch: int) -> None:

@@ -557,8 +557,8 @@ def test_the_replication_port_refuses_a_stranger_without_the_cluster_cookie(clus
     adopted, nothing streamed."""
     import socket as sockets
 
-    from roarmq.broker.cluster import replication_wire as wire
     from roarmq.broker.cluster.handoff import HANDOFF
+    from roarmq.broker.replog import wire
 
     assert until(lambda: placement(cluster[0])[0], 30)
     leader = next(n for n in cluster if n.name == placement(cluster[0])[0])

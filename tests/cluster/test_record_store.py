@@ -1,4 +1,4 @@
-"""The replicated log on disk (replication_store.py): generations, truncation, checkpoints,
+"""The replicated log on disk (broker/replog/records.py): generations, truncation, checkpoints,
 epochs — each checked by what a restart (a replay of the directory) finds."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from roarmq.broker.cluster.replication_store import (
+from roarmq.broker.replog.records import (
     LogFormatError,
     SegmentRecordStore,
     checkpoint_record,

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from support.waiting import until_async as poll
 
-from roarmq.broker.cluster import replication_wire as wire
 from roarmq.broker.cluster.coordination import attach_coordinator
-from roarmq.broker.cluster.replication import ReplicationFollower, ReplicationLeader
-from roarmq.broker.cluster.replication_store import (
+from roarmq.broker.replog import wire
+from roarmq.broker.replog.records import (
     SegmentRecordStore,
     agreed_offset,
     checkpoint_record,
     epoch_record,
 )
+from roarmq.broker.replog.replication import ReplicationFollower, ReplicationLeader
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,7 +15,7 @@ from roarmq.broker.cluster.replicated_store import (
     STREAM_TAG,
     rebuild_from_log,
 )
-from roarmq.broker.cluster.replication_store import SegmentRecordStore
+from roarmq.broker.replog.records import SegmentRecordStore
 from roarmq.broker.store.segments import SegmentLog
 from roarmq.broker.stream import _RECORD, record_offset
 

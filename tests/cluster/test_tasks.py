@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from roarmq.broker.cluster.tasks import cancel_and_wait
+from roarmq.broker.tasks import cancel_and_wait
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -62,7 +62,7 @@ def test_a_replicated_log_reopened_after_a_kill_counts_durable_only_what_it_sync
     run(
         """
         import os, sys
-        from roarmq.broker.cluster.replication_store import SegmentRecordStore
+        from roarmq.broker.replog.records import SegmentRecordStore
         store = SegmentRecordStore(sys.argv[1], fsync=False)
         for offset in range(1, 201):
             store.append(offset, b"record %d" % offset)
@@ -74,7 +74,7 @@ def test_a_replicated_log_reopened_after_a_kill_counts_durable_only_what_it_sync
     reported = run(
         """
         import os, sys
-        from roarmq.broker.cluster.replication_store import SegmentRecordStore
+        from roarmq.broker.replog.records import SegmentRecordStore
         store = SegmentRecordStore(sys.argv[1])
         print(store.durable_offset, flush=True)
         os._exit(0)
@@ -86,7 +86,7 @@ def test_a_replicated_log_reopened_after_a_kill_counts_durable_only_what_it_sync
     held = run(
         """
         import sys
-        from roarmq.broker.cluster.replication_store import SegmentRecordStore
+        from roarmq.broker.replog.records import SegmentRecordStore
         store = SegmentRecordStore(sys.argv[1])
         print(store.last_offset, len(store.records()))
         store.close()

@@ -149,7 +149,7 @@ def test_compaction_moves_records_under_packed_queues(tmp_path):
                 held.append(method.delivery_tag)
         store = b.broker.store
         b.call(lambda: store.log.sync_now(timeout=10))
-        report = b.call(lambda: store.log.compact(store._relocated, threshold=0.5))
+        report = b.call(lambda: store.log.compact(store.durability.relocated, threshold=0.5))
         assert report.records_moved > 0
         ch.basic_nack(held[-1], multiple=True, requeue=True)
         conn.close()

@@ -1520,7 +1520,7 @@ def compare_log_files(
     """Open each node's log directory (a copy of it, so nothing is written to the node's
     own) with `SegmentRecordStore` and compare the records at every offset that all of
     them hold: from the highest first offset to the lowest last one."""
-    from roarmq.broker.cluster.replication_store import SegmentRecordStore
+    from roarmq.broker.replog.records import SegmentRecordStore
 
     stores = {}
     files: dict[str, dict] = {}

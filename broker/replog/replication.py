@@ -1,6 +1,6 @@
 """The replication transport of one vhost's log: a leader streams, followers append and ack.
 
-Design (../shared/design/cluster.md; frames in replication_wire.py):
+Design (docs/cluster.md; frames in wire.py):
 
 * The log is a sequence of (offset, payload) records, offsets 1, 2, 3... per vhost. The
   leader's owner calls `ReplicationLeader.append(payload) -> offset`, makes its own log
@@ -37,7 +37,7 @@ Design (../shared/design/cluster.md; frames in replication_wire.py):
   sends its epoch history; the leader finds the first offset where the two histories name
   different epochs (`agreed_offset`, invariant 10) and, if the follower holds more,
   answers TRUNCATE(last) before the stream.
-* Checkpoints (replication_store.py): once every in-sync member holds a checkpoint record,
+* Checkpoints (records.py): once every in-sync member holds a checkpoint record,
   the leader trims below its base; a follower trims once it holds one durably.
 """
 
@@ -54,16 +54,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ..store.segments import LogFailed
-from . import replication_wire as wire
-from .replication_store import RecordStore, agreed_offset
-from .tasks import cancel_and_wait
+from ..tasks import cancel_and_wait
+from . import wire
+from .records import RecordStore, agreed_offset
 
 log = logging.getLogger("roarmq.cluster.replication")
 
 #: Bytes of the newest records a leader keeps in memory to stream from (per vhost).
 TAIL_BYTES = 4 << 20
 
-_lost_connection = (ConnectionError, asyncio.IncompleteReadError, wire.ProtocolError, OSError)
+LOST_CONNECTION = (ConnectionError, asyncio.IncompleteReadError, wire.ProtocolError, OSError)
 
 
 @dataclass(eq=False)
@@ -168,7 +168,7 @@ class ReplicationLeader:
         self._tasks.add(task)
         try:
             await self._session(reader, writer, hello)
-        except _lost_connection as exc:
+        except LOST_CONNECTION as exc:
             log.info("vhost %r: follower connection ended: %r", self.vhost, exc)
         except asyncio.CancelledError:
             pass  # stop(): the listener's task ends quietly (asyncio logs a cancelled one)
@@ -457,7 +457,7 @@ class ReplicationLeader:
         self._tasks.add(task)
         try:
             await self._session(reader, writer)
-        except _lost_connection as exc:
+        except LOST_CONNECTION as exc:
             log.info("vhost %r: follower connection ended: %r", self.vhost, exc)
         finally:
             self._tasks.discard(task)
@@ -527,7 +527,7 @@ class ReplicationLeader:
         try:
             await self._read_acks(follower, reader, writer)
         finally:
-            await cancel_and_wait(pump, *_lost_connection)
+            await cancel_and_wait(pump, *LOST_CONNECTION)
             if follower.writer is writer:
                 follower.writer = None
                 if self.deposed_by is None:
@@ -714,7 +714,7 @@ class ReplicationFollower:
             try:
                 if await self._connect_once():
                     delay = self.backoff[0]  # it streamed: the next break is a new one
-            except _lost_connection as exc:
+            except LOST_CONNECTION as exc:
                 log.info("vhost %r: replication from %s ended: %r", self.vhost, self.leader, exc)
                 if isinstance(exc, ConnectionRefusedError):  # no process listens there
                     _run_all(self.on_leader_refused, self.leader, self.epoch)
@@ -758,7 +758,7 @@ class ReplicationFollower:
             # and a socket left open would keep the leader counting on a follower gone.
             _close(writer)
             if syncer is not None:
-                await cancel_and_wait(syncer, *_lost_connection)
+                await cancel_and_wait(syncer, *LOST_CONNECTION)
 
     async def _welcomed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         kind, body = await wire.read_frame(reader)
