@@ -1,4 +1,4 @@
-# RoarMQ broker image. tests/broker/test_config_cli.py (test_dockerfile_*) runs the same install,
+# RoarMQ broker image. tests/cli/test_config_cli.py (test_dockerfile_*) runs the same install,
 # config and health-check steps, since Docker itself cannot run on the build machines.
 #
 # Two stages: the first builds a wheel with the message path compiled (setup.py; Cython and a

@@ -24,7 +24,7 @@ $(VENV)/bin/python:
 
 # The modules setup.py compiles (roarmq/__init__.py's COMPILED: each has a .pxd that types
 # it), with those .pxd files: a change to either rebuilds.
-PXD_FILES := $(wildcard protocol/*.pxd broker/*.pxd broker/routing/*.pxd)
+PXD_FILES := $(wildcard protocol/*.pxd broker/*/*.pxd)
 COMPILED_SOURCES := $(PXD_FILES) $(PXD_FILES:.pxd=.py)
 
 # The broker alone: uvloop, pyroaring, aiohttp, prometheus-client.
@@ -44,7 +44,7 @@ ARGS ?=
 run: $(RUN_STAMP)
 	$(PY) -m roarmq --config config.toml $(ARGS)
 
-# A local cluster to try (docs/cluster.md): `roarmq cluster-demo` (broker/cluster_demo.py)
+# A local cluster to try (docs/cluster.md): `roarmq cluster-demo` (broker/cli/cluster_demo.py)
 # starts etcd on 127.0.0.1:2479 and three nodes n1..n3 (AMQP 5681..5683, management
 # 15681..15683), everything under ./cluster-demo/; `make cluster-stop` stops exactly those PIDs.
 cluster: $(RUN_STAMP) .tools/etcd
@@ -54,10 +54,10 @@ cluster-stop:
 	$(VENV)/bin/roarmq cluster-demo stop
 
 # System packages the tests use: amqp-tools (librabbitmq's CLI), a Java runtime for Spark,
-# the openssl CLI (tests/broker/test_tls.py runs docs/security.md's certificate recipe),
+# the openssl CLI (tests/amqp/test_tls.py runs docs/security.md's certificate recipe),
 # headless Chromium with its driver (tests/ui/test_web_ui.py drives the web UI), fuse3
 # (libfuse3 and fusermount3, for tests/support/powerloss.py's power-loss filesystem), and
-# erlang-base (erl: tests/broker/test_api_parity.py checks our phash2 against OTP's).
+# erlang-base (erl: tests/management/test_api_parity.py checks our phash2 against OTP's).
 # Installed through apt when we can; otherwise the tests that need them say why they did
 # not run.
 APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell command -v java),,openjdk-17-jre-headless) $(if $(shell command -v openssl),,openssl) $(if $(shell command -v chromedriver),,chromium chromium-driver) $(if $(shell command -v strace),,strace) $(if $(shell command -v fusermount3),,fuse3) $(if $(shell command -v erl),,erlang-base)
@@ -72,7 +72,7 @@ system-deps:
 	      || echo "note: could not install $(APT_PACKAGES) with apt-get"; \
 	  else echo "note: $(APT_PACKAGES) not installed (needs root and apt-get)"; fi; fi
 
-# amqplib for the Node checks of tests/broker/test_dropin.py, when npm is present (the
+# amqplib for the Node checks of tests/clients/test_dropin.py, when npm is present (the
 # test says why it did not run otherwise).
 node-deps:
 	@if command -v npm >/dev/null 2>&1; then \
@@ -80,9 +80,9 @@ node-deps:
 	    || echo "note: npm install in tests/node failed; the amqplib checks will say so"; \
 	else echo "note: npm not installed; the amqplib checks will say so"; fi
 
-# RabbitMQ's own CLI, rabbitmqadmin (one Python file), for tests/broker/test_rabbitmqadmin.py:
+# RabbitMQ's own CLI, rabbitmqadmin (one Python file), for tests/management/test_rabbitmqadmin.py:
 # taken out of Debian's rabbitmq-server package with dpkg-deb, RabbitMQ itself not installed.
-# Prometheus (Debian's 2.42) for tests/broker/test_grafana_dashboards.py, likewise taken out
+# Prometheus (Debian's 2.42) for tests/management/test_grafana_dashboards.py, likewise taken out
 # of its package: the binary alone, no service, no user, nothing else installed.
 # etcd (Debian's etcd-server, 3.4) for tests/cluster/, likewise: the etcd binary alone.
 tools: .tools/rabbitmqadmin .tools/prometheus .tools/etcd
@@ -97,7 +97,7 @@ tools: .tools/rabbitmqadmin .tools/prometheus .tools/etcd
 	    && dpkg-deb -x rabbitmq-server_*.deb x && cp x/usr/bin/rabbitmqadmin ../rabbitmqadmin) \
 	    || echo "note: could not extract rabbitmqadmin; its test will say so"; \
 	  rm -rf .tools/deb; \
-	else echo "note: no apt-get; tests/broker/test_rabbitmqadmin.py will say so"; fi
+	else echo "note: no apt-get; tests/management/test_rabbitmqadmin.py will say so"; fi
 
 .tools/prometheus:
 	@mkdir -p .tools
@@ -107,9 +107,9 @@ tools: .tools/rabbitmqadmin .tools/prometheus .tools/etcd
 	    && (apt-get download prometheus >/dev/null 2>&1 \
 	        || (apt-get update -qq >/dev/null 2>&1 && apt-get download prometheus >/dev/null 2>&1)) \
 	    && dpkg-deb -x prometheus_*.deb x && cp x/usr/bin/prometheus ../prometheus) \
-	    || echo "note: could not extract prometheus; tests/broker/test_grafana_dashboards.py will say so"; \
+	    || echo "note: could not extract prometheus; tests/management/test_grafana_dashboards.py will say so"; \
 	  rm -rf .tools/prom-deb; \
-	else echo "note: no apt-get; tests/broker/test_grafana_dashboards.py will say so"; fi
+	else echo "note: no apt-get; tests/management/test_grafana_dashboards.py will say so"; fi
 
 .tools/etcd:
 	@mkdir -p .tools

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import harness  # noqa: F401 - first: this tree's roarmq is the one measured (harness.REPO)
 
-from roarmq.broker.connection import Connection
+from roarmq.broker.amqp.connection import Connection
 from roarmq.broker.server import Broker
 from roarmq.broker.testing import ephemeral_config
 from roarmq.protocol import spec

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from harness import REPO
 
-from roarmq.broker import rates
+from roarmq.broker.management import rates
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 

@@ -4,9 +4,9 @@
     PYTHONPATH=OTHER_TREE .venv/bin/python bench/sampler_gc.py   # another tree's sampler
 
 A benchmark, not a test. An in-process broker with ``--queues`` queues, its start-up and the
-queues frozen out of the collector (as ``broker/gc_schedule.py`` freezes start-up), the
+queues frozen out of the collector (as ``broker/ops/gc_schedule.py`` freezes start-up), the
 broker's thresholds (20,000, 2, 2,500); then ``--passes`` passes of the sampler
-(``broker/rates.py``, each over every queue, in one go rather than in its slices), with the
+(``broker/management/rates.py``, each over every queue, in one go rather than in its slices), with the
 collector's passes that they cause counted and timed per generation (``gc.callbacks``).
 """
 
@@ -18,7 +18,7 @@ import gc
 import time
 
 import roarmq
-from roarmq.broker import rates
+from roarmq.broker.management import rates
 from roarmq.broker.server import Broker
 from roarmq.broker.testing import ephemeral_config
 

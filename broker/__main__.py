@@ -26,7 +26,7 @@ from typing import Any  # noqa: E402
 from . import __version__  # noqa: E402
 from .config import LOG_LEVELS, Config, ConfigError, load_config  # noqa: E402
 from .errors import StartupError  # noqa: E402
-from .logs import NOTICE, setup_logging  # noqa: E402
+from .ops.logs import NOTICE, setup_logging  # noqa: E402
 from .store.segments import make_dirs_durably  # noqa: E402
 
 log = logging.getLogger("roarmq.server")
@@ -58,7 +58,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 def check_config(path: str) -> int:
-    from .tls import check as check_tls
+    from .amqp.tls import check as check_tls
 
     try:
         check_tls(load_config(path))  # the certificates and keys load, not only the keys parse
@@ -189,10 +189,10 @@ async def serve(config: Config) -> None:
 
 def tune_gc(loop: asyncio.AbstractEventLoop) -> Any:
     """Fewer, shorter collections, start-up's objects frozen, full passes when idle: the
-    rules and what each costs are broker/gc_schedule.py's. (A larger first threshold than
+    rules and what each costs are broker/ops/gc_schedule.py's. (A larger first threshold than
     CPython's: bench/hotpath.py's in-process loop (direct) went from ~6.6 to ~5.8 us a
     message.)"""
-    from .gc_schedule import tune
+    from .ops.gc_schedule import tune
 
     return tune(loop)
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m roarmq") -> int:
     args = _parser(prog).parse_args(argv)
     if args.check_config:
         return check_config(args.check_config)
-    from .tls import check as check_tls
+    from .amqp.tls import check as check_tls
 
     try:
         config = _load(args)
@@ -263,11 +263,11 @@ def cli(argv: list[str] | None = None) -> int:
     if command == "serve":
         return main(rest, prog="roarmq serve")
     if command == "ctl":
-        from .ctl import main as ctl
+        from .cli.ctl import main as ctl
 
         return ctl(rest)
     if command == "cluster-demo":
-        from .cluster_demo import main as cluster_demo
+        from .cli.cluster_demo import main as cluster_demo
 
         return cluster_demo(rest)
     if command == "check-config":

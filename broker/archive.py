@@ -69,13 +69,13 @@ from roarmq.protocol.properties import (
 )
 from roarmq.protocol.tables import timestamp_to_wire
 
-from .clock import Clock
-from .logs import NOTICE
+from .ops.clock import Clock
+from .ops.logs import NOTICE
 
 if TYPE_CHECKING:
     from .config import ArchiveConfig
-    from .message import Message
-    from .queue import Queue
+    from .core.message import Message
+    from .core.queue import Queue
 
 log = logging.getLogger("roarmq.archive")
 

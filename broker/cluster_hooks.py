@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .connection import Connection
-    from .queue import Queue
+    from .amqp.connection import Connection
+    from .core.queue import Queue
+    from .core.stream import Stream
     from .server import Broker
-    from .stream import Stream
 
 
 #: A definitions document's keys that live in each vhost's own log in a cluster (its

@@ -33,7 +33,7 @@ CERT_LOGIN_SAN_TYPES = ("dns", "ip", "email", "uri")
 
 @dataclass(frozen=True, slots=True)
 class TlsConfig:
-    """[management.tls]; also the common part of [amqp.tls]. Checked by broker/tls.py."""
+    """[management.tls]; also the common part of [amqp.tls]. Checked by broker/amqp/tls.py."""
 
     enabled: bool = False
     certfile: str = ""
@@ -408,7 +408,7 @@ def _readable_file(key: str, path: str) -> None:
 
 def _tls(name: str, value: Any, cls: type, checks: dict[str, Any]) -> Any:
     """[amqp.tls] or [management.tls]. Here: the keys, and that the files can be read when
-    enabled; that they hold a matching key and certificates is broker/tls.py's check."""
+    enabled; that they hold a matching key and certificates is broker/amqp/tls.py's check."""
     checks = {
         "enabled": _bool,
         "certfile": _str,

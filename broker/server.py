@@ -20,24 +20,24 @@ from typing import TYPE_CHECKING, Any
 from roarmq.protocol.tables import RECURSION_LIMIT
 
 from . import __version__
-from .alarms import CLUSTER, DISK, ResourceMonitor
-from .auth import NO_PERMISSION, Authenticator
-from .clock import Clock
+from .amqp.tls import TlsListener, server_context
 from .cluster_hooks import ClusterHooks, SingleNode
 from .config import Config
-from .logs import NOTICE
-from .metrics import Totals
-from .persistence import Persistence
-from .policy import PolicyError, make_policy
-from .stalls import GC_WATCH, JobTimes, LoopLag
+from .core.auth import NO_PERMISSION, Authenticator
+from .core.persistence import Persistence
+from .core.policy import PolicyError, make_policy
+from .core.stream import close_all as close_streams
+from .core.vhost import VirtualHost
+from .management.metrics import Totals
+from .ops.alarms import CLUSTER, DISK, ResourceMonitor
+from .ops.clock import Clock
+from .ops.logs import NOTICE
+from .ops.stalls import GC_WATCH, JobTimes, LoopLag
 from .store.messages import MessageStore, SegmentDurability
-from .stream import close_all as close_streams
-from .tls import TlsListener, server_context
-from .vhost import VirtualHost
 
 if TYPE_CHECKING:
-    from .channel import Consumer
-    from .connection import Connection
+    from .amqp.channel import Consumer
+    from .amqp.connection import Connection
 
 log = logging.getLogger("roarmq.server")
 
@@ -84,7 +84,9 @@ class Broker:
             if name in self.vhosts:
                 self.vhosts[name].metadata.update(metadata)
         self._load_policies()
-        self.totals = Totals()  # broker/metrics.py: churn and what deleted objects counted
+        self.totals = (
+            Totals()
+        )  # broker/management/metrics.py: churn and what deleted objects counted
         self.persistence.restore()
         self.totals.queues_at_start = sum(len(v.queues) for v in self.vhosts.values())
         self.connections: set[Connection] = set()
@@ -95,7 +97,7 @@ class Broker:
         self.alarms: set[str] = set()  # resource alarms set now ("memory", "disk")
         self.resources = ResourceMonitor(self)
         self.loop_lag: LoopLag | None = None  # [diagnostics] loop_lag_probe_ms
-        #: broker/gc_schedule.py's GcSchedule in a `roarmq serve` process (None in-process)
+        #: broker/ops/gc_schedule.py's GcSchedule in a `roarmq serve` process (None in-process)
         self.gc_schedule: Any = None
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
@@ -122,7 +124,7 @@ class Broker:
 
     async def start(self, *, management: bool | None = None) -> None:
         """Bind every configured address; port 0 picks one free port shared by all."""
-        from .connection import Connection
+        from .amqp.connection import Connection
 
         amqp = self.config.amqp
         # Before anything is opened: a certificate that does not load stops the start here.

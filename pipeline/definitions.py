@@ -3,7 +3,7 @@
 Only what routing needs is kept, validated with messages that name the file and the place: JSON
 syntax errors give json's line and column, structural ones the key path
 (``bindings[3].destination``). Every vhost also has the broker's predeclared exchanges (the
-default exchange and ``amq.*``), which exports leave out, exactly as ``broker/vhost.py`` declares
+default exchange and ``amq.*``), which exports leave out, exactly as ``broker/core/vhost.py`` declares
 them. Whether each binding's arguments are acceptable to its index is checked when a
 :class:`pipeline.router.Router` is built from the result.
 """
@@ -18,10 +18,10 @@ from json.decoder import scanstring
 from pathlib import Path
 from typing import Any
 
-from roarmq.broker.exchange import EXCHANGE_TYPES
+from roarmq.broker.core.exchange import EXCHANGE_TYPES
+from roarmq.broker.core.vhost import BUILTIN_EXCHANGES
 from roarmq.broker.routing.fields import arguments_key
 from roarmq.broker.store.definitions import BindingDef, ExchangeDef
-from roarmq.broker.vhost import BUILTIN_EXCHANGES
 
 from .errors import PipelineError
 

@@ -40,11 +40,11 @@ _CHECKOUT = _root in __path__  # noqa: F821
 #: admission) runs without the interpreter's frames and dispatch (bench/topic_go.py).
 COMPILED = {
     "roarmq.protocol.frames": "protocol/frames.py",
-    "roarmq.broker.message": "broker/message.py",
-    "roarmq.broker.queue": "broker/queue.py",
-    "roarmq.broker.channel": "broker/channel.py",
-    "roarmq.broker.connection": "broker/connection.py",
-    "roarmq.broker.exchange": "broker/exchange.py",
+    "roarmq.broker.core.message": "broker/core/message.py",
+    "roarmq.broker.core.queue": "broker/core/queue.py",
+    "roarmq.broker.amqp.channel": "broker/amqp/channel.py",
+    "roarmq.broker.amqp.connection": "broker/amqp/connection.py",
+    "roarmq.broker.core.exchange": "broker/core/exchange.py",
     "roarmq.broker.routing.graph": "broker/routing/graph.py",
     "roarmq.broker.routing.trie": "broker/routing/trie.py",
     "roarmq.broker.routing.topic": "broker/routing/topic.py",

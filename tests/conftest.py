@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.etcd import Etcd, etcd_binary_or_skip
+from support.rawclient import RawClient
 
-from roarmq.broker.clock import VirtualClock
+from roarmq.broker.ops.clock import VirtualClock
 from roarmq.broker.testing import BrokerThread, ephemeral_config, running_broker
 
 pytest_plugins = ["pytester"]
@@ -58,3 +60,38 @@ def built_wheel(tmp_path_factory) -> tuple[Path, str]:
     assert build.returncode == 0, build.stdout + build.stderr
     (wheel,) = wheels.glob("roarmq-*.whl")
     return wheel, build.stdout + build.stderr
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A real etcd member of its own (tests/support/etcd.py)."""
+    server = Etcd(etcd_binary_or_skip(), tmp_path / "etcd-data")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def raw(broker):
+    """A RawClient on the ``broker`` fixture with channel 1 open."""
+    client = await RawClient.connect(broker.port)
+    await client.open_channel(1)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def mgmt_broker(tmp_path):
+    """A broker on its own thread with the management API on (user guest/guest)."""
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
+        yield b
+
+
+@pytest.fixture
+def mgmt_broker_sampled_by_hand(mgmt_broker):
+    """`mgmt_broker` with its rate sampler stopped: the test calls `sample(at=...)` itself,
+    so rates and histories are exact."""
+    mgmt_broker.call(mgmt_broker.broker._management.rates.stop)
+    return mgmt_broker

@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from ..tasks import cancel_and_wait
+from ..ops.tasks import cancel_and_wait
 from .etcd import EtcdClient, EtcdError, Event, KeyValue, WatchCompacted
 
 log = logging.getLogger("roarmq.cluster")

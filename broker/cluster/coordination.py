@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from ..tasks import cancel_and_wait
+from ..ops.tasks import cancel_and_wait
 from .cache import PrefixCache
 from .etcd import EtcdClient, EtcdError, Event, KeyValue, compare, delete_op, put_op, range_op
 from .lease import Fencing, LeaseKeeper
@@ -72,6 +72,7 @@ class IsrChange(enum.Enum):
     DONE = "done"
     NOT_LEADER = "not leader any more"
     NOT_MEMBER = "not a member of the vhost"
+    UNANSWERED = "etcd did not answer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -786,8 +787,15 @@ async def shrink_then_forget(
     `coordinator.shrink_isr` is a txn that checks this node still leads at
     `leader.leadership`;
     only after it succeeded does `confirmed_offset` go on without `node` (invariant 2). A
-    NOT_LEADER answer deposes the leader: it confirms nothing more."""
-    result = await coordinator.shrink_isr(leader.vhost, leader.leadership, node)
+    NOT_LEADER answer deposes the leader: it confirms nothing more. If etcd does not answer,
+    the follower stays in the set (what waits for it keeps waiting) and is reported again at
+    the leader's next lag check: a shrink that failed once is not forgotten."""
+    try:
+        result = await coordinator.shrink_isr(leader.vhost, leader.leadership, node)
+    except EtcdError as exc:
+        log.warning("vhost %r: %s could not leave the in-sync set yet: %s", leader.vhost, node, exc)
+        leader.report_again(node)
+        return IsrChange.UNANSWERED
     if result is IsrChange.DONE:
         leader.remove_from_isr(node)
     else:

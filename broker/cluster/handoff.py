@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.errors import NOT_ALLOWED
 
-from ..connection import Connection
+from ..amqp.connection import Connection
 from ..errors import connection_error
 from ..replog import wire
 

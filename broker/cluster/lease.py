@@ -18,7 +18,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
-from ..tasks import cancel_and_wait
+from ..ops.tasks import cancel_and_wait
 from .etcd import EtcdClient, EtcdError
 
 log = logging.getLogger("roarmq.cluster")

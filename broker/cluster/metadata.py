@@ -45,8 +45,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from ..definitions_json import limit_value, tags_of
-from ..definitions_json import vhost_metadata as metadata_of
+from ..core.definitions_json import limit_value, tags_of
+from ..core.definitions_json import vhost_metadata as metadata_of
 from ..errors import MetadataUnavailable
 from .cache import PrefixCache
 from .etcd import EtcdClient, EtcdError, compare, delete_op, put_op
@@ -372,7 +372,7 @@ class OperatorMetadata:
         return puts + deletes
 
     def _set_policy(self, vhost: str, name: str, row: dict[str, Any], operator: bool) -> None:
-        from ..policy import PolicyError
+        from ..core.policy import PolicyError
 
         try:
             self.broker.set_policy(vhost, name, row, operator)
@@ -471,7 +471,7 @@ class OperatorMetadata:
         self, vhost: str, name: str, body: dict[str, Any], operator: bool = False
     ) -> bool:
         """Validated here (PolicyError, as the Broker's); True if new."""
-        from ..policy import make_policy
+        from ..core.policy import make_policy
 
         policy = make_policy(vhost, name, body, operator)
         if not self.has_vhost(vhost):
@@ -550,8 +550,8 @@ class OperatorMetadata:
         topic permissions and policies into etcd (validated first, written in as few txns
         as fit). Its exchanges, queues and bindings are each vhost's leader's: the
         management API sends them there (`import_at_the_leaders`)."""
-        from ..auth import hash_password
-        from ..policy import make_policy
+        from ..core.auth import hash_password
+        from ..core.policy import make_policy
 
         m = self.meta
         ops: list[dict] = []

@@ -40,7 +40,7 @@ from urllib.parse import unquote
 
 from ..config import ClusterConfig, majority
 from ..errors import StartupError
-from ..tasks import cancel_and_wait
+from ..ops.tasks import cancel_and_wait
 from .coordination import Coordinator, IsrChange, NodeNameTaken, shrink_then_forget
 from .etcd import EtcdClient, EtcdError, compare, put_op
 from .handoff import Handoffs
@@ -50,8 +50,8 @@ from .vhost_replicas import VhostReplicas
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..connection import Connection
-    from ..queue import Queue
+    from ..amqp.connection import Connection
+    from ..core.queue import Queue
     from ..server import Broker
 
 log = logging.getLogger("roarmq.cluster")

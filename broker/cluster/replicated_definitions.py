@@ -23,8 +23,8 @@ from roarmq.protocol.tables import decode_table, encode_table
 from ..store.record_tags import DEFINITIONS_TAG
 
 if TYPE_CHECKING:
+    from ..core.vhost import VirtualHost
     from ..server import Broker
-    from ..vhost import VirtualHost
 
 log = logging.getLogger("roarmq.cluster")
 
@@ -65,7 +65,7 @@ def snapshot(vhost: VirtualHost) -> dict[str, Any]:
         for q in vhost.queues.values()
         if q.store_id is not None
     ]
-    from ..queue import Queue
+    from ..core.queue import Queue
 
     bindings = []
     for x in vhost.exchanges.values():
@@ -106,8 +106,8 @@ def apply(broker: Broker, vhost: VirtualHost, definitions: dict[str, Any]) -> di
     exchanges it does not hold. Nothing is written to the local
     SQLite store: a clustered vhost's definitions live in its log.
     """
-    from ..exchange import Exchange
-    from ..stream import queue_class
+    from ..core.exchange import Exchange
+    from ..core.stream import queue_class
 
     persistence = broker.persistence
     persistence.restoring = True

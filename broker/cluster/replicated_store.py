@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.stream import DEFAULT_SEGMENT_SIZE, record_offset
 from ..replog.records import SegmentRecordStore, checkpoint_record, epoch_record
 from ..store.messages import MessageStore, Relocate, encode_mark
 from ..store.record_tags import (
@@ -65,13 +66,12 @@ from ..store.record_tags import (
     STREAM_TAG,
 )
 from ..store.segments import Location, LogFailed, RecoveryReport, SegmentLog
-from ..stream import DEFAULT_SEGMENT_SIZE, record_offset
 from . import replicated_definitions as definitions
 
 if TYPE_CHECKING:
-    from ..connection import Connection
+    from ..amqp.connection import Connection
+    from ..core.stream import Stream
     from ..replog.replication import ReplicationLeader
-    from ..stream import Stream
 
 log = logging.getLogger("roarmq.cluster")
 

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..cluster_hooks import NOT_REPLICATED
 from ..config import majority
+from ..core.stream import Stream
 from ..replog import wire
 from ..replog.records import SegmentRecordStore
 from ..replog.replication import LOST_CONNECTION, ReplicationFollower, ReplicationLeader
 from ..store.segments import make_dirs_durably
-from ..stream import Stream
 from . import replicated_definitions as definitions
 from .coordination import attach_coordinator, encode
 from .etcd import EtcdError
@@ -44,7 +44,7 @@ from .handoff import HANDOFF
 from .replicated_store import ReplicatedVhostStore, rebuild_from_log
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    from ..core.queue import Queue
     from .node import ClusterNode
 
 log = logging.getLogger("roarmq.cluster")

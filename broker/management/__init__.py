@@ -8,14 +8,14 @@ path nothing but an increment.
   and the refusals in RabbitMQ's shapes.
 - `rows.py`: the JSON rows of exchanges, queues, bindings, messages, vhosts, connections,
   channels and consumers.
-- `definitions.py`: /api/definitions (the document: broker/definitions_json.py).
+- `definitions.py`: /api/definitions (the document: broker/core/definitions_json.py).
 - `objects.py`: exchanges, queues, bindings; publish, get, purge, route explain.
 - `access.py`: vhosts, users, permissions, topic permissions, limits, policies.
 - `clients.py`: connections, channels, consumers.
 - `node.py`: overview, nodes, health checks, aliveness, parameters, /metrics.
 """
 
-from ..definitions_json import (
+from ..core.definitions_json import (
     RABBITMQ_API_VERSION,
     export_definitions,
     import_definitions,

@@ -7,8 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..auth import hash_password
-from ..definitions_json import (
+from ..core.auth import hash_password
+from ..core.definitions_json import (
     DefinitionError,
     limit_rows,
     limit_value,
@@ -17,8 +17,8 @@ from ..definitions_json import (
     user_rows,
     vhost_metadata,
 )
-from ..policy import PolicyError
-from ..trace import set_tracing
+from ..core.policy import PolicyError
+from ..core.trace import set_tracing
 from .context import (
     USER,
     bad_request,

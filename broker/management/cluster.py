@@ -39,8 +39,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ..api_query import QUERY_KEYS, shape
-from ..definitions_json import import_definitions
+from ..core.definitions_json import import_definitions
+from .api_query import QUERY_KEYS, shape
 from .context import USER, bad_request, broker_of, read_json
 
 #: Marks a request from another node: answer with this node's own rows, ask nobody.

@@ -2,7 +2,7 @@
 arguments its forms offer, and moving a queue's messages to another queue.
 
 - GET /api/queue-arguments: the queue x-arguments and policy keys from
-  broker/queue_arguments.py's table (nothing listed twice), the exchange arguments and
+  broker/core/queue_arguments.py's table (nothing listed twice), the exchange arguments and
   policy keys, and the queue types — what the "Add a new queue/exchange" and policy forms
   offer, with the value each takes.
 - POST /api/queues/{vhost}/{name}/move {"destination": queue, "count": N}: RabbitMQ's UI
@@ -20,10 +20,10 @@ from typing import Any
 
 from aiohttp import web
 
-from ..message import Message
-from ..policy import EXCHANGE_KEYS
-from ..queue_arguments import ARGUMENTS, DEFAULT_QUEUE_TYPE, QUEUE_TYPES, Bool, Int, OneOf
-from ..queue_arguments import QueueTypeCheck as _QueueTypeCheck
+from ..core.message import Message
+from ..core.policy import EXCHANGE_KEYS
+from ..core.queue_arguments import ARGUMENTS, DEFAULT_QUEUE_TYPE, QUEUE_TYPES, Bool, Int, OneOf
+from ..core.queue_arguments import QueueTypeCheck as _QueueTypeCheck
 from ..routing import EXCHANGE_TYPES, TOPIC_SYNTAX_ARGUMENT
 from .context import bad_request, broker_of, not_found, read_json, vhosts_of
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from ..rates import RateSampler
     from ..server import Broker
+    from .rates import RateSampler
     from .server import ManagementServer
 
 #: The ManagementServer an app belongs to: the broker, the rate sampler and the metrics

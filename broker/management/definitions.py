@@ -1,5 +1,5 @@
 """/api/definitions: export, a vhost's export, and import (the document itself is
-broker/definitions_json.py's)."""
+broker/core/definitions_json.py's)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from aiohttp import web
 from roarmq.protocol.errors import ProtocolError
 
 from ..cluster_hooks import OBJECT_KEYS
-from ..definitions_json import (
+from ..core.definitions_json import (
     VHOST_KEYS,
     DefinitionError,
     export_definitions,

@@ -1,6 +1,6 @@
 """RabbitMQ's range parameters: `lengths_age`/`lengths_incr` and `msg_rates_age`/
 `msg_rates_incr` on GET /api/overview, /api/queues/{vhost}/{name} and
-/api/exchanges/{vhost}/{name}, answered from the rate sampler's history (broker/rates.py).
+/api/exchanges/{vhost}/{name}, answered from the rate sampler's history (broker/management/rates.py).
 
 With `X_age=A&X_incr=I` (seconds), each `*_details` object the range covers gains, as in
 RabbitMQ 3.10 (rabbit_mgmt_stats:format_range), `samples` — the counter's (or the queue
@@ -24,8 +24,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..rates import DEPTH_FIELDS
 from .context import bad_request, broker_of, rates_of
+from .rates import DEPTH_FIELDS
 
 #: The range families this broker keeps (RabbitMQ also has data_rates and node_stats).
 PREFIXES = ("lengths", "msg_rates")

@@ -16,12 +16,12 @@ from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
 
 from .. import __version__
-from ..definitions_json import RABBITMQ_API_VERSION, export_definitions
-from ..message import Message
-from ..metrics import churn_counts, global_counts
+from ..core.definitions_json import RABBITMQ_API_VERSION, export_definitions
+from ..core.message import Message
+from ..ops.stalls import GC_WATCH
 from ..routing import EXCHANGE_TYPES
-from ..stalls import GC_WATCH
 from .context import SERVER, bad_request, broker_of, not_found, rates_of, sees_vhost, vhosts_of
+from .metrics import churn_counts, global_counts
 
 
 def _exchange_types() -> list[dict[str, Any]]:

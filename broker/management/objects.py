@@ -13,12 +13,12 @@ from roarmq.protocol.errors import ProtocolError
 from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
 
-from ..api_query import paged_objects, paged_stream
-from ..erlang import ApiArguments
-from ..exchange import Exchange
-from ..explain import explain
-from ..message import Message
+from ..core.erlang import ApiArguments
+from ..core.exchange import Exchange
+from ..core.message import Message
+from .api_query import paged_objects, paged_stream
 from .context import bad_request, broker_of, not_found, rates_of, read_json, vhosts_of
+from .explain import explain
 from .rows import (
     binding_row,
     exchange_row,
@@ -33,7 +33,7 @@ def _name(obj: Any) -> str:
     return obj.name
 
 
-#: Fields a paged list can sort on without building every row (broker/api_query.py).
+#: Fields a paged list can sort on without building every row (broker/management/api_query.py).
 QUEUE_SORT_KEYS = {
     "name": _name,
     "vhost": lambda q: q.vhost.name,

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.properties import BasicProperties
 
-from ..definitions_json import json_safe
-from ..erlang import args_hash as arguments_hash
-from ..exchange import Exchange
-from ..metrics import CHANNEL_STATS, channel_stats, queue_counts, vhost_counts
-from ..tls import PLAIN_REPORT
+from ..amqp.tls import PLAIN_REPORT
+from ..core.definitions_json import json_safe
+from ..core.erlang import args_hash as arguments_hash
+from ..core.exchange import Exchange
+from .metrics import CHANNEL_STATS, channel_stats, queue_counts, vhost_counts
 
 if TYPE_CHECKING:
-    from ..rates import RateSampler
     from ..server import Broker
+    from .rates import RateSampler
 
 
 def stats(rates: RateSampler | None, key: Any, counts: dict[str, int]) -> dict[str, Any]:

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from ..api_query import list_query
+from ..amqp.tls import server_context
 from ..errors import MetadataUnavailable
-from ..metrics import RabbitCollector, RoarCollector
-from ..rates import RateSampler
 from ..store.definitions import DefinitionsWriteFailed
-from ..tls import server_context
 from . import access, clients, cluster, console, definitions, history, node, objects
+from .api_query import list_query
 from .context import SERVER, USER, broker_of, not_authorised, not_found
+from .metrics import RabbitCollector, RoarCollector
+from .rates import RateSampler
 
 if TYPE_CHECKING:
     from ..server import Broker
@@ -97,7 +97,7 @@ def _route(request: web.Request) -> str:
 @web.middleware
 async def _timed(request: web.Request, handler: Any) -> web.StreamResponse:
     """With the loop-lag probe on, each request is a job of the stall attribution
-    (broker/stalls.py); its time includes what it awaited, not only its time on the loop."""
+    (broker/ops/stalls.py); its time includes what it awaited, not only its time on the loop."""
     jobs = broker_of(request).clock.jobs
     if jobs is None:
         return await handler(request)

@@ -53,8 +53,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from ..ops.tasks import cancel_and_wait
 from ..store.segments import LogFailed
-from ..tasks import cancel_and_wait
 from . import wire
 from .records import RecordStore, agreed_offset
 
@@ -406,6 +406,12 @@ class ReplicationLeader:
             follower.lag_reported = True
             log.warning("vhost %r: follower %s %s", self.vhost, node, why)
             _run_all(self.on_lagging, node)
+
+    def report_again(self, node: str) -> None:
+        """The owner could not act on `node`'s report (etcd did not answer): report it
+        again at the next lag check if it is still lagging, silent or gone."""
+        if node in self.in_sync:
+            self._follower(node).lag_reported = False
 
     def report_lagging(self, node: str) -> None:
         """Take `node` out of the in-sync set through the owner now (`on_lagging`), without

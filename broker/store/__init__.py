@@ -1,2 +1,3 @@
-"""Durable storage for RoarMQ messages.
-`segments.SegmentLog` is the lowest layer: an append-only, CRC-checked segment log."""
+"""Durable storage: the segment log (the lowest layer: append-only, CRC-checked), persistent
+messages over it, definitions in SQLite, the record tags. It may import ops and the message
+class it rebuilds (tests/test_layers.py)."""

@@ -99,7 +99,7 @@ class ExchangeDef:
     @property
     def alternate(self) -> str | None:
         value = self.arguments.get("alternate-exchange")
-        return value if isinstance(value, str) else None  # as broker/exchange.py reads it
+        return value if isinstance(value, str) else None  # as broker/core/exchange.py reads it
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,7 @@ class DefinitionStore:
         self._db: sqlite3.Connection | None = None
         self._depth = 0  # writing() blocks open: the outermost one commits
         #: The broker's JobTimes while its loop-lag probe is on: each write is a job of the
-        #: stall attribution (broker/stalls.py), commit and WAL checkpoint included.
+        #: stall attribution (broker/ops/stalls.py), commit and WAL checkpoint included.
         self.jobs: Any = None
         self._db = self._connect()
 

@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from roarmq.protocol.frames import ContentHeader
 
 from ..errors import StartupError
-from ..logs import NOTICE
+from ..ops.logs import NOTICE
 from .record_tags import ACK_TAG, DELIVERED_TAG, PUBLISH_TAG
 from .segments import Location, LogFailed, RecoveryReport, SegmentLog
 
 if TYPE_CHECKING:
-    from ..channel import Channel
-    from ..message import Message
-    from ..queue import Queue
-    from ..stalls import JobTimes
+    from ..amqp.channel import Channel
+    from ..core.message import Message
+    from ..core.queue import Queue
+    from ..ops.stalls import JobTimes
 
 log = logging.getLogger("roarmq.store")
 
@@ -138,7 +138,7 @@ class _Block:
 class MessageIndex:
     """Where each stored message's publish record is, and how many durable queues hold it.
 
-    Why arrays: queues keep their stored messages as bare msg_ids (broker/ready.py), so
+    Why arrays: queues keep their stored messages as bare msg_ids (broker/core/ready.py), so
     this index is the only per-message state of a persistent message at rest. Parallel
     arrays in blocks of 4,096 ids cost 16 bytes a message, where a dict of Location
     objects cost ~200. Ids are handed out in publish order and mostly settled in it, so
@@ -508,7 +508,7 @@ class MessageStore:
         self._synced_upto = 0  # the last token `records_durable` was told of
         self._ack_timer: Any = None  # ACK_SYNC_DELAY's timer, while one is set
         #: The broker's JobTimes while its loop-lag probe is on: the loop callbacks below
-        #: run through it, so a stall can name them (broker/stalls.py).
+        #: run through it, so a stall can name them (broker/ops/stalls.py).
         self.jobs: JobTimes | None = None
         self.failed: BaseException | None = None
         self.failures = 0  # times the log failed
@@ -590,7 +590,7 @@ class MessageStore:
         The body comes along when it is at most `body_max` bytes; a bigger one stays on
         disk until it is delivered (see `body`). Raises KeyError or CorruptRecord.
         """
-        from ..message import Message
+        from ..core.message import Message
 
         payload = self.log.read(self.index.location(msg_id))
         _, _, exchange, routing_key, raw, body = decode_publish(payload)
@@ -795,7 +795,7 @@ class MessageStore:
         msg_id: int, payload: Any, at: int, hlen: int, replayed: _Replayed
     ) -> int:
         """Priority (returned) and per-message TTL (noted) of a record that has either."""
-        from ..message import parse_expiration
+        from ..core.message import parse_expiration
 
         props = ContentHeader(60, 0, bytes(payload[at : at + hlen])).properties
         if props.expiration is not None:

@@ -13,7 +13,7 @@ A data dir that `ephemeral_config` made up (no `data_dir` given) is removed when
 using it stops.
 
 TLS: `ephemeral_config(amqp={"tls": AmqpTlsConfig(enabled=True, port=0, certfile=...,
-keyfile=...)})`, then `broker.tls_port` / `broker.amqps_url` (tests/broker/test_tls.py makes
+keyfile=...)})`, then `broker.tls_port` / `broker.amqps_url` (tests/amqp/test_tls.py makes
 its certificates with trustme).
 """
 
@@ -32,8 +32,8 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from ..clock import Clock
 from ..config import Config
+from ..ops.clock import Clock
 from ..server import Broker
 
 T = TypeVar("T")

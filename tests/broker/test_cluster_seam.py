@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import aio_pika
-from rawclient import RawClient
+from support.rawclient import RawClient
 
 from roarmq.broker.cluster.node import ClusterNode
 from roarmq.broker.cluster.replicated_store import ReplicatedVhostStore

@@ -17,7 +17,7 @@ from clusterlib import api_call
 from support.cluster_nodes import TTL, Node, placement, three_nodes
 from support.waiting import until
 
-from roarmq.broker import ctl
+from roarmq.broker.cli import ctl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

@@ -11,7 +11,7 @@ import sys
 
 import pika
 import pytest
-from conftest import etcd_binary_or_skip
+from support.etcd import etcd_binary_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -19,7 +19,7 @@ from clusterlib import api_call
 from support.cluster_nodes import Node, connect_with, placement, three_nodes
 from support.waiting import until
 
-from roarmq.broker import ctl
+from roarmq.broker.cli import ctl
 from roarmq.broker.cluster.etcd import EtcdClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]

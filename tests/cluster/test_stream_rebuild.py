@@ -15,9 +15,9 @@ from roarmq.broker.cluster.replicated_store import (
     STREAM_TAG,
     rebuild_from_log,
 )
+from roarmq.broker.core.stream import _RECORD, record_offset
 from roarmq.broker.replog.records import SegmentRecordStore
 from roarmq.broker.store.segments import SegmentLog
-from roarmq.broker.stream import _RECORD, record_offset
 
 
 def stored(off: int) -> bytes:

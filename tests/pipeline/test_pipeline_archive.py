@@ -21,9 +21,9 @@ from roarmq.broker.archive import (
     partitions,
     read_journal,
 )
-from roarmq.broker.clock import VirtualClock
 from roarmq.broker.config import ArchiveConfig
-from roarmq.broker.message import Message
+from roarmq.broker.core.message import Message
+from roarmq.broker.ops.clock import VirtualClock
 from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
 from roarmq.protocol.tables import decode_table_typed, encode_table

@@ -13,7 +13,7 @@ import pytest
 
 from roarmq.broker.archive import Archive
 from roarmq.broker.config import ArchiveConfig
-from roarmq.broker.message import Message
+from roarmq.broker.core.message import Message
 from roarmq.pipeline.cli import main
 from roarmq.pipeline.reader import check_file, scan_archive
 from roarmq.protocol.frames import ContentHeader

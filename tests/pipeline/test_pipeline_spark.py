@@ -19,8 +19,8 @@ import pytest
 from machine import missing
 from support.waiting import free_port
 
-from roarmq.broker.clock import VirtualClock
 from roarmq.broker.management import export_definitions
+from roarmq.broker.ops.clock import VirtualClock
 from roarmq.broker.testing import ephemeral_config, running_broker
 from roarmq.pipeline.cli import main
 

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from roarmq.broker.archive import Archive
-from roarmq.broker.clock import VirtualClock
 from roarmq.broker.config import ArchiveConfig
-from roarmq.broker.message import Message
+from roarmq.broker.core.message import Message
+from roarmq.broker.ops.clock import VirtualClock
 from roarmq.pipeline import jobs
 from roarmq.pipeline.definitions import parse_definitions
 from roarmq.pipeline.reader import ArchiveScan, scan_archive

@@ -115,9 +115,9 @@ def test_the_compiled_modules_run_together_or_not_at_all(tmp_path: Path) -> None
             "ROARMQ_EXPECT_COMPILED",
         )
     tree = _copy_checkout(tmp_path)
-    built = roarmq._built(str(tree / "broker" / "queue.py"))
+    built = roarmq._built(str(tree / "broker" / "core" / "queue.py"))
     later = os.stat(built).st_mtime + 10
-    os.utime(tree / "broker" / "queue.pxd", (later, later))
+    os.utime(tree / "broker" / "core" / "queue.pxd", (later, later))
     code = (
         "import importlib, roarmq\n"
         "for name in roarmq.COMPILED: print(importlib.import_module(name).__file__)"
@@ -159,7 +159,7 @@ def test_messages_in_flight_are_out_of_the_collectors_sight() -> None:
     collection does not scan every message in flight again. They still read and free as ever."""
     import gc
 
-    from roarmq.broker.message import Message
+    from roarmq.broker.core.message import Message
     from roarmq.protocol import spec
     from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, encode_content
     from roarmq.protocol.properties import BasicProperties

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roarmq.broker import message
+from roarmq.broker.core import message
 from roarmq.protocol import properties, spec
 
 

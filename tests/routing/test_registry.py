@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from roarmq.broker import exchange
+from roarmq.broker.core import exchange
 from roarmq.broker.management.node import _exchange_types
 from roarmq.broker.routing import (
     EXCHANGE_TYPES,

@@ -18,12 +18,12 @@ from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
-from faultlib import PERSISTENT, BrokerProcess, connect, inject, small_tmpfs, wait_for
+from support.faultlib import PERSISTENT, BrokerProcess, connect, inject, small_tmpfs, wait_for
 
 import roarmq.broker.archive as archive_module
 from roarmq.broker.archive import Archive, _Faults, live_files, partitions, pending_journals
 from roarmq.broker.config import ArchiveConfig
-from roarmq.broker.message import Message
+from roarmq.broker.core.message import Message
 from roarmq.pipeline.reader import scan_archive
 from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties

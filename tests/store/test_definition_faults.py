@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pika
 import pytest
-from faultlib import PERSISTENT, BrokerProcess, connect, drain, inject, wait_for
+from support.faultlib import PERSISTENT, BrokerProcess, connect, drain, inject, wait_for
 
 from roarmq.broker.store.definitions import DefinitionStore, DefinitionsWriteFailed
 

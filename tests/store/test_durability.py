@@ -12,7 +12,7 @@ import time
 
 import pika
 import pytest
-from faultlib import PERSISTENT, BrokerProcess, connect, drain, wait_for
+from support.faultlib import PERSISTENT, BrokerProcess, connect, drain, wait_for
 from support.waiting import free_port
 
 from roarmq.broker.store.segments import SegmentLog

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from faultlib import PERSISTENT, BrokerProcess, connect, drain
+from support.faultlib import PERSISTENT, BrokerProcess, connect, drain
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pika
 import pytest
-from faultlib import PERSISTENT, BrokerProcess, connect, drain, inject, small_tmpfs, wait_for
+from support.faultlib import (
+    PERSISTENT,
+    BrokerProcess,
+    connect,
+    drain,
+    inject,
+    small_tmpfs,
+    wait_for,
+)
 
 # slow (injected disk faults): `make check` leaves it out
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""Persistent messages of durable queues at rest are bare store ids (broker/ready.py, _STORED).
+"""Persistent messages of durable queues at rest are bare store ids (broker/core/ready.py, _STORED).
 
 Past the queue's head, a durable queue keeps only the msg_id of each persistent message;
 key, header and body come back from the segment log when the message is unpacked. These
@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from roarmq.broker.ready import HEAD_MAX
+from roarmq.broker.core.ready import HEAD_MAX
 from roarmq.broker.store.messages import BLOCK_BITS, MessageIndex
 from roarmq.broker.store.segments import Location
 from roarmq.broker.testing import BrokerThread, ephemeral_config

@@ -8,7 +8,7 @@ import aio_pika
 import pytest
 from aio_pika import ExchangeType
 
-from roarmq.broker.persistence import Persistence
+from roarmq.broker.core.persistence import Persistence
 from roarmq.broker.store import definitions
 from roarmq.broker.store.definitions import BindingDef, DefinitionStore
 from roarmq.broker.testing import ephemeral_config, running_broker

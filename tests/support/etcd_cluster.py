@@ -21,27 +21,19 @@ The binary is `.tools/etcd` (`make tools` extracts it from Debian's etcd-server,
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from .etcd import etcd_binary
 from .netns import Network
 from .process import ControlledProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_PORT = 2379
 PEER_PORT = 2380
-
-
-def etcd_binary() -> str | None:
-    """`.tools/etcd`, else `etcd` on PATH, else None."""
-    tool = ROOT / ".tools" / "etcd"
-    if tool.exists():
-        return str(tool)
-    return shutil.which("etcd")
 
 
 class EtcdMember(ControlledProcess):

@@ -1,0 +1,448 @@
+"""Event-loop stalls: the probe that sees them, and what the loop was doing meanwhile.
+
+`LoopLag` (on with `[diagnostics] loop_lag_probe_ms`) is a timer due every `interval`: how
+late it runs is how long the loop was held (`roarmq_event_loop_lag_max_seconds`). A stall of
+`[diagnostics] stall_threshold_ms` or more is kept in a bounded ring (GET
+/api/diagnostics/stalls) and logged once (at most one line per `LOG_EVERY` seconds), with
+what overlapped it:
+
+- the cyclic garbage collector's passes (`GcWatch`, on `gc.callbacks`, always on: it also
+  feeds the `roarmq_gc_*` metric families): generation, pause, objects collected;
+- the broker's periodic jobs that ran long (`JobTimes.run`, the one wrapper every timer and
+  slice of background work goes through while the probe is on: `Clock` wraps its timers
+  and `call_soon`s, the message store its writer thread's callbacks, the management API
+  its requests);
+- the loop thread's CPU time and run-queue wait over the window (Linux's
+  /proc/thread-self/schedstat) and the process's other threads' CPU time, which tell code
+  that ran (on CPU) from a loop that was not running at all: runnable but its core taken by
+  another process, waiting for the GIL, or blocked (a system call; in a VM, the hypervisor).
+
+`Stall.explain` is the one rule that turns those into a cause. Nothing here runs per
+message: a tick is a clock read, two CPU clock reads and a 40-byte pread (3.7 us against the
+bare timer's 0.3, so 0.4% of a core more at 1 ms), a collection or a job run two clock
+reads and a few additions.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .logs import NOTICE
+
+log = logging.getLogger("roarmq.stalls")
+
+#: The clock of every window and pause here (CLOCK_MONOTONIC, sub-microsecond).
+now = time.perf_counter
+
+#: Stalls kept for GET /api/diagnostics/stalls (the oldest dropped first).
+STALL_RING = 128
+#: At most one log line per this many seconds; the next one counts the stalls not logged.
+LOG_EVERY = 10.0
+#: A job run at least this long is kept for attribution (shorter ones are only counted).
+JOB_FLOOR = 0.001
+#: Collections and long job runs remembered for attribution (a stall's window is recent).
+RECENT = 256
+#: Upper bounds (seconds) of the GC pause histogram's buckets (`roarmq_gc_pause_seconds`).
+GC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+#: What can explain a stall (`Stall.explain`), the `kind` label of roarmq_event_loop_stalls.
+STALL_KINDS = ("gc", "job", "run_queue", "gil", "blocked", "on_cpu")
+
+
+def _overlapping(recent: deque[Any], start: float, end: float) -> list[Any]:
+    """The (start, end, ...) entries of `recent` (in the order they ended) that overlap the
+    window from `start` to `end`: read from the newest back to the first that ended before."""
+    found = []
+    for entry in reversed(recent):
+        if entry[1] <= start:
+            break
+        if entry[0] < end:
+            found.append(entry)
+    found.reverse()
+    return found
+
+
+# -- the collector ------------------------------------------------------------------------
+
+
+class GcGeneration:
+    """One generation's collections since the watch was installed."""
+
+    __slots__ = ("collections", "seconds", "longest", "collected", "uncollectable", "buckets")
+
+    def __init__(self) -> None:
+        self.collections = 0
+        self.seconds = 0.0
+        self.longest = 0.0
+        self.collected = 0
+        self.uncollectable = 0
+        self.buckets = [0] * (len(GC_BUCKETS) + 1)  # the last: longer than every bound
+
+
+class GcWatch:
+    """Every pass of this process's cyclic garbage collector, timed (`gc.callbacks`).
+
+    Process-wide, as the collector is: installed by the first broker to start and removed
+    when the last one stops (an in-process broker leaves its host's `gc.callbacks` as it
+    found them); its counts go on from where they were. A few additions per pass.
+    """
+
+    def __init__(self) -> None:
+        self.generations = [GcGeneration() for _ in range(3)]
+        #: (start, end, generation, collected), in the order they ended.
+        self.recent: deque[tuple[float, float, int, int]] = deque(maxlen=RECENT)
+        self._started = 0.0
+        self._users = 0
+
+    def install(self) -> None:
+        """A broker starts: watch from now on (the first one installs the callback)."""
+        self._users += 1
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        """A broker stops: the last one removes the callback."""
+        self._users = max(self._users - 1, 0)
+        if not self._users and self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = now()
+            return
+        end = now()
+        start = self._started
+        pause = end - start
+        generation = info["generation"]
+        g = self.generations[generation]
+        g.collections += 1
+        g.seconds += pause
+        if pause > g.longest:
+            g.longest = pause
+        g.collected += info["collected"]
+        g.uncollectable += info["uncollectable"]
+        g.buckets[bisect_left(GC_BUCKETS, pause)] += 1
+        self.recent.append((start, end, generation, info["collected"]))
+
+    def overlapping(self, start: float, end: float) -> list[tuple[float, float, int, int]]:
+        """The passes that ran, at least in part, between `start` and `end`."""
+        return _overlapping(self.recent, start, end)
+
+
+#: The process's one watch.
+GC_WATCH = GcWatch()
+
+
+# -- periodic jobs --------------------------------------------------------------------------
+
+#: What a job is called in the stall ring, by its callback's qualified name (others go by that
+#: name: a renamed method only loses its label).
+JOB_LABELS = {
+    "Queue._on_expiry_timer": "message TTL expiry",
+    "Queue._on_idle": "queue x-expires",
+    "Channel._check_timeouts": "consumer-timeout sweep",
+    "RateSampler._tick": "management sampler",
+    "RateSampler._tick.<locals>.step": "management sampler",
+    "VirtualHost._sweep": "binding sweep",
+    "Persistence._unbind_more": "stored-binding sweep",
+    "Broker._compact": "message store compaction",
+    "MessageStore.records_durable": "message store: fsync done, confirms sent",
+    "MessageStore._ack_sync_due": "message store: ack sync",
+    "SegmentDurability._segment_deleted": "message store: segment deleted",
+    "Connection._heartbeat_tick": "heartbeats",
+}
+
+
+def job_name(callback: Callable[..., Any]) -> str:
+    name = getattr(callback, "__qualname__", None) or type(callback).__qualname__
+    return JOB_LABELS.get(name, name)
+
+
+class JobTimes:
+    """How long the broker's jobs run: per job its runs, total and longest, and the runs of
+    at least `floor` seconds with their times, for attribution. `run` is the wrapper."""
+
+    def __init__(self, floor: float = JOB_FLOOR) -> None:
+        self.floor = floor
+        #: (start, end, name) of the long runs, in the order they ended.
+        self.recent: deque[tuple[float, float, str]] = deque(maxlen=RECENT)
+        #: name -> [runs, seconds, longest]
+        self.jobs: dict[str, list[Any]] = {}
+
+    def run(self, callback: Callable[..., Any], *args: Any) -> Any:
+        """Call `callback(*args)` and note how long it took (a loop callback's wrapper)."""
+        start = now()
+        try:
+            return callback(*args)
+        finally:
+            self.note(job_name(callback), start, now())
+
+    def note(self, name: str, start: float, end: float) -> None:
+        took = end - start
+        job = self.jobs.get(name)
+        if job is None:
+            job = self.jobs[name] = [0, 0.0, 0.0]
+        job[0] += 1
+        job[1] += took
+        if took > job[2]:
+            job[2] = took
+        if took >= self.floor:
+            self.recent.append((start, end, name))
+
+    def overlapping(self, start: float, end: float) -> list[tuple[float, float, str]]:
+        """The long runs that ran, at least in part, between `start` and `end`."""
+        return _overlapping(self.recent, start, end)
+
+
+# -- one stall ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Stall:
+    """One stall: how long, when, and what overlapped its window (the time since the tick
+    before: the loop ran, or waited, on something in it that kept the next tick `lag` late)."""
+
+    id: int
+    wall: float  # time.time() when it was seen
+    lag: float  # seconds the tick was late
+    window: float  # seconds since the tick before
+    cpu: float  # the loop thread's CPU seconds in the window
+    run_queue: float | None  # seconds it was runnable but not running (None: not known)
+    others_cpu: float  # the process's other threads' CPU seconds in the window
+    #: per generation that ran: [generation, passes, seconds of them in the window,
+    #: the longest pass's whole pause, objects collected]
+    gc: list[list[Any]] = field(default_factory=list)
+    #: per job that ran at least `JobTimes.floor`: [name, runs, seconds in the window]
+    jobs: list[list[Any]] = field(default_factory=list)
+    kind: str = ""  # one of STALL_KINDS
+    cause: str = ""  # one line for people
+
+    def explain(self) -> None:
+        """Set `kind` and `cause`. GC passes explain it when they cover half the lag (a pass
+        inside a job is the GC's), else one job that does; else, when the loop thread was on
+        CPU for most of the window, code nothing here times; else what kept it off CPU: the
+        run queue (another process had the core), other threads (the GIL), or neither
+        (blocked), whichever covers half of that time."""
+        half = self.lag / 2
+        ms = 1000
+        on = f"loop on CPU {self.cpu * ms:.1f} of {self.window * ms:.1f} ms"
+        if self.run_queue is not None and self.run_queue * ms >= 0.5:
+            on += f", waiting for a core {self.run_queue * ms:.1f} ms"
+        if sum(g[2] for g in self.gc) >= half:
+            self.kind = "gc"
+            passes = ", ".join(
+                f"gen{g}: {n} pass{'es' if n > 1 else ''} {inside * ms:.1f} ms"
+                for g, n, inside, _, _ in sorted(self.gc, key=lambda g: -g[2])
+            )
+            self.cause = f"GC {passes} ({on})"
+            return
+        top = max(self.jobs, key=lambda j: j[2], default=None)
+        if top is not None and top[2] >= half:
+            self.kind, self.cause = "job", f"{top[0]} ran {top[2] * ms:.1f} ms ({on})"
+            return
+        off = self.window - self.cpu
+        if off < half:
+            self.kind = "on_cpu"
+            self.cause = (
+                f"{on}; no GC pass or timed job explains it: AMQP work or an untimed callback"
+            )
+        elif self.run_queue is not None and self.run_queue >= off / 2:
+            self.kind = "run_queue"
+            self.cause = f"another process had the core ({on})"
+        elif self.others_cpu >= off / 2:
+            self.kind = "gil"
+            self.cause = (
+                f"the broker's other threads ran {self.others_cpu * ms:.1f} ms: the GIL ({on})"
+            )
+        else:
+            self.kind = "blocked"
+            self.cause = (
+                f"off CPU {off * ms:.1f} ms, not waiting for a core: blocked in a system call, "
+                f"or the VM's CPU was taken ({on})"
+            )
+
+    def as_json(self) -> dict[str, Any]:
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else round(seconds * 1000, 3)
+
+        return {
+            "id": self.id,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.wall))
+            + f".{int(self.wall * 1000) % 1000:03d}Z",
+            "lag_ms": ms(self.lag),
+            "window_ms": ms(self.window),
+            "cpu_ms": ms(self.cpu),
+            "run_queue_ms": ms(self.run_queue),
+            "other_threads_cpu_ms": ms(self.others_cpu),
+            "gc": [
+                {
+                    "generation": g,
+                    "passes": n,
+                    "ms": ms(inside),
+                    "longest_ms": ms(longest),
+                    "collected": collected,
+                }
+                for g, n, inside, longest, collected in self.gc
+            ],
+            "jobs": [{"name": name, "runs": n, "ms": ms(inside)} for name, n, inside in self.jobs],
+            "kind": self.kind,
+            "cause": self.cause,
+        }
+
+
+# -- the probe ------------------------------------------------------------------------------
+
+
+class ThreadTimes:
+    """The calling thread's CPU time (its CPU clock) and run-queue wait (Linux's
+    /proc/thread-self/schedstat, read with one pread of the file opened once; None
+    elsewhere), cumulative, in seconds. (schedstat's own CPU figure is not brought up to
+    date for a running thread: up to a scheduler tick behind.)"""
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def read(self) -> tuple[float, float | None]:
+        if self._fd is not None:
+            return time.thread_time(), int(os.pread(self._fd, 64, 0).split()[1]) / 1e9
+        return time.thread_time(), None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class LoopLag:
+    """How late the event loop runs a timer due every `interval` seconds: its longest stall,
+    and each stall of `threshold` or more with what the loop was doing (module docstring).
+
+    Off unless `[diagnostics] loop_lag_probe_ms` is set (a 1 ms timer costs about 1% of a
+    core); benchmarks turn it on and read `roarmq_event_loop_lag_max_seconds` and the ring.
+    """
+
+    def __init__(
+        self,
+        loop: Any,
+        interval: float,
+        threshold: float = 0.005,
+        *,
+        jobs: JobTimes | None = None,
+        watch: GcWatch = GC_WATCH,
+        ring: int = STALL_RING,
+    ) -> None:
+        self.loop = loop
+        self.interval = interval
+        self.threshold = threshold
+        self.jobs = jobs
+        self.watch = watch
+        self.max_lag = 0.0  # since the last `take_max`
+        self.stalls: deque[Stall] = deque(maxlen=ring)
+        self.recorded = 0  # stalls of `threshold` or more since start
+        self.by_kind: dict[str, int] = {}
+        self._due = 0.0
+        self._timer: Any = None
+        self._times: ThreadTimes | None = None  # opened on the loop's thread, in start()
+        self._last = 0.0  # the tick before: the start of the next stall's window
+        self._cpu = 0.0
+        self._run_queue: float | None = 0.0
+        self._process_cpu = 0.0
+        self._logged_at = float("-inf")
+        self._unlogged = 0
+
+    def start(self) -> None:
+        self._times = ThreadTimes()
+        at = now()
+        self._mark(at)
+        self._due = at + self.interval
+        self._timer = self.loop.call_later(self.interval, self._tick)
+
+    def _mark(self, at: float) -> None:
+        self._last = at
+        self._cpu, self._run_queue = self._times.read()  # type: ignore[union-attr]
+        self._process_cpu = time.process_time()
+
+    def _tick(self) -> None:
+        at = now()
+        lag = at - self._due
+        if lag > self.max_lag:
+            self.max_lag = lag
+        if lag >= self.threshold:
+            self._stalled(at, lag)
+        self._mark(at)
+        self._due = at + self.interval
+        self._timer = self.loop.call_later(self.interval, self._tick)
+
+    def _stalled(self, at: float, lag: float) -> None:
+        start = self._last
+        cpu, run_queue = self._times.read()  # type: ignore[union-attr]
+        cpu -= self._cpu
+        others = time.process_time() - self._process_cpu - cpu
+        gcs: dict[int, list[Any]] = {}
+        for begun, end, g, collected in self.watch.overlapping(start, at):
+            entry = gcs.setdefault(g, [g, 0, 0.0, 0.0, 0])
+            entry[1] += 1
+            entry[2] += min(end, at) - max(begun, start)
+            entry[3] = max(entry[3], end - begun)
+            entry[4] += collected
+        jobs: dict[str, list[Any]] = {}
+        for begun, end, name in self.jobs.overlapping(start, at) if self.jobs else ():
+            entry = jobs.setdefault(name, [name, 0, 0.0])
+            entry[1] += 1
+            entry[2] += min(end, at) - max(begun, start)
+        self.recorded += 1
+        stall = Stall(
+            id=self.recorded,
+            wall=time.time(),
+            lag=lag,
+            window=at - start,
+            cpu=cpu,
+            run_queue=None if run_queue is None else run_queue - self._run_queue,  # type: ignore[operator]
+            others_cpu=max(0.0, others),
+            gc=sorted(gcs.values()),
+            jobs=list(jobs.values()),
+        )
+        stall.explain()
+        self.stalls.append(stall)
+        self.by_kind[stall.kind] = self.by_kind.get(stall.kind, 0) + 1
+        self._log(stall, at)
+
+    def _log(self, stall: Stall, at: float) -> None:
+        if at - self._logged_at < LOG_EVERY:
+            self._unlogged += 1
+            return
+        log.log(
+            NOTICE,
+            "event loop stalled %.1f ms: %s",
+            stall.lag * 1000,
+            stall.cause,
+            extra={"stall": stall.id, "kind": stall.kind, "not_logged_since": self._unlogged},
+        )
+        self._logged_at = at
+        self._unlogged = 0
+
+    def take_max(self) -> float:
+        """The longest stall since the last call (a scrape)."""
+        lag, self.max_lag = self.max_lag, 0.0
+        return lag
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._times is not None:
+            self._times.close()
+
+
+__all__ = ["GC_WATCH", "STALL_KINDS", "GcWatch", "JobTimes", "LoopLag", "Stall", "job_name"]
