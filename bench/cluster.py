@@ -76,8 +76,8 @@ import harness
 from _machine import machine_info
 from harness import LocalCluster, Procs, machine_busy_s
 
-sys.path.insert(0, str(harness.REPO / "tests" / "cluster"))
-from clusterlib import FaultLoad  # noqa: E402
+sys.path.insert(0, str(harness.REPO / "tests"))
+from support.clusterlib import FaultLoad  # noqa: E402
 
 QUORUM = {"x-queue-type": "quorum"}
 KINDS = {

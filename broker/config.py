@@ -93,6 +93,7 @@ class RoutingConfig:
 class StorageConfig:
     data_dir: str = "./data"
     sync_interval_ms: int = 5
+    ack_sync_delay_ms: int = 10
     segment_size: int = 64 * 1024 * 1024
     queue_memory_limit: int = 64 * 1024 * 1024
     disk_free_limit: int = 50_000_000  # RabbitMQ's default: 50 MB
@@ -597,6 +598,7 @@ def parse_config(data: dict[str, Any]) -> Config:
         {
             "data_dir": _str,
             "sync_interval_ms": lambda k, v: _int(k, v, 0, 10000),
+            "ack_sync_delay_ms": lambda k, v: _int(k, v, 0, 10000),
             "segment_size": lambda k, v: _int(k, v, 1024 * 1024),
             "queue_memory_limit": lambda k, v: _int(k, v, 0),
             "disk_free_limit": _size,

@@ -217,6 +217,7 @@ class Broker:
                 segment_size=storage.segment_size, sync_interval_ms=storage.sync_interval_ms
             ),
             loop=loop,
+            ack_sync_delay=storage.ack_sync_delay_ms / 1000,
         )
         queues = {}
         for vhost in self.vhosts.values():

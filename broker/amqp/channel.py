@@ -308,7 +308,7 @@ class Channel:
         its tag (a sweep's precision: timeouts fire up to two sweep periods late)."""
         clock = self.conn.broker.clock
         self._marks.append((clock.monotonic(), self.delivery_tag))
-        period = min(max(self._shortest_timeout / 4, 0.01), SWEEP_MAX_SECONDS)  # type: ignore[operator]
+        period = min(max(self._shortest_timeout / 4, 0.01), SWEEP_MAX_SECONDS)  # type: ignore[operator]  # called only once a consumer timeout is set
         self._sweep = clock.call_later(period, self._check_timeouts)
 
     def _check_timeouts(self) -> None:
@@ -374,7 +374,7 @@ class Channel:
         store = queue.store if queue is not None else None  # a clustered vhost's, or the node's
         if store is None:
             store = self.conn.broker.store  # (opened by Broker.start)
-            return body if body is not None else store.body(entry.msg)  # type: ignore[union-attr]
+            return body if body is not None else store.body(entry.msg)  # type: ignore[union-attr]  # a stored message: the broker's store is open
         if not entry.marked:
             entry.marked = True
             store.delivered(queue, entry.msg.store_id)  # type: ignore[arg-type]  # stored: has one
@@ -847,8 +847,8 @@ class Channel:
             msg = self._check_properties(msg)
         if msg.flags & FLAG_HEADERS:
             headers = msg.headers
-            if "CC" in headers or "BCC" in headers:  # type: ignore[operator]
-                _check_sender_selected(headers)  # type: ignore[arg-type]
+            if "CC" in headers or "BCC" in headers:  # type: ignore[operator]  # FLAG_HEADERS: the headers are a dict
+                _check_sender_selected(headers)  # type: ignore[arg-type]  # (as above)
         if self.tx is not None:  # (a partial, not a lambda: no closure in a compiled cpdef)
             self.tx.append(partial(self._route, exchange, msg, method.mandatory, self.publish_seq))
             return
@@ -899,7 +899,7 @@ class Channel:
             consumer = self.conn.broker.reply_to.get(msg.routing_key[len(REPLY_TO_PREFIX) :])
             if consumer is not None:
                 if consumer.channel.state is OPEN:
-                    consumer.channel.deliver(consumer, Entry(msg, 0, None))  # type: ignore[arg-type]
+                    consumer.channel.deliver(consumer, Entry(msg, 0, None))  # type: ignore[arg-type]  # a direct reply-to delivery belongs to no queue
                 self._confirmed(seq, True)
                 return
             queues: Any = ()
@@ -1068,7 +1068,7 @@ def _strip_bcc(msg: Message) -> Message:
     """Sender-selected distribution: BCC routes the message but is never delivered."""
     props = copy_properties(msg.properties)
     headers = props.headers  # (it has a BCC header)
-    props.headers = {k: v for k, v in headers.items() if k != "BCC"}  # type: ignore[union-attr]
+    props.headers = {k: v for k, v in headers.items() if k != "BCC"}  # type: ignore[union-attr]  # the caller saw a BCC header
     return msg.with_properties(props)
 
 
@@ -1101,6 +1101,6 @@ _ROWS = {
     **bind_rows({s: CHANNEL_RULES[s] for s in (OPEN, CLOSING)}, Channel, "channel"),
     **bind_rows({CLOSED: CHANNEL_RULES[CLOSED]}, ClosedChannel, "channel"),
 }
-ClosedChannel._row = _ROWS[CLOSED]  # type: ignore[attr-defined]
+ClosedChannel._row = _ROWS[CLOSED]  # type: ignore[attr-defined]  # a native class's row, set once its rows exist
 
 __all__ = ["Channel", "ClosedChannel", "Consumer", "REPLY_SUCCESS"]

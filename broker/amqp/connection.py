@@ -227,7 +227,7 @@ class Connection:
     # -- asyncio.Protocol -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # asyncio hands a BaseTransport; a stream socket's is a Transport
         self.connected_at = int(self.broker.clock.wall() * 1000)
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
@@ -338,7 +338,7 @@ class Connection:
         the socket is not read until it is done, so one client can neither monopolise the
         loop nor make the broker buffer replies it does not read.
         """
-        events, i = self._backlog  # type: ignore[misc]
+        events, i = self._backlog  # type: ignore[misc]  # set whenever this runs (the backlog it drains)
         flow = self.flow
         started = perf_counter()
         handled = 0
@@ -593,7 +593,7 @@ class Connection:
                 )
                 return self._refuse_login(error, m.mechanism)
             if m.mechanism == EXTERNAL:
-                self.user = self.broker.auth.external(tls.login, peer_host)  # type: ignore[union-attr]
+                self.user = self.broker.auth.external(tls.login, peer_host)  # type: ignore[union-attr]  # EXTERNAL is offered only over TLS, where the login is set
             else:
                 self.user = self.broker.auth.authenticate(
                     m.mechanism,

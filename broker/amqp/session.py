@@ -261,7 +261,7 @@ def _bind_entry(entry: Entry, owner: type, kind: str, state: Any) -> Callable[..
         return _drop
     if isinstance(entry, Refuse):
         return _refuser(entry, kind, state)
-    handler = getattr(owner, entry)  # type: ignore[arg-type]
+    handler = getattr(owner, entry)  # type: ignore[arg-type]  # not _drop nor Refuse: a handler's name
     if not callable(handler):
         raise TypeError(f"{owner.__name__}.{entry} is not a handler")
     return handler

@@ -129,7 +129,7 @@ def compare(key: str, target: str, value: int | bytes | str, result: str = "EQUA
         "VALUE": "value",
         "LEASE": "lease",
     }[target]
-    operand = _b64(value) if target == "VALUE" else int(value)  # type: ignore[arg-type]
+    operand = _b64(value) if target == "VALUE" else int(value)  # type: ignore[arg-type]  # a revision or lease target's value is an int
     return {"key": _b64(key), "target": target, "result": result, field: operand}
 
 
@@ -243,7 +243,7 @@ class EtcdClient:
         self,
         compares: list[dict],
         success: list[dict],
-        failure: list[dict] = (),  # type: ignore[assignment]
+        failure: list[dict] = (),  # type: ignore[assignment]  # an empty tuple default, never mutated
     ) -> TxnResult:
         reply = await self.call(
             "/v3/kv/txn", {"compare": compares, "success": success, "failure": list(failure)}

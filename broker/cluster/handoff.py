@@ -523,11 +523,11 @@ class Handoffs:
         transport = writer.transport
         # The bytes the relay sent after the preamble, which the reader has read ahead:
         # asyncio has no public way to take them back.
-        buffered = bytes(reader._buffer)  # type: ignore[attr-defined]
-        reader._buffer.clear()  # type: ignore[attr-defined]
+        buffered = bytes(reader._buffer)  # type: ignore[attr-defined]  # asyncio has no public way to take read-ahead bytes back
+        reader._buffer.clear()  # type: ignore[attr-defined]  # (as above)
         self._writers = {w for w in self._writers if not w.transport.is_closing()}
         self._writers.add(writer)
-        self._adopt(transport, facts, buffered, passed=False)  # type: ignore[arg-type]
+        self._adopt(transport, facts, buffered, passed=False)  # type: ignore[arg-type]  # a stream socket's transport
 
     def _adopt(
         self, transport: asyncio.Transport, facts: dict[str, Any], data: bytes, passed: bool
@@ -578,7 +578,7 @@ class _Held(asyncio.Protocol):
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.pause_reading()  # type: ignore[attr-defined]
+        transport.pause_reading()  # type: ignore[attr-defined]  # a stream socket's transport reads
 
     def data_received(self, data: bytes) -> None:
         self.data += data
@@ -598,8 +598,8 @@ class _Side(asyncio.Protocol):
         self.other: _Side | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)  # type: ignore[attr-defined]
+        self.transport = transport  # type: ignore[assignment]  # a stream socket's transport
+        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)  # type: ignore[attr-defined]  # (as above)
 
     def data_received(self, data: bytes) -> None:
         other = self.other

@@ -595,7 +595,7 @@ class Queue:
         """This queue is done with a stored message: the store may drop its record."""
         self.persistent -= 1
         self.persistent_bytes -= size
-        self.store.settled(self, store_id)  # type: ignore[union-attr]
+        self.store.settled(self, store_id)  # type: ignore[union-attr]  # a stored message's queue has a store
 
     def restore_stored(
         self, msg_id: int, size: int, priority: int, expiration_ms: int | None, redelivered: bool

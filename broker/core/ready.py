@@ -381,7 +381,7 @@ class FifoReady:
                 "stored message %d unreadable, skipped: %s",
                 msg_id,
                 exc,
-                extra={"queue": self._queue.name},  # type: ignore[union-attr]
+                extra={"queue": self._queue.name},  # type: ignore[union-attr]  # a tail that spills belongs to a queue
             )
             return None
 

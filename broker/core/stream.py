@@ -800,7 +800,7 @@ class Stream(Queue):
     def _write_partial(self) -> None:
         """The active segment's partial summary, its records synced (unless the segment
         was completed meanwhile: it has its whole summary then)."""
-        _token, summary = self._partial  # type: ignore[misc]
+        _token, summary = self._partial  # type: ignore[misc]  # called only while a partial summary is kept
         self._partial = None
         if self.segs and self.segs[-1].id == summary["segment"] and not self.deleted:
             self._store_summary(summary)
@@ -947,7 +947,7 @@ class Stream(Queue):
                 if reader.next < self.first_offset:
                     reader.next = self.first_offset
                     reader.seg = -1
-            self.log.schedule_sync()  # type: ignore[union-attr]
+            self.log.schedule_sync()  # type: ignore[union-attr]  # an open stream has its log
 
     def _drop_segment(self, seg: _Segment) -> None:
         """Release a whole segment, reading nothing: the log deletes the file after its next
@@ -990,7 +990,7 @@ class Stream(Queue):
             return self.next_offset
         k = bisect.bisect_left(self._ix_ts, ts_ms) - 1
         start = self._ix_off[k] if k >= 0 else self.first_offset
-        probe = _Reader(None, max(start, self.first_offset))  # type: ignore[arg-type]
+        probe = _Reader(None, max(start, self.first_offset))  # type: ignore[arg-type]  # a probe reads no records: it needs no consumer
         try:
             while probe.next < self.committed:
                 record = self._record(probe)
@@ -1208,7 +1208,7 @@ class Stream(Queue):
     def _fill(self, reader: _Reader, need: int) -> None:
         if reader.fd_seg != reader.seg:
             reader.close()
-            path = os.path.join(self.log.directory, f"{reader.seg:08d}.seg")  # type: ignore[union-attr]
+            path = os.path.join(self.log.directory, f"{reader.seg:08d}.seg")  # type: ignore[union-attr]  # an open stream has its log
             try:
                 reader.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:

@@ -370,7 +370,7 @@ class LoopLag:
 
     def _mark(self, at: float) -> None:
         self._last = at
-        self._cpu, self._run_queue = self._times.read()  # type: ignore[union-attr]
+        self._cpu, self._run_queue = self._times.read()  # type: ignore[union-attr]  # the probe runs only where the times can be read
         self._process_cpu = time.process_time()
 
     def _tick(self) -> None:
@@ -386,7 +386,7 @@ class LoopLag:
 
     def _stalled(self, at: float, lag: float) -> None:
         start = self._last
-        cpu, run_queue = self._times.read()  # type: ignore[union-attr]
+        cpu, run_queue = self._times.read()  # type: ignore[union-attr]  # (as above)
         cpu -= self._cpu
         others = time.process_time() - self._process_cpu - cpu
         gcs: dict[int, list[Any]] = {}
@@ -408,7 +408,7 @@ class LoopLag:
             lag=lag,
             window=at - start,
             cpu=cpu,
-            run_queue=None if run_queue is None else run_queue - self._run_queue,  # type: ignore[operator]
+            run_queue=None if run_queue is None else run_queue - self._run_queue,  # type: ignore[operator]  # both read by the same probe, or neither
             others_cpu=max(0.0, others),
             gc=sorted(gcs.values()),
             jobs=list(jobs.values()),

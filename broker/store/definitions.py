@@ -590,7 +590,7 @@ class DefinitionStore:
                 int(auto_delete),
                 _table(arguments),
             )
-            return int(cur.lastrowid)  # type: ignore[arg-type]
+            return int(cur.lastrowid)  # type: ignore[arg-type]  # an INSERT sets lastrowid
 
     def delete_queue(self, vhost: str, name: str) -> bool:
         """Delete a durable queue and the bindings to it; True if some of them are left to

@@ -59,7 +59,7 @@ _NONE: frozenset[int] = frozenset()
 CLEAN_SHUTDOWN = "clean-shutdown"
 
 #: Seconds an ack (or delivered) record may wait in the log's buffer for a batch someone
-#: else asked for (a publish) before it asks for one itself. Nobody waits for an ack to be
+#: else asked for (a publish) before it asks for one itself (`[storage] ack_sync_delay_ms`). Nobody waits for an ack to be
 #: durable: after a crash before then the message is delivered again, marked redelivered
 #: (RabbitMQ does not fsync acks at all). So it goes out with the next publish's fsync.
 #: Synced at once, each ack took a turn at the disk of its own that the next confirm
@@ -493,8 +493,16 @@ class MessageStore:
     (SegmentLog.resume) and writes those markers; the broker calls it again until it works.
     """
 
-    def __init__(self, directory: str | Path, *, durability: Durability, loop: Any) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        durability: Durability,
+        loop: Any,
+        ack_sync_delay: float = ACK_SYNC_DELAY,
+    ) -> None:
         self.dir = Path(directory)
+        self.ack_sync_delay = ack_sync_delay
         self.loop = loop
         self.clean_start = (self.dir / CLEAN_SHUTDOWN).exists()
         if self.clean_start:
@@ -547,9 +555,9 @@ class MessageStore:
             self.log.schedule_sync()
 
     def _want_sync_soon(self) -> None:
-        """Records nobody waits for: synced with the next batch, at most ACK_SYNC_DELAY on."""
+        """Records nobody waits for: synced with the next batch, at most `ack_sync_delay` on."""
         if not self._sync_requested and self._ack_timer is None:
-            self._ack_timer = self._later(ACK_SYNC_DELAY, self._ack_sync_due)
+            self._ack_timer = self._later(self.ack_sync_delay, self._ack_sync_due)
 
     def _ack_sync_due(self) -> None:
         self._ack_timer = None

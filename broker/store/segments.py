@@ -725,9 +725,9 @@ class SegmentLog:
             if seg is not None:
                 seg.size = start
         for seg in {old, *(self._segments.get(i) for i in starts)} - {None}:
-            seg.state = _SEALED  # type: ignore[union-attr]
-            if not seg.live:  # type: ignore[union-attr]
-                self._doom_locked(seg)  # type: ignore[arg-type]
+            seg.state = _SEALED  # type: ignore[union-attr]  # None was taken out of the set
+            if not seg.live:  # type: ignore[union-attr]  # (as above)
+                self._doom_locked(seg)  # type: ignore[arg-type]  # (as above)
         self._seg = _Segment(old.id + 1, _ACTIVE, self._live_class)
         self._segments[self._seg.id] = self._seg
         self._seg_id, self._live = self._seg.id, self._seg.live

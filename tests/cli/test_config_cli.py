@@ -194,7 +194,7 @@ def test_dockerfile_install_and_check_config_steps(tmp_path, built_wheel):
         timeout=120,
     )
     if shutil.which("cc") and not os.environ.get("ROARMQ_NO_EXTENSIONS"):  # as stage one's gcc
-        built = {p.stem.split(".")[0] for p in target.glob("roarmq/broker/*.so")}
+        built = {p.stem.split(".")[0] for p in target.glob("roarmq/broker/*/*.so")}
         assert {"message", "queue", "channel", "connection", "exchange"} <= built, built
     # RUN sed ... /etc/roarmq/config.toml && python -m broker --check-config ...
     etc = tmp_path / "etc-roarmq"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pika
 import pytest
-from clusterlib import api_call
 from support.cluster_nodes import PERSISTENT, agreed_leader, by_name, connect, three_nodes
+from support.clusterlib import api_call
 from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]

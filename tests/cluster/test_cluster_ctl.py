@@ -13,8 +13,8 @@ import urllib.request
 
 import pika
 import pytest
-from clusterlib import api_call
 from support.cluster_nodes import TTL, Node, placement, three_nodes
+from support.clusterlib import api_call
 from support.waiting import until
 
 from roarmq.broker.cli import ctl

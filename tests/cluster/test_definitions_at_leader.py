@@ -9,7 +9,6 @@ import os
 import signal
 
 import pytest
-from clusterlib import api_call
 from support.cluster_nodes import (
     TTL,
     agreed_leader,
@@ -18,6 +17,7 @@ from support.cluster_nodes import (
     publish_confirmed,
     three_nodes,
 )
+from support.clusterlib import api_call
 from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

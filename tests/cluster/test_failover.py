@@ -19,7 +19,6 @@ import urllib.request
 
 import pika
 import pytest
-from clusterlib import api_call
 from machine import missing
 from support.cluster_nodes import (
     PERSISTENT,
@@ -33,6 +32,7 @@ from support.cluster_nodes import (
     publish_confirmed,
     three_nodes,
 )
+from support.clusterlib import api_call
 from support.waiting import until
 
 from roarmq.broker.store.segments import SegmentLog

@@ -13,8 +13,8 @@ import signal
 import time
 
 import pytest
-from clusterlib import FaultLoad
 from support.cluster_nodes import TTL, Node, placement, three_nodes
+from support.clusterlib import FaultLoad
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

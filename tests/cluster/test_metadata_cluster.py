@@ -15,8 +15,8 @@ import time
 
 import pika
 import pytest
-from clusterlib import api_call
 from support.cluster_nodes import Node, connect_with, placement, three_nodes
+from support.clusterlib import api_call
 from support.waiting import until
 
 from roarmq.broker.cli import ctl

@@ -154,7 +154,12 @@ async def test_a_large_exchange_delete_routes_nothing_more(broker):
 @pytest.mark.slow  # 100,000 bindings, twice: seconds
 @pytest.mark.parametrize("what", ["queue", "durable queue", "exchange", "durable exchange"])
 async def test_deleting_100k_bindings_never_stalls_the_loop(tmp_path, what):
-    """Before the lazy removal this was one turn of 140-260 ms (200+ with the store)."""
+    """Before the lazy removal this was one turn of 140-260 ms (200+ with the store).
+
+    What is bounded is the loop's own holding of its core: a stall's time waiting for a
+    core that another process had (the stall probe's run-queue figure, from the kernel's
+    schedstat) is the machine's, not the broker's (a parallel test run, or a peer broker,
+    once made a 60-ms stall of 48 ms of work)."""
     cfg = ephemeral_config(data_dir=str(tmp_path / "d"), diagnostics={"loop_lag_probe_ms": 1})
     durable = what.startswith("durable")
     async with running_broker(cfg) as b:
@@ -182,7 +187,9 @@ async def test_deleting_100k_bindings_never_stalls_the_loop(tmp_path, what):
         vhost = b.broker.vhosts["/"]
         assert vhost.exchanges["t"].index.cached_keys() == 3000
         await asyncio.sleep(0.05)
-        b.broker.loop_lag.take_max()
+        probe = b.broker.loop_lag
+        probe.take_max()
+        seen = probe.recorded
         if what.endswith("queue"):
             client.send(1, spec.QueueDelete(queue="big"))
             await client.expect(spec.QueueDeleteOk, timeout=30)
@@ -193,9 +200,12 @@ async def test_deleting_100k_bindings_never_stalls_the_loop(tmp_path, what):
         while vhost._sweeping or store._run("SELECT 1 FROM unbound").fetchone():
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.01)
-        stall = b.broker.loop_lag.take_max()
-        print(f"{what}: longest loop stall {stall * 1000:.1f} ms")
-        assert stall < 0.05, f"the event loop stalled {stall * 1000:.0f} ms"
+        longest = probe.take_max()
+        stalls = list(probe.stalls)[-(probe.recorded - seen) :] if probe.recorded > seen else []
+        held = max((st.lag - (st.run_queue or 0.0) for st in stalls), default=0.0)
+        print(f"{what}: longest loop stall {longest * 1000:.1f} ms, {held * 1000:.1f} ms its own")
+        assert probe.recorded - seen <= len(probe.stalls), "the stall ring overflowed"
+        assert held < 0.05, f"the event loop held its core {held * 1000:.0f} ms: {stalls}"
         if what.endswith("queue"):
             assert "big" not in vhost.queues and not vhost.exchanges["t"].index.has_bindings()
         else:

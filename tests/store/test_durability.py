@@ -212,8 +212,10 @@ def _fsyncs(broker: BrokerProcess) -> int:
 def test_an_ack_waits_for_the_next_publish_fsync_not_one_of_its_own(tmp_path):
     """A publisher waiting for each confirm, a consumer acking each message: one fsync a
     message. An ack's own fsync (two a message before) took the next confirm's turn at the
-    disk; now the ack record goes out with the next publish's batch (ACK_SYNC_DELAY)."""
-    broker = BrokerProcess(tmp_path / "data").start()
+    disk; now the ack record goes out with the next publish's batch. The wait for one is
+    made longer than this test's round trips can take on a loaded machine (10 ms by
+    default: a publish that came later let the ack's own timer go first, and counted)."""
+    broker = BrokerProcess(tmp_path / "data", storage="ack_sync_delay_ms = 2000").start()
     try:
         pub = connect(broker.port).channel()
         pub.confirm_delivery()

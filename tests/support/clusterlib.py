@@ -1,4 +1,5 @@
-"""Helpers shared by the cluster tests."""
+"""What the cluster tests and bench/cluster.py share: `FaultLoad` (publishers with confirms and
+consumers across a cluster's nodes while faults run) and `api_call`."""
 
 from __future__ import annotations
 
