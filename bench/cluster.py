@@ -29,8 +29,8 @@ confirmed / seconds (and consumed / seconds). One run each. Everything runs on t
 machine unpinned (brokers, etcd and the pika client share its cores). The rate part measures
 confirm latency (each pika publisher waits for every confirm), not capacity.
 
-Capacity (`capacity`): many confirms in flight. The load generator is bench/cluster_load.go
-built with bench/overload_load.go (Debian's golang-go; standard library only): per queue
+Capacity (`capacity`): many confirms in flight. The load generator is bench/go's capacity
+role (Debian's golang-go; standard library only): per queue
 ``--cap-publishers`` connections, each keeping up to ``--cap-window`` persistent messages
 (16-byte bodies) unconfirmed, written ``batch`` 100 per write, and ``--cap-consumers``
 consumers with manual acks (one basic.ack per delivery) and ``--cap-prefetch``; one
@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -203,29 +202,11 @@ def rate(kind: str, args: Any, procs: Procs, say: Any) -> dict:
 
 # -- capacity (many confirms in flight) and scale-out -------------------------------------
 
-GENERATOR = [
-    harness.REPO / "bench" / "overload_load.go",
-    harness.REPO / "bench" / "cluster_load.go",
-]
 AUTH = "Basic " + base64.b64encode(b"guest:guest").decode()
 
 
 def build_generator(out_dir: Path) -> tuple[Path, str]:
-    """bench/overload_load.go + bench/cluster_load.go (its "capacity" role) -> a binary."""
-    go = shutil.which("go") or "/usr/lib/go/bin/go"
-    if not os.access(go, os.X_OK):
-        raise SystemExit("bench/cluster.py's capacity parts need Go: apt-get install golang-go")
-    binary = out_dir / "cluster_load"
-    build = subprocess.run(
-        [go, "build", "-o", str(binary), *map(str, GENERATOR)],
-        cwd=out_dir,
-        capture_output=True,
-        text=True,
-    )
-    if build.returncode != 0:
-        raise SystemExit(f"go build cluster_load failed:\n{build.stderr}")
-    version = subprocess.run([go, "version"], capture_output=True, text=True).stdout.strip()
-    return binary, version
+    return harness.build_load_generator(out_dir, "bench/cluster.py's capacity parts")
 
 
 def api(port: int, method: str, path: str, body: Any = None, timeout: float = 10) -> Any:

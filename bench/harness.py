@@ -1067,3 +1067,29 @@ def tree_state() -> str:
         return "?"
     changed = [line[3:] for line in dirty if line.strip()]
     return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
+
+
+# -- the Go load generator (bench/go) ---------------------------------------------------------
+
+GO_GENERATOR = REPO / "bench" / "go"
+
+
+def build_load_generator(out_dir: Path, needed_by: str) -> tuple[Path, str]:
+    """Compile bench/go (Go's standard library only: Debian's golang-go) into `out_dir`;
+    (the binary, `go version`). `needed_by` names the script in the error."""
+    go = shutil.which("go") or "/usr/lib/go/bin/go"
+    if not os.access(go, os.X_OK):
+        raise SystemExit(f"{needed_by} needs Go: apt-get install golang-go")
+    binary = out_dir / "roarmq-load"
+    env = {**os.environ, "GOFLAGS": "-mod=mod", "GOCACHE": str(out_dir / "gocache")}
+    build = subprocess.run(
+        [go, "build", "-o", str(binary), "."],
+        cwd=GO_GENERATOR,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if build.returncode != 0:
+        raise SystemExit(f"go build in bench/go failed:\n{build.stderr}")
+    version = subprocess.run([go, "version"], capture_output=True, text=True).stdout.strip()
+    return binary, version

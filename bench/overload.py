@@ -11,7 +11,7 @@ everything else -- load generator, probe and this script -- to the other
 (``--load-cpu``, default 1). 16-byte transient bodies, published to the default
 exchange with the queue's name as routing key.
 
-The load generator is ``bench/overload_load.go``, built here with Debian's
+The load generator is ``bench/go`` (its overload roles), built here with Debian's
 ``golang-go`` into a temporary directory (standard library only). Python was
 measured first: ``bench/_amqp_load.py``'s publisher and auto-ack consumer took
 ~69% of their core at 117k msg/s (RoarMQ, direct) with the broker's core
@@ -113,6 +113,7 @@ from harness import (  # brokers and processes, shared by every script in bench/
     RssSampler,
     Running,
     broker_instance,
+    build_load_generator,
     export_rev,
     group_cpu_s,
     loadavg,
@@ -122,7 +123,6 @@ from harness import (  # brokers and processes, shared by every script in bench/
 )
 from throughput import _next_line, _reader, fmt
 
-GENERATOR = REPO / "bench" / "overload_load.go"
 PROBE_INTERVAL_MS = 1.0
 CONNECT_EVERY_MS = 20.0
 MIN_PHASE_S = 1.0
@@ -244,21 +244,7 @@ SCENARIOS = [
 
 
 def build_generator(out_dir: Path) -> tuple[Path, str]:
-    """Compile bench/overload_load.go into ``out_dir``; (binary, go version)."""
-    go = shutil.which("go") or "/usr/lib/go/bin/go"
-    if not os.access(go, os.X_OK):
-        raise SystemExit("bench/overload.py needs Go: apt-get install golang-go")
-    binary = out_dir / "overload_load"
-    build = subprocess.run(
-        [go, "build", "-o", str(binary), str(GENERATOR)],
-        cwd=out_dir,
-        capture_output=True,
-        text=True,
-    )
-    if build.returncode != 0:
-        raise SystemExit(f"go build {GENERATOR.name} failed:\n{build.stderr}")
-    version = subprocess.run([go, "version"], capture_output=True, text=True).stdout.strip()
-    return binary, version
+    return build_load_generator(out_dir, "bench/overload.py")
 
 
 # -- brokers -------------------------------------------------------------------------

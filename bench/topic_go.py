@@ -6,14 +6,14 @@
         [--json PATH]
 
 A benchmark, not a test ("100,000 distinct keys over ~101,000 topic bindings"). A topic exchange bound with ``--bindings`` wildcard patterns and ``--literals``
-literal ones (``bench/overload_load.go``'s topicTopology: by default ``s{i}.*.x`` /
+literal ones (``bench/go/overload.go``'s topicTopology: by default ``s{i}.*.x`` /
 ``s{i}.#`` plus ``lit{i}``, the bindings of ``bench/topic_keys.py``), each binding to a
 queue of its own (101,000 queues; ``--queues N`` spreads them round-robin over N queues,
 ``--queues 1`` binds them all to one); one publisher flat out (no confirms, 100 messages a
 write) cycling through ``--keys`` distinct routing keys (each matching one pattern; ten
 times RoarMQ's default 10,000-key cache, so most routes are cold), one consumer on every
 queue (one channel, manual acks, prefetch 100; ``--no-ack``: auto-ack).
-16-byte bodies. The generator is ``bench/overload_load.go`` (standard library only, built
+16-byte bodies. The generator is ``bench/go`` (standard library only, built
 here with Go), pinned to ``--load-cpu`` (1); each broker pinned to CPU 0, RabbitMQ with one
 Erlang scheduler (``+S 1:1``), a fresh instance per run.
 

@@ -1,9 +1,5 @@
-// Load generator for bench/overload.py: a minimal AMQP 0-9-1 client, standard library only.
-//
-//	go build -o overload_load bench/overload_load.go
-//	overload_load '<spec as JSON>'
-//
-// One process runs one role, chosen by the spec's "role":
+// The overload roles of the load generator (main.go), for bench/overload.py and
+// bench/topic_go.py. One process runs one role, chosen by the spec's "role":
 //
 //	load             publishers and consumers, one connection (channel 1) each, on named
 //	                 queues reached through the default exchange. Prints {"ready": true}
@@ -134,59 +130,6 @@ type conn struct {
 type closedError struct{ what string }
 
 func (e closedError) Error() string { return e.what }
-
-func dial(port int, timeout time.Duration) (*conn, error) {
-	nc, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), timeout)
-	if err != nil {
-		return nil, err
-	}
-	c := &conn{nc: nc, r: bufio.NewReaderSize(nc, 256*1024), frameMax: 131072}
-	nc.SetDeadline(time.Now().Add(timeout))
-	if err := c.handshake(); err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("handshake: %w", err)
-	}
-	nc.SetDeadline(time.Time{})
-	return c, nil
-}
-
-func (c *conn) handshake() error {
-	if _, err := c.nc.Write([]byte("AMQP\x00\x00\x09\x01")); err != nil {
-		return err
-	}
-	if _, err := c.wait(10, 10); err != nil { // connection.start
-		return err
-	}
-	caps := buf{}
-	for _, k := range []string{"publisher_confirms", "basic.nack", "connection.blocked"} {
-		caps = caps.short(k).u8('t').u8(1)
-	}
-	props := buf{}.short("product").u8('S').long("roarmq-bench-go")
-	props = append(props.short("capabilities").u8('F').u32(uint32(len(caps))), caps...)
-	startOk := append(buf{}.u32(uint32(len(props))), props...)
-	startOk = startOk.short("PLAIN").long("\x00guest\x00guest").short("en_US")
-	if _, err := c.nc.Write(methodFrame(0, 10, 11, startOk)); err != nil {
-		return err
-	}
-	tune, err := c.wait(10, 30)
-	if err != nil {
-		return err
-	}
-	channelMax := binary.BigEndian.Uint16(tune)
-	if fm := int(binary.BigEndian.Uint32(tune[2:])); fm > 0 {
-		c.frameMax = fm
-	}
-	out := methodFrame(0, 10, 31, buf{}.u16(channelMax).u32(uint32(c.frameMax)).u16(0))
-	out = append(out, methodFrame(0, 10, 40, buf{}.short("/").short("").u8(0))...)
-	if _, err := c.nc.Write(out); err != nil {
-		return err
-	}
-	if _, err := c.wait(10, 41); err != nil {
-		return err
-	}
-	_, err = c.call(methodFrame(1, 20, 10, buf{}.short("")), 20, 11)
-	return err
-}
 
 // read one frame; the payload is valid until the next read.
 func (c *conn) read() (byte, []byte, error) {
@@ -440,7 +383,7 @@ type publisher struct {
 }
 
 func newPublisher(port int, s PubSpec, keys []string) (*publisher, error) {
-	c, err := dial(port, setupTimeout)
+	c, err := dial(port, "/", setupTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -622,7 +565,7 @@ type consumer struct {
 }
 
 func newConsumer(port int, s ConsSpec, recording *int32, queues []string) (*consumer, error) {
-	c, err := dial(port, setupTimeout)
+	c, err := dial(port, "/", setupTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -766,7 +709,7 @@ func (k *consumer) stop() {
 // -- load -------------------------------------------------------------------------
 
 func runLoad(s Spec) (map[string]any, error) {
-	admin, err := dial(s.Port, setupTimeout)
+	admin, err := dial(s.Port, "/", setupTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -1101,7 +1044,7 @@ func (st *probeStats) result() map[string]any {
 }
 
 func runProbe(s Spec) error {
-	c, err := dial(s.Port, setupTimeout)
+	c, err := dial(s.Port, "/", setupTimeout)
 	if err != nil {
 		return err
 	}
@@ -1231,7 +1174,7 @@ func deleteQueue(c *conn, q string) {
 }
 
 func runBadGetRecover(s Spec) (map[string]any, error) {
-	admin, err := dial(s.Port, setupTimeout)
+	admin, err := dial(s.Port, "/", setupTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -1243,7 +1186,7 @@ func runBadGetRecover(s Spec) (map[string]any, error) {
 	if err := admin.publishConfirmed(1, func(int) []byte { return big }, setupTimeout); err != nil {
 		return nil, err
 	}
-	bad, err := dial(s.Port, setupTimeout)
+	bad, err := dial(s.Port, "/", setupTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -1274,7 +1217,7 @@ func runBadGetRecover(s Spec) (map[string]any, error) {
 }
 
 func runBadNack(s Spec) (map[string]any, error) {
-	admin, err := dial(s.Port, setupTimeout)
+	admin, err := dial(s.Port, "/", setupTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -1287,7 +1230,7 @@ func runBadNack(s Spec) (map[string]any, error) {
 	if err := admin.publishConfirmed(s.N, func(int) []byte { return msg }, setupTimeout); err != nil {
 		return nil, err
 	}
-	bad, err := dial(s.Port, setupTimeout)
+	bad, err := dial(s.Port, "/", setupTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -1354,7 +1297,7 @@ func runBadNack(s Spec) (map[string]any, error) {
 }
 
 func runBadBind(s Spec) (map[string]any, error) {
-	admin, err := dial(s.Port, setupTimeout)
+	admin, err := dial(s.Port, "/", setupTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -1418,39 +1361,4 @@ func runBadBind(s Spec) (map[string]any, error) {
 		admin.callWithin(30*time.Second, methodFrame(1, 40, 20, buf{}.u16(0).short(s.Exchange).u8(0)), 40, 21)
 	}
 	return result, nil
-}
-
-func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: overload_load '<spec as JSON>'")
-		os.Exit(2)
-	}
-	var s Spec
-	if err := json.Unmarshal([]byte(os.Args[1]), &s); err != nil {
-		fmt.Fprintln(os.Stderr, "bad spec:", err)
-		os.Exit(2)
-	}
-	var result map[string]any
-	var err error
-	switch s.Role {
-	case "load":
-		result, err = runLoad(s)
-	case "probe":
-		err = runProbe(s)
-	case "bad-get-recover":
-		result, err = runBadGetRecover(s)
-	case "bad-nack":
-		result, err = runBadNack(s)
-	case "bad-bind":
-		result, err = runBadBind(s)
-	default:
-		err = fmt.Errorf("unknown role %q", s.Role)
-	}
-	if err != nil {
-		emit(map[string]any{"error": err.Error()})
-		os.Exit(1)
-	}
-	if result != nil {
-		emit(result)
-	}
 }

@@ -1,16 +1,11 @@
-// The "capacity" role for bench/cluster.py, built together with bench/overload_load.go:
+// The "capacity" role of the load generator (main.go), for bench/cluster.py.
 //
-//	go build -o cluster_load bench/overload_load.go bench/cluster_load.go
-//	cluster_load '{"role": "capacity", ...}'
-//
-// It reuses overload_load.go's client (conn, the windowed-confirm publisher, the consumer
+// It reuses overload.go's client (conn, the windowed-confirm publisher, the consumer
 // that acks each delivery from its own goroutine, summary, emit) and adds what a
 // replicated broker needs and overload_load.go does not do: a vhost other than "/", a
 // durable queue declared with arguments (x-queue-type: quorum for RabbitMQ), persistent
 // messages (delivery-mode 2) and several targets (port, vhost, queue) in one process, so
-// that two vhosts on two nodes are loaded at once by one generator. overload_load.go's
-// main() is untouched: init() below takes the command line first when its role is
-// "capacity" and exits, otherwise main() runs as before.
+// that two vhosts on two nodes are loaded at once by one generator.
 //
 // Spec:
 //
@@ -28,12 +23,7 @@
 package main
 
 import (
-	"bufio"
-	"encoding/binary"
-	"encoding/json"
 	"fmt"
-	"net"
-	"os"
 	"sort"
 	"strconv"
 	"sync"
@@ -62,78 +52,6 @@ type CapSpec struct {
 	Targets []CapTarget `json:"targets"`
 }
 
-func init() {
-	if len(os.Args) != 2 {
-		return
-	}
-	var s CapSpec
-	if json.Unmarshal([]byte(os.Args[1]), &s) != nil || s.Role != "capacity" {
-		return // overload_load.go's main() handles it
-	}
-	result, err := runCapacity(s)
-	if err != nil {
-		emit(map[string]any{"error": err.Error()})
-		os.Exit(1)
-	}
-	emit(result)
-	os.Exit(0)
-}
-
-// dialVhost: dial + handshake as overload_load.go's, but opening `vhost`.
-func dialVhost(port int, vhost string, timeout time.Duration) (*conn, error) {
-	nc, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), timeout)
-	if err != nil {
-		return nil, err
-	}
-	c := &conn{nc: nc, r: bufio.NewReaderSize(nc, 256*1024), frameMax: 131072}
-	nc.SetDeadline(time.Now().Add(timeout))
-	if err := c.handshakeVhost(vhost); err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("handshake (vhost %q): %w", vhost, err)
-	}
-	nc.SetDeadline(time.Time{})
-	return c, nil
-}
-
-func (c *conn) handshakeVhost(vhost string) error {
-	if _, err := c.nc.Write([]byte("AMQP\x00\x00\x09\x01")); err != nil {
-		return err
-	}
-	if _, err := c.wait(10, 10); err != nil { // connection.start
-		return err
-	}
-	caps := buf{}
-	for _, k := range []string{"publisher_confirms", "basic.nack", "connection.blocked"} {
-		caps = caps.short(k).u8('t').u8(1)
-	}
-	props := buf{}.short("product").u8('S').long("roarmq-bench-go")
-	props = append(props.short("capabilities").u8('F').u32(uint32(len(caps))), caps...)
-	startOk := append(buf{}.u32(uint32(len(props))), props...)
-	startOk = startOk.short("PLAIN").long("\x00guest\x00guest").short("en_US")
-	if _, err := c.nc.Write(methodFrame(0, 10, 11, startOk)); err != nil {
-		return err
-	}
-	tune, err := c.wait(10, 30)
-	if err != nil {
-		return err
-	}
-	channelMax := binary.BigEndian.Uint16(tune)
-	if fm := int(binary.BigEndian.Uint32(tune[2:])); fm > 0 {
-		c.frameMax = fm
-	}
-	out := methodFrame(0, 10, 31, buf{}.u16(channelMax).u32(uint32(c.frameMax)).u16(0))
-	out = append(out, methodFrame(0, 10, 40, buf{}.short(vhost).short("").u8(0))...)
-	if _, err := c.nc.Write(out); err != nil {
-		return err
-	}
-	if _, err := c.wait(10, 41); err != nil {
-		return err
-	}
-	_, err = c.call(methodFrame(1, 20, 10, buf{}.short("")), 20, 11)
-	return err
-}
-
-// durableDeclare: queue.declare durable, with string-valued arguments.
 func durableDeclare(name string, args map[string]string) []byte {
 	keys := make([]string, 0, len(args))
 	for k := range args {
@@ -173,7 +91,7 @@ func runCapacity(s CapSpec) (map[string]any, error) {
 		if t.Batch <= 0 {
 			t.Batch = 100
 		}
-		admin, err := dialVhost(t.Port, t.Vhost, setupTimeout)
+		admin, err := dial(t.Port, t.Vhost, setupTimeout)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", t.Name, err)
 		}
@@ -183,7 +101,7 @@ func runCapacity(s CapSpec) (map[string]any, error) {
 		admin.nc.Close()
 		l := &capLoad{t: t}
 		for i := 0; i < t.Consumers; i++ {
-			c, err := dialVhost(t.Port, t.Vhost, setupTimeout)
+			c, err := dial(t.Port, t.Vhost, setupTimeout)
 			if err != nil {
 				return nil, fmt.Errorf("%s consumer: %w", t.Name, err)
 			}
@@ -205,7 +123,7 @@ func runCapacity(s CapSpec) (map[string]any, error) {
 			l.consumers = append(l.consumers, k)
 		}
 		for i := 0; i < t.Publishers; i++ {
-			c, err := dialVhost(t.Port, t.Vhost, setupTimeout)
+			c, err := dial(t.Port, t.Vhost, setupTimeout)
 			if err != nil {
 				return nil, fmt.Errorf("%s publisher: %w", t.Name, err)
 			}

@@ -1,0 +1,3 @@
+module roarmq.local/bench/go
+
+go 1.19
