@@ -35,3 +35,13 @@ def machine_info(**extra: Any) -> dict[str, Any]:
         "loadavg": loadavg_line(),
         **extra,
     }
+
+
+def machine_with_versions(versions: dict[str, str]) -> dict[str, Any]:
+    try:
+        import uvloop
+
+        uv = uvloop.__version__
+    except ImportError:
+        uv = None
+    return machine_info(uvloop=uv, **{f"{k}_version": v for k, v in versions.items()})

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -1093,3 +1095,32 @@ def build_load_generator(out_dir: Path, needed_by: str) -> tuple[Path, str]:
         raise SystemExit(f"go build in bench/go failed:\n{build.stderr}")
     version = subprocess.run([go, "version"], capture_output=True, text=True).stdout.strip()
     return binary, version
+
+
+# -- a child's JSON lines, and figures as text ------------------------------------------------
+
+
+def read_json_lines(proc: subprocess.Popen, lines: queue.Queue) -> None:
+    for line in proc.stdout:  # type: ignore[union-attr]
+        with contextlib.suppress(ValueError):
+            lines.put(json.loads(line))
+    lines.put(None)
+
+
+def next_json_line(lines: queue.Queue, deadline: float) -> dict | None:
+    try:
+        return lines.get(timeout=max(0.0, deadline - time.monotonic()))
+    except queue.Empty:
+        return None
+
+
+def number(value: Any) -> float | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
+def fmt(value: float | None, digits: int) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"

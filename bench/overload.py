@@ -115,13 +115,15 @@ from harness import (  # brokers and processes, shared by every script in bench/
     broker_instance,
     build_load_generator,
     export_rev,
+    fmt,
     group_cpu_s,
     loadavg,
     loop_lag_ms,
+    next_json_line,
     pinned,
+    read_json_lines,
     sweep,
 )
-from throughput import _next_line, _reader, fmt
 
 PROBE_INTERVAL_MS = 1.0
 CONNECT_EVERY_MS = 20.0
@@ -305,11 +307,11 @@ class Child:
             stdout=subprocess.PIPE,
             text=True,
         )
-        threading.Thread(target=_reader, args=(self.proc, self.lines), daemon=True).start()
+        threading.Thread(target=read_json_lines, args=(self.proc, self.lines), daemon=True).start()
 
     def line(self, timeout: float) -> dict[str, Any] | None:
         """The next JSON line within ``timeout`` s (None on timeout or exit)."""
-        return _next_line(self.lines, time.monotonic() + timeout)
+        return next_json_line(self.lines, time.monotonic() + timeout)
 
     def expect(self, key: str, timeout: float) -> dict[str, Any]:
         """The next line, which must carry ``key`` (else RuntimeError with what came)."""

@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _machine import machine_with_versions as machine
 from harness import (  # brokers and processes, shared by every script in bench/
     BROKERS,
     LABEL,
@@ -79,15 +80,18 @@ from harness import (  # brokers and processes, shared by every script in bench/
     _wait_ready,
     amqp_probe,
     ensure_rabbitmq,
+    fmt,
     free_port,
     group_cpu_s,
     loadavg,
+    next_json_line,
+    number,
     pinned,
     rabbitmq_env,
+    read_json_lines,
     roarmq_command,
     sweep,
 )
-from throughput import _next_line, _num, _reader, fmt, machine
 
 BODY = 1024
 QUEUE = "bench.persistent"
@@ -279,9 +283,9 @@ def run_load(
     proc = procs.start(
         load_cmd(role, port, settings, cpu), instance=instance, stdout=subprocess.PIPE, text=True
     )
-    threading.Thread(target=_reader, args=(proc, lines), daemon=True).start()
+    threading.Thread(target=read_json_lines, args=(proc, lines), daemon=True).start()
     try:
-        return _next_line(lines, time.monotonic() + timeout)
+        return next_json_line(lines, time.monotonic() + timeout)
     finally:
         procs.stop(proc, grace=5)
         sweep(instance)
@@ -336,9 +340,9 @@ def publish(
         "messages": messages,
         "confirmed": res["confirmed"],
         "msgs_per_s": res.get("confirmed_per_s"),
-        "p50_ms": _num(res.get("confirm_p50_ms")),
-        "p99_ms": _num(res.get("confirm_p99_ms")),
-        "max_ms": _num(res.get("confirm_max_ms")),
+        "p50_ms": number(res.get("confirm_p50_ms")),
+        "p99_ms": number(res.get("confirm_p99_ms")),
+        "max_ms": number(res.get("confirm_max_ms")),
         "elapsed_s": res.get("confirm_elapsed_s"),
         "broker_cpu_us_per_msg": cpu / res["confirmed"] * 1e6 if res["confirmed"] else None,
         "loadavg": load,
@@ -361,16 +365,16 @@ def timed_start(
         stdout=subprocess.PIPE,
         text=True,
     )
-    threading.Thread(target=_reader, args=(probe, lines), daemon=True).start()
+    threading.Thread(target=read_json_lines, args=(probe, lines), daemon=True).start()
     try:
-        ready = _next_line(lines, time.monotonic() + 30)
+        ready = next_json_line(lines, time.monotonic() + 30)
         if not ready or not ready.get("ready"):
             raise RuntimeError(f"recovery probe not ready: {ready}")
         broker.spawn(procs, port=port)
         deadline = time.monotonic() + timeout + 10
         got = None
         while got is None and time.monotonic() < deadline:
-            got = _next_line(lines, min(deadline, time.monotonic() + 0.5))
+            got = next_json_line(lines, min(deadline, time.monotonic() + 0.5))
             if got is None and broker.proc.poll() is not None:
                 raise RuntimeError(
                     f"{broker.kind} exited with {broker.proc.returncode} while "
@@ -467,8 +471,8 @@ def recovery_run(
         out["fill"] = fill
         print(
             f"  {kind:9} fill {fill.get('confirmed', 0):,} msgs  "
-            f"{fmt(_num(fill.get('msgs_per_s')), 0)} msg/s  p99 "
-            f"{fmt(_num(fill.get('p99_ms')), 1)} ms  {fill['status']}",
+            f"{fmt(number(fill.get('msgs_per_s')), 0)} msg/s  p99 "
+            f"{fmt(number(fill.get('p99_ms')), 1)} ms  {fill['status']}",
             flush=True,
         )
         check = (
@@ -515,23 +519,25 @@ def _probe_version(port: int) -> str:
 
 def summarize(kind: str, window: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median run by msg/s (lower middle if even); CPU per message: the median too."""
-    measured = sorted((r for r in runs if _num(r.get("msgs_per_s"))), key=lambda r: r["msgs_per_s"])
+    measured = sorted(
+        (r for r in runs if number(r.get("msgs_per_s"))), key=lambda r: r["msgs_per_s"]
+    )
     pick = measured[(len(measured) - 1) // 2] if measured else runs[-1]
-    cpus = sorted(c for r in measured if (c := _num(r.get("broker_cpu_us_per_msg"))) is not None)
+    cpus = sorted(c for r in measured if (c := number(r.get("broker_cpu_us_per_msg"))) is not None)
     return {
         "broker": kind,
         "window": window,
-        "msgs_per_s": _num(pick.get("msgs_per_s")),
-        "p50_ms": _num(pick.get("p50_ms")),
-        "p99_ms": _num(pick.get("p99_ms")),
-        "max_ms": _num(pick.get("max_ms")),
+        "msgs_per_s": number(pick.get("msgs_per_s")),
+        "p50_ms": number(pick.get("p50_ms")),
+        "p99_ms": number(pick.get("p99_ms")),
+        "max_ms": number(pick.get("max_ms")),
         "confirmed": pick.get("confirmed"),
         "status": pick.get("status"),
         "broker_cpu_us_per_msg": cpus[(len(cpus) - 1) // 2] if cpus else None,
-        "runs_msgs_per_s": [_num(r.get("msgs_per_s")) for r in runs],
-        "runs_p99_ms": [_num(r.get("p99_ms")) for r in runs],
-        "runs_broker_cpu_us_per_msg": [_num(r.get("broker_cpu_us_per_msg")) for r in runs],
-        "runs_loadavg_1m": [_num(r.get("loadavg")) for r in runs],
+        "runs_msgs_per_s": [number(r.get("msgs_per_s")) for r in runs],
+        "runs_p99_ms": [number(r.get("p99_ms")) for r in runs],
+        "runs_broker_cpu_us_per_msg": [number(r.get("broker_cpu_us_per_msg")) for r in runs],
+        "runs_loadavg_1m": [number(r.get("loadavg")) for r in runs],
     }
 
 
@@ -601,7 +607,7 @@ def recovery_table(results: list[dict[str, Any]]) -> str:
                         fmt(s.get("peak_rss_mib"), 0),
                         fmt(s.get("broker_cpu_s"), 1),
                         fmt(s["data"]["bytes"] / 2**20, 0),
-                        fmt(_num(s.get("stop_s")), 2),
+                        fmt(number(s.get("stop_s")), 2),
                     ]
                 )
                 + " |"
@@ -622,7 +628,7 @@ def recovery_table(results: list[dict[str, Any]]) -> str:
                     [
                         LABEL[res["broker"]],
                         f"{f.get('confirmed', 0):,}",
-                        fmt(_num(f.get("msgs_per_s")), 0),
+                        fmt(number(f.get("msgs_per_s")), 0),
                         fmt(f.get("p50_ms"), 1),
                         fmt(f.get("p99_ms"), 1),
                         fmt(f.get("broker_cpu_us_per_msg"), 1),
@@ -777,11 +783,11 @@ def main() -> int:
                             r = {"status": unavailable[kind]}
                         runs.setdefault((kind, window), []).append(r)
                         print(
-                            f"  {kind:9} window {window:5}  {fmt(_num(r.get('msgs_per_s')), 0):>7} "
+                            f"  {kind:9} window {window:5}  {fmt(number(r.get('msgs_per_s')), 0):>7} "
                             f"msg/s  p50 {fmt(r.get('p50_ms'), 1):>6} ms  p99 "
                             f"{fmt(r.get('p99_ms'), 1):>6} ms  broker "
                             f"{fmt(r.get('broker_cpu_us_per_msg'), 1)} us/msg  load "
-                            f"{fmt(_num(r.get('loadavg')), 2)}  {r['status']}",
+                            f"{fmt(number(r.get('loadavg')), 2)}  {r['status']}",
                             flush=True,
                         )
         if "recovery" in parts:

@@ -101,9 +101,7 @@ All processes started here are stopped on every exit path.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import math
 import os
 import queue
 import shlex
@@ -119,7 +117,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _machine import machine_info
+from _machine import machine_with_versions as machine
 from harness import (  # brokers and processes, shared by every script in bench/
     ALL_BROKERS,
     BROKERS,
@@ -130,12 +128,16 @@ from harness import (  # brokers and processes, shared by every script in bench/
     Procs,
     Running,
     broker_instance,
+    fmt,
     group_cpu_s,
     loadavg,
     loop_lag_ms,
     machine_busy_s,
     machine_steal_s,
+    next_json_line,
+    number,
     pinned,
+    read_json_lines,
     stall_log,
     stall_summary,
     sweep,
@@ -316,20 +318,6 @@ SCENARIOS = [
 # -- one scenario --------------------------------------------------------------------
 
 
-def _reader(proc: subprocess.Popen, lines: queue.Queue) -> None:
-    for line in proc.stdout:  # type: ignore[union-attr]
-        with contextlib.suppress(ValueError):
-            lines.put(json.loads(line))
-    lines.put(None)
-
-
-def _next_line(lines: queue.Queue, deadline: float) -> dict | None:
-    try:
-        return lines.get(timeout=max(0.0, deadline - time.monotonic()))
-    except queue.Empty:
-        return None
-
-
 def _publisher_settings(settings: dict[str, Any], sc: Scenario) -> list[str]:
     """One scenario blob per publisher process: with several, publisher k sends its share
     of the messages with routing key "bench.key.k" (queue k's only binding)."""
@@ -426,8 +414,8 @@ def run_scenario(
             stdout=subprocess.PIPE,
             text=True,
         )
-        threading.Thread(target=_reader, args=(cons, cons_lines), daemon=True).start()
-        ready = _next_line(cons_lines, hard_deadline)
+        threading.Thread(target=read_json_lines, args=(cons, cons_lines), daemon=True).start()
+        ready = next_json_line(cons_lines, hard_deadline)
         if not ready or not ready.get("ready"):
             why = (
                 ready.get("error", ready)
@@ -454,14 +442,14 @@ def run_scenario(
                 text=True,
             )
             pubs.append(pub)
-            threading.Thread(target=_reader, args=(pub, pub_lines), daemon=True).start()
-        consumed = _next_line(cons_lines, hard_deadline)
+            threading.Thread(target=read_json_lines, args=(pub, pub_lines), daemon=True).start()
+        consumed = next_json_line(cons_lines, hard_deadline)
         broker_cpu = group_cpu_s(broker.proc.pid) - cpu0
         wall1 = time.time()
         steal = machine_steal_s() - steal0
         stall = loop_lag_ms(broker.mgmt_port)
         after = stall_log(broker.mgmt_port, before["recorded"]) if before else None
-        answers = [_next_line(pub_lines, hard_deadline) for _ in pubs]
+        answers = [next_json_line(pub_lines, hard_deadline) for _ in pubs]
         published = _merge_publishers([a for a in answers if a])
     finally:
         for proc in (*pubs, cons):
@@ -566,21 +554,9 @@ def _gc_in_run(before: dict[str, Any] | None, after: dict[str, Any] | None) -> A
 # -- report --------------------------------------------------------------------------
 
 
-def _num(value: Any) -> float | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return float(value)
-
-
-def fmt(value: float | None, digits: int) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.{digits}f}"
-
-
 def tail_latency(row: dict[str, Any]) -> str:
     """p99.9 and the slowest delivery."""
-    p999, most = _num(row.get("p999_ms")), _num(row.get("max_ms"))
+    p999, most = number(row.get("p999_ms")), number(row.get("max_ms"))
     if p999 is None or most is None:
         return "-"
     digits = 2 if p999 < 10 else 1
@@ -589,7 +565,7 @@ def tail_latency(row: dict[str, Any]) -> str:
 
 def confirm_latency(row: dict[str, Any]) -> str:
     """The publisher's write -> confirm latency, where it had confirms."""
-    p50, p99 = _num(row.get("confirm_p50_ms")), _num(row.get("confirm_p99_ms"))
+    p50, p99 = number(row.get("confirm_p50_ms")), number(row.get("confirm_p99_ms"))
     if p50 is None or p99 is None:
         return "-"
     return f"{p50:,.1f} / {p99:,.1f}"
@@ -720,16 +696,6 @@ def table(rows: list[dict[str, Any]], repeat: int, quick: bool = False) -> str:
     return "\n".join(out)
 
 
-def machine(versions: dict[str, str]) -> dict[str, Any]:
-    try:
-        import uvloop
-
-        uv = uvloop.__version__
-    except ImportError:
-        uv = None
-    return machine_info(uvloop=uv, **{f"{k}_version": v for k, v in versions.items()})
-
-
 def summarize(
     scenario: str, kind: str, results: list[dict[str, Any]], paced: bool = False
 ) -> dict[str, Any]:
@@ -738,44 +704,45 @@ def summarize(
     Paced scenarios (the rate is fixed) take the median run by p99 latency instead.
     """
     measured = sorted(
-        (r for r in results if _num(r.get("msgs_per_s")) is not None), key=lambda r: r["msgs_per_s"]
+        (r for r in results if number(r.get("msgs_per_s")) is not None),
+        key=lambda r: r["msgs_per_s"],
     )
     if paced:
-        measured = [r for r in measured if _num(r.get("p99_ms")) is not None]
+        measured = [r for r in measured if number(r.get("p99_ms")) is not None]
         measured.sort(key=lambda r: r["p99_ms"])
     pick = measured[(len(measured) - 1) // 2] if measured else results[-1]
-    cpus = sorted(c for r in measured if (c := _num(r.get("broker_cpu_us_per_msg"))) is not None)
+    cpus = sorted(c for r in measured if (c := number(r.get("broker_cpu_us_per_msg"))) is not None)
     return {
         "scenario": scenario,
         "broker": kind,
-        "msgs_per_s": _num(pick.get("msgs_per_s")),
-        "p50_ms": _num(pick.get("p50_ms")),
-        "p99_ms": _num(pick.get("p99_ms")),
+        "msgs_per_s": number(pick.get("msgs_per_s")),
+        "p50_ms": number(pick.get("p50_ms")),
+        "p99_ms": number(pick.get("p99_ms")),
         "messages": pick.get("messages"),
         "status": pick["status"],
         "broker_cpu_us_per_msg": cpus[(len(cpus) - 1) // 2] if cpus else None,
-        "consumer_cpu_pct": _num(pick.get("consumer_cpu_pct")),
+        "consumer_cpu_pct": number(pick.get("consumer_cpu_pct")),
         "bindings": pick.get("bindings"),
-        "runs_binds_per_s": [_num(r.get("binds_per_s")) for r in results],
-        "publish_rate": _num(pick.get("publish_rate")),  # paced scenarios only
-        "p999_ms": _num(pick.get("p999_ms")),
-        "max_ms": _num(pick.get("max_ms")),
-        "loop_stall_ms": _num(pick.get("loop_stall_ms")),
+        "runs_binds_per_s": [number(r.get("binds_per_s")) for r in results],
+        "publish_rate": number(pick.get("publish_rate")),  # paced scenarios only
+        "p999_ms": number(pick.get("p999_ms")),
+        "max_ms": number(pick.get("max_ms")),
+        "loop_stall_ms": number(pick.get("loop_stall_ms")),
         "stalls": pick.get("stalls"),  # RoarMQ: the picked run's stalls over the threshold
         "gc": pick.get("gc"),
-        "others_cores": _num(pick.get("others_cores")),
-        "confirm_p50_ms": _num(pick.get("confirm_p50_ms")),  # scenarios with confirms
-        "confirm_p99_ms": _num(pick.get("confirm_p99_ms")),
-        "runs_msgs_per_s": [_num(r.get("msgs_per_s")) for r in results],
-        "runs_p50_ms": [_num(r.get("p50_ms")) for r in results],
-        "runs_p99_ms": [_num(r.get("p99_ms")) for r in results],
-        "runs_loadavg_1m": [_num(r.get("loadavg")) for r in results],
-        "runs_loop_stall_ms": [_num(r.get("loop_stall_ms")) for r in results],
-        "runs_loop_stall_gauge_ms": [_num(r.get("loop_stall_gauge_ms")) for r in results],
+        "others_cores": number(pick.get("others_cores")),
+        "confirm_p50_ms": number(pick.get("confirm_p50_ms")),  # scenarios with confirms
+        "confirm_p99_ms": number(pick.get("confirm_p99_ms")),
+        "runs_msgs_per_s": [number(r.get("msgs_per_s")) for r in results],
+        "runs_p50_ms": [number(r.get("p50_ms")) for r in results],
+        "runs_p99_ms": [number(r.get("p99_ms")) for r in results],
+        "runs_loadavg_1m": [number(r.get("loadavg")) for r in results],
+        "runs_loop_stall_ms": [number(r.get("loop_stall_ms")) for r in results],
+        "runs_loop_stall_gauge_ms": [number(r.get("loop_stall_gauge_ms")) for r in results],
         "runs_stalls": [r.get("stalls") for r in results],
         "runs_gc": [r.get("gc") for r in results],
         "runs_jobs": [r.get("jobs") for r in results],
-        "runs_steal_s": [_num(r.get("steal_s")) for r in results],
+        "runs_steal_s": [number(r.get("steal_s")) for r in results],
     }
 
 
@@ -878,14 +845,14 @@ def main() -> int:
     def record(kind: str, sc: Scenario, result: dict[str, Any]) -> None:
         runs.setdefault((sc.name, kind), []).append(result)
         print(
-            f"  {kind:9} {sc.name:11} {fmt(_num(result.get('msgs_per_s')), 0):>9} dlv/s  "
-            f"p50 {fmt(_num(result.get('p50_ms')), 2):>8} ms  "
-            f"p99 {fmt(_num(result.get('p99_ms')), 2):>8} ms  "
+            f"  {kind:9} {sc.name:11} {fmt(number(result.get('msgs_per_s')), 0):>9} dlv/s  "
+            f"p50 {fmt(number(result.get('p50_ms')), 2):>8} ms  "
+            f"p99 {fmt(number(result.get('p99_ms')), 2):>8} ms  "
             f"{result.get('messages') or 0:,} dlvs  "
-            f"broker {fmt(_num(result.get('broker_cpu_us_per_msg')), 1)} us/dlv  "
-            f"consumer {fmt(_num(result.get('consumer_cpu_pct')), 0)}% CPU  "
-            + (f"paced {fmt(_num(result.get('publish_rate')), 0)}/s  " if sc.rate else "")
-            + f"load {fmt(_num(result.get('loadavg')), 2)}  {result['status']}"
+            f"broker {fmt(number(result.get('broker_cpu_us_per_msg')), 1)} us/dlv  "
+            f"consumer {fmt(number(result.get('consumer_cpu_pct')), 0)}% CPU  "
+            + (f"paced {fmt(number(result.get('publish_rate')), 0)}/s  " if sc.rate else "")
+            + f"load {fmt(number(result.get('loadavg')), 2)}  {result['status']}"
             + "".join(f"\n      stall {stall_summary(x)}" for x in result.get("stalls") or []),
             flush=True,
         )
