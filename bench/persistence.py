@@ -6,9 +6,9 @@
 A benchmark, not a test. Brokers run pinned to one core (``taskset -c 0``), the
 load processes (``bench/_amqp_load.py``, our own ``protocol/`` codec on uvloop)
 to the other (``taskset -c 1``); how each broker is launched and process bookkeeping
-come from ``bench/harness.py``, the machine facts from ``bench/throughput.py``.
+come from ``bench/harness.py``, the machine facts from ``bench/_machine.py``.
 
-Part 1, confirmed persistent throughput: a fresh broker per run; one publisher
+Confirmed persistent throughput: a fresh broker per run; one publisher
 connection declares a durable queue and publishes 1 KiB bodies with
 delivery_mode=2 through the default exchange to it, in confirm mode with at
 most ``window`` unconfirmed messages (1,000 and 100). **No consumer**: the
@@ -20,7 +20,7 @@ process group's user+system CPU over the run / confirmed messages. Full run:
 3 runs per broker and window (200,000 messages each), brokers alternating; the
 row is the median run by msg/s.
 
-Part 2, recovery: a fresh broker; one publisher fills a durable queue with
+Recovery: a fresh broker; one publisher fills a durable queue with
 1,000,000 (``--quick``: 100,000) persistent 1 KiB messages, confirmed, window
 1,000; a passive queue.declare checks the count. Then the broker is killed
 with SIGKILL (the whole process group) and started again on the same data
