@@ -1,7 +1,7 @@
 """Optional compiled modules: the same Python source, compiled with Cython when it can be.
 
 Everything else about the package is in pyproject.toml. What is compiled, and how, is decided
-by measurement (docs/benchmarks.md, "The compiled codec" and "A native hot path"): each module
+by measurement (docs/benchmarks.md, "Codec" and "Hot path"): each module
 here has a .pxd beside it that declares its classes native (fields as C struct members) and
 types the locals of its hot loops, so Cython turns attribute reads and calls between them into
 C. Compiled without those declarations the broker's classes ran *more* instructions than
