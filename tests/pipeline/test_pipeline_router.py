@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import random
 
-import pipeline_reference as ref
 import pytest
+from support import pipeline_reference as ref
 
 from roarmq.pipeline.definitions import parse_definitions
 from roarmq.pipeline.router import Router

@@ -13,10 +13,10 @@ import shutil
 from pathlib import Path
 
 import aio_pika
-import pipeline_reference as ref
 import pyarrow.parquet as pq
 import pytest
 from machine import missing
+from support import pipeline_reference as ref
 from support.waiting import free_port
 
 from roarmq.broker.management import export_definitions

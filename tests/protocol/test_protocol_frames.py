@@ -8,7 +8,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from protocol_strategies import raw_frame
+from support.protocol_strategies import raw_frame
 
 from roarmq.protocol import spec
 from roarmq.protocol.errors import (

@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from protocol_strategies import full_properties, full_tables, methods, raw_frame
+from support.protocol_strategies import full_properties, full_tables, methods, raw_frame
 
 from roarmq.protocol import spec
 from roarmq.protocol.errors import ProtocolError, SoftError

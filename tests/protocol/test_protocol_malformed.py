@@ -6,7 +6,7 @@ import struct
 from typing import NamedTuple
 
 import pytest
-from protocol_strategies import header_payload, method_payload, raw_frame
+from support.protocol_strategies import header_payload, method_payload, raw_frame
 
 from roarmq.protocol import spec
 from roarmq.protocol.errors import (

@@ -18,7 +18,7 @@ from pamqp import body as pamqp_body
 from pamqp import commands as pamqp_commands
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
-from protocol_strategies import method_args, oracle_properties
+from support.protocol_strategies import method_args, oracle_properties
 
 from roarmq.protocol import spec
 from roarmq.protocol.codegen import find_spec, load_spec

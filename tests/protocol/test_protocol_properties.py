@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
-from protocol_strategies import full_properties
+from support.protocol_strategies import full_properties
 
 from roarmq.protocol import spec
 from roarmq.protocol.errors import AMQPSyntaxError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from protocol_strategies import methods
+from support.protocol_strategies import methods
 
 from roarmq.protocol import spec
 from roarmq.protocol.errors import AMQPSyntaxError

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 from hypothesis import given, settings
 from pamqp import encode as pamqp_encode
-from protocol_strategies import full_tables, full_values
+from support.protocol_strategies import full_tables, full_values
 
 from roarmq.protocol.errors import AMQPSyntaxError
 from roarmq.protocol.tables import (

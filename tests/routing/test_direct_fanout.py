@@ -9,6 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from support.routing_lazy import LazyRemovalRules, coarse_bucket
+from support.routing_strategies import ARG_CLASS, ARGS, DESTS, header_values
 
 from roarmq.broker.routing import (
     DirectIndex,
@@ -18,10 +20,6 @@ from roarmq.broker.routing import (
     bindings,
     make_index,
 )
-
-from .lazy import LazyRemovalRules, coarse_bucket
-from .test_headers import values as headers_values
-from .test_topic_properties import ARG_CLASS, ARGS, DESTS
 
 ARG_INDEX = st.integers(0, len(ARGS) - 1)
 
@@ -239,7 +237,7 @@ def test_a_buried_destination_keeps_its_identity_dict_until_swept() -> None:
 IDENTITY_KEYS = ["", "a", "b"]
 IDENTITY_ARGS = st.one_of(
     st.none(),
-    st.dictionaries(st.sampled_from(["x-a", "b"]), headers_values, max_size=2),
+    st.dictionaries(st.sampled_from(["x-a", "b"]), header_values, max_size=2),
 )
 
 

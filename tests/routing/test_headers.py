@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from support.routing_lazy import LazyRemovalRules
+from support.routing_reference import headers_match
+from support.routing_strategies import header_values
 
 from roarmq.broker.routing import HeadersIndex, InvalidBinding
-
-from .lazy import LazyRemovalRules
-from .reference import headers_match
 
 
 def route1(args: dict | None, headers: dict | None) -> bool:
@@ -130,38 +130,21 @@ def test_dedupe_idempotence_and_remove_destination() -> None:
 
 
 NAMES = ["a", "b", "c", "x-a"]
-typed_values = st.one_of(
-    st.tuples(st.sampled_from("bBsuIilT"), st.integers(-2, 2)),
-    st.tuples(st.sampled_from("fd"), st.sampled_from([0.0, 1.0, -1.0, 2.5])),
-    st.tuples(st.just("t"), st.booleans()),
-    st.tuples(st.sampled_from("Sx"), st.sampled_from([b"", b"1", b"a"])),
-    st.tuples(st.just("S"), st.sampled_from(["", "1", "a"])),
-    st.tuples(st.just("V"), st.none()),
-    st.tuples(st.just("D"), st.sampled_from([Decimal("1"), Decimal("1.0"), Decimal("-1")])),
-)
-plain_values = st.one_of(
-    st.integers(-2, 2), st.booleans(), st.none(), st.sampled_from(["", "1", 1.0, b"a"])
-)
-leaf_values = st.one_of(typed_values, plain_values)
-values = st.one_of(
-    leaf_values,
-    st.tuples(st.just("F"), st.dictionaries(st.sampled_from("kj"), leaf_values, max_size=2)),
-    st.tuples(st.just("A"), st.lists(leaf_values, max_size=2)),
-    st.lists(plain_values, max_size=2),
-)
 modes = st.sampled_from([None, "all", "any", "all-with-x", "any-with-x", ("S", b"any")])
 
 
 @st.composite
 def binding_args(draw: st.DrawFn) -> dict:
-    args = draw(st.dictionaries(st.sampled_from(NAMES), values, max_size=3))
+    args = draw(st.dictionaries(st.sampled_from(NAMES), header_values, max_size=3))
     mode = draw(modes)
     if mode is not None:
         args["x-match"] = mode
     return args
 
 
-headers_tables = st.one_of(st.none(), st.dictionaries(st.sampled_from(NAMES), values, max_size=4))
+headers_tables = st.one_of(
+    st.none(), st.dictionaries(st.sampled_from(NAMES), header_values, max_size=4)
+)
 
 
 @pytest.mark.slow  # 1,000 Hypothesis examples: not in `make check`

@@ -6,10 +6,9 @@ import gc
 import weakref
 
 import pytest
+from support.routing_reference import amqp_match, mqtt_match, routed
 
 from roarmq.broker.routing import TopicIndex
-
-from .reference import amqp_match, mqtt_match, routed
 
 # (pattern, routing key, matches?) -- RabbitMQ semantics: "" is zero words, "a..b" three.
 AMQP_CASES = [

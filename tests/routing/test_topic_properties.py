@@ -8,17 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from support.routing_lazy import LazyRemovalRules
+from support.routing_reference import amqp_match, mqtt_match, mqtt_valid, routed
+from support.routing_strategies import ARG_CLASS, ARGS, DESTS
 
 from roarmq.broker.routing import TopicIndex, key_cache
 
-from .lazy import LazyRemovalRules
-from .reference import amqp_match, mqtt_match, mqtt_valid, routed
-
 WORDS = ["a", "b", "", "ab", "*x", "#y", "+", "$s", "\udcff"]
-DESTS = ["q0", "q1", "q2", "q3"]
-# Binding arguments and the identity class each belongs to (None == {}, 1 == ("I", 1)).
-ARGS = [None, {}, {"x-a": 1}, {"x-a": ("I", 1)}, {"x-a": ("l", 1)}, {"x-a": "s"}]
-ARG_CLASS = [0, 0, 1, 1, 2, 3]
 
 
 def _joined(tokens: list[str], sep: str, max_size: int) -> st.SearchStrategy[str]:
