@@ -129,6 +129,11 @@ tools: .tools/rabbitmqadmin .tools/prometheus .tools/etcd
 # (Spark, a browser, kill -9 and disk-fault rounds, load until the broker pushes back) run
 # once, compiled: the build a release runs.
 EXPECT_COMPILED := $(if $(shell command -v cc),ROARMQ_EXPECT_COMPILED=1)
+# Two pytest-xdist workers: most tests wait (on sockets, processes, timers) more than they
+# compute, so two share the two cores of CI; tests that share an expensive fixture are one
+# xdist_group (--dist loadgroup). Every test is written to pass on a loaded machine, which
+# this is. `make test WORKERS=` runs them one at a time.
+WORKERS ?= -n 2 --dist loadgroup
 # What `make test` provides, the absence of which is then our failure, not a skip
 # (tests/machine.py): where apt-get and dpkg-deb are, `make tools` extracts etcd, prometheus
 # and rabbitmqadmin; as root with apt-get, `system-deps` installs amqp-tools, Java and
@@ -141,14 +146,14 @@ EXPECT_FUSE := $(if $(and $(filter 0,$(shell id -u)),$(wildcard /dev/fuse)),ROAR
 EXPECT_ROOT := $(if $(filter 0,$(shell id -u)),ROARMQ_EXPECT_ROOT=1)
 
 test: $(DEV_STAMP) system-deps node-deps tools
-	$(call timed,$(EXPECT_COMPILED) $(EXPECT_TOOLS) $(EXPECT_PACKAGES) $(EXPECT_NODE) $(EXPECT_FUSE) $(EXPECT_ROOT) $(PY) -m pytest \
-	  && ROARMQ_NO_EXTENSIONS=1 $(PY) -m pytest -q -m "not slow")
+	$(call timed,$(EXPECT_COMPILED) $(EXPECT_TOOLS) $(EXPECT_PACKAGES) $(EXPECT_NODE) $(EXPECT_FUSE) $(EXPECT_ROOT) $(PY) -m pytest $(WORKERS) \
+	  && ROARMQ_NO_EXTENSIONS=1 $(PY) -m pytest $(WORKERS) -q -m "not slow")
 
 # The edit-test loop: every test not marked `slow` (pyproject.toml says what that covers), no
 # system packages or tools installed (tests that need one say why they did not run); its tests
 # took 167 s on 2 cores at load 7, where the full suite took 601 s. `make test` is the gate.
 check: $(DEV_STAMP)
-	$(call timed,$(EXPECT_COMPILED) $(PY) -m pytest -q -m "not slow")
+	$(call timed,$(EXPECT_COMPILED) $(PY) -m pytest $(WORKERS) -q -m "not slow")
 
 # Quick versions of every benchmark (each prints a table and writes JSON to bench/results/).
 bench: $(DEV_STAMP)

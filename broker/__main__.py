@@ -175,7 +175,10 @@ async def serve(config: Config) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        await broker.start()
+        if not await _started_unless_stopped(broker, stop):
+            log.log(NOTICE, "stopping: signal received while starting")
+            await broker.stop()
+            return
         broker.gc_schedule = tune_gc(loop)
         try:
             await stop.wait()
@@ -185,6 +188,23 @@ async def serve(config: Config) -> None:
             await broker.stop()
     finally:
         os.close(lock)
+
+
+async def _started_unless_stopped(broker: Any, stop: asyncio.Event) -> bool:
+    """Start the broker unless a signal comes first (False: the start was cancelled). A
+    cluster node waits for etcd at start for up to join_timeout: a supervisor's SIGTERM in
+    that time must stop it then, not once the wait is over or by SIGKILL."""
+    starting = asyncio.ensure_future(broker.start())
+    signalled = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((starting, signalled), return_when=asyncio.FIRST_COMPLETED)
+    if starting.done():
+        signalled.cancel()
+        starting.result()  # a StartupError says why the start failed
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    return False
 
 
 def tune_gc(loop: asyncio.AbstractEventLoop) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -15,6 +16,13 @@ from roarmq.broker.ops.clock import VirtualClock
 from roarmq.broker.testing import BrokerThread, ephemeral_config, running_broker
 
 pytest_plugins = ["pytester"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `slow` tests first, in their usual order, then the rest: `make test` shares the
+    tests between pytest-xdist workers as each one finishes, and a test of half a minute
+    handed out last would leave the other worker idle until it ends."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture
@@ -44,22 +52,33 @@ def thread_broker(tmp_path):
 def built_wheel(tmp_path_factory) -> tuple[Path, str]:
     """RoarMQ's wheel and pip's output, built once for the tests that install it (the
     Dockerfile's steps, a user's venv): `pip wheel` compiles the extensions, half a minute
-    each time. Built as a user would, with nothing of this environment's import path."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.pop("VIRTUAL_ENV", None)
-    wheels = tmp_path_factory.mktemp("wheels")
-    root = Path(__file__).resolve().parents[1]
-    build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(wheels)]
-        + [str(root)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    assert build.returncode == 0, build.stdout + build.stderr
-    (wheel,) = wheels.glob("roarmq-*.whl")
-    return wheel, build.stdout + build.stderr
+    each time. Built as a user would, with nothing of this environment's import path.
+    Under pytest-xdist each worker is its own session: the first to need the wheel builds
+    it under a lock in the directory the workers share, the others take that one."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # pytest-of-USER/pytest-N/, above each worker's gwN/
+    wheels = shared / "built-wheel"
+    with open(shared / "built-wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = sorted(wheels.glob("roarmq-*.whl"))
+        if found:
+            return found[0], (wheels / "pip-output.txt").read_text()
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        env.pop("VIRTUAL_ENV", None)
+        root = Path(__file__).resolve().parents[1]
+        build = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(wheels)]
+            + [str(root)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=540,
+        )
+        assert build.returncode == 0, build.stdout + build.stderr
+        (wheel,) = wheels.glob("roarmq-*.whl")
+        (wheels / "pip-output.txt").write_text(build.stdout + build.stderr)
+        return wheel, build.stdout + build.stderr
 
 
 @pytest.fixture
