@@ -23,7 +23,6 @@ as "same" or the two values, and exits 1 when any differ.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import re
 import sys
@@ -36,7 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import pika
-from harness import REPO, BrokerUnavailable, Procs, start_rabbitmq, stop_broker
+from lib import RESULTS
+from lib.brokers import BrokerUnavailable, start_rabbitmq, stop_broker
+from lib.management_api import AUTH
+from lib.output import write_json
+from lib.procs import Procs
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
@@ -105,9 +108,7 @@ ENDPOINTS = [
 
 
 def get(base: str, path: str) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        base + path, headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
-    )
+    request = urllib.request.Request(base + path, headers={"Authorization": AUTH})
     try:
         with urllib.request.urlopen(request, timeout=30) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -129,7 +130,7 @@ def call(base: str, method: str, path: str, body: Any = None) -> int:
         method=method,
         data=json.dumps(body).encode() if body is not None else None,
         headers={
-            "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+            "Authorization": AUTH,
             "Content-Type": "application/json",
         },
     )
@@ -358,7 +359,7 @@ def parity(base: str, amqp_port: int) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", default=str(REPO / "bench" / "results" / "api_compare.json"))
+    p.add_argument("--json", type=Path, default=RESULTS / "api_compare.json")
     p.add_argument("--show-missing", type=int, default=40)
     args = p.parse_args()
     procs = Procs()
@@ -438,20 +439,15 @@ def main() -> int:
             print(f"      RoarMQ:   {json.dumps(ours, default=str)}")
     differ = sum(not c["same"] for c in checks)
     print(f"{len(checks) - differ} of {len(checks)} checks the same")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(
-        json.dumps(
-            {
-                "alike": alike,
-                "calls": len(rows),
-                "shared_fields": shared,
-                "rabbitmq_fields": total_r,
-                "rows": rows,
-                "parity_checks": checks,
-            },
-            indent=2,
-        )
-    )
+    result = {
+        "alike": alike,
+        "calls": len(rows),
+        "shared_fields": shared,
+        "rabbitmq_fields": total_r,
+        "rows": rows,
+        "parity_checks": checks,
+    }
+    write_json(args.json, result)
     return 1 if differ else 0
 
 

@@ -10,7 +10,7 @@ A benchmark, not a test. Three parts:
           bindings of one queue, each with its own arguments (``x-match: all, h: i``, typed
           as they come off the wire); CPU time (``time.process_time``) to bind them all, to
           bind them all again (each a no-op), and to unbind them all (in a shuffled order).
-  socket  the same bindings through a RoarMQ broker (bench/harness.py, its own process):
+  socket  the same bindings through a RoarMQ broker (bench/lib/brokers.py, its own process):
           ``queue.bind`` pipelined with no-wait, then a passive ``queue.declare`` to know they
           are done; then the same again (no-ops); one publish, which must reach the queue
           once; then every ``queue.unbind`` (no no-wait in AMQP) pipelined, shuffled, every
@@ -37,9 +37,12 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from _machine import machine_info
-from harness import REPO, Procs, broker_instance, group_cpu_s
-from memory import Client
+from lib import RESULTS
+from lib.amqp_client import Client
+from lib.brokers import broker_instance
+from lib.machine import machine_info
+from lib.output import markdown_table, write_json
+from lib.procs import Procs, group_cpu_s
 
 from roarmq.broker.routing import make_index
 from roarmq.protocol import spec
@@ -175,28 +178,26 @@ def heap_per_binding(kind: str, n: int, one_queue: bool) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    out = [
-        "| part | exchange | bindings | bind | bind again | unbind | broker CPU (bind / again "
-        "/ unbind) |",
-        "|---|---|--:|--:|--:|--:|--:|",
-    ]
+    head = ["part", "exchange", "bindings", "bind", "bind again", "unbind"]
+    head.append("broker CPU (bind / again / unbind)")
+    timed, memory = [], []
     for r in rows:
         if r["part"] == "memory":
+            memory.append([r["kind"], f"{r['bindings']:,}", r["shape"], r["bytes"]])
             continue
         cpu = "-"
         if r["part"] == "socket":
             cpu = " / ".join(
                 f"{r[s + '_broker_cpu_s']} s" for s in ("bind", "bind_again", "unbind")
             )
-        out.append(
-            f"| {r['part']} | {r['kind']} | {r['bindings']:,} | {r['bind_s']} s "
-            f"| {r['bind_again_s']} s | {r['unbind_s']} s | {cpu} |"
-        )
-    out += ["", "| exchange | bindings | shape | Python heap B per binding |", "|---|--:|---|--:|"]
-    for r in rows:
-        if r["part"] == "memory":
-            out.append(f"| {r['kind']} | {r['bindings']:,} | {r['shape']} | {r['bytes']} |")
-    return "\n".join(out)
+        steps = [f"{r[s + '_s']} s" for s in ("bind", "bind_again", "unbind")]
+        timed.append([r["part"], r["kind"], f"{r['bindings']:,}", *steps, cpu])
+    heap = ["exchange", "bindings", "shape", "Python heap B per binding"]
+    return (
+        markdown_table(head, timed, align="llrrrrr")
+        + "\n\n"
+        + markdown_table(heap, memory, align="lrlr")
+    )
 
 
 def main() -> int:
@@ -205,7 +206,7 @@ def main() -> int:
     p.add_argument("--headers", type=int, default=20_000)
     p.add_argument("--memory", type=int, default=100_000, help="0: no memory rows")
     p.add_argument("--no-socket", action="store_true", help="the index and memory parts only")
-    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "binds.json")
+    p.add_argument("--json", type=Path, default=RESULTS / "binds.json")
     args = p.parse_args()
     kinds = [("fanout", args.fanout), ("headers", args.headers)]
     rows: list[dict[str, Any]] = []
@@ -221,8 +222,7 @@ def main() -> int:
                 rows.append(heap_per_binding(kind, n, one_queue))
                 print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": machine_info(), "rows": rows}, indent=2))
+    write_json(args.json, {"machine": machine_info(), "rows": rows})
     return 0
 
 

@@ -5,10 +5,11 @@
                                       [--json bench/results/cluster.json]
 
 A benchmark, not a test (the short version of the fault rounds is tests/cluster/test_fault_rounds.py,
-whose client load this uses: ``tests/cluster/clusterlib.py`` ``FaultLoad``).
+whose client load this uses: ``tests/support/clusterlib.py`` ``FaultLoad``).
 
-Fault rounds (`faults`): a 3-node cluster on loopback (``harness.start_roarmq_cluster``: etcd
-+ n1..n3, ``lease_ttl`` 2 s, ``replica_lag_ms`` 1000; ``harness.start_rabbitmq_cluster``:
+Fault rounds (`faults`): a 3-node cluster on loopback (bench/lib/clusters.py's
+``start_roarmq_cluster``: etcd + n1..n3, ``lease_ttl`` 2 s, ``replica_lag_ms`` 1000;
+``start_rabbitmq_cluster``:
 RabbitMQ r1..r3 joined with ``rabbitmqctl join_cluster``, one quorum queue of 3 members).
 One publisher (pika, persistent messages, confirms, one at a time, ``mandatory``) and one
 consumer (manual acks, prefetch 200) on random nodes, following a 530's "led by node ...
@@ -24,7 +25,7 @@ duplicated = deliveries beyond the first.
 
 Cost of replication (`rate`): the same client load without faults for ``--seconds`` s
 (``--publishers`` publisher threads) through our 3-node cluster, our single node
-(``harness.start_roarmq``), RabbitMQ's 3-node cluster with a quorum queue; msg/s =
+(``start_roarmq``), RabbitMQ's 3-node cluster with a quorum queue; msg/s =
 confirmed / seconds (and consumed / seconds). One run each. Everything runs on this
 machine unpinned (brokers, etcd and the pika client share its cores). The rate part measures
 confirm latency (each pika publisher waits for every confirm), not capacity.
@@ -58,25 +59,25 @@ the table ("others"). Parts not run keep their last results in the JSON file.
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-import harness
-from _machine import machine_info
-from harness import LocalCluster, Procs, machine_busy_s
-
-sys.path.insert(0, str(harness.REPO / "tests"))
-from support.clusterlib import FaultLoad  # noqa: E402
+from lib import RESULTS
+from lib.brokers import LABEL, BrokerUnavailable, start_roarmq, stop_broker
+from lib.capacity import run_generator, summarise, target
+from lib.clusters import LocalCluster, start_rabbitmq_cluster, start_roarmq_cluster
+from lib.golang import build_load_generator
+from lib.machine import machine_info, tree_state
+from lib.management_api import api
+from lib.observe import machine_busy_s
+from lib.output import read_json, settings_of, write_json
+from lib.procs import Procs
+from support.clusterlib import FaultLoad
 
 QUORUM = {"x-queue-type": "quorum"}
 KINDS = {
@@ -126,9 +127,9 @@ def fault_round(kind: str, cluster: LocalCluster, load: FaultLoad, args: Any) ->
 def run_faults(kind: str, args: Any, procs: Procs, say: Any) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"roarbench-cluster-{kind}-", dir=args.tmp_dir))
     if kind == "roarmq":
-        cluster = harness.start_roarmq_cluster(procs, tmp, lease_ttl=args.lease_ttl)
+        cluster = start_roarmq_cluster(procs, tmp, lease_ttl=args.lease_ttl)
     else:
-        cluster = harness.start_rabbitmq_cluster(procs, tmp)
+        cluster = start_rabbitmq_cluster(procs, tmp)
     say(f"{kind} {cluster.version}: 3 nodes up ({tmp})")
     load = FaultLoad(cluster.endpoints, arguments=QUORUM if kind == "rabbitmq" else None)
     rows = []
@@ -159,21 +160,21 @@ def rate(kind: str, args: Any, procs: Procs, say: Any) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"roarbench-rate-{kind}-", dir=args.tmp_dir))
     arguments = None
     if kind == "roarmq-cluster":
-        cluster = harness.start_roarmq_cluster(procs, tmp, lease_ttl=args.lease_ttl)
+        cluster = start_roarmq_cluster(procs, tmp, lease_ttl=args.lease_ttl)
         endpoints, version, stop = cluster.endpoints, cluster.version, cluster.stop
     elif kind == "rabbitmq-cluster":
-        cluster = harness.start_rabbitmq_cluster(procs, tmp)
+        cluster = start_rabbitmq_cluster(procs, tmp)
         endpoints, version, stop = cluster.endpoints, cluster.version, cluster.stop
         arguments = QUORUM
     else:
-        single = harness.start_roarmq(procs, tmp)
+        single = start_roarmq(procs, tmp)
         version = single.version
 
         def endpoints() -> list[tuple[str, int]]:
             return [("127.0.0.1", single.port)]
 
         def stop() -> None:
-            harness.stop_broker(procs, single)
+            stop_broker(procs, single)
 
     load = FaultLoad(
         endpoints, queue="rate", arguments=arguments, publishers=args.publishers, confirm_timeout=10
@@ -202,26 +203,6 @@ def rate(kind: str, args: Any, procs: Procs, say: Any) -> dict:
 
 # -- capacity (many confirms in flight) and scale-out -------------------------------------
 
-AUTH = "Basic " + base64.b64encode(b"guest:guest").decode()
-
-
-def build_generator(out_dir: Path) -> tuple[Path, str]:
-    return harness.build_load_generator(out_dir, "bench/cluster.py's capacity parts")
-
-
-def api(port: int, method: str, path: str, body: Any = None, timeout: float = 10) -> Any:
-    """One management API call as guest; the decoded JSON answer (None if empty)."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=data,
-        method=method,
-        headers={"Authorization": AUTH, "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        raw = resp.read()
-    return json.loads(raw) if raw.strip() else None
-
 
 def wait_for(what: str, check: Any, timeout: float = 60) -> Any:
     """Poll ``check()`` (errors count as not yet) until it is truthy."""
@@ -240,33 +221,18 @@ def wait_for(what: str, check: Any, timeout: float = 60) -> Any:
 
 def add_vhost(mgmt_ports: list[int], vhost: str) -> None:
     """Create ``vhost`` (on the first port) and give guest every permission on it on each
-    node (users and permissions are still each node's own: docs/cluster.md)."""
-    api(mgmt_ports[0], "PUT", f"/api/vhosts/{vhost}", {})
+    node (users and permissions are still each node's own: docs/cluster.md). The cluster is
+    ready once one node answers for ``/``: another's API may not be listening yet."""
+    wait_for(
+        f"vhost {vhost} made on :{mgmt_ports[0]}",
+        lambda: api(mgmt_ports[0], "PUT", f"/api/vhosts/{vhost}", {}) or True,
+    )
     perms = {"configure": ".*", "write": ".*", "read": ".*"}
     for port in mgmt_ports:
         wait_for(
             f"vhost {vhost} on :{port}",
             lambda port=port: api(port, "PUT", f"/api/permissions/{vhost}/guest", perms) or True,
         )
-
-
-def vhost_row(cluster: LocalCluster, vhost: str) -> dict:
-    quoted = urllib.request.quote(vhost, safe="")
-    for m in cluster.nodes:
-        try:
-            return api(m.mgmt_port or 0, "GET", f"/api/vhosts/{quoted}", timeout=2)
-        except (OSError, ValueError):
-            continue
-    return {}
-
-
-def cpu_of(pgids: dict[str, int]) -> dict[str, float]:
-    """utime + stime (s) so far of each named process group (/proc/PID/stat), and the
-    whole machine's busy time (``"_machine"``: /proc/stat, every CPU, idle and iowait
-    excluded), so that what other processes used during the window can be told."""
-    out = {name: harness.group_cpu_s(pgid) for name, pgid in pgids.items()}
-    out["_machine"] = machine_busy_s()
-    return out
 
 
 def wait_quiet(say: Any, limit: float, cores: float = 0.3, wait: float = 180) -> float:
@@ -283,102 +249,6 @@ def wait_quiet(say: Any, limit: float, cores: float = 0.3, wait: float = 180) ->
         time.sleep(5)
 
 
-def run_generator(binary: Path, spec: dict, procs: Procs, pgids: dict[str, int], say: Any) -> dict:
-    """Run the generator; the brokers' CPU times are read when it says the window opens
-    and closes. Its result plus ``broker_cpu_s`` (per process group) and ``loadavg``."""
-    proc = procs.start(
-        [str(binary), json.dumps(spec)],
-        instance="cluster-load",
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    cpu0: dict[str, float] = {}
-    cpu1: dict[str, float] = {}
-    result: dict[str, Any] = {}
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            msg = json.loads(line)
-            if msg.get("window_start"):
-                cpu0 = cpu_of(pgids)
-            elif msg.get("window_end"):
-                cpu1 = cpu_of(pgids)
-            elif "ready" not in msg:
-                result = msg
-        proc.wait(30)
-    finally:
-        procs.stop(proc, grace=3)
-    if "error" in result or not cpu1:
-        err = proc.stderr.read() if proc.stderr else ""
-        raise RuntimeError(f"generator failed: {result} {err[-2000:]}")
-    busy = cpu1.pop("_machine") - cpu0.pop("_machine")
-    result["broker_cpu_s"] = {k: round(cpu1[k] - cpu0[k], 3) for k in cpu0}
-    ours = sum(result["broker_cpu_s"].values()) + result["cpu_s"]
-    result["others_cores"] = round(max(0.0, busy - ours) / result["window_s"], 2)
-    result["loadavg"] = harness.loadavg()
-    return result
-
-
-def target(name: str, port: int, vhost: str, args: Any, arguments: dict | None = None) -> dict:
-    return {
-        "name": name,
-        "port": port,
-        "vhost": vhost,
-        "queue": f"cap-{name}",
-        "arguments": arguments or {},
-        "persistent": True,
-        "publishers": args.cap_publishers,
-        "confirm_window": args.cap_window,
-        "batch": 100,
-        "consumers": args.cap_consumers,
-        "prefetch": args.cap_prefetch,
-    }
-
-
-def summarise(kind: str, version: str, res: dict, extra: dict) -> dict:
-    """A row: rates over the window, broker CPU per message received."""
-    window = res["window_s"]
-    confirmed = sum(t["confirmed"] for t in res["targets"])
-    received = sum(t["received"] for t in res["targets"])
-    brokers = {k: v for k, v in res["broker_cpu_s"].items() if k != "etcd"}
-    broker_cpu = sum(brokers.values())
-    row = {
-        "setup": kind,
-        "version": version,
-        "window_s": round(window, 2),
-        "confirmed_per_s": round(confirmed / window),
-        "received_per_s": round(received / window),
-        "per_target": [
-            {
-                "name": t["name"],
-                "vhost": t["vhost"],
-                "port": t["port"],
-                "confirmed_per_s": round(t["confirmed"] / window),
-                "received_per_s": round(t["received"] / window),
-                "latency_p50_ms": t["p50_ms"],
-                "latency_p99_ms": t["p99_ms"],
-                "errors": t["errors"],
-                "blocked": t["blocked"],
-            }
-            for t in res["targets"]
-        ],
-        "broker_cpu_s": res["broker_cpu_s"],
-        "broker_cores": round(broker_cpu / window, 2),
-        "broker_cpu_us_per_msg": round(1e6 * broker_cpu / received, 1) if received else None,
-        "generator_cores": round(res["cpu_s"] / window, 2),
-        "others_cores": res["others_cores"],
-        "others_cores_before": res.get("others_cores_before"),
-        "loadavg_after": res["loadavg"],
-        **extra,
-    }
-    lat = [t for t in res["targets"] if t.get("p50_ms") is not None]
-    if lat:
-        row["latency_p50_ms"] = round(max(t["p50_ms"] for t in lat), 1)
-        row["latency_p99_ms"] = round(max(t["p99_ms"] for t in lat), 1)
-    return row
-
-
 def capacity(kind: str, binary: Path, args: Any, procs: Procs, say: Any) -> dict:
     """One setup under the windowed-confirm load, clients on the (queue's) leader."""
     tmp = Path(tempfile.mkdtemp(prefix=f"roarbench-cap-{kind}-", dir=args.tmp_dir))
@@ -386,17 +256,17 @@ def capacity(kind: str, binary: Path, args: Any, procs: Procs, say: Any) -> dict
     single = None
     try:
         if kind == "roarmq-single":
-            single = harness.start_roarmq(procs, tmp)
+            single = start_roarmq(procs, tmp)
             version, port, leader = single.version, single.port, "single"
             pgids = {"single": single.proc.pid}
             arguments = None
         else:
             if kind == "roarmq-cluster":
-                cluster = harness.start_roarmq_cluster(procs, tmp, lease_ttl=args.lease_ttl)
+                cluster = start_roarmq_cluster(procs, tmp, lease_ttl=args.lease_ttl)
                 leader = cluster.healthy(60) or "?"
                 arguments = None
             else:
-                cluster = harness.start_rabbitmq_cluster(procs, tmp)
+                cluster = start_rabbitmq_cluster(procs, tmp)
                 leader = cluster.nodes[0].name  # declared there: client-local leader
                 arguments = QUORUM
             version = cluster.version
@@ -412,7 +282,7 @@ def capacity(kind: str, binary: Path, args: Any, procs: Procs, say: Any) -> dict
             "targets": [target("q", port, "/", args, arguments)],
         }
         quiet = wait_quiet(say, args.quiet_wait, wait=args.quiet_wait)
-        res = run_generator(binary, spec, procs, pgids, say)
+        res = run_generator(binary, spec, procs, pgids)
         res["others_cores_before"] = quiet
         extra: dict[str, Any] = {"leader": leader}
         if cluster is not None and cluster.kind == "rabbitmq":
@@ -422,7 +292,7 @@ def capacity(kind: str, binary: Path, args: Any, procs: Procs, say: Any) -> dict
         if cluster is not None:
             cluster.stop()
         if single is not None:
-            harness.stop_broker(procs, single)
+            stop_broker(procs, single)
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     say(f"  capacity {row}")
@@ -438,7 +308,7 @@ def scale_out(kind: str, binary: Path, args: Any, procs: Procs, say: Any) -> dic
     extra: dict[str, Any] = {}
     try:
         if kind == "roarmq-single":
-            single = harness.start_roarmq(procs, tmp, management=True)
+            single = start_roarmq(procs, tmp, management=True)
             assert single.mgmt_port is not None
             add_vhost([single.mgmt_port], "v2")
             version = single.version
@@ -447,30 +317,30 @@ def scale_out(kind: str, binary: Path, args: Any, procs: Procs, say: Any) -> dic
             extra["leaders"] = {"/": "single", "v2": "single"}
         else:
             replicas = int(kind.rsplit("r", 1)[1])  # roarmq-2nodes-r2
-            cluster = harness.start_roarmq_cluster(
+            cluster = start_roarmq_cluster(
                 procs, tmp, nodes=2, lease_ttl=args.lease_ttl, replicas=replicas
             )
             version = cluster.version
             mgmt = [m.mgmt_port or 0 for m in cluster.nodes]
             add_vhost(mgmt, "v2")
-            first = wait_for("a leader of /", lambda: vhost_row(cluster, "/").get("leader"))
+            first = wait_for("a leader of /", lambda: cluster.vhost_row("/").get("leader"))
             other = next(m.name for m in cluster.nodes if m.name != first)
 
             def placed() -> bool:
-                row = vhost_row(cluster, "v2")
+                row = cluster.vhost_row("v2")
                 return bool(row.get("leader")) and len(row.get("in_sync") or ()) == replicas
 
             wait_for("v2 led and in sync", placed)
-            if vhost_row(cluster, "v2")["leader"] != other:
-                if other not in vhost_row(cluster, "v2")["in_sync"]:
+            if cluster.vhost_row("v2")["leader"] != other:
+                if other not in cluster.vhost_row("v2")["in_sync"]:
                     raise RuntimeError(f"v2 cannot move to {other}: not in sync")
                 api(mgmt[0], "POST", "/api/vhosts/v2/leader", {"node": other}, timeout=30)
-                wait_for("v2 moved", lambda: vhost_row(cluster, "v2").get("leader") == other)
-            leaders = {v: vhost_row(cluster, v)["leader"] for v in ("/", "v2")}
+                wait_for("v2 moved", lambda: cluster.vhost_row("v2").get("leader") == other)
+            leaders = {v: cluster.vhost_row(v)["leader"] for v in ("/", "v2")}
             if leaders["/"] == leaders["v2"]:
                 raise RuntimeError(f"both vhosts led by {leaders['/']}")
             extra["leaders"] = leaders
-            extra["members"] = {v: vhost_row(cluster, v).get("members") for v in ("/", "v2")}
+            extra["members"] = {v: cluster.vhost_row(v).get("members") for v in ("/", "v2")}
             ports = {v: cluster.members[n].port for v, n in leaders.items()}
             pgids = {m.name: m.proc.pid for m in cluster.nodes if m.proc is not None}
             if cluster.etcd is not None and cluster.etcd.proc is not None:
@@ -486,14 +356,14 @@ def scale_out(kind: str, binary: Path, args: Any, procs: Procs, say: Any) -> dic
             ],
         }
         quiet = wait_quiet(say, args.quiet_wait, wait=args.quiet_wait)
-        res = run_generator(binary, spec, procs, pgids, say)
+        res = run_generator(binary, spec, procs, pgids)
         res["others_cores_before"] = quiet
         row = summarise(kind, version, res, extra)
     finally:
         if cluster is not None:
             cluster.stop()
         if single is not None:
-            harness.stop_broker(procs, single)
+            stop_broker(procs, single)
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     say(f"  scale-out {row}")
@@ -507,9 +377,9 @@ def repeated(kind: str, part: Any, binary: Path, args: Any, procs: Procs, say: A
     for i in range(args.repeat):
         try:
             runs.append(part(kind, binary, args, procs, say))
-        except (harness.BrokerUnavailable, RuntimeError, AssertionError) as exc:
+        except (BrokerUnavailable, RuntimeError, AssertionError) as exc:
             say(f"{kind} run {i + 1} skipped: {exc}")
-            if isinstance(exc, harness.BrokerUnavailable):
+            if isinstance(exc, BrokerUnavailable):
                 break
     if not runs:
         return {"setup": kind, "skipped": "no run completed (see the log above)"}
@@ -617,12 +487,12 @@ def fault_table(kind: str, result: dict) -> list[str]:
             if restored:
                 extra += f"; after restart {max(restored):.2f} s max"
         lines.append(
-            f"| {harness.LABEL[kind]} {result['version']} | {round_kind} | {len(rows)} | "
+            f"| {LABEL[kind]} {result['version']} | {round_kind} | {len(rows)} | "
             f"{med} | {worst} | {missing}{extra} |"
         )
     s = result["summary"]
     lines.append(
-        f"| {harness.LABEL[kind]} {result['version']} | **all** | {len(result['rounds'])} | "
+        f"| {LABEL[kind]} {result['version']} | **all** | {len(result['rounds'])} | "
         f"confirmed {s['confirmed']}, consumed {s['consumed']} | **lost {s['lost']}** | "
         f"duplicated {s['duplicated']}, republished {s['republished']} |"
     )
@@ -674,7 +544,7 @@ def main() -> int:
     )
     p.add_argument("--tmp-dir", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep data dirs and logs")
-    p.add_argument("--json", type=Path, default=harness.REPO / "bench" / "results" / "cluster.json")
+    p.add_argument("--json", type=Path, default=RESULTS / "cluster.json")
     args = p.parse_args()
     if args.quick:
         args.rounds, args.seconds = 4, 10.0
@@ -692,8 +562,8 @@ def main() -> int:
         print(f"[{time.monotonic() - t_begin:6.1f}s] {text}", flush=True)
 
     procs = Procs()
-    machine = machine_info(command=" ".join(sys.argv), tree=harness.tree_state())
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    machine = machine_info(command=" ".join(sys.argv), tree=tree_state())
+    settings = settings_of(args)
     result: dict[str, Any] = {
         "machine": machine,
         "settings": settings,
@@ -710,7 +580,7 @@ def main() -> int:
                     args.rounds = rounds
                     result["faults"][kind] = run_faults(kind, args, procs, say)
                     args.rounds = saved
-                except (harness.BrokerUnavailable, RuntimeError, AssertionError) as exc:
+                except (BrokerUnavailable, RuntimeError, AssertionError) as exc:
                     say(f"{kind} fault rounds skipped: {exc}")
                     result["faults"][kind] = {"skipped": str(exc)[:2000]}
         if "rate" in parts:
@@ -720,11 +590,11 @@ def main() -> int:
             for kind in kinds:
                 try:
                     result["rate"].append(rate(kind, args, procs, say))
-                except (harness.BrokerUnavailable, RuntimeError, AssertionError) as exc:
+                except (BrokerUnavailable, RuntimeError, AssertionError) as exc:
                     say(f"{kind} rate skipped: {exc}")
                     result["rate"].append({"broker": kind, "skipped": str(exc)[:2000]})
         if parts & {"capacity", "scale"}:
-            binary, go_version = build_generator(work)
+            binary, go_version = build_load_generator(work, "bench/cluster.py's capacity parts")
             say(f"generator built ({go_version})")
         if "capacity" in parts:
             rows = []
@@ -767,7 +637,7 @@ def main() -> int:
             ]
         for kind, res in result["faults"].items():
             if "skipped" in res:
-                lines.append(f"| {harness.LABEL[kind]} | skipped | | | | |")
+                lines.append(f"| {LABEL[kind]} | skipped | | | | |")
             else:
                 lines += fault_table(kind, res)
         if result["rate"]:
@@ -789,18 +659,14 @@ def main() -> int:
     # Parts not run this time keep their last figures in the JSON file.
     out = result
     if args.json.exists() and not parts >= {"faults", "rate", "capacity", "scale"}:
-        try:
-            out = json.loads(args.json.read_text())
-        except ValueError:
-            out = {}
+        out = read_json(args.json)
         if parts & {"faults", "rate"}:
             for key in ("machine", "settings", "faults", "rate", "table"):
                 out[key] = result[key]
         for key in ("capacity", "scale_out"):
             if key in result:
                 out[key] = result[key]
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.json, out)
     print(f"\nwrote {args.json} ({time.monotonic() - t_begin:.0f} s)")
     lost = sum(r.get("summary", {}).get("lost", 0) for r in result["faults"].values())
     return 1 if lost else 0

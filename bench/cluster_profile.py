@@ -11,7 +11,8 @@ consumers with manual acks, prefetch 1,000, one durable queue, clients on the le
 each broker's CPU seconds over the window, and broker CPU a message (all brokers).
 With ``--py-spy``, that binary samples the leader (``--follower``: a follower) at 200 Hz
 in raw format into ``--out``. Why a separate script: it isolates one vhost on one node,
-where bench/cluster.py's parts always compare setups.
+where bench/cluster.py's parts always compare setups (the load and its row are
+bench/lib/capacity.py's, shared with bench/cluster.py).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import cluster as bench_cluster  # noqa: E402
-import harness  # noqa: E402
-from harness import Procs  # noqa: E402
+from lib.brokers import start_roarmq
+from lib.capacity import run_generator, summarise, target
+from lib.clusters import start_roarmq_cluster
+from lib.golang import build_load_generator
+from lib.procs import Procs
 
 
 def main() -> int:
@@ -46,26 +47,26 @@ def main() -> int:
     p.add_argument("--cap-prefetch", type=int, default=1000)
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="roarbench-profile-"))
-    binary, _ = bench_cluster.build_generator(tmp)
+    binary, _ = build_load_generator(tmp, "bench/cluster_profile.py")
     procs = Procs()
     try:
         if args.kind == "cluster":
-            c = harness.start_roarmq_cluster(procs, tmp, nodes=args.nodes, replicas=args.replicas)
-            leader = bench_cluster.vhost_row(c, "/")["leader"]
+            c = start_roarmq_cluster(procs, tmp, nodes=args.nodes, replicas=args.replicas)
+            leader = c.vhost_row("/")["leader"]
             port = c.members[leader].port
             pid = c.members[leader].proc.pid
             if args.follower:
                 pid = next(m.proc.pid for m in c.nodes if m.name != leader)
             pgids = {m.name: m.proc.pid for m in c.nodes}
         else:
-            single = harness.start_roarmq(procs, tmp, management=True)
+            single = start_roarmq(procs, tmp, management=True)
             port, pid = single.port, single.proc.pid
             pgids = {"single": pid}
         spec = {
             "role": "capacity",
             "warmup_s": 3,
             "window_s": args.seconds,
-            "targets": [bench_cluster.target("a", port, "/", args)],
+            "targets": [target("a", port, "/", args)],
         }
         spy = None
         if args.py_spy:
@@ -75,10 +76,10 @@ def main() -> int:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-        res = bench_cluster.run_generator(binary, spec, procs, pgids, print)
+        res = run_generator(binary, spec, procs, pgids)
         if spy is not None:
             spy.wait()
-        row = bench_cluster.summarise(args.kind, "", res, {})
+        row = summarise(args.kind, "", res, {})
         keys = ("confirmed_per_s", "received_per_s", "broker_cpu_s", "broker_cpu_us_per_msg")
         print(json.dumps({k: row.get(k) for k in (*keys, "latency_p50_ms", "others_cores")}))
     finally:

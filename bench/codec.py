@@ -17,7 +17,6 @@ timestamp conversion cache hits in the "+ properties" rows.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -25,8 +24,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import harness  # noqa: F401 - first: this tree's roarmq is the one measured (harness.REPO)
-from _machine import machine_info
+from lib import RESULTS
+from lib.machine import machine_info
+from lib.output import write_json
 from pamqp import body as pamqp_body
 from pamqp import commands as pamqp_commands
 from pamqp import frame as pamqp_frame
@@ -157,9 +157,7 @@ def machine() -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument(
-        "--json", type=Path, default=Path("bench/results/codec.json"), help="output file"
-    )
+    parser.add_argument("--json", type=Path, default=RESULTS / "codec.json", help="output file")
     args = parser.parse_args(argv)
     number, repeat = (2_000, 3) if args.quick else (10_000, 15)
 
@@ -187,9 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['case']:<{width}} | {r['ours_ns']:>8} | {r['pamqp_ns']:>9} | {r['speedup']:>6}x |"
         )
 
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "codec", "quick": args.quick, "machine": info, "results": rows}
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     print(f"wrote {args.json}")
     return 0
 

@@ -22,7 +22,6 @@ otherwise waits up to a scheduler tick (4 ms here) to run again after its I/O co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -31,8 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness  # noqa: F401 - first: this tree's paths (harness.REPO)
-from _machine import machine_info
+from lib import RESULTS
+from lib.machine import machine_info
+from lib.output import markdown_table, settings_of, write_json
 
 MODES = ("append", "fallocated", "zero-filled", "dsync")
 
@@ -79,7 +79,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--size", type=int, default=163, help="bytes a write")
     p.add_argument("--fifo", action="store_true", help="run under SCHED_FIFO (root)")
-    p.add_argument("--json", type=Path, default=harness.REPO / "bench" / "results" / "fsync.json")
+    p.add_argument("--json", type=Path, default=RESULTS / "fsync.json")
     args = p.parse_args()
     if args.fifo:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
@@ -100,13 +100,11 @@ def main() -> int:
             }
         )
     print(f"fsync: {args.ops} x {args.size} B a round, {args.rounds} rounds, fifo={args.fifo}")
-    print("| mode | p50 µs | p90 µs | system CPU µs/op |\n|---|--:|--:|--:|")
-    for r in rows:
-        print(f"| {r['mode']} | {r['p50_us']:.0f} | {r['p90_us']:.0f} | {r['sys_us_per_op']:.0f} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k != "json"}
+    keys = ("p50_us", "p90_us", "sys_us_per_op")
+    cells = [[r["mode"], *(f"{r[k]:.0f}" for k in keys)] for r in rows]
+    print(markdown_table(["mode", "p50 µs", "p90 µs", "system CPU µs/op"], cells, align="lrrr"))
     out = {"benchmark": "fsync", "command": sys.argv, "machine": machine_info(), "rows": rows}
-    args.json.write_text(json.dumps({**out, "settings": settings}, indent=2) + "\n")
+    write_json(args.json, {**out, "settings": settings_of(args)})
     print(f"wrote {args.json}")
     return 0
 

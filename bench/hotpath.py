@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import cProfile
 import gc
-import json
 import os
 import pstats
 import random
@@ -24,65 +23,18 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness  # noqa: F401 - first: this tree's roarmq is the one measured (harness.REPO)
+from lib import RESULTS
+from lib.inprocess import open_connection
+from lib.output import markdown_table, write_json
 
 from roarmq.broker.amqp.connection import Connection
 from roarmq.broker.server import Broker
 from roarmq.broker.testing import ephemeral_config
 from roarmq.protocol import spec
-from roarmq.protocol.frames import PROTOCOL_HEADER, encode_content, encode_method
+from roarmq.protocol.frames import encode_content, encode_method
 from roarmq.protocol.properties import BasicProperties
 
 CHUNK = 2000  # publishes per data_received call, like a busy socket read
-
-
-class NullTransport:
-    def __init__(self) -> None:
-        self.bytes = 0
-
-    def get_extra_info(self, key: str, default: object = None) -> object:
-        return ("127.0.0.1", 1) if key == "peername" else default
-
-    def set_write_buffer_limits(self, **_: int) -> None:
-        pass
-
-    def write(self, data: bytes) -> None:
-        self.bytes += len(data)
-
-    def writelines(self, chunks: list[bytes]) -> None:
-        for data in chunks:
-            self.bytes += len(data)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
-def open_connection(broker: Broker) -> Connection:
-    conn = Connection(broker)
-    conn.connection_made(NullTransport())  # type: ignore[arg-type]
-    for data in (
-        PROTOCOL_HEADER,
-        encode_method(
-            0,
-            spec.ConnectionStartOk(
-                client_properties={}, mechanism="PLAIN", response=b"\0guest\0guest", locale="en_US"
-            ),
-        ),
-        encode_method(0, spec.ConnectionTuneOk(channel_max=0, frame_max=131072, heartbeat=0)),
-        encode_method(0, spec.ConnectionOpen(virtual_host="/")),
-        encode_method(1, spec.ChannelOpen()),
-    ):
-        conn.data_received(data)
-    return conn
 
 
 #: topic-unseen: bench/topic_go.py's shape, in process: wildcard bindings
@@ -226,7 +178,7 @@ def main() -> int:
     global UNSEEN_BINDINGS, UNSEEN_LITERALS, UNSEEN_KEYS, UNSEEN_CACHE  # --unseen sets them
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--json", default="bench/results/hotpath.json")
+    parser.add_argument("--json", type=Path, default=RESULTS / "hotpath.json")
     parser.add_argument("--profile", metavar="SCENARIO", help="cProfile one scenario instead")
     parser.add_argument(
         "--scenarios",
@@ -264,21 +216,12 @@ def main() -> int:
     for scenario in scenarios:
         runner = uvloop.run if uvloop else asyncio.run
         rows.append(runner(measure(scenario, args.messages, False)))
-    print(
-        "| scenario | messages | broker CPU ns/msg | of which event loop | msgs per CPU-second |\n"
-        "|---|--:|--:|--:|--:|"
-    )
-    for r in rows:
-        print(
-            f"| {r['scenario']} | {r['messages']:,} | {r['ns_per_msg']:,} "
-            f"| {r['loop_ns_per_msg']:,} | {r['msgs_per_cpu_s']:,} |"
-        )
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(
-        json.dumps(
-            {"rows": rows, "python": sys.version.split()[0], "nproc": os.cpu_count()}, indent=2
-        )
-    )
+    head = ["scenario", "messages", "broker CPU ns/msg", "of which event loop"]
+    head.append("msgs per CPU-second")
+    keys = ("messages", "ns_per_msg", "loop_ns_per_msg", "msgs_per_cpu_s")
+    cells = [[r["scenario"], *(f"{r[k]:,}" for k in keys)] for r in rows]
+    print(markdown_table(head, cells, align="lrrrr"))
+    write_json(args.json, {"rows": rows, "python": sys.version.split()[0], "nproc": os.cpu_count()})
     print(f"wrote {args.json}")
     return 0
 

@@ -26,7 +26,7 @@ consumed), phantoms, duplicates, the longest wait for an answer (and those over
 node's copy of the vhost log compared record by record.
 
 RabbitMQ (`--broker rabbitmq`): Debian's rabbitmq-server (3.10.8; installed with apt-get
-when absent), three nodes on loopback (bench/harness.py's `start_rabbitmq_cluster`: own
+when absent), three nodes on loopback (bench/lib/clusters.py's `start_rabbitmq_cluster`: own
 epmd, node names, ports and dirs, joined with `rabbitmqctl join_cluster`), the same
 workload on quorum queues (`x-queue-type: quorum`). Erlang distribution names nodes by
 host, and three nodes in three namespaces would each need a resolvable name and its own
@@ -41,7 +41,6 @@ broker's last figures are kept).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import statistics
@@ -52,14 +51,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import harness
 import pika
-from _machine import machine_info
-
-sys.path.insert(0, str(harness.REPO / "tests"))
-from support import netns  # noqa: E402
-from support.etcd_cluster import etcd_binary  # noqa: E402
-from support.jepsen import (  # noqa: E402
+from lib import RESULTS
+from lib.brokers import BrokerUnavailable
+from lib.clusters import LocalCluster, start_rabbitmq_cluster
+from lib.machine import machine_info, tree_state
+from lib.output import read_json, settings_of, write_json
+from lib.procs import Procs
+from support import netns
+from support.etcd import etcd_binary
+from support.jepsen import (
     DropIncoming,
     DropOutgoing,
     EtcdFromPeers,
@@ -216,7 +217,7 @@ class RabbitTarget:
     credentials = ("guest", "guest")
     queue_arguments = {"x-queue-type": "quorum"}
 
-    def __init__(self, cluster: harness.LocalCluster) -> None:
+    def __init__(self, cluster: LocalCluster) -> None:
         self.cluster = cluster
         self.frozen: set[str] = set()
 
@@ -243,15 +244,15 @@ class RabbitTarget:
 
 
 def run_rabbitmq(args: Any, t0: float) -> dict[str, Any]:
-    procs = harness.Procs()
+    procs = Procs()
     base = Path(tempfile.mkdtemp(prefix="roarbench-jepsen-rabbit-", dir=args.tmp_dir))
     rng = random.Random(args.seed)
     episodes: list[dict] = []
     kinds = [k for k in args.faults.split(",") if k in RABBIT_FAULTS] or RABBIT_FAULTS
     try:
         try:
-            cluster = harness.start_rabbitmq_cluster(procs, base)
-        except (harness.BrokerUnavailable, RuntimeError) as exc:
+            cluster = start_rabbitmq_cluster(procs, base)
+        except (BrokerUnavailable, RuntimeError) as exc:
             return {"skipped": str(exc)[:2000]}
         say(t0, f"RabbitMQ {cluster.version} cluster up")
         target = RabbitTarget(cluster)
@@ -436,7 +437,7 @@ def main() -> int:
     p.add_argument("--heal-timeout", type=float, default=120.0)
     p.add_argument("--tmp-dir", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep data dirs and logs")
-    p.add_argument("--json", type=Path, default=harness.REPO / "bench" / "results" / "jepsen.json")
+    p.add_argument("--json", type=Path, default=RESULTS / "jepsen.json")
     args = p.parse_args()
     if args.bound is None:
         args.bound = 2 * args.lease_ttl + 3.0
@@ -447,21 +448,14 @@ def main() -> int:
     res = run_roarmq(args, t0) if args.broker == "roarmq" else run_rabbitmq(args, t0)
     lines = table(args.broker, res)
     print("\n" + "\n".join(lines))
-    out: dict[str, Any] = {}
-    if args.json.exists():
-        try:
-            out = json.loads(args.json.read_text())
-        except ValueError:
-            out = {}
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    out = read_json(args.json)  # the other broker's last figures are kept
     out[args.broker] = {
-        "machine": machine_info(command=" ".join(sys.argv), tree=harness.tree_state()),
-        "settings": settings,
+        "machine": machine_info(command=" ".join(sys.argv), tree=tree_state()),
+        "settings": settings_of(args),
         "result": res,
         "table": "\n".join(lines),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    write_json(args.json, out, default=str)
     print(f"\nwrote {args.json} ({time.monotonic() - t0:.0f} s)")
     bad = "skipped" not in res and (
         res["notes"].get("lost_total", 0)

@@ -19,13 +19,13 @@ Prints a table, writes JSON (default bench/results/management.json).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from harness import REPO
+from lib import RESULTS
+from lib.output import write_json
 
 from roarmq.broker.management import rates
 from roarmq.broker.testing import BrokerThread, ephemeral_config
@@ -34,7 +34,7 @@ from roarmq.broker.testing import BrokerThread, ephemeral_config
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--queues", type=int, default=100_000)
-    p.add_argument("--json", default=str(REPO / "bench" / "results" / "management.json"))
+    p.add_argument("--json", type=Path, default=RESULTS / "management.json")
     args = p.parse_args()
     results: dict[str, float] = {}
     with BrokerThread(ephemeral_config(), management=True) as b:
@@ -63,8 +63,7 @@ def main() -> int:
     print(f"{f'call ({args.queues:,} queues)'.ljust(width + 12)}  seconds")
     for label, seconds in results.items():
         print(f"{label.ljust(width + 12)}  {seconds:.3f}")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"queues": args.queues, "seconds": results}, indent=2))
+    write_json(args.json, {"queues": args.queues, "seconds": results})
     return 0
 
 

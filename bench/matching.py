@@ -32,9 +32,10 @@ import types
 from itertools import accumulate
 from pathlib import Path
 
-from _comparators import InvertedBitmap, Naive, OptimizedInvertedBitmap, Trie
-from _machine import machine_info
-from harness import REPO
+from lib import RESULTS
+from lib.comparators import InvertedBitmap, Naive, OptimizedInvertedBitmap, Trie
+from lib.machine import machine_info
+from lib.output import write_json
 from pyroaring import BitMap
 
 from roarmq.broker.routing import TopicIndex
@@ -480,9 +481,7 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="1k and 10k bindings, < 1 minute")
     parser.add_argument("--json", type=Path, help="write result rows to this file")
-    parser.add_argument(
-        "--png", type=Path, default=REPO / "bench" / "results" / "matching.png", help="chart path"
-    )
+    parser.add_argument("--png", type=Path, default=RESULTS / "matching.png", help="chart path")
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--algorithms", type=lambda s: s.split(","), default=list(ALGORITHMS))
     parser.add_argument("--worker", nargs=2, metavar=("ALG", "N"), help=argparse.SUPPRESS)
@@ -537,10 +536,7 @@ def main() -> None:
         f"\n{facts['seconds']} s; load average {facts['loadavg_start']} -> {facts['loadavg_end']}"
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps({"machine": facts, "rows": json_rows(results)}, indent=1) + "\n"
-        )
+        write_json(args.json, {"machine": facts, "rows": json_rows(results)}, indent=1)
     chart(results, args.png)
     print(f"chart: {args.png}")
 

@@ -4,8 +4,8 @@
                                      [--alarm-seconds S] [--json PATH]
 
 A benchmark, not a test. Two measurements, each on a fresh broker
-pinned to CPU 0 (the publisher on CPU 1), started with bench/harness.py (resident
-memory sampled as bench/overload.py samples it):
+pinned to CPU 0 (the publisher on CPU 1), started with bench/lib/brokers.py's
+``monitored_instance`` (resident memory sampled as bench/overload.py samples it):
 
   queued-transient   N (default 1,000,000) 16-byte transient messages published to
                      one queue with no consumer; the broker's resident memory (VmRSS
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -39,96 +38,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _machine import machine_info
-from harness import REPO, Procs, RssSampler, rabbit_server
-from overload import monitored_instance
+from lib import REPO, RESULTS
+from lib.amqp_client import Client
+from lib.brokers import monitored_instance, rabbit_server
+from lib.machine import machine_info
+from lib.observe import RssSampler
+from lib.output import markdown_table, write_json
+from lib.procs import Procs
 
 from roarmq.protocol import spec
-from roarmq.protocol.frames import PROTOCOL_HEADER, FrameParser, encode_content, encode_method
+from roarmq.protocol.frames import encode_content
 from roarmq.protocol.properties import BasicProperties
 
 MiB = 1024 * 1024
 WATERMARK = 256 * MiB
-
-
-class Client:
-    """Just enough AMQP to declare a queue, publish pre-encoded frames and notice blocks."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.parser = FrameParser(expect_protocol_header=False)
-        self.methods: list[Any] = []
-        self.blocked = False
-        self.frame_max = 131072
-
-    @classmethod
-    async def connect(cls, port: int) -> Client:
-        c = cls(*await asyncio.open_connection("127.0.0.1", port))
-        c.writer.write(PROTOCOL_HEADER)
-        await c.expect(spec.ConnectionStart)
-        caps = {"connection.blocked": True}
-        c.send(
-            0,
-            spec.ConnectionStartOk(
-                client_properties={"product": "bench/memory.py", "capabilities": caps},
-                mechanism="PLAIN",
-                response=b"\0guest\0guest",
-                locale="en_US",
-            ),
-        )
-        tune = await c.expect(spec.ConnectionTune)
-        c.frame_max = tune.frame_max
-        c.send(
-            0,
-            spec.ConnectionTuneOk(
-                channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0
-            ),
-        )
-        c.send(0, spec.ConnectionOpen(virtual_host="/"))
-        await c.expect(spec.ConnectionOpenOk)
-        c.send(1, spec.ChannelOpen())
-        await c.expect(spec.ChannelOpenOk)
-        return c
-
-    def send(self, channel: int, method: Any) -> None:
-        self.writer.write(encode_method(channel, method))
-
-    async def expect(self, kind: type, timeout: float = 60.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            for i, m in enumerate(self.methods):
-                if isinstance(m, kind):
-                    del self.methods[: i + 1]
-                    return m
-            data = await asyncio.wait_for(self.reader.read(65536), deadline - time.monotonic())
-            if not data:
-                raise ConnectionError("broker closed the connection")
-            self._take(data)
-
-    def _take(self, data: bytes) -> None:
-        for ev in self.parser.feed(data):
-            method = getattr(ev, "method", None)
-            if isinstance(method, spec.ConnectionBlocked):
-                self.blocked = True
-            elif method is not None:
-                self.methods.append(method)
-
-    def poll(self) -> None:
-        """Read whatever arrived, without waiting (connection.blocked among it)."""
-        buf = self.reader._buffer  # noqa: SLF001 - a peek, as the tests do
-        if buf:
-            data = bytes(buf)
-            buf.clear()
-            self._take(data)
-
-    async def count(self, queue: str, durable: bool) -> int:
-        self.send(1, spec.QueueDeclare(queue=queue, durable=durable, passive=True))
-        return (await self.expect(spec.QueueDeclareOk)).message_count
-
-    async def close(self) -> None:
-        self.writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self.writer.wait_closed()
 
 
 def publishes(queue: str, body: bytes, count: int, persistent: bool, frame_max: int) -> bytes:
@@ -272,30 +195,40 @@ def broker_instance_with(procs: Procs, extra: str) -> Any:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    out = [
-        "| scenario | broker | messages | RSS before MB | RSS after / peak MB | B per message "
-        "| notes |",
-        "|---|---|--:|--:|--:|--:|---|",
+    head = [
+        "scenario",
+        "broker",
+        "messages",
+        "RSS before MB",
+        "RSS after / peak MB",
+        "B per message",
+        "notes",
     ]
+    cells = []
     for r in rows:
-        if r["scenario"] == "recovery-persistent":
-            out.append(
-                f"| {r['scenario']} | {r['broker']} | {r['messages']:,} | {r['rss_before_mb']} "
-                f"| {r['rss_after_mb']} | {r['bytes_per_message']:,} | filled in {r['fill_s']} s, "
-                f"restarted and ready in {r['start_s']} s |"
-            )
-        elif r["scenario"].startswith("queued"):
-            out.append(
-                f"| {r['scenario']} | {r['broker']} | {r['messages']:,} | {r['rss_before_mb']} "
-                f"| {r['rss_after_mb']} | {r['bytes_per_message']:,} | filled in {r['fill_s']} s |"
+        if r["scenario"].startswith(("queued", "recovery")):
+            notes = f"filled in {r['fill_s']} s"
+            if r["scenario"] == "recovery-persistent":
+                notes += f", restarted and ready in {r['start_s']} s"
+            cells.append(
+                [
+                    r["scenario"],
+                    r["broker"],
+                    f"{r['messages']:,}",
+                    r["rss_before_mb"],
+                    r["rss_after_mb"],
+                    f"{r['bytes_per_message']:,}",
+                    notes,
+                ]
             )
         else:
-            out.append(
-                f"| {r['scenario']} | {r['broker']} | {r['messages_sent']:,} sent | - "
-                f"| {r['rss_peak_mb']} | - | watermark {r['watermark_mb']} MB, peak "
-                f"{r['over_watermark_pct']:+}%; connection.blocked: {r['blocked']} |"
+            notes = (
+                f"watermark {r['watermark_mb']} MB, peak {r['over_watermark_pct']:+}%; "
+                f"connection.blocked: {r['blocked']}"
             )
-    return "\n".join(out)
+            sent = f"{r['messages_sent']:,} sent"
+            cells.append([r["scenario"], r["broker"], sent, "-", r["rss_peak_mb"], "-", notes])
+    return markdown_table(head, cells, align="llrrrr")
 
 
 def main() -> int:
@@ -309,7 +242,7 @@ def main() -> int:
         help="comma-separated subset of: queued-transient, queued-persistent, "
         "recovery-persistent, alarm-64k",
     )
-    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "memory.json")
+    p.add_argument("--json", type=Path, default=RESULTS / "memory.json")
     args = p.parse_args()
     os.sched_setaffinity(0, {1})  # the publisher (this process) on the load core
     kinds = ["roarmq"] + ([] if args.skip_rabbitmq or not rabbit_server() else ["rabbitmq"])
@@ -332,13 +265,9 @@ def main() -> int:
     finally:
         procs.stop_all()
     print(table(rows))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     command = "python bench/memory.py " + " ".join(sys.argv[1:])
-    args.json.write_text(
-        json.dumps(
-            {"command": command.strip(), "machine": machine_info(), "results": rows}, indent=1
-        )
-    )
+    result = {"command": command.strip(), "machine": machine_info(), "results": rows}
+    write_json(args.json, result, indent=1)
     print(f"wrote {args.json}")
     return 0
 

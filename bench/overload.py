@@ -5,7 +5,7 @@
                                        [--window S] [--roarmq-rev REV] [--json PATH]
 
 A benchmark, not a test. Each scenario runs against RoarMQ and
-RabbitMQ (apt-installed; ``bench/harness.py`` starts it on its own loopback
+RabbitMQ (apt-installed; ``bench/lib/brokers.py`` starts it on its own loopback
 ports and data dir), the broker pinned to one core (``taskset -c 0``) and
 everything else -- load generator, probe and this script -- to the other
 (``--load-cpu``, default 1). 16-byte transient bodies, published to the default
@@ -13,7 +13,7 @@ exchange with the queue's name as routing key.
 
 The load generator is ``bench/go`` (its overload roles), built here with Debian's
 ``golang-go`` into a temporary directory (standard library only). Python was
-measured first: ``bench/_amqp_load.py``'s publisher and auto-ack consumer took
+measured first: ``bench/lib/amqp_load.py``'s publisher and auto-ack consumer took
 ~69% of their core at 117k msg/s (RoarMQ, direct) with the broker's core
 saturated, leaving no room for 4 publishers + 4 consumers + a 1 kHz probe. The
 Go generator moves the same 100k+ msg/s in ~3% of its core (RabbitMQ's smaller
@@ -84,46 +84,32 @@ go to a table and to ``bench/results/overload.json`` (``overload-quick.json``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-import queue
-import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _machine import machine_info
-from harness import (  # brokers and processes, shared by every script in bench/
+from lib import REPO, RESULTS
+from lib.brokers import (
     ALL_BROKERS,
     BROKERS,
     LABEL,
-    REPO,
     BrokerUnavailable,
-    Procs,
-    RssSampler,
-    Running,
-    broker_instance,
-    build_load_generator,
-    export_rev,
-    fmt,
-    group_cpu_s,
-    loadavg,
-    loop_lag_ms,
-    next_json_line,
-    pinned,
-    read_json_lines,
-    sweep,
+    Monitored,
+    monitored_instance,
 )
+from lib.golang import Child, build_load_generator
+from lib.machine import machine_info
+from lib.observe import loadavg, loop_lag_ms
+from lib.output import command_line, fmt, markdown_table, write_json
+from lib.procs import Procs, group_cpu_s
+from lib.revisions import export_rev
 
 PROBE_INTERVAL_MS = 1.0
 CONNECT_EVERY_MS = 20.0
@@ -242,96 +228,7 @@ SCENARIOS = [
 ]
 
 
-# -- the generator -------------------------------------------------------------------
-
-
-def build_generator(out_dir: Path) -> tuple[Path, str]:
-    return build_load_generator(out_dir, "bench/overload.py")
-
-
-# -- brokers -------------------------------------------------------------------------
-
-
-@dataclass
-class Broker:
-    running: Running
-    mgmt_port: int | None
-    rss: RssSampler
-
-
-@contextlib.contextmanager
-def monitored_instance(
-    kind: str,
-    procs: Procs,
-    cpu: int | None,
-    roarmq_src: Path,
-    extra_config: str = "",
-    *,
-    keep: Path | None = None,
-    ready_timeout: float = 30,
-) -> Iterator[Broker]:
-    """harness.broker_instance with its resident memory sampled; RoarMQ (from source tree
-    ``roarmq_src``) with the management API and the event-loop lag probe on."""
-    options: dict[str, Any] = {}
-    if kind == "roarmq":
-        options = {
-            "src": roarmq_src,
-            "management": True,
-            "lag_probe": True,
-            "extra_config": extra_config,
-            "ready_timeout": ready_timeout,
-        }
-    with broker_instance(kind, procs, cpu, keep=keep, **options) as running:
-        sampler = RssSampler(running.proc.pid)
-        sampler.start()
-        try:
-            yield Broker(running, running.mgmt_port, sampler)
-        finally:
-            sampler.stop()
-
-
 # -- one scenario --------------------------------------------------------------------
-
-
-class Child:
-    """A generator process (pinned to the load core): JSON lines out, commands in."""
-
-    def __init__(self, procs: Procs, binary: Path, spec: dict[str, Any], cpu: int | None) -> None:
-        self.procs = procs
-        self.instance = uuid.uuid4().hex
-        self.lines: queue.Queue = queue.Queue()
-        self.proc = procs.start(
-            pinned(cpu, [str(binary), json.dumps(spec)]),
-            instance=self.instance,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        threading.Thread(target=read_json_lines, args=(self.proc, self.lines), daemon=True).start()
-
-    def line(self, timeout: float) -> dict[str, Any] | None:
-        """The next JSON line within ``timeout`` s (None on timeout or exit)."""
-        return next_json_line(self.lines, time.monotonic() + timeout)
-
-    def expect(self, key: str, timeout: float) -> dict[str, Any]:
-        """The next line, which must carry ``key`` (else RuntimeError with what came)."""
-        got = self.line(timeout)
-        if not got or key not in got:
-            raise RuntimeError(f"expected {key!r} from the generator, got {got}")
-        return got
-
-    def tell(self, text: str | None) -> None:
-        """Write a line to its stdin, or close stdin (None)."""
-        with contextlib.suppress(OSError, ValueError):
-            if text is None:
-                self.proc.stdin.close()  # type: ignore[union-attr]
-            else:
-                self.proc.stdin.write(text + "\n")  # type: ignore[union-attr]
-                self.proc.stdin.flush()  # type: ignore[union-attr]
-
-    def stop(self) -> None:
-        self.procs.stop(self.proc, grace=5)
-        sweep(self.instance)
 
 
 def generator_spec(
@@ -363,7 +260,7 @@ def generator_spec(
 
 
 def run_scenario(
-    procs: Procs, broker: Broker, binary: Path, sc: Scenario, args: argparse.Namespace
+    procs: Procs, broker: Monitored, binary: Path, sc: Scenario, args: argparse.Namespace
 ) -> dict[str, Any]:
     """Probe and load against a running broker; the measured figures of one row."""
     running = broker.running
@@ -520,10 +417,7 @@ COLUMNS = [
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ["scenario", "broker", *(c[0] for c in COLUMNS), "notes"]
-    out = [
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] * 2 + ["---:"] * len(COLUMNS) + ["---"]) + "|",
-    ]
+    out = []
     for r in rows:
         cells = [r["scenario"], LABEL[r["broker"]]]
         for _, key, digits in COLUMNS:
@@ -533,8 +427,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         if r.get("status", "ok") != "ok":
             notes = f"{r['status']}; {notes}" if notes else r["status"]
         cells.append(notes)
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
+        out.append(cells)
+    return markdown_table(head, out, align="ll" + "r" * len(COLUMNS))
 
 
 # -- main ----------------------------------------------------------------------------
@@ -582,7 +476,7 @@ def main() -> int:
     args.bad_timeout = args.bad_timeout or (20.0 if args.quick else 60.0)
     args.reuse_broker = args.reuse_broker or args.quick
     name = "overload-quick.json" if args.quick else "overload.json"
-    args.json = args.json or REPO / "bench" / "results" / name
+    args.json = args.json or RESULTS / name
     chosen = [s for s in SCENARIOS if s.name in args.scenarios.split(",")]
     unknown = set(args.scenarios.split(",")) - {s.name for s in SCENARIOS}
     if not chosen or unknown:
@@ -601,7 +495,7 @@ def main() -> int:
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     versions: dict[str, str] = {}
     work = Path(tempfile.mkdtemp(prefix="roarbench-overload-"))
-    binary, go_version = build_generator(work)
+    binary, go_version = build_load_generator(work, "bench/overload.py")
     src = export_rev(args.roarmq_rev, work / "roarmq") if args.roarmq_rev else REPO
     print(
         f"overload: brokers {', '.join(brokers)}; scenarios {', '.join(s.name for s in chosen)}; "
@@ -617,7 +511,7 @@ def main() -> int:
         print(f"  {kind:8} {sc.name:18} " + "  ".join(cells), flush=True)
         print(f"  {'':8} {'':18} {row['status']}; {row.get('notes', '')}", flush=True)
 
-    def attempt(kind: str, sc: Scenario, broker: Broker) -> None:
+    def attempt(kind: str, sc: Scenario, broker: Monitored) -> None:
         versions[kind] = broker.running.version
         record(kind, sc, run_scenario(procs, broker, binary, sc, args))
 
@@ -661,7 +555,7 @@ def main() -> int:
     result = {
         "benchmark": "overload",
         "quick": args.quick,
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "machine": machine_info(
             go=go_version,
             roarmq_source=args.roarmq_rev or "work tree",
@@ -681,8 +575,7 @@ def main() -> int:
         },
         "results": ordered,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     print(f"\nwrote {args.json}")
     return 0
 

@@ -4,9 +4,9 @@
                                           [--json bench/results/persistence.json]
 
 A benchmark, not a test. Brokers run pinned to one core (``taskset -c 0``), the
-load processes (``bench/_amqp_load.py``, our own ``protocol/`` codec on uvloop)
+load processes (``bench/lib/amqp_load.py``, our own ``protocol/`` codec on uvloop)
 to the other (``taskset -c 1``); how each broker is launched and process bookkeeping
-come from ``bench/harness.py``, the machine facts from ``bench/_machine.py``.
+come from ``bench/lib/`` (brokers.py, procs.py), the machine facts from lib/machine.py.
 
 Confirmed persistent throughput: a fresh broker per run; one publisher
 connection declares a durable queue and publishes 1 KiB bodies with
@@ -68,30 +68,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _machine import machine_with_versions as machine
-from harness import (  # brokers and processes, shared by every script in bench/
+from lib import LOAD, RESULTS
+from lib.brokers import (
     BROKERS,
     LABEL,
-    LOAD,
-    REPO,
     BrokerUnavailable,
-    Procs,
-    _tail,
-    _wait_ready,
     amqp_probe,
     ensure_rabbitmq,
+    log_tail,
+    rabbitmq_env,
+    roarmq_command,
+    wait_ready,
+)
+from lib.machine import machine_with_versions as machine
+from lib.observe import loadavg
+from lib.output import (
+    command_line,
     fmt,
-    free_port,
-    group_cpu_s,
-    loadavg,
+    markdown_table,
     next_json_line,
     number,
-    pinned,
-    rabbitmq_env,
     read_json_lines,
-    roarmq_command,
-    sweep,
+    write_json,
 )
+from lib.procs import Procs, group_cpu_s, pinned, sweep
+from support.waiting import free_port
 
 BODY = 1024
 QUEUE = "bench.persistent"
@@ -163,7 +164,7 @@ class Broker:
         """Spawn and wait until it speaks AMQP."""
         self.spawn(procs)
         try:
-            _, props = _wait_ready(self.proc, lambda: self.port, self.log, timeout)
+            _, props = wait_ready(self.proc, lambda: self.port, self.log, timeout)
         except BaseException:
             self.kill(procs)
             raise
@@ -378,7 +379,7 @@ def timed_start(
             if got is None and broker.proc.poll() is not None:
                 raise RuntimeError(
                     f"{broker.kind} exited with {broker.proc.returncode} while "
-                    f"starting; log tail:\n{_tail(broker.log)}"
+                    f"starting; log tail:\n{log_tail(broker.log)}"
                 )
         # measured right after the count was seen
         mem = broker.memory_kib() if broker.proc.poll() is None else {}
@@ -547,10 +548,10 @@ def throughput_table(rows: list[dict[str, Any]], repeat: int) -> str:
         f"Confirmed persistent publishing: {BODY} B bodies, delivery_mode=2, durable queue, no "
         f"consumer{f'; median of {repeat} runs by msg/s' if repeat > 1 else ''}.",
         "",
-        "| broker | window | confirmed msg/s | confirm p50 ms | p99 ms | max ms | RoarMQ/RabbitMQ "
-        "| broker CPU µs/msg | runs, msg/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    head = ["broker", "window", "confirmed msg/s", "confirm p50 ms", "p99 ms", "max ms"]
+    head += ["RoarMQ/RabbitMQ", "broker CPU µs/msg", "runs, msg/s"]
+    cells = []
     for r in rows:
         ratio = ""
         if r["broker"] == "roarmq":
@@ -559,23 +560,20 @@ def throughput_table(rows: list[dict[str, Any]], repeat: int) -> str:
                 ratio = f"{ours / theirs:.2f}×"
         runs = ", ".join(f"{v / 1000:.1f}k" if v else "-" for v in r["runs_msgs_per_s"])
         status = "" if r["status"] == "ok" else f" ({r['status']})"
-        out.append(
-            "| "
-            + " | ".join(
-                [
-                    LABEL[r["broker"]],
-                    f"{r['window']:,}",
-                    fmt(r["msgs_per_s"], 0) + status,
-                    fmt(r["p50_ms"], 1),
-                    fmt(r["p99_ms"], 1),
-                    fmt(r["max_ms"], 1),
-                    ratio,
-                    fmt(r["broker_cpu_us_per_msg"], 1),
-                    runs,
-                ]
-            )
-            + " |"
+        cells.append(
+            [
+                LABEL[r["broker"]],
+                f"{r['window']:,}",
+                fmt(r["msgs_per_s"], 0) + status,
+                fmt(r["p50_ms"], 1),
+                fmt(r["p99_ms"], 1),
+                fmt(r["max_ms"], 1),
+                ratio,
+                fmt(r["broker_cpu_us_per_msg"], 1),
+                runs,
+            ]
         )
+    out.append(markdown_table(head, cells, align="lrrrrrrr"))
     return "\n".join(out)
 
 
@@ -583,60 +581,50 @@ def recovery_table(results: list[dict[str, Any]]) -> str:
     out = [
         "Restart: seconds from spawning the broker process; RSS after the count was seen.",
         "",
-        "| broker | start | queued msgs | port accepts s | AMQP open s | count reached s "
-        "| store replay ms (log) | RSS MiB | peak RSS MiB | broker CPU s | data dir MiB | stop s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    head = ["broker", "start", "queued msgs", "port accepts s", "AMQP open s", "count reached s"]
+    head += ["store replay ms (log)", "RSS MiB", "peak RSS MiB", "broker CPU s", "data dir MiB"]
+    head.append("stop s")
+    cells = []
     for res in results:
         for s in res.get("starts", []):
             count = s.get("message_count")
             replay = (s.get("store_log") or {}).get("ms")
             status = "" if s["status"] == "ok" else f" ({s['status']})"
-            out.append(
-                "| "
-                + " | ".join(
-                    [
-                        LABEL[res["broker"]],
-                        s["start"] + status,
-                        f"{count:,}" if count is not None else "-",
-                        fmt(s.get("accept_s"), 2),
-                        fmt(s.get("open_s"), 2),
-                        fmt(s.get("count_s"), 2),
-                        fmt(replay, 0),
-                        fmt(s.get("rss_mib"), 0),
-                        fmt(s.get("peak_rss_mib"), 0),
-                        fmt(s.get("broker_cpu_s"), 1),
-                        fmt(s["data"]["bytes"] / 2**20, 0),
-                        fmt(number(s.get("stop_s")), 2),
-                    ]
-                )
-                + " |"
+            cells.append(
+                [
+                    LABEL[res["broker"]],
+                    s["start"] + status,
+                    f"{count:,}" if count is not None else "-",
+                    fmt(s.get("accept_s"), 2),
+                    fmt(s.get("open_s"), 2),
+                    fmt(s.get("count_s"), 2),
+                    fmt(replay, 0),
+                    fmt(s.get("rss_mib"), 0),
+                    fmt(s.get("peak_rss_mib"), 0),
+                    fmt(s.get("broker_cpu_s"), 1),
+                    fmt(s["data"]["bytes"] / 2**20, 0),
+                    fmt(number(s.get("stop_s")), 2),
+                ]
             )
+    out.append(markdown_table(head, cells, align="llrrrrrrrrrr"))
     fills = [r for r in results if r.get("fill")]
     if fills:
-        out += [
-            "",
-            "| broker | fill: messages confirmed | msg/s | confirm p50 ms | p99 ms "
-            "| broker CPU µs/msg | status |",
-            "|---|---:|---:|---:|---:|---:|---|",
+        head = ["broker", "fill: messages confirmed", "msg/s", "confirm p50 ms", "p99 ms"]
+        head += ["broker CPU µs/msg", "status"]
+        cells = [
+            [
+                LABEL[res["broker"]],
+                f"{res['fill'].get('confirmed', 0):,}",
+                fmt(number(res["fill"].get("msgs_per_s")), 0),
+                fmt(res["fill"].get("p50_ms"), 1),
+                fmt(res["fill"].get("p99_ms"), 1),
+                fmt(res["fill"].get("broker_cpu_us_per_msg"), 1),
+                res["fill"]["status"],
+            ]
+            for res in fills
         ]
-        for res in fills:
-            f = res["fill"]
-            out.append(
-                "| "
-                + " | ".join(
-                    [
-                        LABEL[res["broker"]],
-                        f"{f.get('confirmed', 0):,}",
-                        fmt(number(f.get("msgs_per_s")), 0),
-                        fmt(f.get("p50_ms"), 1),
-                        fmt(f.get("p99_ms"), 1),
-                        fmt(f.get("broker_cpu_us_per_msg"), 1),
-                        f["status"],
-                    ]
-                )
-                + " |"
-            )
+        out += ["", markdown_table(head, cells, align="lrrrrr")]
     return "\n".join(out)
 
 
@@ -654,7 +642,7 @@ def main() -> int:
     )
     p.add_argument("--broker", choices=["roarmq", "rabbitmq", "both"], default="both")
     p.add_argument("--quick", action="store_true", help="fewer messages, one run; under 2 minutes")
-    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "persistence.json")
+    p.add_argument("--json", type=Path, default=RESULTS / "persistence.json")
     p.add_argument("--parts", default="throughput,recovery", help="throughput, recovery or both")
     p.add_argument("--windows", default="1000,100", help="confirm windows (unconfirmed messages)")
     p.add_argument(
@@ -829,7 +817,7 @@ def main() -> int:
     result = {
         "benchmark": "persistence",
         "quick": q,
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "machine": info,
         "settings": {
             "body_bytes": BODY,
@@ -853,8 +841,7 @@ def main() -> int:
         "throughput_runs": {f"{k}/{w}": rs for (k, w), rs in runs.items()},
         "recovery": recoveries,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     print(f"\nwrote {args.json} ({time.monotonic() - t_begin:.0f} s)")
     return 0
 

@@ -4,7 +4,7 @@
         [--bindings 100000] [--masters local[1],local[2],standalone] [--json FILE] [--quick]
 
 A benchmark, not a test. It generates a synthetic archive in the broker's own layout and schema
-(``bench/pipeline.py``'s generator: ``--bindings`` bindings, 60% topic wildcards and 40% direct
+(bench/lib/pipeline_data.py, bench/pipeline.py's too: ``--bindings`` bindings, 60% topic wildcards and 40% direct
 keys over 1,000 queues; ``--rows`` rows over 24 hours; routing keys drawn by Zipf's law over a
 pool of ``--keys`` distinct keys, 5% of which match nothing; 10% of rows with a per-message
 header), a candidate definitions file (1% of the bindings removed, as many new ones added), and
@@ -24,7 +24,6 @@ envelopes, building and writing the traffic table, and routing (``summary.json``
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -37,16 +36,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from _machine import machine_info
-from harness import REPO, free_port
-
-
-def _generator() -> Any:
-    """bench/pipeline.py's archive generator (a script, so loaded by path)."""
-    spec = importlib.util.spec_from_file_location("bench_pipeline", REPO / "bench" / "pipeline.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+from lib import RESULTS
+from lib.machine import machine_info
+from lib.output import write_json
+from lib.pipeline_data import make_archive, make_definitions
+from support.waiting import free_port
 
 
 def candidate_of(defs: dict[str, Any]) -> dict[str, Any]:
@@ -187,11 +181,10 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="2M rows, 100k keys")
     p.add_argument("--timeout", type=float, default=3600.0, help="per command, seconds")
     p.add_argument("--keep", type=Path, help="generate the archive here and keep it (reused)")
-    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "pipeline_scale.json")
+    p.add_argument("--json", type=Path, default=RESULTS / "pipeline_scale.json")
     args = p.parse_args()
     if args.quick:
         args.rows, args.keys = 2_000_000, 100_000
-    gen = _generator()
     tmp = Path(tempfile.mkdtemp(prefix="roarmq-pipeline-scale-"))
     root = args.keep or tmp
     root.mkdir(parents=True, exist_ok=True)
@@ -201,7 +194,7 @@ def main() -> int:
             root / "candidate.json",
             root / "archive",
         )
-        defs = gen.make_definitions(args.bindings)
+        defs = make_definitions(args.bindings)
         defs_path.write_text(json.dumps(defs))
         cand_path.write_text(json.dumps(candidate_of(defs)))
         if not archive.exists():
@@ -210,7 +203,7 @@ def main() -> int:
                 f"{args.bindings:,} bindings ...",
                 flush=True,
             )
-            gen_s = gen.make_archive(archive, args.rows, args.bindings, args.keys, zipf=args.zipf)
+            gen_s = make_archive(archive, args.rows, args.bindings, args.keys, zipf=args.zipf)
             print(f"  {gen_s:.0f} s", flush=True)
         size = sum(f.stat().st_size for f in archive.rglob("*.parquet"))
         runs = []
@@ -242,8 +235,7 @@ def main() -> int:
             "runs": runs,
         }
         print(table(result))
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
         return 0 if all("error" not in r for r in runs) else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

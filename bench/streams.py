@@ -3,9 +3,9 @@
     .venv/bin/python bench/streams.py [--broker roarmq|rabbitmq|both] [--quick]
                                       [--messages N] [--json bench/results/streams.json]
 
-A benchmark, not a test. Each broker runs fresh (bench/harness.py's ``start_roarmq`` /
+A benchmark, not a test. Each broker runs fresh (bench/lib/brokers.py's ``start_roarmq`` /
 ``start_rabbitmq``) pinned to core 0; the load runs in this process (uvloop, the client of
-``bench/_amqp_load.py`` on our ``protocol/`` codec) pinned to core 1. One stream
+``bench/lib/amqp_load.py`` on our ``protocol/`` codec) pinned to core 1. One stream
 ``bench.s``; N messages of 100-byte bodies, each with an ``x-stream-filter-value`` header:
 ``spread`` on every 100th message (1% spread over the whole stream), ``block`` on a
 contiguous run of N/100 messages in the middle (1% in one place), ``common`` otherwise.
@@ -30,26 +30,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import time
-import urllib.request
-from base64 import b64encode
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
-from _amqp_load import CHANNEL, connect  # noqa: E402
-from _machine import machine_info  # noqa: E402
+from lib import RESULTS
+from lib.amqp_load import CHANNEL, connect
+from lib.brokers import STARTERS, Running, broker_instance, stop_broker
+from lib.machine import machine_info
+from lib.management_api import api
+from lib.observe import group_rss
+from lib.output import write_json
+from lib.procs import Procs
 
-from roarmq.protocol import spec  # noqa: E402
-from roarmq.protocol.frames import encode_content, encode_method  # noqa: E402
-from roarmq.protocol.properties import BasicProperties  # noqa: E402
+from roarmq.protocol import spec
+from roarmq.protocol.frames import encode_content, encode_method
+from roarmq.protocol.properties import BasicProperties
 
 QUEUE = "bench.s"
 BODY = 100
@@ -146,25 +147,21 @@ async def consume(
     }
 
 
-def skipped(broker: harness.Running) -> int | None:
+def skipped(broker: Running) -> int | None:
     if not broker.mgmt_port:
         return None
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{broker.mgmt_port}/api/queues/%2F/{QUEUE}",
-        headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()},
-    )
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.load(resp).get("filter_chunks_skipped")
-    except OSError:
+        row = api(broker.mgmt_port, "GET", f"/api/queues/%2F/{QUEUE}")
+    except (OSError, ValueError):
         return None
+    return (row or {}).get("filter_chunks_skipped")
 
 
-def rss(broker: harness.Running) -> int:
-    return sum(harness.vmrss(pid) for pid in harness.group_pids(broker.proc.pid))
+def rss(broker: Running) -> int:
+    return group_rss(broker.proc.pid)
 
 
-async def run(broker: harness.Running, n: int, rows: set[str]) -> dict[str, Any]:
+async def run(broker: Running, n: int, rows: set[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"broker": broker.kind, "version": broker.version}
     out["rss_idle"] = rss(broker)
     out["publish"] = await publish(broker.port, n)
@@ -186,12 +183,12 @@ async def run(broker: harness.Running, n: int, rows: set[str]) -> dict[str, Any]
     return out
 
 
-async def restarted(procs: harness.Procs, kind: str, tmp: Path, n: int) -> dict[str, Any]:
+async def restarted(procs: Procs, kind: str, tmp: Path, n: int) -> dict[str, Any]:
     """The same broker started again on its data: seconds until it serves AMQP, a consumer
     from `first`'s time to its first delivery, RSS."""
     t0 = time.perf_counter()
     options = {"management": True} if kind == "roarmq" else {}
-    broker = harness.STARTERS[kind](procs, tmp, 0, **options)
+    broker = STARTERS[kind](procs, tmp, 0, **options)
     try:
         ready = time.perf_counter() - t0
         first = await consume(broker.port, 1, min(n, 1000), {}, 60)
@@ -201,7 +198,7 @@ async def restarted(procs: harness.Procs, kind: str, tmp: Path, n: int) -> dict[
             "rss_mib": rss(broker) / 2**20,
         }
     finally:
-        harness.stop_broker(procs, broker)
+        stop_broker(procs, broker)
 
 
 def fmt(x: float | None, unit: str = "") -> str:
@@ -262,7 +259,7 @@ def main() -> int:
     ap.add_argument("--broker", choices=("roarmq", "rabbitmq", "both"), default="both")
     ap.add_argument("--quick", action="store_true", help="N = 100,000 (default 2,000,000)")
     ap.add_argument("--messages", type=int, default=0)
-    ap.add_argument("--json", type=Path, default=Path("bench/results/streams.json"))
+    ap.add_argument("--json", type=Path, default=RESULTS / "streams.json")
     ap.add_argument(
         "--rows",
         default="replay,fanout,filtered",
@@ -282,14 +279,14 @@ def main() -> int:
     with contextlib.suppress(OSError):
         os.sched_setaffinity(0, {1})
     kinds = ["roarmq", "rabbitmq"] if args.broker == "both" else [args.broker]
-    procs = harness.Procs()
+    procs = Procs()
     results, skipped_brokers = [], {}
     try:
         for kind in kinds:
             options = {"management": True} if kind == "roarmq" else {}
             keep = Path(tempfile.mkdtemp(prefix=f"roarbench-{kind}-"))
             try:
-                with harness.broker_instance(kind, procs, 0, keep=keep, **options) as broker:
+                with broker_instance(kind, procs, 0, keep=keep, **options) as broker:
                     results.append(asyncio.run(run(broker, n, rows)))
                     if args.restart == "kill-9" and kind == "roarmq":
                         os.killpg(broker.proc.pid, signal.SIGKILL)
@@ -308,19 +305,14 @@ def main() -> int:
     print(text)
     for kind, why in skipped_brokers.items():
         print(f"\n{kind} skipped: {why}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "machine": machine_info(),
-                "messages": n,
-                "results": results,
-                "skipped": skipped_brokers,
-                "table": text,
-            },
-            indent=2,
-        )
-    )
+    result = {
+        "machine": machine_info(),
+        "messages": n,
+        "results": results,
+        "skipped": skipped_brokers,
+        "table": text,
+    }
+    write_json(args.json, result)
     return 0
 
 

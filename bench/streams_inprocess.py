@@ -1,4 +1,5 @@
-"""A stream's per-message CPU cost in process, without sockets (bench/hotpath.py's way).
+"""A stream's per-message CPU cost in process, without sockets (bench/hotpath.py's way,
+bench/lib/inprocess.py).
 
     .venv/bin/python bench/streams_inprocess.py publish|fanout|replay [N] [--profile]
 
@@ -12,6 +13,7 @@ delivery. The segment log's writer thread is included (process time).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import cProfile
 import pstats
@@ -19,9 +21,8 @@ import sys
 import tempfile
 import time
 
-import harness  # noqa: F401 - first: this tree's roarmq is the one measured
 import uvloop
-from hotpath import open_connection
+from lib.inprocess import open_connection
 
 from roarmq.broker.server import Broker
 from roarmq.broker.testing import ephemeral_config
@@ -101,9 +102,17 @@ async def main(mode: str, n: int, profile: bool) -> None:
             pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
+def cli() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("mode", nargs="?", default="publish", choices=("publish", "fanout", "replay"))
+    p.add_argument("n", nargs="?", type=int, default=200_000, help="messages (default 200,000)")
+    p.add_argument("--profile", action="store_true", help="cProfile the measured part")
+    args = p.parse_args()
+    uvloop.run(main(args.mode, args.n, args.profile))
+    return 0
+
+
 if __name__ == "__main__":
-    argv = [a for a in sys.argv[1:] if a != "--profile"]
-    mode = argv[0] if argv else "publish"
-    if mode not in ("publish", "fanout", "replay"):
-        raise SystemExit(__doc__)
-    uvloop.run(main(mode, int(argv[1]) if len(argv) > 1 else 200_000, "--profile" in sys.argv))
+    sys.exit(cli())

@@ -7,7 +7,7 @@
 A benchmark, not a test. For each broker and scenario a broker instance is
 started pinned to one core (``taskset -c 0``), then a consumer process and a
 publisher process pinned to the other (``taskset -c 1``), both speaking AMQP
-through our own ``protocol/`` codec on uvloop (``bench/_amqp_load.py``; aio-pika
+through our own ``protocol/`` codec on uvloop (``bench/lib/amqp_load.py``; aio-pika
 is too slow to load a broker). Brokers (``--broker``; default ``all``, ``both``
 is RoarMQ and RabbitMQ):
 
@@ -117,31 +117,26 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _machine import machine_with_versions as machine
-from harness import (  # brokers and processes, shared by every script in bench/
+from lib import LOAD, REPO
+from lib.brokers import (
     ALL_BROKERS,
     BROKERS,
     LABEL,
-    LOAD,
-    REPO,
     BrokerUnavailable,
-    Procs,
     Running,
     broker_instance,
-    fmt,
-    group_cpu_s,
+)
+from lib.machine import machine_with_versions as machine
+from lib.observe import (
     loadavg,
     loop_lag_ms,
     machine_busy_s,
     machine_steal_s,
-    next_json_line,
-    number,
-    pinned,
-    read_json_lines,
     stall_log,
     stall_summary,
-    sweep,
 )
+from lib.output import fmt, next_json_line, number, read_json_lines
+from lib.procs import Procs, group_cpu_s, pinned, sweep
 
 #: A run in which other processes used more than this many cores (the machine's busy time
 #: minus the broker's, the load's and this script's) is refused: it shared the broker's
@@ -168,11 +163,11 @@ class Scenario:
     prefetch: int = 0
     confirms: bool = False
     bindings: int = 1
-    shape: str = "prefixed"  # topic patterns: see _amqp_load.topology
+    shape: str = "prefixed"  # topic patterns: see lib/amqp_load.py topology
     topic_keys: int = 0  # distinct routing keys; 0: --topic-keys
     queues: int = 1  # queues bound to the exchange, one consumer each (fanout)
     rate: int = 0  # publisher pace, msg/s; 0: unthrottled
-    scan: bool = False  # the consumer's frame scanner instead of FrameParser (_amqp_load)
+    scan: bool = False  # the consumer's frame scanner instead of FrameParser (lib/amqp_load.py)
     quick_bindings: int = 0  # bindings with --quick; 0: as bindings
     persistent: bool = False  # durable queue, delivery-mode 2 (the broker fsyncs them)
     queue_arguments: dict[str, Any] | None = None  # queue.declare arguments of the queue(s)

@@ -32,7 +32,6 @@ them, the longest few with their causes (GET /api/diagnostics/stalls).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -40,19 +39,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _machine import machine_info
-from harness import (
-    REPO,
-    Procs,
-    broker_instance,
-    export_rev,
-    group_cpu_s,
-    loadavg,
-    machine_busy_s,
-    stall_log,
-    stall_summary,
-)
-from overload import Child, build_generator
+from lib import REPO, RESULTS
+from lib.brokers import broker_instance
+from lib.golang import Child, build_load_generator
+from lib.machine import machine_info
+from lib.observe import loadavg, machine_busy_s, stall_log, stall_summary
+from lib.output import markdown_table, settings_of, write_json
+from lib.procs import Procs, group_cpu_s
+from lib.revisions import export_rev
 
 
 def run_once(kind: str, procs: Procs, binary: Path, args: argparse.Namespace, src: Path) -> dict:
@@ -170,7 +164,7 @@ def main() -> int:
     p.add_argument(
         "--roarmq-rev", help="run RoarMQ from `git archive REV`, compiled (a 'before' figure)"
     )
-    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "topic_go.json")
+    p.add_argument("--json", type=Path, default=RESULTS / "topic_go.json")
     args = p.parse_args()
     if args.queues is None:
         args.queues = args.bindings + args.literals
@@ -179,9 +173,9 @@ def main() -> int:
     rows: dict[str, list[dict]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory(prefix="topic27-") as tmp_name:
         tmp = Path(tmp_name)
-        binary, go_version = build_generator(tmp)
+        binary, go_version = build_load_generator(tmp, "bench/topic_go.py")
         src = REPO
-        if args.roarmq_rev:  # built as its make install would (harness.export_rev)
+        if args.roarmq_rev:  # built as its make install would (lib/revisions.py)
             src = export_rev(args.roarmq_rev, tmp / "src")
         try:
             for _ in range(args.repeat):
@@ -207,34 +201,30 @@ def main() -> int:
     if "roarmq" in median and "rabbitmq" in median and median["rabbitmq"]["msgs_per_s"]:
         ratio = median["roarmq"]["msgs_per_s"] / median["rabbitmq"]["msgs_per_s"]
     print()
-    print("| broker | msg/s | broker CPU µs/msg | generator cores | others, cores |")
-    print("|---|--:|--:|--:|--:|")
-    for kind, r in median.items():
-        print(
-            f"| {kind} {r['version']} | {r['msgs_per_s']:,.0f} | "
-            f"{r['broker_cpu_us_per_msg']:.1f} | {r['gen_cpu_cores']:.2f} | "
-            f"{r['others_cores']:.2f} |"
-        )
+    head = ["broker", "msg/s", "broker CPU µs/msg", "generator cores", "others, cores"]
+    cells = [
+        [
+            f"{kind} {r['version']}",
+            f"{r['msgs_per_s']:,.0f}",
+            f"{r['broker_cpu_us_per_msg']:.1f}",
+            f"{r['gen_cpu_cores']:.2f}",
+            f"{r['others_cores']:.2f}",
+        ]
+        for kind, r in median.items()
+    ]
+    print(markdown_table(head, cells, align="lrrrr"))
     if ratio is not None:
         print(f"\nRoarMQ / RabbitMQ: {ratio:.1f}x")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k != "json"}
-    args.json.write_text(
-        json.dumps(
-            {
-                "machine": machine_info(go=go_version),
-                "settings": settings,
-                "runs": rows,
-                "median": median,
-                "ratio": ratio,
-                "msgs_per_s_spread": {
-                    k: [round(r["msgs_per_s"]) for r in v] for k, v in rows.items()
-                },
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    spread = {k: [round(r["msgs_per_s"]) for r in v] for k, v in rows.items()}
+    result = {
+        "machine": machine_info(go=go_version),
+        "settings": settings_of(args),
+        "runs": rows,
+        "median": median,
+        "ratio": ratio,
+        "msgs_per_s_spread": spread,
+    }
+    write_json(args.json, result)
     return 0
 
 

@@ -18,14 +18,14 @@ over the timed routes.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
 from pathlib import Path
 
-from _machine import machine_info
-from harness import REPO
+from lib import RESULTS
+from lib.machine import machine_info
+from lib.output import markdown_table, write_json
 
 from roarmq.broker.routing import TopicIndex
 
@@ -66,7 +66,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bindings", type=int, default=100_000)
     p.add_argument("--routes", type=int, default=200_000)
-    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "topic_keys.json")
+    p.add_argument("--json", type=Path, default=RESULTS / "topic_keys.json")
     args = p.parse_args()
     n, b = args.routes, args.bindings
     hot = drawn(n, 1000, b, 1)
@@ -97,15 +97,12 @@ def main() -> int:
             flush=True,
         )
     print()
-    print("| traffic | µs per route | hits | misses |")
-    print("|---|--:|--:|--:|")
-    for r in rows:
-        print(f"| {r['traffic']} | {r['us_per_route']:.2f} | {r['hits']:,} | {r['misses']:,} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps({"machine": machine_info(), "bindings": b, "routes": n, "rows": rows}, indent=2)
-        + "\n"
-    )
+    cells = [
+        [r["traffic"], f"{r['us_per_route']:.2f}", f"{r['hits']:,}", f"{r['misses']:,}"]
+        for r in rows
+    ]
+    print(markdown_table(["traffic", "µs per route", "hits", "misses"], cells, align="lrrr"))
+    write_json(args.json, {"machine": machine_info(), "bindings": b, "routes": n, "rows": rows})
     return 0
 
 

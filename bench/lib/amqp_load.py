@@ -1,10 +1,13 @@
 """Load processes for ``bench/throughput.py``: an AMQP publisher and consumer on our own codec.
 
-    python bench/_amqp_load.py consumer  --port P --scenario JSON
-    python bench/_amqp_load.py publisher --port P --scenario JSON
-    python bench/_amqp_load.py probe     --port P
-    python bench/_amqp_load.py declare   --port P --scenario JSON      (bench/persistence.py)
-    python bench/_amqp_load.py recovery  --port P --scenario JSON      (bench/persistence.py)
+    python bench/lib/amqp_load.py consumer  --port P --scenario JSON
+    python bench/lib/amqp_load.py publisher --port P --scenario JSON
+    python bench/lib/amqp_load.py probe     --port P
+    python bench/lib/amqp_load.py declare   --port P --scenario JSON      (bench/persistence.py)
+    python bench/lib/amqp_load.py recovery  --port P --scenario JSON      (bench/persistence.py)
+
+Run by path as a child process (``lib.LOAD``); bench/streams.py imports its client
+(``connect``) instead.
 
 Each runs in its own process (``throughput.py`` pins them with ``taskset``) on
 uvloop, with an ``asyncio.Protocol`` client over ``protocol/``: ``FrameParser``
@@ -85,13 +88,16 @@ import random
 import signal
 import sys
 import time
+from pathlib import Path
 from struct import Struct
 from typing import Any
 
-import harness  # noqa: F401 - first: this tree's roarmq is the one measured (harness.REPO)
+if __name__ == "__main__":  # run by path: sys.path[0] is bench/lib, and lib lives in bench/
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from roarmq.protocol import spec
-from roarmq.protocol.frames import (
+import lib  # noqa: E402, F401 - first: this tree's roarmq is the one measured (lib.REPO)
+from roarmq.protocol import spec  # noqa: E402
+from roarmq.protocol.frames import (  # noqa: E402
     PROTOCOL_HEADER,
     ContentMessage,
     FrameParser,
@@ -100,7 +106,7 @@ from roarmq.protocol.frames import (
     encode_content,
     encode_method,
 )
-from roarmq.protocol.properties import BasicProperties
+from roarmq.protocol.properties import BasicProperties  # noqa: E402
 
 CHANNEL = 1
 BODY_SIZE = 16  # send time (u64 ns) + sequence (u64)

@@ -1,0 +1,28 @@
+"""A broker's management HTTP API on loopback, as guest (an administrator on loopback).
+
+One call (``api``) for the scripts and the cluster helpers that ask a RoarMQ node for its
+vhosts, its stall log or a stream's counters, and set up vhosts on a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+AUTH = "Basic Z3Vlc3Q6Z3Vlc3Q="  # guest:guest
+
+
+def api(port: int, method: str, path: str, body: Any = None, timeout: float = 10) -> Any:
+    """One management API call; the decoded JSON answer (None if empty). Raises OSError
+    (urllib's errors among them) or ValueError as urllib and json do."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=data,
+        method=method,
+        headers={"Authorization": AUTH, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw.strip() else None
