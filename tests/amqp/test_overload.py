@@ -8,13 +8,9 @@ rather than how long something took.
 from __future__ import annotations
 
 import asyncio
-import re
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from support.broker_process import BrokerProcess
 from support.rawclient import RawClient
 
 from roarmq.broker.amqp.flow import WRITE_HIGH, WRITES
@@ -26,8 +22,6 @@ from roarmq.protocol.properties import BasicProperties
 
 # slow (load until the broker pushes back): `make check` leaves it out
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _publishes(queue: str, body: bytes, count: int, frame_max: int) -> bytes:
@@ -203,23 +197,15 @@ async def test_binds_against_a_full_cache_of_long_keys_flush_instead_of_scanning
 
 def test_a_queue_of_a_million_small_messages_stays_small(tmp_path):
     """1M queued 16-byte messages cost under 100 bytes each of the broker's resident memory."""
-    log = tmp_path / "broker.log"
-    cmd = [
-        sys.executable, "-m", "roarmq", "--port", "0", "--mgmt-port", "0",
-        "--data-dir", str(tmp_path / "data"), "--log-level", "notice",
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    broker = BrokerProcess(tmp_path / "data", log_level="notice").start()
     try:
-        port = _wait_for_port(proc, log)
-        before = _rss(proc.pid)
+        before = _rss(broker.pid)
         n = 1_000_000
-        asyncio.run(_publish_million(port, n))
-        after = _rss(proc.pid)
+        asyncio.run(_publish_million(broker.port, n))
+        after = _rss(broker.pid)
         assert (after - before) / n < 100, f"{(after - before) / n:.0f} bytes per message"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        broker.stop(grace=30)
 
 
 async def _publish_million(port: int, n: int) -> None:
@@ -231,20 +217,6 @@ async def _publish_million(port: int, n: int) -> None:
     c.send(1, spec.QueueDeclare(queue="million", passive=True))
     assert (await c.expect(spec.QueueDeclareOk, timeout=60)).message_count == n
     await c.close()
-
-
-def _wait_for_port(proc: subprocess.Popen, log: Path) -> int:
-    import time
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        m = re.search(r"AMQP on .* port (\d+)", log.read_text(errors="replace"))
-        if m:
-            return int(m.group(1))
-        if proc.poll() is not None:
-            raise AssertionError(log.read_text())
-        time.sleep(0.05)
-    raise AssertionError("broker did not start: " + log.read_text())
 
 
 def _rss(pid: int) -> int:

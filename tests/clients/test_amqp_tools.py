@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 from machine import missing
+from support.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,16 +56,11 @@ def test_publish_through_topic_exchange(thread_broker):
         stdout=subprocess.PIPE,
     )
     try:
-        import time
 
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            bound = thread_broker.call(
-                lambda: len(thread_broker.broker.vhosts["/"].exchanges["amq.topic"].index)
-            )
-            if bound:
-                break
-            time.sleep(0.05)
+        def bound() -> int:  # amq.topic's bindings, read in the broker's thread
+            return len(thread_broker.broker.vhosts["/"].exchanges["amq.topic"].index)
+
+        until(lambda: thread_broker.call(bound), 10, 0.05)
         run("amqp-publish", "--url", url, "-e", "amq.topic", "-r", "logs.app.error", "-b", "boom")
         out, _ = proc.communicate(timeout=10)
         assert out == b"boom"

@@ -10,9 +10,6 @@ in-sync set; three real nodes on a real etcd, pika clients.
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pika
 import pytest
 from support.cluster_nodes import (
@@ -24,6 +21,7 @@ from support.cluster_nodes import (
     drain,
     log_of,
     placement,
+    run_ctl,
     the_leader,
     three_nodes,
 )
@@ -36,8 +34,8 @@ BODY = b"x" * 1000
 
 @pytest.fixture
 def cluster(etcd, tmp_path):
-    extra = "replica_lag_ms = 1000\ncheckpoint_bytes = 262144\n[storage]\nsegment_size = 1048576\n"
-    with three_nodes(etcd, tmp_path, extra) as nodes:
+    keys = "replica_lag_ms = 1000\ncheckpoint_bytes = 262144\n"
+    with three_nodes(etcd, tmp_path, keys, storage="segment_size = 1048576\n") as nodes:
         yield nodes
 
 
@@ -121,14 +119,14 @@ def test_durable_declare_waits_for_the_in_sync_set(cluster):
     conn = connect(leader)
     ch = conn.channel()
     ch.queue_declare("before", durable=True)
-    os.kill(frozen.proc.pid, signal.SIGSTOP)
+    frozen.freeze()
     try:
         ch.queue_declare("during", durable=True)
         # Answered: so every in-sync member had it, and the frozen one could not have.
         in_sync = leader.api("/api/vhosts/%2F")["in_sync"]
         assert frozen.name not in in_sync and leader_name in in_sync
     finally:
-        os.kill(frozen.proc.pid, signal.SIGCONT)
+        frozen.thaw()
     ch.queue_declare("during", passive=True)
     conn.close()
     assert until(lambda: frozen.name in leader.api("/api/vhosts/%2F")["in_sync"], 30)
@@ -167,8 +165,6 @@ def test_lazy_queue_bodies_page_out_and_come_back_from_the_vhost_store(cluster):
 def test_leadership_away_and_back_in_one_process_recovers_no_duplicates(cluster):
     """A node that led the vhost, lost it (a clean move) and wins it back rebuilds its
     queues from the log alone: what it still held in memory is not added twice."""
-    from test_cluster_ctl import run_ctl
-
     first = the_leader(cluster)
     second = next(n for n in cluster if n is not first)
     conn = connect(first)

@@ -4,31 +4,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-import signal
 import time
 import urllib.error
 import urllib.request
 
 import pika
 import pytest
-from support.cluster_nodes import TTL, Node, placement, three_nodes
+from support.cluster_nodes import TTL, Node, placement, run_ctl, three_nodes
 from support.clusterlib import api_call
 from support.waiting import until
-
-from roarmq.broker.cli import ctl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 NAMES = {"n1", "n2", "n3"}
-
-
-def run_ctl(node: Node, *args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = ctl.main(["--url", f"http://127.0.0.1:{node.mgmt_port}", *args])
-    return code, out.getvalue(), err.getvalue()
 
 
 def raw(node: Node, path: str) -> tuple[dict, object]:
@@ -156,9 +144,9 @@ def test_move_status_lists_and_forget(cluster):
     # Frozen past its lease, the forgotten node rejoins when it wakes, and stays forgotten:
     # no leader adds it back (only starting a node clears its mark).
     rejoins = target.log.read_text().count("rejoined the cluster")
-    target.proc.send_signal(signal.SIGSTOP)
+    target.freeze()
     time.sleep(2 * TTL + 1)
-    target.proc.send_signal(signal.SIGCONT)
+    target.thaw()
     assert until(lambda: target.log.read_text().count("rejoined the cluster") > rejoins, 15)
     running = lambda: {n["name"] for n in others[0].api("/api/nodes") if n.get("running")}  # noqa: E731
     assert until(lambda: target.name in running(), 10)

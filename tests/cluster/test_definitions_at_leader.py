@@ -5,9 +5,6 @@ a node's stale copy. Three real nodes on a real etcd, real HTTP."""
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 from support.cluster_nodes import (
     TTL,
@@ -64,14 +61,14 @@ def test_an_api_declare_is_answered_once_durable_or_503(cluster):
     assert status == 201
     frozen = [n for n in cluster if n is not leader]
     for node in frozen:
-        os.kill(node.proc.pid, signal.SIGSTOP)
+        node.freeze()
     try:
         status, _, body = api_call(
             leader.mgmt_port, "PUT", "/api/queues/%2F/lonely", {"durable": True}
         )
     finally:
         for node in frozen:
-            os.kill(node.proc.pid, signal.SIGCONT)
+            node.thaw()
     assert status == 503, body
     assert "was not confirmed by its in-sync copies" in body["reason"], body
 
@@ -86,11 +83,11 @@ def test_a_vhost_without_a_leader_answers_503_not_a_stale_copy(etcd, tmp_path):
         status, _, _ = api_call(leader.mgmt_port, "PUT", "/api/queues/%2F/q", {"durable": True})
         assert status == 201
         other = next(n for n in nodes if n is not leader)
-        os.kill(leader.proc.pid, signal.SIGSTOP)
+        leader.freeze()
         try:
             assert until(lambda: other.api("/api/vhosts/%2F")["leader"] is None, 4 * TTL + 5)
             status, _, body = api_call(other.mgmt_port, "GET", "/api/queues/%2F/q")
         finally:
-            os.kill(leader.proc.pid, signal.SIGCONT)
+            leader.thaw()
         assert status == 503, body
         assert body["reason"] == "vhost '/' has no leader at the moment (an election is under way)"

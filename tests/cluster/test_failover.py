@@ -90,7 +90,7 @@ def test_a_frozen_leader_is_replaced_by_lease_expiry_not_revoked(cluster):
     assert leader_name, [n.log.read_text()[-2000:] for n in cluster]
     leader = by_name(cluster, leader_name)
     publish_confirmed(leader, "q", [b"before"])
-    os.kill(leader.proc.pid, signal.SIGSTOP)
+    leader.freeze()
     survivors = [n for n in cluster if n is not leader]
     try:
 
@@ -100,7 +100,7 @@ def test_a_frozen_leader_is_replaced_by_lease_expiry_not_revoked(cluster):
 
         assert until(new_leader, 4 * TTL + 5, step=0.1)
     finally:
-        os.kill(leader.proc.pid, signal.SIGCONT)
+        leader.thaw()
     assert not any(REVOKED in n.log.read_text() for n in survivors)
     # The name agreed on, not a second look: the nodes may disagree for a moment again.
     successor_name = until(lambda: agreed_leader(cluster), 30)

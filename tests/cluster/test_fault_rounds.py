@@ -8,8 +8,6 @@ published after a leader's fault is confirmed within 2 x lease_ttl + a recovery 
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
@@ -70,10 +68,10 @@ def run_round(kind: str, nodes: list[Node], etcd, load: FaultLoad) -> dict:
         took = load.wait_confirm_after(t0, 2 * TTL + RECOVERY_MARGIN + 5)
         leader.start()
     elif kind == "freeze_leader":
-        os.kill(leader.proc.pid, signal.SIGSTOP)
+        leader.freeze()
         time.sleep(FREEZE)
         woke = time.monotonic()
-        os.kill(leader.proc.pid, signal.SIGCONT)
+        leader.thaw()
         took = load.wait_confirm_after(t0, 2 * TTL + RECOVERY_MARGIN + 5)
         # A successor confirmed while the old leader slept (not the old one on waking; a
         # second for confirms it sent before the stop).

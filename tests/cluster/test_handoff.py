@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import ssl
 import time
 import urllib.request
@@ -60,22 +59,21 @@ def tls_cluster(etcd, tmp_path):
         blob.write_to_path(str(cert), append=True)
     server.private_key_pem.write_to_path(str(key))
     ca.cert_pem.write_to_path(str(ca_file))
-    nodes = [Node(tmp_path, f"n{i}", etcd.url) for i in (1, 2, 3)]
-    for node in nodes:
-        node.tls_port = free_port()
-        with open(node.config, "a") as config:
-            config.write(
-                f"[amqp.tls]\nenabled = true\nport = {node.tls_port}\n"
-                f"certfile = {json.dumps(str(cert))}\nkeyfile = {json.dumps(str(key))}\n"
-            )
+    nodes = []
+    for i in (1, 2, 3):
+        tls_port = free_port()
+        tls = (
+            f"[amqp.tls]\nenabled = true\nport = {tls_port}\n"
+            f"certfile = {json.dumps(str(cert))}\nkeyfile = {json.dumps(str(key))}\n"
+        )
+        nodes.append(Node(tmp_path, f"n{i}", etcd.url, extra=tls))
+        nodes[-1].tls_port = tls_port
     try:
         for node in nodes:
             node.start()
         yield nodes, ca_file
     finally:
         for node in nodes:
-            if node.proc is not None and node.proc.poll() is None:
-                os.kill(node.proc.pid, signal.SIGCONT)
             node.stop()
 
 
@@ -604,7 +602,7 @@ def test_a_client_reaching_a_follower_of_a_frozen_leader_is_served_by_its_succes
         assert leader_name, [n.log.read_text()[-2000:] for n in nodes]
         leader = next(n for n in nodes if n.name == leader_name)
         follower = next(n for n in nodes if n is not leader)
-        os.kill(leader.proc.pid, signal.SIGSTOP)
+        leader.freeze()
         time.sleep(1.0)
         params = follower.params()
         params.connection_attempts = 1

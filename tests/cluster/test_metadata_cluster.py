@@ -8,18 +8,15 @@ every node keeps serving its cached copy."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 import time
 
 import pika
 import pytest
-from support.cluster_nodes import Node, connect_with, placement, three_nodes
+from support.cluster_nodes import Node, by_name, connect_with, placement, run_ctl, three_nodes
 from support.clusterlib import api_call
 from support.waiting import until
 
-from roarmq.broker.cli import ctl
 from roarmq.broker.cluster.etcd import EtcdClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
@@ -59,16 +56,6 @@ def logs_in(node: Node, user: str, password: str) -> bool:
         return False
     conn.close()
     return True
-
-
-def run_ctl(node: Node, *args: str) -> int:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        return ctl.main(["--url", f"http://127.0.0.1:{node.mgmt_port}", *args])
-
-
-def by_name(nodes: list[Node], name: str) -> Node:
-    return next(n for n in nodes if n.name == name)
 
 
 def etcd_value(url: str, key: str):
@@ -167,8 +154,8 @@ def test_users_permissions_policies_live_in_etcd(cluster, etcd):
     )
 
     # roarmq ctl on one node, a definitions import on another: logins everywhere.
-    assert run_ctl(n2, "add_user", "bob", "bobpw") == 0
-    assert run_ctl(n3, "set_permissions", "-p", "/", "bob", ".*", ".*", ".*") == 0
+    assert run_ctl(n2, "add_user", "bob", "bobpw")[0] == 0
+    assert run_ctl(n3, "set_permissions", "-p", "/", "bob", ".*", ".*", ".*")[0] == 0
     assert logs_in(n1, "bob", "bobpw")
     doc = {
         "users": [{"name": "carol", "password": "carolpw", "tags": "management"}],

@@ -175,9 +175,9 @@ def test_a_node_whose_configuration_cannot_work_stops_at_start_saying_why(etcd, 
     is the node's own last life: it starts."""
     for sub in "abcd":
         (tmp_path / sub).mkdir()
-    nobody = Node(tmp_path / "a", "lonely", f"http://127.0.0.1:{free_port()}")
-    with open(nobody.config, "a") as config:
-        config.write("join_timeout = 1\n")
+    nobody = Node(
+        tmp_path / "a", "lonely", f"http://127.0.0.1:{free_port()}", keys="join_timeout = 1\n"
+    )
     started = time.monotonic()
     line = stopped_with(nobody.start())
     assert "cannot start: [cluster] etcd http://127.0.0.1:" in line, line

@@ -18,6 +18,7 @@ from support.cluster_nodes import (
     connect,
     log_of,
     placement,
+    run_ctl,
     the_leader,
     three_nodes,
 )
@@ -31,8 +32,8 @@ N = 300
 
 @pytest.fixture
 def cluster(etcd, tmp_path):
-    extra = "replica_lag_ms = 1000\ncheckpoint_bytes = 262144\n[storage]\nsegment_size = 1048576\n"
-    with three_nodes(etcd, tmp_path, extra) as nodes:
+    keys = "replica_lag_ms = 1000\ncheckpoint_bytes = 262144\n"
+    with three_nodes(etcd, tmp_path, keys, storage="segment_size = 1048576\n") as nodes:
         yield nodes
 
 
@@ -150,16 +151,11 @@ def test_frozen_leader_thaws_follows_and_leads_its_stream_again(cluster):
     """SIGSTOP the leader past its lease: a follower takes the stream over and appends to
     it; the old leader wakes, follows, and when it leads again (a clean move) in the same
     process it serves the stream as the log has it, not as its own files had it."""
-    import os
-    import signal
-
-    from test_cluster_ctl import run_ctl
-
     leader = the_leader(cluster)
     declare(leader)
     first = [b"a%03d" % i for i in range(100)]
     publish(leader, first, 0)
-    os.kill(leader.proc.pid, signal.SIGSTOP)
+    leader.freeze()
     survivors = [n for n in cluster if n is not leader]
     try:
 
@@ -173,7 +169,7 @@ def test_frozen_leader_thaws_follows_and_leads_its_stream_again(cluster):
         second = [b"b%03d" % i for i in range(50)]
         publish(successor, second, 100)
     finally:
-        os.kill(leader.proc.pid, signal.SIGCONT)
+        leader.thaw()
     assert until(lambda: agreed_leader(cluster) == successor.name, 30), "no rejoin"
     code, _out, err = run_ctl(successor, "move_vhost_leader", "/", leader.name)
     assert code == 0, err

@@ -3,10 +3,9 @@ live re-evaluation, durability, the HTTP API and definitions (texts from RabbitM
 
 from __future__ import annotations
 
-import time
-
 import pika
 import pytest
+from support.waiting import wait_for
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
@@ -40,13 +39,6 @@ def count(ch, queue) -> int:
     return ch.queue_declare(queue, passive=True).method.message_count
 
 
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_a_policy_applies_to_existing_and_new_queues_and_goes_away(b, ch):
     ch.queue_declare("p.before")
     for i in range(5):
@@ -74,7 +66,7 @@ def test_ttl_and_dead_lettering_from_a_policy(b, ch):
     assert put(b, "ttl", {"message-ttl": 30, "dead-letter-exchange": "amq.fanout"})[0] == 201
     ch.queue_declare("p.ttl")
     ch.basic_publish("", "p.ttl", b"soon dead")
-    wait_for(lambda: count(ch, "dead") == 1)
+    wait_for(lambda: count(ch, "dead") == 1, 5, 0.02, "the dead-lettered message")
     _, props, body = ch.basic_get("dead", auto_ack=True)
     assert body == b"soon dead"
     assert props.headers["x-death"][0]["reason"] == "expired"
@@ -140,7 +132,7 @@ def test_alternate_exchange_from_a_policy(b, ch):
     ch.queue_bind("unrouted", "amq.fanout")
     put(b, "ae", {"alternate-exchange": "amq.fanout"}, **{"apply-to": "exchanges"})
     ch.basic_publish("p.x", "nowhere", b"lost?")
-    wait_for(lambda: count(ch, "unrouted") == 1)
+    wait_for(lambda: count(ch, "unrouted") == 1, 5, 0.02, "the unrouted message")
     ch.queue_declare("p.q")  # an exchanges-only policy does not apply to queues
     assert queue_info(b, "p.q")["policy"] is None
 
@@ -148,7 +140,9 @@ def test_alternate_exchange_from_a_policy(b, ch):
 def test_expires_from_a_policy_deletes_an_idle_queue(b, ch):
     ch.queue_declare("p.idle")
     put(b, "expiry", {"expires": 50})
-    wait_for(lambda: "p.idle" not in b.broker.vhosts["/"].queues)
+    wait_for(
+        lambda: "p.idle" not in b.broker.vhosts["/"].queues, 5, 0.02, "the idle queue to expire"
+    )
 
 
 @pytest.mark.parametrize(

@@ -517,7 +517,7 @@ def test_streams_survive_restart(tmp_path, crash):
         assert offsets == list(range(510))  # every offset once, none twice
         assert got[499] == (499, b"a499")
         assert read(conn, "s", 250, 260)[0] == (250, b"a250")
-        status, row = proc.api("/api/queues/%2F/s")
+        status, row = proc.call("/api/queues/%2F/s")
         assert status == 200
         assert (row["type"], row["messages"], row["first_offset"]) == ("stream", 510, 0)
         assert row["committed_offset"] == 509 and row["segments"] >= 2

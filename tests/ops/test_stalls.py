@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import gc
 import re
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pika
 import pytest
+from support.broker_process import BrokerProcess
 
 from roarmq.broker.ops.stalls import JOB_LABELS, GcWatch, JobTimes, Stall, job_name
 from roarmq.broker.testing import BrokerThread, ephemeral_config
@@ -133,37 +131,16 @@ def test_gc_metrics_of_a_broker_process_grow_as_it_makes_objects(tmp_path):
     """A real broker process (python -m roarmq): /metrics has the collector's passes per
     generation, their pause histogram and longest pause, what the start-up froze, and the
     stall counters; the passes grow as the broker makes objects that stay (queues)."""
-    config = tmp_path / "roarmq.toml"
-    config.write_text("[diagnostics]\nloop_lag_probe_ms = 1\nstall_threshold_ms = 5\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "roarmq", "--config", str(config), "--port", "0"]
-        + ["--mgmt-port", "0", "--data-dir", str(tmp_path / "d")],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    diagnostics = "[diagnostics]\nloop_lag_probe_ms = 1\nstall_threshold_ms = 5\n"
+    broker = BrokerProcess(tmp_path / "d", extra=diagnostics, log_level="notice").start()
     try:
-        lines = []
-        while not (
-            m := re.search(
-                r"port (\d+), management http://[\d.]+:(\d+)", lines[-1] if lines else ""
-            )
-        ):
-            line = proc.stderr.readline()
-            assert line, "exited before it started:\n" + "".join(lines)
-            lines.append(line)
-        port, mgmt = int(m.group(1)), int(m.group(2))
-
-        def scrape() -> str:
-            with urllib.request.urlopen(f"http://127.0.0.1:{mgmt}/metrics", timeout=10) as r:
-                return r.read().decode()
-
-        before = scrape()
-        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        before = broker.metrics()
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
         ch = conn.channel()
         for i in range(3000):  # objects that stay: what makes the collector run
             ch.queue_declare(f"gcq.{i}")
         conn.close()
-        after = scrape()
+        after = broker.metrics()
         gen0 = ("roarmq_gc_collections_total", {"generation": "0"})
         assert _metric(after, gen0[0], **gen0[1]) > _metric(before, gen0[0], **gen0[1])
         assert _metric(after, "roarmq_gc_pause_seconds_count", generation="0") == _metric(
@@ -174,9 +151,8 @@ def test_gc_metrics_of_a_broker_process_grow_as_it_makes_objects(tmp_path):
         for kind in ("gc", "job", "run_queue", "gil", "blocked", "on_cpu"):
             _metric(after, "roarmq_event_loop_stalls_total", kind=kind)
     finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+        broker.stop(grace=30)
+    assert broker.proc.returncode == 0, broker.tail()  # type: ignore[union-attr]
 
 
 def test_a_stall_is_logged_once_with_its_cause(probed, caplog):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.waiting import until_async as poll
+from support.waiting import until_async
 
 from roarmq.broker.cluster.coordination import attach_coordinator
 from roarmq.broker.replog import wire
@@ -34,8 +34,8 @@ VHOST = "/"
 HERE = Path(__file__).resolve().parent
 
 
-async def until(predicate, timeout: float, step: float = 0.01) -> bool:
-    return await poll(predicate, timeout, step)
+#: Seconds between polls: these tests watch a live stream (a kill lands mid-stream).
+POLL = 0.01
 
 
 def payloads(count: int, seed: int, max_size: int = 2000) -> list[bytes]:
@@ -163,10 +163,10 @@ async def test_lagging_follower_is_reported_shrunk_then_catches_up_exactly(tmp_p
         # `publish` returns (its first of four group commits made 1001 durable).
         before_1001 = time.monotonic()
         await publish(c.leader, second)
-        assert await until(lambda: c.leader.acked("b") == 2000, 5)
+        assert await until_async(lambda: c.leader.acked("b") == 2000, 5, POLL)
         await asyncio.sleep(0.05)
         assert c.leader.confirmed_offset() == 1000  # c is still in the in-sync set
-        assert await until(lambda: lagging, 3)
+        assert await until_async(lambda: lagging, 3, POLL)
         assert lagging[0][0] == "c"
         assert lagging[0][1] - before_1001 >= lag_ms / 1000
         assert c.leader.confirmed_offset() == 1000  # reported, not yet shrunk
@@ -176,7 +176,7 @@ async def test_lagging_follower_is_reported_shrunk_then_catches_up_exactly(tmp_p
 
         restarted = c.follower("c")  # same data dir: resumes from its durable offset
         assert restarted.store.durable_offset == 1000
-        assert await until(lambda: caught_up == ["c"], 5)
+        assert await until_async(lambda: caught_up == ["c"], 5, POLL)
         assert c.leader.acked("c") == 2000
     expected = list(enumerate(first + second, start=1))
     assert replayed(tmp_path / "c") == expected
@@ -189,11 +189,11 @@ async def test_follower_outside_the_isr_reports_caught_up_even_with_nothing_new(
         c.leader.on_caught_up.append(caught_up.append)
         await publish(c.leader, payloads(50, seed=11))
         c.follower("b")
-        assert await until(lambda: caught_up == ["b"], 5)
+        assert await until_async(lambda: caught_up == ["b"], 5, POLL)
         await c.stop_follower("b")
         c.leader.remove_from_isr("b")  # re-arms the report, as after a shrink
         c.follower("b")  # reconnects already holding everything
-        assert await until(lambda: caught_up == ["b", "b"], 5)
+        assert await until_async(lambda: caught_up == ["b", "b"], 5, POLL)
 
 
 async def test_follower_with_a_higher_epoch_deposes_the_leader(tmp_path):
@@ -205,7 +205,7 @@ async def test_follower_with_a_higher_epoch_deposes_the_leader(tmp_path):
         await c.leader.flush()
         f = c.follower("b", epoch=9)
         f.on_refused.append(lambda reason, epoch: refused.append((reason, epoch)))
-        assert await until(lambda: deposed and refused, 5)
+        assert await until_async(lambda: deposed and refused, 5, POLL)
         assert deposed[0] == (9, "b")
         assert refused[0] == ("deposed", 7)
         c.leader.local_durable(1)
@@ -233,7 +233,7 @@ async def test_follower_refuses_a_stale_epoch_leader(tmp_path):
     f.on_stale_leader.append(stale.append)
     f.start()
     try:
-        assert await until(lambda: stale, 5)
+        assert await until_async(lambda: stale, 5, POLL)
         await asyncio.sleep(0.1)
         assert hellos[0]["epoch"] == 5
         assert stale[0] == 3
@@ -249,14 +249,14 @@ async def test_mid_session_higher_epoch_refuses_the_next_batch(tmp_path):
     async with cluster(tmp_path, epoch=4, in_sync=("b",)) as c:
         f = c.follower("b")
         await publish(c.leader, payloads(10, seed=4))
-        assert await until(lambda: f.acked == 10, 5)
+        assert await until_async(lambda: f.acked == 10, 5, POLL)
         stale: list[int] = []
         f.on_stale_leader.append(stale.append)
         f.observe_epoch(6)  # etcd says a new leadership exists
         c.leader.append(b"after the new epoch")
         await c.leader.flush()
-        assert await until(lambda: stale == [4], 5)
-        assert await until(lambda: c.leader.deposed_by == 6, 5)
+        assert await until_async(lambda: stale == [4], 5, POLL)
+        assert await until_async(lambda: c.leader.deposed_by == 6, 5, POLL)
         assert f.store.last_offset == 10
 
 
@@ -265,7 +265,7 @@ async def test_follower_behind_retention_gets_reset_and_snapshot(tmp_path):
         f = c.follower("b")
         first = payloads(100, seed=5)
         await publish(c.leader, first)
-        assert await until(lambda: f.acked == 100, 5)
+        assert await until_async(lambda: f.acked == 100, 5, POLL)
         await c.stop_follower("b")
 
         # The leader checkpoints: record 1000 says 600..999 hold the whole state, so once
@@ -277,7 +277,7 @@ async def test_follower_behind_retention_gets_reset_and_snapshot(tmp_path):
         resets: list[int] = []
         f = c.follower("b")
         f.on_reset.append(resets.append)
-        assert await until(lambda: c.leader.acked("b") == 1000, 5)
+        assert await until_async(lambda: c.leader.acked("b") == 1000, 5, POLL)
         assert resets == [600]
     expected = list(enumerate(first + second, start=1))[599:]
     assert replayed(tmp_path / "a") == expected
@@ -316,7 +316,7 @@ async def test_follower_killed_mid_stream_restarts_and_catches_up_exactly(tmp_pa
             assert line.strip() == b"ready"
             items = payloads(20_000, seed=8, max_size=1000)
             writer = asyncio.create_task(publish(c.leader, items, flush_every=100))
-            assert await until(lambda: c.leader.acked("p") > 3000, 10)
+            assert await until_async(lambda: c.leader.acked("p") > 3000, 10, POLL)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             acked_before_kill = c.leader.acked("p")
@@ -328,7 +328,7 @@ async def test_follower_killed_mid_stream_restarts_and_catches_up_exactly(tmp_pa
         assert acked_before_kill < 20_000  # it really died mid-stream
         f = c.follower("p")
         assert f.store.durable_offset >= acked_before_kill  # acked means durable
-        assert await until(lambda: c.leader.acked("p") == 20_000, 10)
+        assert await until_async(lambda: c.leader.acked("p") == 20_000, 10, POLL)
     assert replayed(tmp_path / "p") == list(enumerate(items, start=1))
 
 
@@ -349,7 +349,7 @@ async def vhost_led_by_a(etcd, *, timeout: float, lease_ttl: int):
         for coord in coords:
             await coord.start()
         a = coords[0]
-        assert await until(lambda: len(a.members()) == 2, 5)
+        assert await until_async(lambda: len(a.members()) == 2, 5, POLL)
         placement = await a.place_vhost(VHOST)
         assert sorted(placement.members) == ["a", "b"]
         won = await a.campaign(VHOST)
@@ -381,7 +381,7 @@ async def test_lagging_follower_shrinks_the_isr_through_etcd_then_rejoins(tmp_pa
             assert "b" not in c.leader.in_sync
 
             c.follower("b", epoch=won.epoch)  # catches up -> expand_isr
-            assert await until(lambda: "b" in c.leader.in_sync, 5)
+            assert await until_async(lambda: "b" in c.leader.in_sync, 5, POLL)
             assert sorted(await _isr(a)) == ["a", "b"]
             await asyncio.gather(*tasks)
         finally:
@@ -403,11 +403,13 @@ async def test_a_shrink_etcd_did_not_answer_is_asked_again(tmp_path, etcd):
             os.kill(etcd.proc.pid, signal.SIGSTOP)
             try:
                 await c.stop_follower("b")
-                assert await until(lambda: len(reports) >= 2, 10)  # failed, reported again
+                assert await until_async(
+                    lambda: len(reports) >= 2, 10, POLL
+                )  # failed, reported again
                 assert "b" in c.leader.in_sync  # nothing confirmed without it meanwhile
             finally:
                 os.kill(etcd.proc.pid, signal.SIGCONT)
-            assert await until(lambda: "b" not in c.leader.in_sync, 10)
+            assert await until_async(lambda: "b" not in c.leader.in_sync, 10, POLL)
             assert (await _isr(a)) == ["a"]
 
 
@@ -424,7 +426,7 @@ async def rejoin_and_compare(tmp_path: Path, *, epoch: int, then_confirmed: int)
     async with cluster(tmp_path, epoch=epoch, in_sync=("b",)) as c:
         f = c.follower("b", epoch=epoch)
         await publish(c.leader, [b"after"])
-        assert await until(lambda: c.leader.confirmed_offset() == then_confirmed, 5)
+        assert await until_async(lambda: c.leader.confirmed_offset() == then_confirmed, 5, POLL)
         assert f.store.records() == c.leader_store.records()
     assert replayed(tmp_path / "b") == replayed(tmp_path / "a")
 
@@ -481,13 +483,13 @@ async def test_truncation_below_a_trimmed_checkpoint_starts_the_follower_over(tm
         f = c.follower("b", epoch=9)
         first_copy = f.store.copy_id
         await publish(c.leader, [b"after"])
-        assert await until(lambda: c.leader.confirmed_offset() == 23, 5)
+        assert await until_async(lambda: c.leader.confirmed_offset() == 23, 5, POLL)
         assert f.store.records() == c.leader_store.records()
         assert f.store.first_offset == 1
         # Started over: a new copy, which left the set and came back once caught up (the
         # leader confirms alone meanwhile: it is back once its ack of 23 has been read).
         assert f.store.copy_id != first_copy
-        assert await until(lambda: ("in", "b") in changes, 5), changes
+        assert await until_async(lambda: ("in", "b") in changes, 5, POLL), changes
         assert changes == [("out", "b"), ("in", "b")]
         assert c.leader.copies["b"] == f.store.copy_id
 
@@ -509,7 +511,7 @@ async def test_a_wiped_follower_leaves_the_set_and_is_back_only_once_caught_up(t
         shutil.rmtree(tmp_path / "b")
         f = c.follower("b")
         assert f.store.copy_id != old_copy
-        assert await until(lambda: ("in", "b") in changes, 10)
+        assert await until_async(lambda: ("in", "b") in changes, 10, POLL)
         assert changes == [("out", "b"), ("in", "b")]
         assert held_when_back and held_when_back[0] >= 2000
         assert c.leader.copies == {"b": f.store.copy_id}
@@ -533,7 +535,7 @@ async def test_a_follower_that_reconnects_holding_less_than_confirmed_leaves_the
         rolled_back.sync()
         rolled_back.close()
         f = c.follower("b")
-        assert await until(lambda: changes == [("out", "b"), ("in", "b")], 10)
+        assert await until_async(lambda: changes == [("out", "b"), ("in", "b")], 10, POLL)
         assert f.store.last_offset == 500
         assert c.leader.holds_confirmed("b") == 500
 
@@ -626,7 +628,7 @@ async def test_on_an_idle_vhost_a_silent_member_leaves_and_a_quiet_one_stays(tmp
         await asyncio.wait_for(c.leader.wait_confirmed(10), 10)
         await c.stop_follower("c")
         stopped = time.monotonic()
-        assert await until(lambda: lagging, 5)
+        assert await until_async(lambda: lagging, 5, POLL)
         # Silent since its last ack, which may precede the stop by a heartbeat period.
         assert lagging[0][0] == "c" and lagging[0][1] - stopped >= 0.75 * lag_ms / 1000
         await asyncio.sleep(4 * lag_ms / 1000)
@@ -671,12 +673,12 @@ async def test_a_reset_follower_is_pinned_with_its_new_copy_not_the_old(tmp_path
         def connected() -> bool:
             return bool(c.leader.member_status(["b"])[0]["connected"])
 
-        assert await until(lambda: not connected(), 5)  # the leader saw it go
+        assert await until_async(lambda: not connected(), 5, POLL)  # the leader saw it go
         c.leader.remove_from_isr("b")  # the owner's shrink after the follower went
         await publish(c.leader, payloads(899, seed=52) + [checkpoint_record(600)])
         assert c.leader_store.first_offset == 600
         f = c.follower("b")
-        assert await until(lambda: ("in", "b") in changes, 10)
+        assert await until_async(lambda: ("in", "b") in changes, 10, POLL)
         assert f.store.copy_id != old_copy  # the RESET made it a new copy
         assert c.leader.copies["b"] == f.store.copy_id
         assert c.leader.holds_confirmed("b") == 1000

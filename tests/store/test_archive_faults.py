@@ -18,7 +18,8 @@ from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
-from support.faultlib import PERSISTENT, BrokerProcess, connect, inject, small_tmpfs, wait_for
+from support.faultlib import PERSISTENT, BrokerProcess, connect, inject, small_tmpfs
+from support.waiting import wait_for
 
 import roarmq.broker.archive as archive_module
 from roarmq.broker.archive import Archive, _Faults, live_files, partitions, pending_journals
@@ -145,7 +146,7 @@ def test_a_full_archive_disk_drops_batches_and_the_archive_resumes(tmp_path):
             assert during < 3 * 3 * baseline + 5
             publish(ch, 400, "full2")
             time.sleep(1.5)  # a partial batch goes to the writer after 1 s
-            assert broker.alive()
+            assert broker.running
             assert conn.is_open
             assert ch.queue_declare("q", durable=True, passive=True).method.message_count == 2000
             warnings = archive_warnings(broker)
@@ -186,7 +187,7 @@ def test_eio_on_a_journal_write_drops_one_batch_and_a_new_journal_takes_over(tmp
             wait_for(lambda: dropped_batches(broker) >= 1, what="drop counted")
             assert metric(broker, "roarmq_archive_write_errors_total") >= 1
             wait_for(lambda: written_rows(broker) >= 1300, what="a new journal")
-        assert broker.alive() and conn.is_open
+        assert broker.running and conn.is_open
         warnings = archive_warnings(broker)
         assert len(warnings) == 1 and "Input/output error" in warnings[0], warnings
         lost = dropped_rows(broker)
@@ -223,7 +224,7 @@ def test_eio_on_a_data_file_fsync_defers_the_file_and_loses_nothing(tmp_path):
             )
             publish(ch, 500, "during")
             assert not data_file.exists() and journal.exists()  # the journal keeps every row
-        assert broker.alive() and conn.is_open
+        assert broker.running and conn.is_open
         warnings = archive_warnings(broker)
         assert len(warnings) == 1 and "Input/output error" in warnings[0], warnings
         wait_for(data_file.exists, timeout=30, what="the deferred data file")

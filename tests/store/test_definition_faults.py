@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pika
 import pytest
-from support.faultlib import PERSISTENT, BrokerProcess, connect, drain, inject, wait_for
+from support.faultlib import PERSISTENT, BrokerProcess, connect, drain, inject
+from support.waiting import wait_for
 
 from roarmq.broker.store.definitions import DefinitionStore, DefinitionsWriteFailed
 
@@ -181,15 +180,8 @@ def setup_durable(broker: BrokerProcess) -> None:
 
 
 def api_up(broker: BrokerProcess, path: str) -> tuple[int, object]:
-    """broker.api once the management listener is up (it opens after the AMQP port)."""
-
-    def get() -> tuple[int, object] | None:
-        try:
-            return broker.api(path)
-        except urllib.error.URLError:
-            return None
-
-    return wait_for(get, what="the management API")
+    """broker.call once the management listener is up (it opens after the AMQP port)."""
+    return wait_for(lambda: broker.call(path), what="the management API")
 
 
 def stored_bindings(broker: BrokerProcess) -> set[tuple[str, str, str]]:
@@ -251,7 +243,7 @@ def test_queue_delete_is_refused_and_the_queue_stays(broker, fault) -> None:
 
 
 def api_put(broker: BrokerProcess, path: str, body: dict) -> tuple[int, object]:
-    return broker.api(path, "PUT", body)
+    return broker.call(path, "PUT", body)
 
 
 def test_management_put_queue_is_a_500_and_no_queue(broker) -> None:
@@ -265,10 +257,10 @@ def test_management_put_queue_is_a_500_and_no_queue(broker) -> None:
             "reason": "cannot store queue 'mq' in vhost '/': definitions.sqlite3: "
             f"disk I/O error ({sqlite})",
         }
-        assert broker.api("/api/queues/%2F/mq")[0] == 404
+        assert broker.call("/api/queues/%2F/mq")[0] == 404
         status, _ = api_put(broker, "/api/vhosts/v2", {})
         assert status == 500
-        assert broker.api("/api/vhosts/v2")[0] == 404
+        assert broker.call("/api/vhosts/v2")[0] == 404
     assert api_put(broker, "/api/queues/%2F/mq", {"durable": True})[0] == 201
     assert "Traceback" not in broker.log_text()
 
@@ -293,11 +285,11 @@ def test_deletes_the_broker_decides_wait_for_the_store(broker) -> None:
         ch.queue_unbind("tq", "ax", "k")  # unbind-ok, but the exchange's delete fails
         ch.exchange_declare("ax", passive=True)
         conn.sleep(1.0)  # and x-expires comes and goes
-        assert broker.api("/api/queues/%2F/ad")[0] == 200
-        assert broker.api("/api/queues/%2F/ex")[0] == 200
-        status, body = broker.api("/api/vhosts/v2", method="DELETE")
+        assert broker.call("/api/queues/%2F/ad")[0] == 200
+        assert broker.call("/api/queues/%2F/ex")[0] == 200
+        status, body = broker.call("/api/vhosts/v2", method="DELETE")
         assert status == 500 and body["error"] == "internal_error"  # type: ignore[index]
-        assert broker.api("/api/vhosts/v2")[0] == 200
+        assert broker.call("/api/vhosts/v2")[0] == 200
     conn.close()
     for what in (
         "delete queue 'ad' in vhost '/'",
@@ -305,11 +297,11 @@ def test_deletes_the_broker_decides_wait_for_the_store(broker) -> None:
         "delete exchange 'ax' in vhost '/'",
     ):
         assert error_lines(broker, what), what
-    wait_for(lambda: broker.api("/api/queues/%2F/ex")[0] == 404, what="x-expires again")
+    wait_for(lambda: broker.call("/api/queues/%2F/ex")[0] == 404, what="x-expires again")
     restart(broker)
     assert api_up(broker, "/api/queues/%2F/ad")[0] == 200
-    assert broker.api("/api/queues/%2F/ex")[0] == 404
-    assert broker.api("/api/vhosts/v2")[0] == 200
+    assert broker.call("/api/queues/%2F/ex")[0] == 404
+    assert broker.call("/api/vhosts/v2")[0] == 200
     assert "Traceback" not in broker.log_text()
 
 

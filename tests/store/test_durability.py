@@ -12,8 +12,8 @@ import time
 
 import pika
 import pytest
-from support.faultlib import PERSISTENT, BrokerProcess, connect, drain, wait_for
-from support.waiting import free_port
+from support.faultlib import PERSISTENT, BrokerProcess, connect, drain
+from support.waiting import free_port, wait_for
 
 from roarmq.broker.store.segments import SegmentLog
 from roarmq.broker.testing import BrokerThread, ephemeral_config

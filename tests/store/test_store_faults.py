@@ -21,8 +21,8 @@ from support.faultlib import (
     drain,
     inject,
     small_tmpfs,
-    wait_for,
 )
+from support.waiting import wait_for
 
 # slow (injected disk faults): `make check` leaves it out
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -90,11 +90,11 @@ def test_failed_fsync_nacks_the_waiting_publish_and_resumes_in_place(tmp_path):
             # The fsync of the batch holding this publish fails: nacked at once, not left
             # waiting (pika's BlockingConnection would hang without an answer).
             assert not pub.publish()
-            wait_for(lambda: broker.api("/api/overview")[1]["message_store"]["resumes"] >= 1)
+            wait_for(lambda: broker.call("/api/overview")[1]["message_store"]["resumes"] >= 1)
             for _ in range(20):  # the store resumed in a new segment: confirmed again
                 assert pub.publish()
         assert pub.nacked == [21]
-        status = broker.api("/api/overview")[1]["message_store"]
+        status = broker.call("/api/overview")[1]["message_store"]
         assert status["state"] == "ok" and status["failures"] == 1 and status["nacked"] == 1
         metrics = broker.metrics()
         assert "roarmq_store_failures_total 1.0" in metrics
@@ -136,7 +136,7 @@ def test_write_errors_that_last_nack_every_publish_and_keep_consumers_served(tmp
             got = wait_for(lambda: side.basic_get("side-q", auto_ack=True)[2])
             assert got == b"unconfirmed"
         assert pub.nacked and set(pub.nacked) | set(pub.confirmed) == set(range(1, 21))
-        wait_for(lambda: broker.api("/api/overview")[1]["message_store"]["state"] == "ok")
+        wait_for(lambda: broker.call("/api/overview")[1]["message_store"]["state"] == "ok")
         for _ in range(5):
             assert pub.publish()
         pub.close()
@@ -178,15 +178,15 @@ def _fill_the_disk_and_come_back(broker: BrokerProcess, mount: Path) -> None:
     except pika.exceptions.ConnectionBlockedTimeout:
         blocked_or_nacked = True
     assert blocked_or_nacked
-    code, health = broker.api("/api/health/checks/alarms")
+    code, health = broker.call("/api/health/checks/alarms")
     assert code == 503 and "message store failed" in health["reason"]
     assert "disk alarm" in health["reason"]
     assert "roarmq_store_failed 1.0" in broker.metrics()
-    assert broker.alive()
+    assert broker.running
     # Consumers drain what is queued while the disk is full.
     assert values(drain(broker.port, "full-q"))[:5] == [1, 2, 3, 4, 5]
     filler.unlink()
-    wait_for(lambda: broker.api("/api/health/checks/alarms")[0] == 200, timeout=20)
+    wait_for(lambda: broker.call("/api/health/checks/alarms")[0] == 200, timeout=20)
     pub.close()
     pub2 = Publisher(broker.port, "full-q")
     for _ in range(10):
@@ -216,7 +216,7 @@ def _publish_into_the_alarm(broker: BrokerProcess) -> None:
         while time.monotonic() - started < 60:
             pub.publish(256 << 10)
     assert pub.confirmed and not pub.nacked
-    status = broker.api("/api/overview")[1]
+    status = broker.call("/api/overview")[1]
     assert status["disk_free_alarm"] and status["message_store"]["failures"] == 0
     assert "disk alarm set" in broker.log_text()
     broker.kill9()

@@ -5,98 +5,63 @@ them (who leads, a connection once the vhost serves, publishing with confirms, d
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
+import io
 import time
-import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Self
 
 import pika
 
-from .waiting import free_port, until
+from roarmq.broker.cli import ctl
 
-ROOT = Path(__file__).resolve().parents[2]
+from .broker_process import BrokerProcess, ClusterOptions
+from .waiting import until
+
 #: The nodes' lease_ttl (etcd's smallest): a dead leader is replaced within about this.
 TTL = 2
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
-class Node:
-    def __init__(self, tmp: Path, name: str, etcd_url: str) -> None:
-        self.name = name
-        self.port, self.mgmt_port, self.repl_port = free_port(), free_port(), free_port()
-        self.data_dir = tmp / name
-        self.log = tmp / f"{name}.log"
-        self.config = tmp / f"{name}.toml"
-        self.config.write_text(
-            '[amqp]\nbind = ["127.0.0.1"]\n'
-            f'[management]\nenabled = true\nbind = "127.0.0.1"\nport = {self.mgmt_port}\n'
-            f"[cluster]\netcd = [{json.dumps(etcd_url)}]\nnode = {json.dumps(name)}\n"
-            f"lease_ttl = {TTL}\n"
+class Node(BrokerProcess):
+    """A cluster node on loopback (tests/support/broker_process.py): `name`.toml and
+    `name`.log in `tmp`, lease_ttl TTL. `start()` does not wait: the tests wait on its API
+    (a node may be meant to stop at start)."""
+
+    STOP_GRACE = 15.0
+
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        etcd_url: str,
+        *,
+        keys: str = "",
+        storage: str = "",
+        extra: str = "",
+        under: Sequence[str] = (),
+    ) -> None:
+        """`keys`: further lines of its [cluster] section; `storage`: its [storage]
+        section; `extra`: further sections; `under`: a command to run it under (strace)."""
+        super().__init__(
+            tmp / name,
+            cluster=ClusterOptions([etcd_url], name, lease_ttl=TTL, keys=keys),
+            storage=storage,
+            extra=extra,
+            log=tmp / f"{name}.log",
+            config=tmp / f"{name}.toml",
+            under=under,
+            api_timeout=2,
         )
-        self.etcd_url = etcd_url
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.name = name
 
-    def start(self, under: list[str] = ()) -> Node:
-        """Start the node (`under`: a command to run it under, strace for one)."""
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    *under,
-                    sys.executable,
-                    "-m",
-                    "roarmq",
-                    "--config",
-                    str(self.config),
-                    "--port",
-                    str(self.port),
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--cluster-etcd",
-                    self.etcd_url,
-                    "--node",
-                    self.name,
-                    "--replication-port",
-                    str(self.repl_port),
-                    "--log-level",
-                    "info",
-                ],
-                stdout=out,
-                stderr=out,
-                cwd=ROOT,
-            )
-        return self
-
-    def api(self, path: str):
-        with urllib.request.urlopen(
-            urllib.request.Request(
-                f"http://127.0.0.1:{self.mgmt_port}{path}",
-                headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="},  # guest:guest
-            ),
-            timeout=2,
-        ) as resp:
-            return json.loads(resp.read())
+    def start(self, wait: bool = False) -> Self:
+        return super().start(wait)
 
     def params(self) -> pika.ConnectionParameters:
         return pika.ConnectionParameters(
             "127.0.0.1", self.port, connection_attempts=1, socket_timeout=3
         )
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill9()
 
 
 def connect_with(params: pika.ConnectionParameters, timeout: float = 15) -> pika.BlockingConnection:
@@ -113,22 +78,16 @@ def connect_with(params: pika.ConnectionParameters, timeout: float = 15) -> pika
 
 
 @contextlib.contextmanager
-def three_nodes(etcd, tmp_path, extra: str = ""):  # type: ignore[no-untyped-def]
-    """n1, n2, n3 on `etcd`, `extra` appended to each one's [cluster] section; all
-    stopped at the end, a frozen one (SIGSTOP) woken first so that it can stop."""
-    nodes = [Node(tmp_path, f"n{i}", etcd.url) for i in (1, 2, 3)]
-    for node in nodes:
-        if extra:
-            with open(node.config, "a") as config:
-                config.write(extra)
+def three_nodes(etcd, tmp_path, keys: str = "", *, storage: str = ""):  # type: ignore[no-untyped-def]
+    """n1, n2, n3 on `etcd`, `keys` appended to each one's [cluster] section, `storage`
+    its [storage] section; all stopped at the end (a frozen one woken first)."""
+    nodes = [Node(tmp_path, f"n{i}", etcd.url, keys=keys, storage=storage) for i in (1, 2, 3)]
     try:
         for node in nodes:
             node.start()
         yield nodes
     finally:
         for node in nodes:
-            if node.proc is not None and node.proc.poll() is None:
-                os.kill(node.proc.pid, signal.SIGCONT)
             node.stop()
 
 
@@ -194,6 +153,15 @@ def the_leader(cluster):
     name = until(lambda: agreed_leader(cluster), 60)
     assert name, "\n\n".join(f"{n.name}:\n{n.log.read_text()[-1500:]}" for n in cluster)
     return by_name(cluster, name)
+
+
+def run_ctl(node: Node, *args: str) -> tuple[int, str, str]:
+    """`roarmq ctl ARGS` against the node's management API, in this process: (exit
+    code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = ctl.main(["--url", f"http://127.0.0.1:{node.mgmt_port}", *args])
+    return code, out.getvalue(), err.getvalue()
 
 
 def log_of(node) -> dict:

@@ -11,15 +11,10 @@ tmpfs of a few megabytes to fill up, where the machine lets us mount.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,123 +22,22 @@ import pika
 import pytest
 from machine import missing
 
-from support.waiting import free_port
+from support import broker_process
+from support.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 STRACE = shutil.which("strace")
 
 
-class BrokerProcess:
-    """`python -m roarmq` on a free port with its own data dir; management optional."""
+class BrokerProcess(broker_process.BrokerProcess):
+    """A broker to crash and fault (tests/support/broker_process.py): 1 MiB message store
+    segments unless `storage` says otherwise, 20 s for a clean stop."""
 
     def __init__(
         self, data_dir: Path, port: int | None = None, *, extra: str = "", storage: str = ""
     ) -> None:
-        """`storage`: lines for the [storage] section; `extra`: further sections."""
-        self.data_dir = Path(data_dir)
-        self.storage = storage
-        self._port_given = port is not None
-        self.port = port or free_port()
-        self.mgmt_port = free_port()
-        self.extra = extra
-        self.proc: subprocess.Popen | None = None
-        self.log = self.data_dir.parent / f"broker-{self.port}.log"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self) -> BrokerProcess:
-        """Start it and wait until its log says it serves (a port taken meanwhile by
-        another test's process: new ports, up to five tries; a connection alone would
-        reach whatever holds the port)."""
-        for _ in range(5):
-            if self._launch():
-                return self
-            self.port, self.mgmt_port = self.port if self._port_given else free_port(), free_port()
-        raise AssertionError(f"broker did not start: {self.log.read_text()[-2000:]}")
-
-    def _launch(self) -> bool:
-        config = self.data_dir.parent / f"config-{self.port}.toml"
-        config.write_text(
-            '[amqp]\nbind = ["127.0.0.1"]\n'
-            f'[management]\nenabled = true\nbind = "127.0.0.1"\nport = {self.mgmt_port}\n'
-            "[storage]\nsegment_size = 1048576\n" + self.storage + "\n" + self.extra
-        )
-        start = self.log.stat().st_size if self.log.exists() else 0
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "roarmq",
-                    "--config",
-                    str(config),
-                    "--port",
-                    str(self.port),
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--log-level",
-                    "info",
-                ],
-                stdout=out,
-                stderr=out,
-                cwd=ROOT,
-            )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with open(self.log, "rb") as f:
-                f.seek(start)
-                said = f.read().decode(errors="replace")
-            if f"AMQP on 127.0.0.1 port {self.port}" in said:
-                return True
-            if self.proc.poll() is not None:
-                assert "address already in use" in said, said
-                return False
-            time.sleep(0.02)
-        raise AssertionError("broker did not start")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}"
-
-    def api(self, path: str, method: str = "GET", body: object = None) -> tuple[int, object]:
-        """(status, decoded JSON body) of a management API call as guest."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.mgmt_port}{path}", data=data, method=method
-        )
-        req.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
-        req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read() or b"null")
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.mgmt_port}/metrics", timeout=10) as r:
-            return r.read().decode()
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
+        """`storage`: further lines for the [storage] section; `extra`: further sections."""
+        super().__init__(data_dir, port, storage="segment_size = 1048576\n" + storage, extra=extra)
 
 
 def connect(port: int, **params: object) -> pika.BlockingConnection:
@@ -164,17 +58,6 @@ def drain(port: int, queue: str) -> list[tuple[bytes, bool]]:
         out.append((body, method.redelivered))
     conn.close()
     return out
-
-
-def wait_for(check, timeout: float = 15.0, every: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
 
 
 def _tracers(pid: int) -> set[int]:
@@ -216,6 +99,7 @@ def inject(pid: int, path: str | os.PathLike[str], *rules: str) -> Iterator[subp
         wait_for(
             lambda: _tracers(pid) == {tracer.pid} or tracer.poll() is not None,
             what="strace to attach",
+            ignore=(),  # the broker gone: FileNotFoundError
         )
         if tracer.poll() is not None:
             raise AssertionError(f"strace failed: {tracer.stderr.read().decode()}")  # type: ignore[union-attr]
@@ -225,7 +109,7 @@ def inject(pid: int, path: str | os.PathLike[str], *rules: str) -> Iterator[subp
             tracer.send_signal(signal.SIGINT)  # detaches from every thread and exits
             tracer.wait(10)
         with contextlib.suppress(FileNotFoundError):
-            wait_for(lambda: _tracers(pid) == {0}, what="strace to detach")
+            wait_for(lambda: _tracers(pid) == {0}, what="strace to detach", ignore=())
 
 
 @contextlib.contextmanager

@@ -57,10 +57,9 @@ RabbitMQ's quorum queues.
 from __future__ import annotations
 
 import array
-import base64
 import bisect
 import contextlib
-import json
+import functools
 import logging
 import random
 import re
@@ -71,19 +70,17 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import pika
 
+from .broker_process import BrokerProcess, ClusterOptions
 from .etcd_cluster import EtcdCluster
 from .netns import CLIENT, Network, Partition
-from .process import ControlledProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 AMQP_PORT = 5672
@@ -127,82 +124,60 @@ class Settings:
 # -- nodes -------------------------------------------------------------------------------
 
 
-class RoarNode(ControlledProcess):
-    """One `python -m roarmq` node in its namespace; signals go to its PID. Stopped with
-    SIGTERM (a clean shutdown: the lease revoked, the log synced), SIGKILL after 15 s."""
+class RoarNode(BrokerProcess):
+    """One `python -m roarmq` node in its namespace (tests/support/broker_process.py,
+    started through the namespace's `popen`); signals go to its PID. Stopped with SIGTERM
+    (a clean shutdown: the lease revoked, the log synced), SIGKILL after 15 s."""
 
     STOP_GRACE = 15.0
 
     def __init__(self, cluster: RoarCluster, name: str) -> None:
-        super().__init__()
+        s = cluster.settings
+        user, password = cluster.credentials
+        keys = f"replica_lag_ms = {s.replica_lag_ms}\n"
+        if s.min_in_sync is not None:
+            keys += f"min_in_sync = {s.min_in_sync}\n"
+        if s.checkpoint_bytes is not None:
+            keys += f"checkpoint_bytes = {s.checkpoint_bytes}\n"
+        address = cluster.net.addresses[name]
+        super().__init__(
+            cluster.base / name,
+            AMQP_PORT,
+            mgmt_port=MGMT_PORT,
+            repl_port=REPLICATION_PORT,
+            host=address,
+            cluster=ClusterOptions(
+                cluster.etcd.client_urls, name, advertise=address, lease_ttl=s.lease_ttl, keys=keys
+            ),
+            extra=(
+                f'[[users]]\nname = "{user}"\npassword = "{password}"\n'
+                'tags = ["administrator"]\nloopback_only = false\n\n'
+                '[[vhosts]]\nname = "/"\n\n'
+                f'[[permissions]]\nuser = "{user}"\nvhost = "/"\n'
+                'configure = ".*"\nwrite = ".*"\nread = ".*"\n'
+            ),
+            log_level=s.log_level,
+            log=cluster.base / f"{name}.log",
+            config=cluster.base / f"{name}.toml",
+            launcher=functools.partial(cluster.net.popen, name, own_hostname=True),
+            credentials=cluster.credentials,
+            api_timeout=1.0,
+        )
         self.cluster = cluster
         self.name = name
-        self.address = cluster.net.addresses[name]
-        self.data_dir = cluster.base / name
-        self.log = cluster.base / f"{name}.log"
-        self.config = cluster.base / f"{name}.toml"
+        self.address = address
         self.starts = 0
 
-    def write_config(self) -> None:
-        s = self.cluster.settings
-        user, password = self.cluster.credentials
-        etcd = ", ".join(json.dumps(u) for u in self.cluster.etcd.client_urls)
-        text = (
-            f'[amqp]\nbind = ["{self.address}"]\nport = {AMQP_PORT}\n\n'
-            f'[management]\nenabled = true\nbind = "{self.address}"\nport = {MGMT_PORT}\n\n'
-            f"[cluster]\netcd = [{etcd}]\nnode = {json.dumps(self.name)}\n"
-            f'replication_port = {REPLICATION_PORT}\nadvertise = "{self.address}"\n'
-            f"lease_ttl = {s.lease_ttl}\nreplica_lag_ms = {s.replica_lag_ms}\n"
-        )
-        if s.min_in_sync is not None:
-            text += f"min_in_sync = {s.min_in_sync}\n"
-        if s.checkpoint_bytes is not None:
-            text += f"checkpoint_bytes = {s.checkpoint_bytes}\n"
-        text += (
-            f'\n[[users]]\nname = "{user}"\npassword = "{password}"\n'
-            'tags = ["administrator"]\nloopback_only = false\n\n'
-            '[[vhosts]]\nname = "/"\n\n'
-            f'[[permissions]]\nuser = "{user}"\nvhost = "/"\n'
-            'configure = ".*"\nwrite = ".*"\nread = ".*"\n'
-        )
-        self.config.write_text(text)
-
-    def start(self) -> None:
+    def start(self, wait: bool = False) -> Self:
+        """Start it, a line in its log saying when; no wait (a node whose data dir was
+        wiped may be refused and exit: Jepsen.start_node starts it again)."""
         if self.running:
-            return
-        self.write_config()
-        argv = [
-            sys.executable,
-            "-m",
-            "roarmq",
-            "--config",
-            str(self.config),
-            "--port",
-            str(AMQP_PORT),
-            "--data-dir",
-            str(self.data_dir),
-            "--cluster-etcd",
-            ",".join(self.cluster.etcd.client_urls),
-            "--node",
-            self.name,
-            "--replication-port",
-            str(REPLICATION_PORT),
-            "--log-level",
-            self.cluster.settings.log_level,
-        ]
+            return self
         with open(self.log, "ab") as out:
             out.write(f"--- jepsen: start at {time.time():.3f}\n".encode())
-            out.flush()
-            self.proc = self.cluster.net.popen(
-                self.name,
-                argv,
-                own_hostname=True,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
-        self.frozen = False
+        super().start(wait)
         self.starts += 1
+        return self
 
     def wipe(self) -> None:
         """kill -9, then the whole data dir removed: a replaced disk."""
@@ -215,22 +190,6 @@ class RoarNode(ControlledProcess):
             return (self.data_dir / VHOST_LOG / "COPY").read_text().strip() or None
         except OSError:
             return None
-
-    def api(self, path: str, timeout: float = 1.0) -> Any:
-        user, password = self.cluster.credentials
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        request = urllib.request.Request(
-            f"http://{self.address}:{MGMT_PORT}{path}",
-            headers={"Authorization": f"Basic {token}"},
-        )
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return json.loads(resp.read())
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
 
 
 def stopped_state(pid: int, timeout: float = 2.0) -> str:

@@ -1,5 +1,5 @@
 """Waiting and ports for tests: the one `free_port`, the one `until` (and its asyncio
-twin, `until_async`)."""
+twin, `until_async`), and `wait_for`, the `until` that fails the test when it runs out."""
 
 from __future__ import annotations
 
@@ -24,19 +24,41 @@ def free_port() -> int:
             return port
 
 
-def until(predicate: Callable[[], Any], timeout: float, step: float = 0.1) -> Any:
+def until(
+    predicate: Callable[[], Any],
+    timeout: float,
+    step: float = 0.1,
+    *,
+    ignore: type[BaseException] | tuple[type[BaseException], ...] = OSError,
+) -> Any:
     """Poll `predicate` until it answers something true (returned) or `timeout` seconds
-    have passed (its last answer is returned). An OSError counts as no answer (a node's
-    API not up yet)."""
+    have passed (its last answer is returned). An exception of `ignore` (OSError: a node's
+    API not up yet) counts as no answer."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             value = predicate()
-        except OSError:
+        except ignore:
             value = None
         if value or time.monotonic() > deadline:
             return value
         time.sleep(step)
+
+
+def wait_for(
+    check: Callable[[], Any],
+    timeout: float = 15.0,
+    step: float = 0.05,
+    what: str = "condition",
+    *,
+    ignore: type[BaseException] | tuple[type[BaseException], ...] = OSError,
+) -> Any:
+    """`until`, for a condition the test cannot go on without: its true answer, or an
+    AssertionError naming `what` once `timeout` seconds have passed."""
+    value = until(check, timeout, step, ignore=ignore)
+    if not value:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return value
 
 
 async def until_async(predicate: Callable[[], object], timeout: float, step: float = 0.05) -> bool:

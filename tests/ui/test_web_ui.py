@@ -15,11 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 
 import pika
 import pytest
 from machine import missing
+from support.waiting import wait_for
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
@@ -57,17 +59,9 @@ def browser():
     driver.quit()
 
 
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-        except Exception:  # noqa: BLE001 - the element is not there yet
-            value = None
-        if value:
-            return value
-        assert time.monotonic() < deadline, "timed out waiting in the browser"
-        time.sleep(0.1)
+#: A wait in the browser: whatever Selenium raises (the element is not there yet, or went
+#: stale) counts as no answer.
+in_browser = partial(wait_for, timeout=10.0, step=0.1, what="the browser", ignore=Exception)
 
 
 def text_of(driver, css):
@@ -87,14 +81,14 @@ def log_in(driver, url, wrong_first=False):
     from selenium.webdriver.common.by import By
 
     driver.get(url + "/")
-    form = wait_for(lambda: driver.find_element(By.ID, "login"))
+    form = in_browser(lambda: driver.find_element(By.ID, "login"))
     if wrong_first:
         fill(form, user="guest", password="wrong")
         form.find_element(By.TAG_NAME, "button").click()
-        wait_for(lambda: "Login failed" in text_of(driver, "#login-error"))
+        in_browser(lambda: "Login failed" in text_of(driver, "#login-error"))
     fill(form, user="guest", password="guest")
     form.find_element(By.TAG_NAME, "button").click()
-    wait_for(lambda: "Overview" in text_of(driver, "#view h2"))
+    in_browser(lambda: "Overview" in text_of(driver, "#view h2"))
     assert "guest" in text_of(driver, "#who")
 
 
@@ -185,7 +179,7 @@ def assert_charted(driver, chart, labels):
 
 def assert_drawn(driver, chart, labels):
     """These series of the chart are drawn as lines on its canvas (more than a dot)."""
-    pixels = wait_for(lambda: painted(driver, chart))
+    pixels = in_browser(lambda: painted(driver, chart))
     assert all(pixels[label] > 60 for label in labels), pixels
 
 
@@ -199,15 +193,15 @@ def click_button(driver, element_id, text):
         button = driver.find_element(By.ID, element_id)
         if button.text != text:
             return False
-        button.click()  # a stale button raises here, unclicked: wait_for tries again
+        button.click()  # a stale button raises here, unclicked: in_browser tries again
         return True
 
-    wait_for(attempt)
+    in_browser(attempt)
 
 
 def accept(driver, question=None, dismiss=False):
     """Answer the confirmation the page asked (it must have asked)."""
-    alert = wait_for(lambda: driver.switch_to.alert, timeout=5)
+    alert = in_browser(lambda: driver.switch_to.alert, timeout=5)
     if question is not None:
         assert question in alert.text, alert.text
     if dismiss:
@@ -251,11 +245,11 @@ def test_log_in_see_charts_purge_a_queue_and_explain_a_route(browser, tmp_path):
         for i in range(3):
             ch.basic_publish("ui-shop", "order.new", b"order %d" % i)
         browser.get(b.mgmt_url + "/#/queues")
-        wait_for(lambda: "ui-orders" in text_of(browser, "#view table"))
+        in_browser(lambda: "ui-orders" in text_of(browser, "#view table"))
         assert row_of(browser, "#view", "ui-orders")["Ready"] == "3"
 
         browser.get(b.mgmt_url + "/#/")
-        wait_for(lambda: "3" in text_of(browser, '[data-total="Ready"] b'))
+        in_browser(lambda: "3" in text_of(browser, '[data-total="Ready"] b'))
         traffic(b, browser, ch)
         assert_charted(browser, "#chart-rates", ["publish", "deliver/get", "ack"])
         assert_charted(browser, "#chart-messages", ["ready", "unacked", "total"])
@@ -267,18 +261,18 @@ def test_log_in_see_charts_purge_a_queue_and_explain_a_route(browser, tmp_path):
 
         browser.get(b.mgmt_url + "/#/queue/%2F/ui-orders")
         ready = str(ch.queue_declare("ui-orders", passive=True).method.message_count)
-        wait_for(lambda: text_of(browser, '[data-total="Ready"] b') == ready)
+        in_browser(lambda: text_of(browser, '[data-total="Ready"] b') == ready)
         traffic(b, browser, ch)
         assert_charted(browser, "#chart-rates", ["publish", "deliver/get", "ack", "redelivered"])
         assert_charted(browser, "#chart-messages", ["ready", "unacked", "total"])
         shot(browser, "queue")
         browser.find_element(By.ID, "purge").click()
         accept(browser, "Purge all messages of queue ui-orders?")
-        wait_for(lambda: text_of(browser, '[data-total="Ready"] b') == "0")
+        in_browser(lambda: text_of(browser, '[data-total="Ready"] b') == "0")
         assert ch.queue_declare("ui-orders", passive=True).method.message_count == 0
 
         browser.get(b.mgmt_url + "/#/exchange/%2F/ui-shop")
-        wait_for(lambda: browser.find_element(By.ID, "chart-rates"))
+        in_browser(lambda: browser.find_element(By.ID, "chart-rates"))
         traffic(b, browser, ch, rounds=2)
         assert_charted(browser, "#chart-rates", ["publish in", "publish out"])
         rates = legend(browser, "#chart-rates")
@@ -286,11 +280,11 @@ def test_log_in_see_charts_purge_a_queue_and_explain_a_route(browser, tmp_path):
         explain = browser.find_element(By.ID, "explain")
         explain.find_element(By.NAME, "key").send_keys("order.paid")
         explain.find_element(By.TAG_NAME, "button").click()
-        wait_for(lambda: "ui-orders" in text_of(browser, "#explained"))
+        in_browser(lambda: "ui-orders" in text_of(browser, "#explained"))
         assert "order.*" in text_of(browser, "#explained table")
 
         browser.get(b.mgmt_url + "/#/bindings")
-        wait_for(lambda: "order.*" in text_of(browser, "#view table"))
+        in_browser(lambda: "order.*" in text_of(browser, "#view table"))
         conn.close()
 
 
@@ -302,10 +296,10 @@ def test_set_and_clear_topic_permissions(browser, tmp_path):
         log_in(browser, b.mgmt_url)
         browser.get(b.mgmt_url + "/#/users")
         for exchange, write in (("amq.topic", r"^orders\."), ("ui-events", r"^{username}\.")):
-            form = wait_for(lambda: browser.find_element(By.CSS_SELECTOR, card))
+            form = in_browser(lambda: browser.find_element(By.CSS_SELECTOR, card))
             fill(form, user="guest", exchange=exchange, write=write, read="^audit$")
             form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
-            wait_for(lambda e=exchange: e in text_of(browser, card + " table"))
+            in_browser(lambda e=exchange: e in text_of(browser, card + " table"))
         assert sorted(b.api("GET", "/api/topic-permissions")[1], key=lambda t: t["exchange"]) == [
             {"user": "guest", "vhost": "/", "exchange": "amq.topic", "write": r"^orders\.", "read": "^audit$"},
             {"user": "guest", "vhost": "/", "exchange": "ui-events", "write": r"^{username}\.", "read": "^audit$"},
@@ -314,7 +308,7 @@ def test_set_and_clear_topic_permissions(browser, tmp_path):
         form = browser.find_element(By.CSS_SELECTOR, card)
         fill(form, user="nobody")
         form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
-        wait_for(lambda: "not_found" in text_of(browser, card + " .error"))
+        in_browser(lambda: "not_found" in text_of(browser, card + " .error"))
 
         row = next(
             r
@@ -323,14 +317,14 @@ def test_set_and_clear_topic_permissions(browser, tmp_path):
         )
         row.find_element(By.CSS_SELECTOR, "[data-clear]").click()
         accept(browser, "Clear this permission?")
-        wait_for(lambda: "amq.topic" not in text_of(browser, card + " table"))
+        in_browser(lambda: "amq.topic" not in text_of(browser, card + " table"))
         assert [t["exchange"] for t in b.api("GET", "/api/topic-permissions")[1]] == ["ui-events"]
 
         form = browser.find_element(By.CSS_SELECTOR, card)
         fill(form, user="guest")
         form.find_element(By.CSS_SELECTOR, "[data-clear-all]").click()
         accept(browser)
-        wait_for(lambda: "(none)" in text_of(browser, card + " table"))
+        in_browser(lambda: "(none)" in text_of(browser, card + " table"))
         assert b.api("GET", "/api/topic-permissions")[1] == []
         assert "guest" in text_of(browser, "#set-permissions table")  # the vhost permission stays
 
@@ -365,14 +359,14 @@ def test_an_operator_session(browser, tmp_path):
 
         # An exchange, with an alternate exchange from the form's helper.
         browser.get(b.mgmt_url + "/#/exchanges")
-        wait_for(lambda: "amq.topic" in text_of(browser, "#rows table"))
+        in_browser(lambda: "amq.topic" in text_of(browser, "#rows table"))
         browser.find_element(By.CSS_SELECTOR, "#add-exchange-card summary").click()
         form = browser.find_element(By.ID, "add-exchange")
         fill(form, name="ops-x")
         choose(form, "type", "topic")
         set_argument(form, "alternate-exchange", "ops-ae")
         form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
-        wait_for(lambda: row_of(browser, "#rows", "ops-x"))
+        in_browser(lambda: row_of(browser, "#rows", "ops-x"))
         assert row_of(browser, "#rows", "ops-x")["Features"].split() == ["D", "AE"]
         x = b.api("GET", "/api/exchanges/%2F/ops-x")[1]
         assert (x["type"], x["durable"], x["arguments"]) == (
@@ -383,7 +377,7 @@ def test_an_operator_session(browser, tmp_path):
 
         # A queue with a message TTL and a length limit (numbers, as the helper types them).
         browser.get(b.mgmt_url + "/#/queues")
-        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#rows table"))
+        in_browser(lambda: browser.find_element(By.CSS_SELECTOR, "#rows table"))
         browser.find_element(By.CSS_SELECTOR, "#add-queue-card summary").click()
         form = browser.find_element(By.ID, "add-queue")
         assert "Delivery limit" not in form.text  # quorum only: hidden for a classic queue
@@ -393,7 +387,7 @@ def test_an_operator_session(browser, tmp_path):
         browser.execute_script("arguments[0].scrollIntoView()", form)
         shot(browser, "add-queue")
         form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
-        wait_for(lambda: row_of(browser, "#rows", "ops-q"))
+        in_browser(lambda: row_of(browser, "#rows", "ops-q"))
         assert row_of(browser, "#rows", "ops-q")["Features"].split() == ["D", "TTL", "Lim"]
         q = b.api("GET", "/api/queues/%2F/ops-q")[1]
         assert q["arguments"] == {"x-message-ttl": 60000, "x-max-length": 100}
@@ -401,32 +395,32 @@ def test_an_operator_session(browser, tmp_path):
 
         # Bind it from the queue's page; its arguments shown as a table, not JSON.
         browser.get(b.mgmt_url + "/#/queue/%2F/ops-q")
-        form = wait_for(lambda: browser.find_element(By.ID, "bind"))
+        form = in_browser(lambda: browser.find_element(By.ID, "bind"))
         assert "x-message-ttl 60000" in text_of(browser, "#arguments")
         fill(form, source="ops-x", key="ops.#")
         form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
-        wait_for(lambda: "ops.#" in text_of(browser, "#bindings table"))
+        in_browser(lambda: "ops.#" in text_of(browser, "#bindings table"))
         assert [(r["source"], r["routing_key"]) for r in b.api("GET", "/api/queues/%2F/ops-q/bindings")[1]] == [
             ("", "ops-q"), ("ops-x", "ops.#")
         ]  # fmt: skip
 
         # Publish from the exchange's page, which lists the binding from its side.
         browser.get(b.mgmt_url + "/#/exchange/%2F/ops-x")
-        wait_for(lambda: "ops-q" in text_of(browser, "#bindings table"))
+        in_browser(lambda: "ops-q" in text_of(browser, "#bindings table"))
         assert "alternate-exchange ops-ae" in text_of(browser, "#arguments")
         assert "Durable true" in text_of(browser, "#details")
         form = browser.find_element(By.ID, "publish")
         fill(form, key="ops.created", payload="hello ops")
         form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
-        wait_for(lambda: "Message published." in text_of(browser, "#publish .ok"))
+        in_browser(lambda: "Message published." in text_of(browser, "#publish .ok"))
 
         # The queues list shows it, and then a client's publish without a reload.
         browser.get(b.mgmt_url + "/#/queues")
-        wait_for(lambda: (row_of(browser, "#rows", "ops-q") or {}).get("Ready") == "1")
+        in_browser(lambda: (row_of(browser, "#rows", "ops-q") or {}).get("Ready") == "1")
         conn = pika.BlockingConnection(pika.URLParameters(b.url))
         ch = conn.channel()
         ch.basic_publish("ops-x", "ops.updated", b"second")
-        wait_for(lambda: row_of(browser, "#rows", "ops-q")["Ready"] == "2", timeout=12)
+        in_browser(lambda: row_of(browser, "#rows", "ops-q")["Ready"] == "2", timeout=12)
         # Paused, it stays as it was; refreshing again, it catches up.
         choose(browser, "refresh", "0")
         assert "paused" in text_of(browser, "#refreshed")
@@ -434,22 +428,22 @@ def test_an_operator_session(browser, tmp_path):
         time.sleep(6)
         assert row_of(browser, "#rows", "ops-q")["Ready"] == "2"
         choose(browser, "refresh", "5")
-        wait_for(lambda: row_of(browser, "#rows", "ops-q")["Ready"] == "3", timeout=12)
+        in_browser(lambda: row_of(browser, "#rows", "ops-q")["Ready"] == "3", timeout=12)
         # Filtered by a regular expression, on the server.
         filter_box = browser.find_element(By.CSS_SELECTOR, "#rows .filter")
         browser.find_element(By.CSS_SELECTOR, "#rows .regex").click()
         filter_box.send_keys("^ops-[q]$")
-        wait_for(lambda: text_of(browser, "#rows .where").split("· ")[1].startswith("1 of "))
+        in_browser(lambda: text_of(browser, "#rows .where").split("· ")[1].startswith("1 of "))
         assert [r for r in ("ops-q", "ui-other") if row_of(browser, "#rows", r)] == ["ops-q"]
 
         # Get the message published from the exchange's page: removed ("Automatic ack").
         browser.get(b.mgmt_url + "/#/queue/%2F/ops-q")
-        form = wait_for(lambda: browser.find_element(By.ID, "get"))
+        form = in_browser(lambda: browser.find_element(By.ID, "get"))
         choose(form, "ackmode", "ack_requeue_false")
         form.find_element(By.CSS_SELECTOR, "button:not([type])").click()
-        wait_for(lambda: "hello ops" in text_of(browser, "#got"))
+        in_browser(lambda: "hello ops" in text_of(browser, "#got"))
         assert "ops.created" in text_of(browser, "#got")
-        wait_for(lambda: text_of(browser, '[data-total="Ready"] b') == "2")
+        in_browser(lambda: text_of(browser, '[data-total="Ready"] b') == "2")
 
         # Traffic, sampled; then the queue's page opens with its charts already drawn.
         browser.get(b.mgmt_url + "/#/")
@@ -468,14 +462,14 @@ def test_an_operator_session(browser, tmp_path):
             sample()
         ch.basic_ack(held)
         browser.get(b.mgmt_url + "/#/queue/%2F/ops-q")
-        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#chart-rates canvas"))
+        in_browser(lambda: browser.find_element(By.CSS_SELECTOR, "#chart-rates canvas"))
         assert_drawn(browser, "#chart-messages", ["ready", "unacked", "total"])
         assert_drawn(browser, "#chart-rates", ["publish", "deliver/get", "ack"])
         shot(browser, "queue-first-load")
 
         # The exchange's page: charts there too at once; unbind, asked first.
         browser.get(b.mgmt_url + "/#/exchange/%2F/ops-x")
-        wait_for(lambda: "ops-q" in text_of(browser, "#bindings table"))
+        in_browser(lambda: "ops-q" in text_of(browser, "#bindings table"))
         assert_drawn(browser, "#chart-rates", ["publish in", "publish out"])
         shot(browser, "exchange")
         browser.find_element(By.CSS_SELECTOR, "#bindings button.unbind").click()
@@ -483,7 +477,7 @@ def test_an_operator_session(browser, tmp_path):
         assert b.api("GET", "/api/bindings/%2F/e/ops-x/q/ops-q")[1] != []
         browser.find_element(By.CSS_SELECTOR, "#bindings button.unbind").click()
         accept(browser, "Remove this binding?")
-        wait_for(lambda: "ops-q" not in text_of(browser, "#bindings"))
+        in_browser(lambda: "ops-q" not in text_of(browser, "#bindings"))
         assert b.api("GET", "/api/bindings/%2F/e/ops-x/q/ops-q")[1] == []
 
         # Delete the queue: cancelled, it stays; confirmed, it goes.
@@ -493,18 +487,18 @@ def test_an_operator_session(browser, tmp_path):
         assert b.api("GET", "/api/queues/%2F/ops-q")[0] == 200
         click_button(browser, "delete", "Delete queue")
         accept(browser, "Delete queue ops-q?")
-        wait_for(lambda: browser.current_url.endswith("#/queues"))
+        in_browser(lambda: browser.current_url.endswith("#/queues"))
         assert b.api("GET", "/api/queues/%2F/ops-q")[0] == 404
 
         browser.get(b.mgmt_url + "/#/exchange/%2F/ops-x")
         click_button(browser, "delete", "Delete exchange")
         accept(browser, "Delete exchange ops-x?")
-        wait_for(lambda: browser.current_url.endswith("#/exchanges"))
+        in_browser(lambda: browser.current_url.endswith("#/exchanges"))
         assert b.api("GET", "/api/exchanges/%2F/ops-x")[0] == 404
 
         # Closing a connection asks too.
         browser.get(b.mgmt_url + "/#/connections")
-        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#rows button.close-conn")).click()
+        in_browser(lambda: browser.find_element(By.CSS_SELECTOR, "#rows button.close-conn")).click()
         accept(browser, "Close connection")
 
         def closed():
@@ -512,7 +506,7 @@ def test_an_operator_session(browser, tmp_path):
                 conn.process_data_events(0)  # raises once the broker has closed it
             return not conn.is_open
 
-        wait_for(closed)
+        in_browser(closed)
 
 
 def test_limits_page_and_rate_columns_sort(browser, tmp_path):
@@ -523,17 +517,17 @@ def test_limits_page_and_rate_columns_sort(browser, tmp_path):
     with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
         log_in(browser, b.mgmt_url)
         browser.get(b.mgmt_url + "/#/limits")
-        form = wait_for(lambda: browser.find_element(By.ID, "set-vhost-limit"))
+        form = in_browser(lambda: browser.find_element(By.ID, "set-vhost-limit"))
         choose(form, "limit", "max-queues")
         fill(form, value="7")
         form.find_element(By.TAG_NAME, "button").click()
-        wait_for(lambda: "max-queues" in text_of(browser, "#vhost-limits table"))
+        in_browser(lambda: "max-queues" in text_of(browser, "#vhost-limits table"))
         assert b.api("GET", "/api/vhost-limits")[1] == [{"vhost": "/", "value": {"max-queues": 7}}]
         form = browser.find_element(By.ID, "set-user-limit")
         choose(form, "limit", "max-channels")
         fill(form, user="guest", value="20")
         form.find_element(By.TAG_NAME, "button").click()
-        wait_for(lambda: "max-channels" in text_of(browser, "#user-limits table"))
+        in_browser(lambda: "max-channels" in text_of(browser, "#user-limits table"))
         assert b.api("GET", "/api/user-limits")[1] == [
             {"user": "guest", "value": {"max-channels": 20}}
         ]
@@ -546,7 +540,7 @@ def test_limits_page_and_rate_columns_sort(browser, tmp_path):
         assert b.api("GET", "/api/vhost-limits")[1] != []  # cancelled: it stays
         browser.find_element(By.CSS_SELECTOR, clear).click()
         accept(browser, "Clear the max-queues limit of virtual host /?")
-        wait_for(lambda: "max-queues" not in text_of(browser, "#vhost-limits table"))
+        in_browser(lambda: "max-queues" not in text_of(browser, "#vhost-limits table"))
         assert b.api("GET", "/api/vhost-limits")[1] == []
         assert "max-channels" in text_of(browser, "#user-limits table")  # the other stays
 
@@ -554,8 +548,8 @@ def test_limits_page_and_rate_columns_sort(browser, tmp_path):
             b.api("PUT", f"/api/queues/%2F/{name}", {})
         browser.get(b.mgmt_url + "/#/queues")
         head = '#list-queues th[data-sort="message_stats.publish_details.rate"]'
-        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, head)).click()
-        wait_for(
+        in_browser(lambda: browser.find_element(By.CSS_SELECTOR, head)).click()
+        in_browser(
             lambda: "sorted" in browser.find_element(By.CSS_SELECTOR, head).get_attribute("class")
         )
         assert text_of(browser, "#list-queues .list-error") == ""
@@ -591,7 +585,7 @@ def test_a_stream_page(browser, tmp_path):
 
         log_in(browser, b.mgmt_url)
         browser.get(b.mgmt_url + "/#/queue/%2F/ui-events")
-        wait_for(lambda: "ui-reader" in text_of(browser, "#live"))
+        in_browser(lambda: "ui-reader" in text_of(browser, "#live"))
         assert text_of(browser, "#view h2").startswith("Stream ui-events")
         totals = {
             k: text_of(browser, f'[data-total="{k}"] b')
@@ -614,7 +608,7 @@ def test_a_stream_page(browser, tmp_path):
 
         ch.queue_declare("ui-plain")
         browser.get(b.mgmt_url + "/#/queue/%2F/ui-plain")
-        wait_for(lambda: browser.find_elements(By.ID, "purge"))
+        in_browser(lambda: browser.find_elements(By.ID, "purge"))
         assert text_of(browser, "#view h2").startswith("Queue ui-plain")
         assert browser.find_elements(By.ID, "get") and browser.find_elements(By.ID, "move")
         conn.close()
