@@ -25,7 +25,9 @@ from roarmq.broker.testing import ephemeral_config, running_broker
 from roarmq.pipeline.cli import main
 
 # slow (Spark): `make check` leaves it out
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+# One worker runs the module (`make test` runs pytest-xdist with --dist loadgroup): its
+# Spark session and module fixtures are built once, not once in each worker.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.xdist_group("spark")]
 
 REPO = Path(__file__).resolve().parents[2]
 HOURS = 3
