@@ -2,7 +2,7 @@
 generator.
 
     .venv/bin/python bench/steady.py [--broker all|both|roarmq|rabbitmq|garagemq]
-        [--scenarios direct,confirms,fanout,topic,latency] [--warmup 3] [--window 8]
+        [--scenarios direct,confirms,persistent,persistent-w1,fanout,topic,latency] [--warmup 3] [--window 8]
         [--repeat 3] [--broker-cpu 0] [--load-cpu 1] [--json PATH]
 
 The figures README quotes. Each run is a fresh broker pinned to ``--broker-cpu`` (RabbitMQ
@@ -15,16 +15,21 @@ row is a rate the broker keeps up, not how fast it swallows a burst into its buf
 the median and the range. 16-byte bodies throughout.
 
 Scenarios (consumers are counted: a row's msg/s is deliveries per second):
-  direct    one publisher flat out (100 messages a write, no confirms) -> one queue -> one
-            no-ack consumer
-  confirms  the same with publisher confirms (at most 1,000 unconfirmed) and a consumer
-            acking each message (prefetch 100)
-  fanout    a fanout exchange bound to 10 queues, a no-ack consumer on each
-  topic     a topic exchange with 1,000 wildcard bindings (s{i}.*.x / s{i}.#) to one queue,
-            the publisher cycling 10,000 distinct keys, a no-ack consumer
-  latency   one publisher paced at --rate (10,000) msg/s, one message a write -> one queue ->
-            one no-ack consumer; p50/p99/p99.9 of publish-to-delivery time (the generator
-            stamps each body with its clock when it writes it, and reads it on delivery)
+  direct         one publisher flat out (100 messages a write, no confirms) -> one queue ->
+                 one no-ack consumer
+  confirms       the same with publisher confirms (at most 1,000 unconfirmed) and a
+                 consumer acking each message (prefetch 100)
+  persistent     as confirms, persistent messages (delivery-mode 2) to a durable queue: each
+                 is confirmed once the broker has it on disk (fsync)
+  persistent-w1  as persistent with one message unconfirmed at a time (as pika's
+                 BlockingConnection publishes): a round trip and an fsync a message
+  fanout         a fanout exchange bound to 10 queues, a no-ack consumer on each
+  topic          a topic exchange with 1,000 wildcard bindings (s{i}.*.x / s{i}.#) to one
+                 queue, the publisher cycling 10,000 distinct keys, a no-ack consumer
+  latency        one publisher paced at --rate (10,000) msg/s, one message a write -> one
+                 queue -> one no-ack consumer; p50/p99/p99.9 of publish-to-delivery time
+                 (the generator stamps each body with its clock as it writes it, and reads
+                 it on delivery)
 
 Per row: msg/s (median and range), the broker's CPU per message (its process group's CPU
 time over the window / messages delivered), and for latency the percentiles (median run and
@@ -78,6 +83,20 @@ def _confirms(tag: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _persistent(window: int) -> Any:
+    def spec(tag: str, args: argparse.Namespace) -> dict[str, Any]:
+        q = f"steady.{tag}"
+        publisher = {"group": "p", "queue": q, "batch": 100, "confirm_window": window}
+        return {
+            "queues": [q],
+            "durable": True,
+            "publishers": [{**publisher, "persistent": True}],
+            "consumers": [{"group": "c", "queue": q, "prefetch": 100}],
+        }
+
+    return spec
+
+
 def _fanout(tag: str, args: argparse.Namespace) -> dict[str, Any]:
     queues = [f"steady.{tag}.{i}" for i in range(10)]
     exchange = f"steady.{tag}.fanout"
@@ -117,6 +136,16 @@ def _latency(tag: str, args: argparse.Namespace) -> dict[str, Any]:
 SCENARIOS = [
     Scenario("direct", "direct 1->1, no-ack", _direct),
     Scenario("confirms", "direct, confirms (<= 1,000 open) + manual acks, prefetch 100", _confirms),
+    Scenario(
+        "persistent",
+        "persistent, durable queue, confirms (<= 1,000 open) + manual acks",
+        _persistent(1000),
+    ),
+    Scenario(
+        "persistent-w1",
+        "persistent, durable queue, a publisher that waits for each confirm",
+        _persistent(1),
+    ),
     Scenario("fanout", "fanout to 10 queues, a no-ack consumer each (deliveries/s)", _fanout),
     Scenario("topic", "topic, 1,000 wildcard bindings, 10,000 keys, no-ack", _topic),
     Scenario("latency", "direct 1->1, no-ack, publisher paced at --rate msg/s", _latency),

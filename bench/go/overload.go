@@ -92,8 +92,17 @@ func methodFrame(channel, class, method uint16, args buf) []byte {
 
 // message: basic.publish + content header (no properties) + body frames.
 func message(exchange, key string, body []byte, frameMax int) []byte {
+	return publishFrames(exchange, key, body, frameMax, false)
+}
+
+// publishFrames: message, or with persistent the one property delivery-mode 2.
+func publishFrames(exchange, key string, body []byte, frameMax int, persistent bool) []byte {
 	out := buf(methodFrame(1, 60, 40, buf{}.u16(0).short(exchange).short(key).u8(0)))
-	out = out.u8(2).u16(1).u32(14).u16(60).u16(0).u64(uint64(len(body))).u16(0).u8(frameEnd)
+	if persistent { // property flags: delivery-mode (bit 12), then its octet
+		out = out.u8(2).u16(1).u32(15).u16(60).u16(0).u64(uint64(len(body))).u16(0x1000).u8(2).u8(frameEnd)
+	} else {
+		out = out.u8(2).u16(1).u32(14).u16(60).u16(0).u64(uint64(len(body))).u16(0).u8(frameEnd)
+	}
 	for off := 0; off < len(body); off += frameMax - 8 {
 		chunk := body[off:min(len(body), off+frameMax-8)]
 		out = append(out.u8(3).u16(1).u32(uint32(len(chunk))), chunk...).u8(frameEnd)
@@ -317,6 +326,7 @@ type PubSpec struct {
 	Queue         string  `json:"queue"`
 	Rate          float64 `json:"rate"` // messages/s; 0 = as fast as it can
 	ConfirmWindow int     `json:"confirm_window"`
+	Persistent    bool    `json:"persistent"` // delivery-mode 2
 	Batch         int     `json:"batch"`
 	Exchange      string  `json:"exchange"` // publish here: topic mode cycles the keys, exchange mode uses Queue as the key
 }
@@ -338,6 +348,7 @@ type Spec struct {
 	Cleanup  bool    `json:"cleanup"`
 	// load
 	Queues     []string   `json:"queues"`
+	Durable    bool       `json:"durable"` // the queues declared durable
 	Publishers []PubSpec  `json:"publishers"`
 	Consumers  []ConsSpec `json:"consumers"`
 	// probe
@@ -401,15 +412,15 @@ func newPublisher(port int, s PubSpec, keys []string) (*publisher, error) {
 			return nil, err
 		}
 	}
-	full := message("", s.Queue, make([]byte, 16), c.frameMax)
+	full := publishFrames("", s.Queue, make([]byte, 16), c.frameMax, s.Persistent)
 	p.prefix = full[:len(full)-17]
 	if s.Exchange != "" && len(keys) == 0 { // exchange mode: one key, the queue's name
-		full := message(s.Exchange, s.Queue, make([]byte, 16), c.frameMax)
+		full := publishFrames(s.Exchange, s.Queue, make([]byte, 16), c.frameMax, s.Persistent)
 		p.prefix = full[:len(full)-17]
 	}
 	if s.Exchange != "" {
 		for _, key := range keys {
-			full := message(s.Exchange, key, make([]byte, 16), c.frameMax)
+			full := publishFrames(s.Exchange, key, make([]byte, 16), c.frameMax, s.Persistent)
 			p.prefixes = append(p.prefixes, full[:len(full)-17])
 		}
 	}
@@ -741,7 +752,9 @@ func runLoad(s Spec) (map[string]any, error) {
 	}
 	defer admin.nc.Close()
 	for _, q := range s.Queues {
-		if _, err := admin.callWithin(setupTimeout, queueDeclare(q, false, false, false), 50, 11); err != nil {
+		declare := methodFrame(1, 50, 10,
+			buf{}.u16(0).short(q).u8(bits(false, s.Durable, false, false, false)).u32(0))
+		if _, err := admin.callWithin(setupTimeout, declare, 50, 11); err != nil {
 			return nil, fmt.Errorf("queue.declare %s: %w", q, err)
 		}
 	}
