@@ -57,7 +57,7 @@ def run_once(kind: str, procs: Procs, binary: Path, args: argparse.Namespace, sr
         options["extra_config"] = f"\n[routing]\ncache_keys = {args.cache_keys}\n"
     logs: dict[str, Any] = {}
     tag = uuid.uuid4().hex[:6]
-    queue, exchange = f"topic27.{tag}.q", f"topic27.{tag}.x"
+    queue, exchange = f"topic-go.{tag}.q", f"topic-go.{tag}.x"
     spec = {
         "role": "load",
         "warmup_s": args.warmup,
@@ -171,7 +171,7 @@ def main() -> int:
     kinds = ["roarmq", "rabbitmq"] if args.broker == "both" else [args.broker]
     procs = Procs()
     rows: dict[str, list[dict]] = {k: [] for k in kinds}
-    with tempfile.TemporaryDirectory(prefix="topic27-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="topic-go-") as tmp_name:
         tmp = Path(tmp_name)
         binary, go_version = build_load_generator(tmp, "bench/topic_go.py")
         src = REPO
