@@ -1,6 +1,7 @@
 """The replication transport of a vhost's log: real sockets on loopback, real SegmentLog
-files with fsync. The leader and its followers share this test's event loop, except the
-kill -9 follower (follower_proc.py in a subprocess)."""
+files with fsync (but for the few tests whose subject is not the files, which say so and
+use MemoryRecordStore). The leader and its followers share this test's event loop, except
+the kill -9 follower (follower_proc.py in a subprocess)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.memory_records import MemoryRecordStore
 from support.waiting import until_async
 
 from roarmq.broker.cluster.coordination import attach_coordinator
@@ -62,11 +64,17 @@ def replayed(directory: Path) -> list[tuple[int, bytes]]:
 
 
 class Cluster:
-    """One leader and its followers' stores and tasks, stopped in order at the end."""
+    """One leader and its followers' stores and tasks, stopped in order at the end. The
+    stores are SegmentRecordStores, a directory of tmp a node; with `in_memory`, for a test
+    whose subject is not the files, MemoryRecordStores (no directory, no fsync): a node's
+    store outlives its follower as its directory would (a restarted follower finds it)."""
 
-    def __init__(self, tmp: Path, *, epoch: int = 7, in_sync=("b", "c"), lag_ms=10_000):
+    def __init__(
+        self, tmp: Path, *, epoch: int = 7, in_sync=("b", "c"), lag_ms=10_000, in_memory=False
+    ):
         self.tmp = tmp
-        self.leader_store = SegmentRecordStore(tmp / "a")
+        self.in_memory: dict[str, MemoryRecordStore] | None = {} if in_memory else None
+        self.leader_store = self.store("a")
         self.leader = ReplicationLeader(
             VHOST, epoch, self.leader_store, node="a", in_sync=set(in_sync), replica_lag_ms=lag_ms
         )
@@ -76,8 +84,14 @@ class Cluster:
     async def start(self) -> None:
         self.port = await self.leader.start()
 
+    def store(self, node: str) -> SegmentRecordStore | MemoryRecordStore:
+        """Node `node`'s log: its directory, or its store in memory."""
+        if self.in_memory is None:
+            return SegmentRecordStore(self.tmp / node)
+        return self.in_memory.setdefault(node, MemoryRecordStore())
+
     def follower(self, node: str, *, epoch: int = 0) -> ReplicationFollower:
-        store = SegmentRecordStore(self.tmp / node)
+        store = self.store(node)
         f = ReplicationFollower(VHOST, ("127.0.0.1", self.port), node, store, epoch=epoch)
         f.start()
         self.followers[node] = f
@@ -213,8 +227,12 @@ async def test_follower_with_a_higher_epoch_deposes_the_leader(tmp_path):
         assert f.store.last_offset == 0
 
 
-async def test_follower_refuses_a_stale_epoch_leader(tmp_path):
-    """A fake leader that does not check epochs: the follower's own check must hold."""
+async def test_follower_refuses_a_stale_epoch_leader():
+    """A fake leader that does not check epochs: the follower's own check must hold.
+
+    Its store is a MemoryRecordStore: the subject is the follower's epoch check, and the
+    store only says that nothing was appended (last_offset), which the in-memory store
+    answers as the segment store does (test_record_store_contract.py)."""
     hellos: list[dict] = []
 
     async def stale_leader(reader, writer):
@@ -227,7 +245,7 @@ async def test_follower_refuses_a_stale_epoch_leader(tmp_path):
 
     server = await asyncio.start_server(stale_leader, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    store = SegmentRecordStore(tmp_path / "b")
+    store = MemoryRecordStore()
     stale: list[int] = []
     f = ReplicationFollower(VHOST, ("127.0.0.1", port), "b", store, epoch=5)
     f.on_stale_leader.append(stale.append)
@@ -246,7 +264,10 @@ async def test_follower_refuses_a_stale_epoch_leader(tmp_path):
 
 
 async def test_mid_session_higher_epoch_refuses_the_next_batch(tmp_path):
-    async with cluster(tmp_path, epoch=4, in_sync=("b",)) as c:
+    """The owner learns a higher epoch mid-session: the next batch is refused, the leader
+    deposed, and nothing of it appended. In memory (`in_memory`): what is proved is the
+    follower's check and the leader's deposition, not what reaches the disk."""
+    async with cluster(tmp_path, epoch=4, in_sync=("b",), in_memory=True) as c:
         f = c.follower("b")
         await publish(c.leader, payloads(10, seed=4))
         assert await until_async(lambda: f.acked == 10, 5, POLL)
@@ -543,8 +564,12 @@ async def test_a_follower_that_reconnects_holding_less_than_confirmed_leaves_the
 async def test_confirms_need_min_copies_when_released_not_only_when_appended(tmp_path):
     """min_in_sync (here 2 of leader + b) is checked when a confirm is released: once b
     has left the set, what was appended before is not confirmed by the leader alone, and
-    the owner hears that too few copies are left (it nacks what waits)."""
-    async with cluster(tmp_path, in_sync=("b",)) as c:
+    the owner hears that too few copies are left (it nacks what waits).
+
+    In memory (`in_memory`): the subject is the leader's confirm rule, from acks and the
+    leader's own durable offset; nothing is replayed from disk, and the stores' offsets
+    and syncs are held to SegmentRecordStore's by test_record_store_contract.py."""
+    async with cluster(tmp_path, in_sync=("b",), in_memory=True) as c:
         c.leader.set_min_copies(2)
         too_few: list[bool] = []
         c.leader.on_too_few.append(lambda: too_few.append(True))
