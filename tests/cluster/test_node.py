@@ -4,6 +4,7 @@ kill -9 of the leader followed by another in-sync member leading and confirming.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 
@@ -167,6 +168,19 @@ def stopped_with(node: Node, timeout: float = 20) -> str:
     assert node.proc is not None
     assert node.proc.wait(timeout) == 1, node.log.read_text()[-2000:]
     return node.log.read_text().strip().splitlines()[-1]
+
+
+def test_a_node_waiting_for_etcd_at_start_stops_on_sigterm_then(tmp_path):
+    """A supervisor's SIGTERM while the node waits for etcd (up to join_timeout, here 60 s)
+    stops it at once, cleanly: exit 0, saying so."""
+    node = Node(tmp_path, "waiting", f"http://127.0.0.1:{free_port()}", keys="join_timeout = 60\n")
+    node.start()
+    assert until(lambda: "cannot join the cluster yet" in node.log.read_text(), 30)
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.proc.wait(10) == 0, node.log.read_text()[-2000:]
+    said = node.log.read_text()
+    assert "stopping: signal received while starting" in said
+    assert "RoarMQ stopped" in said
 
 
 def test_a_node_whose_configuration_cannot_work_stops_at_start_saying_why(etcd, tmp_path):
