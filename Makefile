@@ -161,6 +161,7 @@ bench: $(DEV_STAMP)
 	$(PY) bench/matching.py --quick
 	$(PY) bench/hotpath.py
 	$(PY) bench/throughput.py --quick
+	$(PY) bench/steady.py --broker roarmq --repeat 1 --warmup 1 --window 2
 	$(PY) bench/persistence.py --quick
 	$(PY) bench/pipeline.py --quick
 	$(PY) bench/overload.py --quick
