@@ -505,6 +505,9 @@ async def test_truncation_below_a_trimmed_checkpoint_starts_the_follower_over(tm
         first_copy = f.store.copy_id
         await publish(c.leader, [b"after"])
         assert await until_async(lambda: c.leader.confirmed_offset() == 23, 5, POLL)
+        # The leader confirms alone while the follower starts over (below): wait for the
+        # follower to hold 23 before comparing the logs.
+        assert await until_async(lambda: f.store.last_offset == 23, 5, POLL), f.store.last_offset
         assert f.store.records() == c.leader_store.records()
         assert f.store.first_offset == 1
         # Started over: a new copy, which left the set and came back once caught up (the
