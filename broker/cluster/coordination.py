@@ -806,11 +806,20 @@ async def shrink_then_forget(
 async def expand_then_include(
     coordinator: Coordinator, leader: ReplicationLeader, node: str
 ) -> IsrChange:
-    """A caught-up follower rejoins the in-sync set in etcd, then confirms wait for it."""
+    """A caught-up follower rejoins the in-sync set in etcd, then confirms wait for it. If
+    etcd does not answer, the follower stays out and is reported again at its next ack: an
+    expansion that failed once is not forgotten (the follower would stay out for good)."""
     copy = leader.copy_of(node)
     if not copy:
         return IsrChange.NOT_MEMBER  # a peer that names no copy is never pinned
-    result = await coordinator.expand_isr(leader.vhost, leader.leadership, node, copy)
+    try:
+        result = await coordinator.expand_isr(leader.vhost, leader.leadership, node, copy)
+    except EtcdError as exc:
+        log.warning(
+            "vhost %r: %s could not rejoin the in-sync set yet: %s", leader.vhost, node, exc
+        )
+        leader.report_caught_up_again(node)
+        return IsrChange.UNANSWERED
     if result is IsrChange.DONE:
         leader.add_to_isr(node, copy)
     elif result is IsrChange.NOT_LEADER:

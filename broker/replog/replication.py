@@ -413,6 +413,13 @@ class ReplicationLeader:
         if node in self.in_sync:
             self._follower(node).lag_reported = False
 
+    def report_caught_up_again(self, node: str) -> None:
+        """The owner could not act on `node`'s catching up (etcd did not answer): report it
+        again at its next ack (heartbeats bring one on an idle vhost) if it is still out."""
+        follower = self._followers.get(node)
+        if follower is not None and node not in self.in_sync:
+            follower.caught_up_reported = False
+
     def report_lagging(self, node: str) -> None:
         """Take `node` out of the in-sync set through the owner now (`on_lagging`), without
         waiting `replica_lag_ms`: the owner knows it is gone (its lease expired, or its

@@ -434,6 +434,29 @@ async def test_a_shrink_etcd_did_not_answer_is_asked_again(tmp_path, etcd):
             assert (await _isr(a)) == ["a"]
 
 
+async def test_an_expansion_etcd_did_not_answer_is_asked_again(tmp_path, etcd):
+    """The follower catches up while etcd is frozen: the expand txn times out. It must
+    still rejoin the set once etcd answers again (the failed expansion's task once ended
+    with its exception, and the follower stayed out for good)."""
+    async with vhost_led_by_a(etcd, timeout=0.5, lease_ttl=10) as (a, won):
+        async with cluster(tmp_path, epoch=won.epoch, in_sync=(), lag_ms=300) as c:
+            attach_coordinator(a, c.leader)
+            reports: list[str] = []
+            c.leader.on_caught_up.append(reports.append)
+            await publish(c.leader, payloads(50, seed=13))
+            os.kill(etcd.proc.pid, signal.SIGSTOP)
+            try:
+                c.follower("b", epoch=won.epoch)
+                assert await until_async(
+                    lambda: len(reports) >= 2, 10, POLL
+                )  # failed, reported again
+                assert "b" not in c.leader.in_sync  # not in sync until etcd says so
+            finally:
+                os.kill(etcd.proc.pid, signal.SIGCONT)
+            assert await until_async(lambda: "b" in c.leader.in_sync, 10, POLL)
+            assert sorted(await _isr(a)) == ["a", "b"]
+
+
 async def _isr(coord) -> list[str]:
     import json
 
