@@ -4,6 +4,8 @@ twin, `until_async`), and `wait_for`, the `until` that fails the test when it ru
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -11,17 +13,42 @@ from typing import Any
 
 _HANDED_OUT: set[int] = set()
 
+#: Ports handed out lie below the kernel's ephemeral range (32768 and up on Linux), so no
+#: client connection of any process takes one between `free_port` and the bind; the range
+#: is cut in slices, one per pytest-xdist worker (PYTEST_XDIST_WORKER=gwN), so two workers
+#: never hand out the same port.
+_FIRST, _LAST, _SLICES = 10_000, 32_700, 4
+_next_port: int | None = None
+
+
+def _slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) % _SLICES if worker[2:].isdigit() else 0
+    size = (_LAST - _FIRST) // _SLICES
+    return range(_FIRST + index * size, _FIRST + (index + 1) * size)
+
 
 def free_port() -> int:
-    """A loopback port nothing listens on, never the same twice in this process (the
-    kernel may give a just-closed port again; two nodes then clash on it)."""
-    while True:
+    """A loopback port nothing listens on, never the same twice in this process, from
+    this worker's slice of 10000-32700 (above)."""
+    global _next_port
+    ports = _slice()
+    if _next_port is None:  # a random start: two test sessions at once seldom meet
+        _next_port = random.randrange(ports.start, ports.stop)
+    for _ in range(len(ports)):
+        port, _next_port = _next_port, _next_port + 1
+        if _next_port >= ports.stop:
+            _next_port = ports.start
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port left in {ports}")
 
 
 def until(
