@@ -845,7 +845,13 @@ def attach_coordinator(coordinator: Coordinator, leader: ReplicationLeader) -> s
     leader.on_caught_up.append(lambda node: spawn(expand_then_include, node))
 
     async def pin_copy(node: str, copy: str) -> bool:
-        result = await coordinator.pin_copy(leader.vhost, leader.leadership, node, copy)
+        """False if not pinned: the member's acks do not count, so it lags, leaves the set
+        (shrink) and rejoins with its copy pinned once caught up (expand)."""
+        try:
+            result = await coordinator.pin_copy(leader.vhost, leader.leadership, node, copy)
+        except EtcdError as exc:
+            log.warning("vhost %r: %s's copy could not be pinned: %s", leader.vhost, node, exc)
+            return False
         if result is IsrChange.NOT_LEADER:
             leader.depose(leader.epoch + 1, coordinator.node)
         return result is IsrChange.DONE
