@@ -37,6 +37,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="TOML config file (default: built-in defaults)")
     p.add_argument("--port", type=int, metavar="N", help="AMQP port (0 = any free port)")
     p.add_argument("--mgmt-port", type=int, metavar="N", help="management HTTP port")
+    p.add_argument(
+        "--stream-port",
+        type=int,
+        metavar="N",
+        help="stream protocol port (default 5552 beside AMQP's 5672; 0 = any free port)",
+    )
     p.add_argument("--data-dir", metavar="DIR", help="directory for durable data")
     p.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower, help="log verbosity")
     p.add_argument(
@@ -117,6 +123,7 @@ def _load(args: argparse.Namespace) -> Config:
     return config.with_overrides(
         port=args.port,
         mgmt_port=args.mgmt_port,
+        stream_port=args.stream_port,
         data_dir=args.data_dir,
         log_level=args.log_level,
         cluster_etcd=args.cluster_etcd,

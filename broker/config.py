@@ -65,6 +65,33 @@ class AmqpConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamTlsConfig(TlsConfig):
+    port: int = 5551
+
+
+#: [stream] port when unset: RabbitMQ's 5552 beside the default AMQP port; any free port
+#: when [amqp] port is another (a second broker on one machine, every test broker).
+STREAM_PORT = 5552
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """RabbitMQ's stream protocol listener (broker/stream_protocol/)."""
+
+    enabled: bool = True
+    bind: tuple[str, ...] = ()  # empty: the addresses of [amqp] bind
+    port: int | None = None  # None: STREAM_PORT when [amqp] port is 5672, else any free port
+    advertised_host: str = ""  # what metadata tells clients; empty: the address they reached
+    advertised_port: int = 0  # 0: the port they reached
+    tls: StreamTlsConfig = field(default_factory=StreamTlsConfig)
+
+    def listen_port(self, amqp_port: int) -> int:
+        if self.port is not None:
+            return self.port
+        return STREAM_PORT if amqp_port == 5672 else 0
+
+
+@dataclass(frozen=True, slots=True)
 class ManagementConfig:
     enabled: bool = True
     bind: str = "127.0.0.1"
@@ -194,6 +221,7 @@ def _default_permissions() -> tuple[PermissionConfig, ...]:
 class Config:
     amqp: AmqpConfig = field(default_factory=AmqpConfig)
     management: ManagementConfig = field(default_factory=ManagementConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
@@ -211,6 +239,7 @@ class Config:
         *,
         port: int | None = None,
         mgmt_port: int | None = None,
+        stream_port: int | None = None,
         data_dir: str | None = None,
         log_level: str | None = None,
         cluster_etcd: str | None = None,
@@ -250,6 +279,8 @@ class Config:
             cfg = replace(
                 cfg, management=replace(cfg.management, port=_port("--mgmt-port", mgmt_port))
             )
+        if stream_port is not None:
+            cfg = replace(cfg, stream=replace(cfg.stream, port=_port("--stream-port", stream_port)))
         if data_dir is not None:
             cfg = replace(cfg, storage=replace(cfg.storage, data_dir=data_dir))
         if log_level is not None:
@@ -522,6 +553,7 @@ def parse_config(data: dict[str, Any]) -> Config:
     sections = {
         "amqp",
         "management",
+        "stream",
         "limits",
         "routing",
         "storage",
@@ -575,6 +607,19 @@ def parse_config(data: dict[str, Any]) -> Config:
             "bind": _address,
             "port": _port,
             "tls": lambda k, v: _tls("management.tls", v, TlsConfig, {}),
+        },
+    )
+    stream = _section(
+        data,
+        "stream",
+        StreamConfig,
+        {
+            "enabled": _bool,
+            "bind": bind_list,
+            "port": _port,
+            "advertised_host": _str,
+            "advertised_port": _port,
+            "tls": lambda k, v: _tls("stream.tls", v, StreamTlsConfig, {"port": _port}),
         },
     )
     limits = _section(
@@ -644,6 +689,7 @@ def parse_config(data: dict[str, Any]) -> Config:
         cluster=cluster,
         amqp=amqp,
         management=management,
+        stream=stream,
         limits=limits,
         routing=routing,
         storage=storage,

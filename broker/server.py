@@ -108,6 +108,11 @@ class Broker:
         self.mgmt_port: int | None = None
         self._management: Any = None
         self.started_at: float | None = None
+        # the stream protocol ([stream]): its connections, listeners and port
+        self.stream_connections: set[Any] = set()
+        self._stream_servers: list[asyncio.base_events.Server] = []
+        self.stream_port: int | None = None
+        self.stream_tls: TlsListener | None = None
         self.recovery: dict[str, int] = {}
         self.archive: Any = None  # broker/archive.py's Archive when [archive] enabled
         self._compaction_timer: Any = None
@@ -156,6 +161,8 @@ class Broker:
         if tls_context is not None:
             self.tls = TlsListener(tls_context, lambda: Connection(self))
             await self.tls.listen(amqp.tls.bind or amqp.bind, amqp.tls.port, amqp.backlog)
+        if self.config.stream.enabled:
+            await self._listen_streams()
         want_mgmt = self.config.management.enabled if management is None else management
         if want_mgmt:
             from .management import ManagementServer
@@ -172,6 +179,14 @@ class Broker:
         if self.tls is not None:
             where.append(
                 "amqps on " + ", ".join(f"{_host(h)}:{self.tls.port}" for h in self.tls.bound)
+            )
+        if self.stream_port is not None:
+            hosts = self.config.stream.bind or tuple(self.bound) or self.config.amqp.bind
+            where.append("streams on " + ", ".join(f"{_host(h)}:{self.stream_port}" for h in hosts))
+        if self.stream_tls is not None:
+            where.append(
+                "stream TLS on "
+                + ", ".join(f"{_host(h)}:{self.stream_tls.port}" for h in self.stream_tls.bound)
             )
         if self.mgmt_port:
             scheme = "https" if self.config.management.tls.enabled else "http"
@@ -206,6 +221,49 @@ class Broker:
             if port == 0:
                 port = server.sockets[0].getsockname()[1]
             self.ports.append(port)
+
+    async def _listen_streams(self) -> None:
+        """The stream protocol's listeners ([stream]; its addresses default to [amqp]'s):
+        plain on `listen_port`, TLS on [stream.tls] port when enabled."""
+        from .stream_protocol.connection import StreamConnection
+
+        config = self.config.stream
+        hosts = config.bind or tuple(self.bound) or self.config.amqp.bind
+        port = config.listen_port(self.config.amqp.port)
+        loop = asyncio.get_running_loop()
+        for host in hosts:
+            server = await loop.create_server(
+                lambda: StreamConnection(self),
+                host,
+                port,
+                backlog=self.config.amqp.backlog,
+                reuse_address=True,
+            )
+            for sock in server.sockets:
+                try:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError:
+                    pass
+            self._stream_servers.append(server)
+            if port == 0:
+                port = server.sockets[0].getsockname()[1]
+        self.stream_port = port
+        if config.tls.enabled:
+            context = server_context(config.tls, "stream.tls")
+            self.stream_tls = TlsListener(context, lambda: StreamConnection(self, tls=True))
+            await self.stream_tls.listen(hosts, config.tls.port, self.config.amqp.backlog)
+
+    def vhost_connection_count(self, vhost: str) -> int:
+        """Open connections to a vhost, over AMQP and the stream protocol (its limit counts
+        both)."""
+        return sum(
+            1 for c in self.connections if c.vhost is not None and c.vhost.name == vhost
+        ) + sum(1 for c in self.stream_connections if c.vhost is not None and c.vhost.name == vhost)
+
+    def user_connection_count(self, user: str) -> int:
+        return len(self.user_connections(user)) + sum(
+            1 for c in self.stream_connections if c.vhost is not None and c.user.name == user
+        )
 
     def _open_message_store(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the message log and put recovered messages back in their durable queues."""
@@ -345,10 +403,14 @@ class Broker:
         if self.loop_lag is not None:
             self.loop_lag.stop()
         GC_WATCH.uninstall()
-        for server in self._servers:
+        for server in self._servers + self._stream_servers:
             server.close()
         if self.tls is not None:
             await self.tls.close()
+        if self.stream_tls is not None:
+            await self.stream_tls.close()
+        for stream_conn in list(self.stream_connections):
+            stream_conn.force_close("broker shutdown")
         # At INFO each: the notice at the end counts them (a WARNING per client would page
         # whoever alerts on warnings at every planned restart).
         for conn in list(self.connections):
@@ -356,9 +418,10 @@ class Broker:
         for conn in list(self.draining):  # closed by their clients, sockets still open
             conn.force_close("broker shutdown", level=logging.INFO)
         self._flush_dirty()
-        for server in self._servers:
+        for server in self._servers + self._stream_servers:
             await server.wait_closed()
         self._servers.clear()
+        self._stream_servers.clear()
         if self._management is not None:
             await self._management.stop()
             self._management = None
@@ -415,7 +478,7 @@ class Broker:
         self.persistence.vhost_deleted(name)
         vhost.deleted = True
         del self.vhosts[name]
-        for conn in list(self.connections):
+        for conn in [*self.connections, *self.stream_connections]:
             if conn.vhost is vhost:
                 conn.force_close(f"vhost '{name}' is deleted")
         for queue in list(vhost.queues.values()):
@@ -438,7 +501,7 @@ class Broker:
         self.persistence.definitions.delete_user(name)
         self.limits.pop(("user", name), None)
         self.reload_auth()
-        for conn in list(self.connections):
+        for conn in [*self.connections, *self.stream_connections]:
             if conn.user is not None and conn.user.name == name:
                 conn.force_close(f"user '{name}' was deleted")
         return True

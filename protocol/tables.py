@@ -42,6 +42,7 @@ __all__ = [
     "encode_int",
     "encode_table",
     "encode_value",
+    "Int64",
     "MAX_NESTING",
     "RECURSION_LIMIT",
     "RawTimestamp",
@@ -92,6 +93,17 @@ class RawTimestamp(int):
 
     def __repr__(self) -> str:
         return f"RawTimestamp({int(self)})"
+
+
+class Int64(int):
+    """An int encoded as 'l' (signed 64-bit) whatever its size, where a peer expects that
+    type: RabbitMQ writes a stream delivery's `x-stream-offset` header as 'l', and a
+    client may check the type (the smallest tag that fits would be 'b' for offset 5)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Int64({int(self)})"
 
 
 # -- timestamps ----------------------------------------------------------------
@@ -237,6 +249,8 @@ def _encode_value(value: Any, append: Any) -> None:
         append(b"t\x01" if value else b"t\x00")
     elif isinstance(value, RawTimestamp):
         append(b"T" + int(value).to_bytes(8, "big"))
+    elif isinstance(value, Int64):
+        append(b"l" + int(value).to_bytes(8, "big", signed=True))
     elif isinstance(value, int):
         append(encode_int(value))
     elif isinstance(value, float):

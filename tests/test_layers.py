@@ -24,6 +24,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "replog": ("store.segments", "store.record_tags", "ops.tasks"),
     "core": ("ops", "routing", "store", "cluster_hooks"),
     "amqp": ("ops", "routing", "store", "core", "cluster_hooks"),
+    "stream_protocol": ("ops", "routing", "store", "core", "amqp.tls", "cluster_hooks"),
     "cluster_hooks": (),
     "archive": ("ops",),
     "cluster": ("ops", "routing", "store", "core", "amqp", "cluster_hooks", "replog"),

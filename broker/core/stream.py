@@ -34,6 +34,7 @@ import asyncio
 import bisect
 import datetime
 import json
+import logging
 import os
 import shutil
 import struct
@@ -49,11 +50,11 @@ from pyroaring import BitMap
 
 from roarmq.protocol.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from roarmq.protocol.frames import ContentHeader
-from roarmq.protocol.tables import encode_int
+from roarmq.protocol.tables import Int64
 
 from ..errors import channel_error, connection_error
 from ..store.segments import HEADER_SIZE, MAGIC, Location, SegmentLog, SegmentLogError
-from . import queue_arguments, trace
+from . import amqp10_map, queue_arguments, trace
 from .message import Message, copy_properties
 from .queue import Entry, Queue
 from .queue_arguments import age_seconds
@@ -66,6 +67,12 @@ _RECORD = struct.Struct("<QqBBBI")
 _CHUNK_START = 1
 _FILTERED = 2  # a filter value follows the fixed fields: its length (<H) and utf-8 bytes
 _FLEN = struct.Struct("<H")
+#: After the filter value (if any): the publisher that wrote it, for deduplication -- its
+#: reference (<B length, utf-8) and the publishing id (<Q) -- so the newest id of each named
+#: publisher is rebuilt from the log at start-up (RabbitMQ keeps the same in osiris chunks).
+_WRITER = 4
+_WLEN = struct.Struct("<B")
+_PID = struct.Struct("<Q")
 FILTER_HEADER = "x-stream-filter-value"
 _HDR = struct.Struct("<4sII")
 INDEX_EVERY = 1024  # one sparse index entry per this many records
@@ -81,11 +88,17 @@ RING_BYTES = 16 << 20
 RING_SLOT_BYTES = 400
 READ_AHEAD = 256 << 10  # bytes one disk read fetches for a reader
 DISPATCH_BATCH = 2000  # deliveries per consumer per dispatch pass before yielding
+#: Consumer offsets the stream protocol stores: the file, and how soon a change is written.
+TRACKING_FILE = "offsets.json"
+TRACKING_WRITE_SECONDS = 0.1
+CHUNK_RECORDS = 1000  # messages in one chunk sent to a stream-protocol subscription
 DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
 #: The active segment's summary is written again each time it has grown by this much (once
 #: the records it covers are synced), so a start-up after a kill -9 reads at most this
 #: much of it instead of the whole segment.
 PARTIAL_SUMMARY_BYTES = 32 << 20
+
+log = logging.getLogger("roarmq.stream")
 
 #: Streams the message being routed was appended to; `Channel._route` empties it each time.
 TOUCHED: set[Stream] = set()
@@ -302,23 +315,7 @@ def confirm_after(channel: Channel, seq: int, token: int | None, ok: bool) -> No
         # chunk (one loop turn's appends, synced as one batch) share one waiter, a run of
         # sequence numbers confirmed when the newest of them is. (Not across chunks: a run
         # that kept growing would hold its oldest confirms until the log caught up.)
-        stream = streams[0]
-        waiters = stream.waiters
-        chunk = stream.chunks
-        if waiters:
-            last_token, waiter, replicated = waiters[-1]
-            if (
-                waiter[1] is channel
-                and len(waiter) == 6
-                and waiter[5] == chunk
-                and waiter[2] == seq - 1
-                and replicated == stream.last_replicated
-            ):
-                waiter[2] = seq
-                waiters[-1] = (stream.last_token, waiter, replicated)
-                return
-        run = [1, channel, seq, None, seq, chunk]
-        waiters.append((stream.last_token, run, stream.last_replicated))
+        streams[0].confirm_run(channel, seq, seq)
         return
     waiter = [len(streams), channel, seq, token]
     for stream in streams:
@@ -477,6 +474,17 @@ class Stream(Queue):
         self._partial: tuple[int, dict] | None = None
         self._partial_at = (-1, 0)
         self._opening = False  # replaying the segments at start-up
+        # a named stream-protocol publisher -> the newest publishing id it appended
+        # (deduplication; rebuilt from the records and the segment summaries at start-up)
+        self.writers: dict[str, int] = {}
+        # stream-protocol subscriptions (broker/stream_protocol/), read by chunk
+        self._subs: dict[Any, _Reader] = {}
+        # what wants to know when the stream goes (stream-protocol connections with a
+        # publisher or subscription on it): each has `stream_deleted(stream)`
+        self.watchers: set[Any] = set()
+        # consumer reference -> its stored offset (stream protocol's store/query offset)
+        self.tracked: dict[str, int] = {}
+        self._tracking_dirty = False
         self._sid: int | None = None
         self.max_age = None
         self.segment_size = DEFAULT_SEGMENT_SIZE
@@ -523,6 +531,7 @@ class Stream(Queue):
         except RuntimeError:  # restored before the loop runs (a broker built on a thread)
             loop = asyncio.get_event_loop_policy().get_event_loop()
         self.directory = directory
+        self._read_tracking(directory)
         self.log = SegmentLog(
             directory,
             segment_size=max(self.segment_size or DEFAULT_SEGMENT_SIZE, 4096),
@@ -558,10 +567,16 @@ class Stream(Queue):
                 last = self._apply_summary(summaries[pending.pop(0)])
             off, ts, flags, *_ = _RECORD.unpack_from(payload)
             fid = -1
+            p = _RECORD.size
             if flags & _FILTERED:
-                (n,) = _FLEN.unpack_from(payload, _RECORD.size)
-                p = _RECORD.size + _FLEN.size
+                (n,) = _FLEN.unpack_from(payload, p)
+                p += _FLEN.size
                 fid = self._intern(bytes(payload[p : p + n]).decode("utf-8", "replace"))
+                p += n
+            if flags & _WRITER:
+                (n,) = _WLEN.unpack_from(payload, p)
+                ref = bytes(payload[p + 1 : p + 1 + n]).decode("utf-8", "replace")
+                self.writers[ref] = _PID.unpack_from(payload, p + 1 + n)[0]
             self._note(off, ts, loc, fid)
             if flags & _CHUNK_START:
                 self.last_chunk = self.segs[-1].last_chunk = off
@@ -580,13 +595,15 @@ class Stream(Queue):
         self._retain()
 
     def close(self) -> None:
-        for reader in self._readers.values():
+        for reader in [*self._readers.values(), *self._subs.values()]:
             reader.close()
         if self.log is not None:
             try:
                 self.log.close()
             except Exception:  # noqa: BLE001 - a failed log has nothing left to write
                 return
+            if self._tracking_dirty:
+                self._write_tracking()
             if self.segs and not self.deleted:
                 # written and synced: the active segment is complete too (the next start
                 # appends to a fresh one), so a clean restart reads no segment at all
@@ -660,6 +677,8 @@ class Stream(Queue):
             "last_chunk": seg.last_chunk,
             "values": list(values),
             "index": index,
+            # every named publisher's newest id so far: deduplication outlives retention
+            "writers": dict(self.writers),
         }
         if partial:
             summary["partial"] = True
@@ -686,6 +705,7 @@ class Stream(Queue):
         seg.last_chunk = summary["last_chunk"]
         self.segs.append(seg)
         self.retained_bytes += seg.bytes
+        self.writers.update(summary.get("writers", {}))
         ids = [self._intern(v) for v in summary["values"]]
         for off, pos, ts, unf, vals in summary["index"]:
             self._ix_off.append(off)
@@ -709,9 +729,51 @@ class Stream(Queue):
     # -- publishing ----------------------------------------------------------------------
 
     def publish(self, msg: Message) -> bool:
-        log = self.log
-        if self.deleted or log is None:
+        if self.deleted or self.log is None:
             return True
+        fid = -1
+        headers = msg.headers
+        if headers:
+            value = headers.get(FILTER_HEADER)
+            if isinstance(value, bytes):
+                value = value.decode("utf-8", "replace")
+            if isinstance(value, str):
+                fid = self._filter_id(value)
+        return self._append(msg.exchange, msg.routing_key, msg.header.raw, msg.body or b"", fid)
+
+    def publish_amqp10(
+        self, message: bytes, filter_value: str | None, writer: str | None, publishing_id: int
+    ) -> bool:
+        """Append a message as a stream-protocol client sent it (AMQP 1.0, kept as it came:
+        its record has no AMQP 0-9-1 header); `writer`, a named publisher whose newest
+        publishing id the stream keeps (deduplication)."""
+        if self.deleted or self.log is None:
+            return False
+        fid = -1 if filter_value is None else self._filter_id(filter_value)
+        extra = b""
+        if writer is not None:
+            ref = writer.encode()[:255]
+            extra = _WLEN.pack(len(ref)) + ref + _PID.pack(publishing_id)
+        if not self._append("", "", b"", message, fid, extra):
+            return False
+        if writer is not None:
+            self.writers[writer] = publishing_id
+        return True
+
+    def _filter_id(self, value: str) -> int:
+        known = self._fvals.get(value)  # a value seen before: nothing to encode
+        if known is None:
+            known = self._intern(value.encode()[:65535].decode("utf-8", "replace"))
+        return known
+
+    def _append(
+        self, exchange_name: str, routing_key: str, header: bytes, body: bytes, fid: int,
+        writer: bytes = b"",
+    ) -> bool:  # fmt: skip
+        """One record at the next offset: written to the log (and, clustered, its copy to
+        the vhost's log), noted in the index and the tail; False when the log refused it."""
+        log = self.log
+        assert log is not None
         off = self.next_offset
         flags = 0
         if not self._chunk_open:
@@ -721,28 +783,19 @@ class Stream(Queue):
             self._chunk_ts = int(self.vhost.clock.wall() * 1000)
             self.vhost.clock.loop.call_soon(self._end_chunk, off)
         ts = self._chunk_ts
-        exchange = msg.exchange.encode()
-        key = msg.routing_key.encode()
-        header = msg.header.raw
-        body = msg.body or b""
-        fid = -1
+        exchange = exchange_name.encode()
+        key = routing_key.encode()
         filt = b""
-        headers = msg.headers
-        if headers:
-            value = headers.get(FILTER_HEADER)
-            if isinstance(value, bytes):
-                value = value.decode("utf-8", "replace")
-            if isinstance(value, str):
-                known = self._fvals.get(value)  # a value seen before: nothing to encode
-                if known is None:
-                    known = self._intern(value.encode()[:65535].decode("utf-8", "replace"))
-                fid = known
-                flags |= _FILTERED
-                filt = self._fstored[fid]
+        if fid >= 0:
+            flags |= _FILTERED
+            filt = self._fstored[fid]
+        if writer:
+            flags |= _WRITER
         payload = b"".join(
             (
                 _RECORD.pack(off, ts, flags, len(exchange), len(key), len(header)),
                 filt,
+                writer,
                 exchange,
                 key,
                 header,
@@ -762,7 +815,7 @@ class Stream(Queue):
             self.segs[-1].last_chunk = off
         tail = self._tail
         tail.append(
-            (off, ts, msg.exchange, msg.routing_key, header, body, fid, loc.segment,
+            (off, ts, exchange_name, routing_key, header, body, fid, loc.segment,
              loc.offset + HEADER_SIZE + loc.length)
         )  # fmt: skip
         self._tail_bytes += len(body)
@@ -772,6 +825,73 @@ class Stream(Queue):
         self.stats_published += 1
         TOUCHED.add(self)
         return True
+
+    def confirm_run(self, owner: Any, first: int, last: int) -> None:
+        """Confirm `owner`'s sequence numbers first..last (a channel's, or a stream-protocol
+        publisher's) once what was appended for them is durable: `owner.disk_confirmed(n)`
+        for each, then `owner.flush_confirms()`. Consecutive runs of one owner within a
+        chunk share one waiter."""
+        waiters = self.waiters
+        chunk = self.chunks
+        if waiters:
+            _token, waiter, replicated = waiters[-1]
+            if (
+                waiter[1] is owner
+                and len(waiter) == 6
+                and waiter[5] == chunk
+                and waiter[2] == first - 1
+                and replicated == self.last_replicated
+            ):
+                waiter[2] = last
+                waiters[-1] = (self.last_token, waiter, replicated)
+                return
+        waiters.append((self.last_token, [1, owner, last, None, first, chunk], self.last_replicated))
+
+    def confirm_publisher(self, publisher: Any, first: int, last: int) -> None:
+        """A stream-protocol publish frame's appends (not an AMQP route's: TOUCHED forgets
+        this stream), confirmed as `confirm_run` says."""
+        TOUCHED.discard(self)
+        self.confirm_run(publisher, first, last)
+
+    # -- consumer offsets (stream protocol) ------------------------------------------------
+
+    def store_offset(self, reference: str, offset: int) -> None:
+        """A consumer's stored offset, written to ``offsets.json`` in the stream's
+        directory within TRACKING_WRITE_SECONDS (store-offset has no answer: RabbitMQ's
+        writes a tracking chunk in the same spirit, with the next append)."""
+        self.tracked[reference] = offset
+        if not self._tracking_dirty and self.directory is not None:
+            self._tracking_dirty = True
+            self.vhost.clock.call_later(TRACKING_WRITE_SECONDS, self._write_tracking)
+
+    def tracked_offset(self, reference: str) -> int | None:
+        return self.tracked.get(reference)
+
+    def _write_tracking(self) -> None:
+        self._tracking_dirty = False
+        if self.directory is None or self.deleted:
+            return
+        path = self.directory / TRACKING_FILE
+        tmp = path.with_suffix(".tmp")
+        try:
+            with open(tmp, "w") as out:
+                json.dump(self.tracked, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            _remove(tmp)
+            log.error("stream %r: stored offsets not written: %s", self.name, exc)
+
+    def _read_tracking(self, directory: Path) -> None:
+        try:
+            loaded = json.loads((directory / TRACKING_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(loaded, dict):
+            self.tracked.update(
+                {k: v for k, v in loaded.items() if isinstance(k, str) and isinstance(v, int)}
+            )
 
     def _end_chunk(self, first: int) -> None:
         """The loop turn's appends are one chunk: sync them as one batch."""
@@ -959,18 +1079,22 @@ class Stream(Queue):
 
     # -- consumers -----------------------------------------------------------------------
 
+    def start_offset(self, kind: str, value: Any) -> int:
+        """Where a reader starts: first, last (the newest chunk), next, an offset (clamped
+        to what the stream holds), or a timestamp (seconds since the epoch)."""
+        if kind == "first":
+            return self.first_offset
+        if kind == "last":
+            return self.last_chunk if self.committed > self.first_offset else self.next_offset
+        if kind == "next":
+            return self.next_offset
+        if kind == "offset":
+            return min(max(value, self.first_offset), self.next_offset)
+        return self._offset_at(int(value * 1000))
+
     def add_consumer(self, consumer: Consumer) -> None:
         kind, value = parse_offset(self, consumer.arguments)
-        if kind == "first":
-            start = self.first_offset
-        elif kind == "last":
-            start = self.last_chunk if self.committed > self.first_offset else self.next_offset
-        elif kind == "next":
-            start = self.next_offset
-        elif kind == "offset":
-            start = min(max(value, self.first_offset), self.next_offset)
-        else:
-            start = self._offset_at(int(value * 1000))
+        start = self.start_offset(kind, value)
         reader = self._readers[consumer] = _Reader(consumer, start)
         values, unfiltered = parse_filter(self, consumer.arguments)
         if values is not None:
@@ -1018,9 +1142,92 @@ class Stream(Queue):
     def has_exclusive_consumer(self) -> bool:
         return any(c.exclusive for c in self._readers)
 
+    # -- stream-protocol subscriptions ----------------------------------------------------
+
+    def subscribe(
+        self, sub: Any, start: int, filter_values: list[str] | None, match_unfiltered: bool
+    ) -> None:
+        """A stream-protocol subscription reads from `start`, a chunk per unit of its credit:
+        `sub.credit` and `sub.deliver_chunk(first offset, timestamp, messages)`."""
+        reader = self._subs[sub] = _Reader(sub, start)
+        if filter_values is not None:
+            ids = [self._intern(v) for v in filter_values]
+            reader.filt, reader.filt_bits = set(ids), BitMap(ids)
+            reader.unfiltered = match_unfiltered
+        self.dispatch()
+
+    def unsubscribe(self, sub: Any) -> None:
+        reader = self._subs.pop(sub, None)
+        if reader is not None:
+            reader.close()
+
+    def subscription_position(self, sub: Any) -> dict[str, int]:
+        reader = self._subs.get(sub)
+        if reader is None:
+            return {}
+        return {"offset": reader.next, "offset_lag": max(self.committed - reader.next, 0)}
+
+    def _deliver_chunks(self, reader: _Reader, committed: int) -> bool:
+        """Hand a subscription chunks of consecutive committed offsets (its filter's
+        misses end a chunk: a chunk's offsets are its first one plus the entry's index)
+        while it has credit; True when it stopped with more to send (the pass's batch)."""
+        sub = reader.consumer
+        filt = reader.filt
+        limit = sub.chunk_bytes
+        sent = 0
+        while reader.next < committed and sub.credit > 0:
+            messages: list[bytes] = []
+            first = ts = 0
+            size = 0
+            while reader.next < committed and len(messages) < CHUNK_RECORDS and size < limit:
+                if filt is not None and reader.next >= reader.checked:
+                    at = reader.next
+                    self._skip_chunks(reader, committed)
+                    if reader.next >= committed or (messages and reader.next != at):
+                        break
+                record = self._record(reader)
+                if record is None:
+                    break
+                off = record[0]
+                if messages and off != first + len(messages):  # retention moved the reader
+                    reader.next, reader.seg = off, -1
+                    break
+                reader.next = off + 1
+                fid = record[6]
+                if filt is not None and not (fid in filt if fid >= 0 else reader.unfiltered):
+                    if messages:
+                        break
+                    continue
+                if not messages:
+                    first, ts = off, record[1]
+                header = record[4]
+                body = record[5]
+                if header:  # published over AMQP 0-9-1: its AMQP 1.0 form
+                    props = ContentHeader(60, len(body), header).properties
+                    body = amqp10_map.to_amqp10(record[2], record[3], props, body)
+                messages.append(body)
+                size += len(body) + 4
+            if not messages:
+                break
+            sub.deliver_chunk(first, ts, messages)
+            sent += len(messages)
+            if sent >= DISPATCH_BATCH:
+                self.stats_delivered += sent
+                return True
+        self.stats_delivered += sent
+        return False
+
     def dispatch(self) -> None:
         """Deliver committed records to every consumer with credit."""
-        if self.deleted or not self._readers:
+        if self.deleted:
+            return
+        if self._subs:
+            again = False
+            for reader in list(self._subs.values()):
+                again = self._deliver_chunks(reader, self.committed) or again
+            if again:
+                self._schedule_dispatch()
+        if not self._readers:
             return
         committed = self.committed
         again = False
@@ -1108,6 +1315,9 @@ class Stream(Queue):
         added to the headers (spliced into the raw property list, so the publisher's
         encoding is kept and nothing is decoded); kept in the ring for other readers."""
         off, _ts, exchange, key, raw, body, fid, seg, end = record
+        if not raw:  # a stream-protocol message (AMQP 1.0): its 0-9-1 form
+            props, body = amqp10_map.to_amqp091(body)
+            raw = props.encode()
         size = len(body)
         spliced = _with_offset(raw, off)
         if spliced is not None:
@@ -1117,7 +1327,7 @@ class Stream(Queue):
         else:  # an x-stream-offset header already there, or property-flag continuation
             props = copy_properties(ContentHeader(60, size, raw).properties)
             headers = dict(props.headers or {})
-            headers["x-stream-offset"] = off
+            headers["x-stream-offset"] = Int64(off)  # "l", as the splice writes it
             props.headers = headers
             msg = Message(exchange, key, ContentHeader.from_properties(props, 60, size), body)
         if self._ring is not None:
@@ -1254,9 +1464,13 @@ class Stream(Queue):
 
     def on_deleted(self) -> list[Entry]:
         self.deleted = True
-        for reader in self._readers.values():
+        for reader in [*self._readers.values(), *self._subs.values()]:
             reader.close()
         self._readers.clear()
+        self._subs.clear()
+        for watcher in list(self.watchers):
+            watcher.stream_deleted(self)
+        self.watchers.clear()
         self.consumer_count = 0
         TOUCHED.discard(self)
         self.close()
@@ -1287,7 +1501,9 @@ class Stream(Queue):
 
 _HEADERS_FLAG = 0x2000
 _OFFSET_KEY = b"\x0fx-stream-offset"
+_OFFSET_TYPE = b"l"  # signed 64-bit: RabbitMQ's type for the header, whatever the value
 _U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
 
 
 def _with_offset(raw: bytes, off: int) -> bytes | None:
@@ -1304,7 +1520,7 @@ def _with_offset(raw: bytes, off: int) -> bytes | None:
         p += 1 + raw[p]
     if flags & 0x4000:
         p += 1 + raw[p]
-    field = _OFFSET_KEY + encode_int(off)  # (what encode_value writes for an int)
+    field = _OFFSET_KEY + _OFFSET_TYPE + _I64.pack(off)  # always "l", as RabbitMQ writes it
     if flags & _HEADERS_FLAG:
         (n,) = _U32.unpack_from(raw, p)
         stop = p + 4 + n
@@ -1331,6 +1547,8 @@ def _parse(view: memoryview, intern: Any, seg: int = -1, end: int = 0) -> tuple:
         p += _FLEN.size
         fid = intern(bytes(view[p : p + n]).decode("utf-8", "replace"))
         p += n
+    if flags & _WRITER:
+        p += _WLEN.size + view[p] + _PID.size
     exchange = str(view[p : p + nx], "utf-8")  # (decoded from the view: no copy first)
     p += nx
     key = str(view[p : p + nk], "utf-8")

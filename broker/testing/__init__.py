@@ -88,6 +88,12 @@ class RunningBroker:
         return _url(self.broker)
 
     @property
+    def stream_port(self) -> int:
+        """The stream protocol's port ([stream]: any free one in tests)."""
+        assert self.broker.stream_port is not None
+        return self.broker.stream_port
+
+    @property
     def tls_port(self) -> int:
         """The amqps listener's port ([amqp.tls] enabled)."""
         return self.broker.tls_port

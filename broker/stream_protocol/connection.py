@@ -1,0 +1,857 @@
+"""One stream-protocol connection: an asyncio protocol around `protocol/stream/codec.py`.
+
+The handshake is RabbitMQ's: peer properties, SASL handshake and authenticate, the
+server's tune and the client's answer, open (a vhost). `HANDLERS` says which commands each
+state takes; anything else closes the connection with UNKNOWN_FRAME, as RabbitMQ does.
+Once open, a connection publishes to streams (`Publisher`: publishing ids confirmed once
+the stream has them durably, deduplicated per named publisher), subscribes to them
+(`Subscription`: credit counted in chunks) and stores and queries consumer offsets, with
+the permissions AMQP 0-9-1 checks (configure to create or delete, write to publish, read
+to subscribe and track offsets). Output is coalesced like an AMQP connection's: frames
+are appended and written once per loop iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from roarmq.protocol.errors import (
+    ACCESS_REFUSED,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    SoftError,
+)
+from roarmq.protocol.stream.codec import (
+    VERSIONS,
+    Code,
+    Fields,
+    FrameError,
+    FrameSplitter,
+    Key,
+    MetadataCode,
+    OffsetType,
+    encode_close,
+    encode_credit_response,
+    encode_deliver,
+    encode_entries,
+    encode_heartbeat,
+    encode_metadata,
+    encode_metadata_update,
+    encode_properties,
+    encode_publish_confirm,
+    encode_publish_error,
+    encode_response,
+    encode_strings,
+    encode_tune,
+    published,
+)
+
+from .. import __version__
+from ..amqp.tls import session_of
+from ..core.auth import AuthError
+from ..core.stream import Stream
+from ..store.definitions import DefinitionsWriteFailed
+
+if TYPE_CHECKING:
+    from ..server import Broker
+
+log = logging.getLogger("roarmq.stream")
+
+#: What the server proposes in tune (RabbitMQ's defaults); a client may ask for less.
+FRAME_MAX = 1_048_576
+HEARTBEAT = 60
+FLUSH_THRESHOLD = 256 << 10
+#: A close's answer has this long to arrive before the socket is closed anyway.
+CLOSE_TIMEOUT = 1.0
+
+#: Stream arguments of create, as RabbitMQ maps them to the queue's x-arguments: key ->
+#: (x-argument, type).
+STREAM_ARGUMENTS: dict[str, tuple[str, type]] = {
+    "max-length-bytes": ("x-max-length-bytes", int),
+    "max-age": ("x-max-age", str),
+    "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
+    "initial-cluster-size": ("x-initial-cluster-size", int),
+    "queue-leader-locator": ("x-queue-leader-locator", str),
+    "stream-filter-size-bytes": ("x-stream-filter-size-bytes", int),
+}
+
+#: A refusal's AMQP reply code as the stream protocol's response code.
+_CODES = {
+    ACCESS_REFUSED: Code.ACCESS_REFUSED,
+    NOT_FOUND: Code.STREAM_DOES_NOT_EXIST,
+    PRECONDITION_FAILED: Code.PRECONDITION_FAILED,
+}
+
+
+class Refused(Exception):
+    """A request answered with `code` (the connection goes on)."""
+
+    def __init__(self, code: int, text: str = "") -> None:
+        super().__init__(text)
+        self.code = code
+
+
+class Publisher:
+    """A declared publisher: its stream, its reference (deduplication) and the publishes
+    waiting for the stream: an internal sequence number each, confirmed in order."""
+
+    __slots__ = ("conn", "id", "stream", "reference", "seq", "_ids", "_confirmed", "_failed")
+
+    def __init__(self, conn: StreamConnection, pid: int, stream: Stream, reference: str | None):
+        self.conn = conn
+        self.id = pid
+        self.stream = stream
+        self.reference = reference
+        self.seq = 0
+        self._ids: dict[int, int] = {}  # sequence number -> publishing id
+        self._confirmed: list[int] = []
+        self._failed: list[tuple[int, int]] = []
+
+    def expect(self, publishing_id: int) -> int:
+        self.seq += 1
+        self._ids[self.seq] = publishing_id
+        return self.seq
+
+    # the stream's confirm waiters call these (as they call a channel's)
+    def disk_confirmed(self, seq: int) -> None:
+        pid = self._ids.pop(seq, None)
+        if pid is not None:
+            self._confirmed.append(pid)
+
+    def disk_failed(self, seq: int) -> None:
+        pid = self._ids.pop(seq, None)
+        if pid is not None:
+            self._failed.append((pid, Code.INTERNAL_ERROR))
+
+    def flush_confirms(self) -> None:
+        if self._confirmed:
+            ids, self._confirmed = self._confirmed, []
+            self.conn.send(encode_publish_confirm(self.id, ids))
+        if self._failed:
+            failed, self._failed = self._failed, []
+            self.conn.send(encode_publish_error(self.id, failed))
+
+
+class Subscription:
+    """A subscription: the stream hands it chunks while it has credit (`deliver_chunk`)."""
+
+    __slots__ = ("conn", "id", "stream", "credit", "chunk_bytes", "properties", "delivered")
+
+    def __init__(self, conn: StreamConnection, sid: int, stream: Stream, credit: int) -> None:
+        self.conn = conn
+        self.id = sid
+        self.stream = stream
+        self.credit = credit
+        self.chunk_bytes = max((conn.frame_max or FRAME_MAX) - 128, 4096)
+        self.properties: dict[str, str] = {}
+        self.delivered = 0
+
+    def deliver_chunk(self, first: int, timestamp_ms: int, messages: list[bytes]) -> None:
+        data, n = encode_entries(messages)
+        self.credit -= 1
+        self.delivered += n
+        conn = self.conn
+        committed = self.stream.committed - 1 if conn.deliver_v2 else None
+        conn.send(encode_deliver(self.id, first, timestamp_ms, data, n, committed=committed))
+
+
+class StreamConnection(asyncio.Protocol):
+    """See the module docstring."""
+
+    def __init__(self, broker: Broker, tls: bool = False) -> None:
+        self.broker = broker
+        self.tls = tls
+        self.transport: asyncio.Transport | None = None
+        self.state = "peer"
+        self.splitter = FrameSplitter(FRAME_MAX)
+        self.frame_max = FRAME_MAX
+        self.heartbeat = HEARTBEAT
+        self.user: Any = None
+        self.vhost: Any = None
+        self.permission: Any = None
+        self.client_properties: dict[str, str] = {}
+        self.publishers: dict[int, Publisher] = {}
+        self.subscriptions: dict[int, Subscription] = {}
+        self.deliver_v2 = False
+        self.peer = ("", 0)
+        self.local = ("", 0)
+        self.name = ""
+        self.connected_at = time.time()
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._dirty = False
+        self._last_read = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self.recv_oct = self.send_oct = 0
+        self.published = self.confirmed = 0
+        self._after_subscribe: tuple | None = None
+
+    # -- asyncio ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a stream transport
+        peer = transport.get_extra_info("peername") or ("", 0)
+        local = transport.get_extra_info("sockname") or ("", 0)
+        self.peer, self.local = (peer[0], peer[1]), (local[0], local[1])
+        self.name = f"{_host(peer[0])}:{peer[1]} -> {_host(local[0])}:{local[1]}"
+        self.broker.stream_connections.add(self)
+        # a client has until the handshake timeout to open, as over AMQP
+        self._timer = self.broker.clock.call_later(10.0, self._handshake_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = time.monotonic()
+        self.recv_oct += len(data)
+        try:
+            frames = self.splitter.feed(data)
+        except FrameError as exc:
+            self._fail(exc.code, str(exc))
+            return
+        for frame in frames:
+            if self._closed:
+                break
+            try:
+                fields = Fields(frame)
+                self._dispatch(fields)
+            except FrameError as exc:
+                self._fail(exc.code, str(exc))
+                break
+        self.flush()
+
+    def _dispatch(self, fields: Fields) -> None:
+        key = fields.key
+        handler = HANDLERS[self.state].get(key)
+        if handler is None:
+            if self.state == "closing":
+                return  # what the client sent before it read our close
+            raise FrameError(f"unknown or unexpected command {key:#06x} in state {self.state}")
+        if key in _KEYS and fields.version > VERSIONS[Key(key)][1]:
+            raise FrameError(f"command {key:#06x} version {fields.version} is not supported")
+        handler(self, fields)
+
+    # -- output -------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if not self._dirty:
+            self._dirty = True
+            self.broker.mark_dirty(self)  # type: ignore[arg-type]  # flushed as a connection is
+        if self._out_bytes >= FLUSH_THRESHOLD:
+            self.flush()
+
+    def flush(self) -> None:
+        self._dirty = False
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        self.send_oct += self._out_bytes
+        self._out_bytes = 0
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.writelines(out)
+
+    @property
+    def conn(self) -> StreamConnection:
+        """The stream's confirm waiters flush `waiter.conn` (a publisher's is this)."""
+        return self
+
+    # -- closing ------------------------------------------------------------------------
+
+    def _fail(self, code: int, reason: str) -> None:
+        """A frame this connection cannot go on after: say why and close."""
+        log.warning("stream connection closed: %s", reason, extra={"conn": self.name, "code": code})
+        self.close(code, reason)
+
+    def close(self, code: int, reason: str) -> None:
+        """Server-initiated close: a close frame, then the socket once the client answers
+        (or after CLOSE_TIMEOUT)."""
+        if self._closed or self.transport is None:
+            return
+        self.send(encode_close(0, code, reason))
+        self.flush()
+        self.state = "closing"
+        self.broker.clock.call_later(CLOSE_TIMEOUT, self._abort)
+
+    def _abort(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        self._release()
+
+    def _release(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.state = "closed"
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for sub in self.subscriptions.values():
+            sub.stream.unsubscribe(sub)
+            sub.stream.watchers.discard(self)
+        for pub in self.publishers.values():
+            pub.stream.watchers.discard(self)
+        self.subscriptions.clear()
+        self.publishers.clear()
+        self.broker.stream_connections.discard(self)
+        if self.vhost is not None:
+            log.info("stream connection closed", extra={"conn": self.name})
+
+    def force_close(self, reason: str) -> None:
+        """The broker closes it (a management DELETE, a shutdown): a close frame, then the
+        socket at once."""
+        if self._closed or self.transport is None:
+            return
+        log.info("stream connection closed: %s", reason, extra={"conn": self.name})
+        self.send(encode_close(0, Code.OK, reason))
+        self.flush()
+        self._abort()
+
+    def _handshake_timeout(self) -> None:
+        self._timer = None
+        if self.state != "opened" and not self._closed:
+            self._fail(Code.INTERNAL_ERROR, "handshake timeout")
+
+    def _heartbeat_tick(self) -> None:
+        """Send a heartbeat every period; a peer silent for two periods is gone."""
+        self._timer = None
+        if self._closed:
+            return
+        if time.monotonic() - self._last_read > 2 * self.heartbeat:
+            log.warning("stream connection: missed heartbeats", extra={"conn": self.name})
+            self._abort()
+            return
+        self.send(encode_heartbeat())
+        self._timer = self.broker.clock.call_later(self.heartbeat, self._heartbeat_tick)
+
+    # -- the handshake ------------------------------------------------------------------
+
+    def _peer_properties(self, f: Fields) -> None:
+        corr = f.u32()
+        self.client_properties = f.properties()
+        props = {
+            "product": "RoarMQ",
+            "version": __version__,
+            "platform": "Python",
+            "copyright": "RoarMQ",
+            "information": "RabbitMQ's stream protocol, served by RoarMQ",
+            "cluster_name": self.broker.cluster.name,
+        }
+        self.send(encode_response(Key.PEER_PROPERTIES, corr, Code.OK, encode_properties(props)))
+        self.state = "sasl"
+
+    def _mechanisms(self) -> list[str]:
+        return ["PLAIN", "EXTERNAL"] if self.tls else ["PLAIN"]
+
+    def _sasl_handshake(self, f: Fields) -> None:
+        corr = f.u32()
+        self.send(
+            encode_response(Key.SASL_HANDSHAKE, corr, Code.OK, encode_strings(self._mechanisms()))
+        )
+
+    def _sasl_authenticate(self, f: Fields) -> None:
+        corr = f.u32()
+        mechanism = f.text()
+        data = f.bytes_() or b""
+        if mechanism not in self._mechanisms():
+            self.send(
+                encode_response(Key.SASL_AUTHENTICATE, corr, Code.SASL_MECHANISM_NOT_SUPPORTED)
+            )
+            return
+        try:
+            if mechanism == "EXTERNAL":
+                user = self.broker.auth.external(self._certificate_user(), self.peer[0])
+            else:
+                user = self.broker.auth.authenticate("PLAIN", data, self.peer[0])
+        except AuthError as exc:
+            text = str(exc)
+            code = (
+                Code.SASL_AUTHENTICATION_FAILURE_LOOPBACK
+                if "only connect via localhost" in text
+                else Code.AUTHENTICATION_FAILURE
+            )
+            log.warning("stream connection: login refused: %s", text, extra={"conn": self.name})
+            self.send(encode_response(Key.SASL_AUTHENTICATE, corr, code))
+            self.flush()
+            self.broker.clock.call_later(CLOSE_TIMEOUT, self._abort)
+            self.state = "closing"
+            return
+        self.user = user
+        self.send(encode_response(Key.SASL_AUTHENTICATE, corr, Code.OK))
+        self.send(encode_tune(FRAME_MAX, HEARTBEAT))
+        self.state = "tune"
+
+    def _certificate_user(self) -> str | None:
+        """The user a verified client certificate names ([amqp.tls]'s cert_login_* rules)."""
+        ssl_object = self.transport.get_extra_info("ssl_object") if self.transport else None
+        if ssl_object is None:
+            return None
+        return session_of(ssl_object, self.broker.config.amqp.tls).login
+
+    def _tune(self, f: Fields) -> None:
+        frame_max = f.u32()
+        heartbeat = f.u32()
+        self.frame_max = min(frame_max, FRAME_MAX) if frame_max else FRAME_MAX
+        self.splitter.frame_max = self.frame_max
+        self.heartbeat = min(heartbeat, HEARTBEAT) if heartbeat else 0
+        self.state = "open"
+
+    def _open(self, f: Fields) -> None:
+        corr = f.u32()
+        name = f.text()
+        vhost = self.broker.vhosts.get(name)
+        perm = self.user.permissions.get(name) if vhost is not None else None
+        refusal = self._connection_limit(name) if perm is not None else None
+        if perm is None or refusal is not None or self.broker.cluster.refusal(name):
+            log.warning(
+                "stream connection: access to vhost %r refused for user %r%s",
+                name,
+                self.user.name,
+                f": {refusal}" if refusal else "",
+                extra={"conn": self.name},
+            )
+            self.send(encode_response(Key.OPEN, corr, Code.VHOST_ACCESS_FAILURE))
+            self.flush()
+            self.broker.clock.call_later(CLOSE_TIMEOUT, self._abort)
+            self.state = "closing"
+            return
+        self.vhost = vhost
+        self.permission = perm
+        host, port = self.advertised()
+        props = {"advertised_host": host, "advertised_port": str(port)}
+        self.send(encode_response(Key.OPEN, corr, Code.OK, encode_properties(props)))
+        self.state = "opened"
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.heartbeat:
+            self._timer = self.broker.clock.call_later(self.heartbeat, self._heartbeat_tick)
+        log.info(
+            "stream connection opened",
+            extra={"conn": self.name, "user": self.user.name, "vhost": name},
+        )
+
+    def _connection_limit(self, vhost: str) -> str | None:
+        broker = self.broker
+        most = broker.limit("vhost", vhost, "max-connections")
+        if most is not None and broker.vhost_connection_count(vhost) >= most:
+            return f"connection limit ({most}) is reached"
+        user = self.user.name
+        most = broker.limit("user", user, "max-connections")
+        if most is not None and broker.user_connection_count(user) >= most:
+            return f"user connection limit ({most}) is reached"
+        return None
+
+    def advertised(self) -> tuple[str, int]:
+        """The host and port clients are told to use: [stream] advertised_host/port, else
+        the address and port this connection reached."""
+        config = self.broker.config.stream
+        host = config.advertised_host or _host(self.local[0])
+        port = config.advertised_port or self.local[1]
+        return host, port
+
+    def _heartbeat(self, f: Fields) -> None:
+        pass
+
+    def _close(self, f: Fields) -> None:
+        corr = f.u32()
+        f.u16()
+        f.string()
+        self.send(encode_response(Key.CLOSE, corr, Code.OK))
+        self.flush()
+        self._abort()
+
+    def _close_answer(self, f: Fields) -> None:
+        self._abort()
+
+    # -- streams ------------------------------------------------------------------------
+
+    def _check(self, action: str, name: str) -> None:
+        if not self.permission.allows(action, name):
+            raise Refused(
+                Code.ACCESS_REFUSED,
+                f"access to queue '{name}' in vhost '{self.vhost.name}' refused for user "
+                f"'{self.user.name}'",
+            )
+
+    def _stream(self, name: str) -> Stream:
+        queue = self.vhost.queues.get(name)
+        if type(queue) is not Stream or queue.deleted:
+            raise Refused(Code.STREAM_DOES_NOT_EXIST, f"stream '{name}' does not exist")
+        return queue
+
+    def _answer(self, key: Key, corr: int, run: Callable[[], bytes | None]) -> None:
+        """Run a request; its response OK (with what it returns) or the refusal's code."""
+        try:
+            extra = run() or b""
+        except Refused as exc:
+            if str(exc):
+                log.info(
+                    "stream command %s refused: %s", key.name.lower(), exc,
+                    extra={"conn": self.name},
+                )  # fmt: skip
+            self.send(encode_response(key, corr, exc.code))
+            return
+        except SoftError as exc:
+            log.info("stream command %s refused: %s", key.name.lower(), exc.reply_text,
+                     extra={"conn": self.name})  # fmt: skip
+            self.send(encode_response(key, corr, _CODES.get(exc.reply_code, Code.INTERNAL_ERROR)))
+            return
+        except DefinitionsWriteFailed as exc:
+            log.error("stream command %s failed: %s", key.name.lower(), exc,
+                      extra={"conn": self.name})  # fmt: skip
+            self.send(encode_response(key, corr, Code.INTERNAL_ERROR))
+            return
+        self.send(encode_response(key, corr, Code.OK, extra))
+
+    def _create(self, f: Fields) -> None:
+        corr = f.u32()
+        name = f.text()
+        args = f.properties()
+
+        def run() -> None:
+            if not name or len(name.encode()) > 255 or name.startswith("amq."):
+                raise Refused(Code.PRECONDITION_FAILED, f"invalid stream name {name!r}")
+            self._check("configure", name)
+            if name in self.vhost.queues:
+                raise Refused(Code.STREAM_ALREADY_EXISTS)
+            self.vhost.declare_queue(name, None, durable=True, arguments=stream_arguments(args))
+
+        self._answer(Key.CREATE, corr, run)
+
+    def _delete(self, f: Fields) -> None:
+        corr = f.u32()
+        name = f.text()
+
+        def run() -> None:
+            self._check("configure", name)
+            stream = self._stream(name)
+            self.vhost.delete_queue(stream)
+
+        self._answer(Key.DELETE, corr, run)
+
+    def stream_deleted(self, stream: Stream) -> None:
+        """A stream this connection publishes to or reads from is gone (over either
+        protocol): a metadata update, and its publishers and subscriptions go."""
+        for sid, sub in list(self.subscriptions.items()):
+            if sub.stream is stream:
+                del self.subscriptions[sid]
+        for pid, pub in list(self.publishers.items()):
+            if pub.stream is stream:
+                del self.publishers[pid]
+        self.send(encode_metadata_update(MetadataCode.STREAM_NOT_AVAILABLE, stream.name))
+
+    def _metadata(self, f: Fields) -> None:
+        corr = f.u32()
+        names = f.strings()
+        host, port = self.advertised()
+        rows = []
+        for name in names:
+            queue = self.vhost.queues.get(name)
+            if type(queue) is Stream and not queue.deleted:
+                rows.append((name, Code.OK, 0, []))
+            else:
+                rows.append((name, Code.STREAM_DOES_NOT_EXIST, 0xFFFF, []))
+        self.send(encode_metadata(corr, [(0, host, port)], rows))
+
+    def _stream_stats(self, f: Fields) -> None:
+        corr = f.u32()
+        name = f.text()
+
+        def run() -> bytes:
+            self._check("read", name)
+            stream = self._stream(name)
+            first = stream.first_offset if stream.committed > stream.first_offset else -1
+            stats = {
+                "first_chunk_id": first,
+                "committed_chunk_id": stream.last_chunk if first >= 0 else -1,
+            }
+            return len(stats).to_bytes(4, "big") + b"".join(
+                _string(k) + v.to_bytes(8, "big", signed=True) for k, v in stats.items()
+            )
+
+        self._answer(Key.STREAM_STATS, corr, run)
+
+    def _exchange_versions(self, f: Fields) -> None:
+        corr = f.u32()
+        for _ in range(f.count(6)):
+            key, _low, high = f.u16(), f.u16(), f.u16()
+            if key == Key.DELIVER and high >= 2:
+                self.deliver_v2 = True
+        ours = b"".join(
+            k.to_bytes(2, "big") + lo.to_bytes(2, "big") + hi.to_bytes(2, "big")
+            for k, (lo, hi) in VERSIONS.items()
+        )
+        self.send(
+            encode_response(
+                Key.EXCHANGE_COMMAND_VERSIONS,
+                corr,
+                Code.OK,
+                len(VERSIONS).to_bytes(4, "big") + ours,
+            )
+        )
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def _declare_publisher(self, f: Fields) -> None:
+        corr = f.u32()
+        pid = f.u8()
+        reference = f.string() or None
+        name = f.text()
+
+        def run() -> None:
+            if pid in self.publishers:
+                raise Refused(Code.PRECONDITION_FAILED, f"publisher id {pid} already declared")
+            self._check("write", name)
+            stream = self._stream(name)
+            if reference is not None and len(reference.encode()) > 255:
+                raise Refused(Code.PRECONDITION_FAILED, "publisher reference over 255 bytes")
+            if reference is not None and any(
+                p.reference == reference and p.stream is stream for p in self.publishers.values()
+            ):
+                raise Refused(Code.PRECONDITION_FAILED, f"publisher reference {reference!r} in use")
+            self.publishers[pid] = Publisher(self, pid, stream, reference)
+            stream.watchers.add(self)
+
+        self._answer(Key.DECLARE_PUBLISHER, corr, run)
+
+    def _delete_publisher(self, f: Fields) -> None:
+        corr = f.u32()
+        pid = f.u8()
+
+        def run() -> None:
+            pub = self.publishers.pop(pid, None)
+            if pub is None:
+                raise Refused(Code.PUBLISHER_DOES_NOT_EXIST)
+            if not any(p.stream is pub.stream for p in self.publishers.values()) and not any(
+                s.stream is pub.stream for s in self.subscriptions.values()
+            ):
+                pub.stream.watchers.discard(self)
+
+        self._answer(Key.DELETE_PUBLISHER, corr, run)
+
+    def _publish(self, f: Fields) -> None:
+        pid, messages = published(f)
+        pub = self.publishers.get(pid)
+        if pub is None:
+            self.send(
+                encode_publish_error(pid, [(m[0], Code.PUBLISHER_DOES_NOT_EXIST) for m in messages])
+            )
+            return
+        stream = pub.stream
+        if stream.deleted:
+            self.send(
+                encode_publish_error(pid, [(m[0], Code.STREAM_DOES_NOT_EXIST) for m in messages])
+            )
+            return
+        reference = pub.reference
+        newest = stream.writers.get(reference, -1) if reference is not None else -1
+        first_seq = 0
+        duplicates: list[int] = []
+        failed: list[tuple[int, int]] = []
+        for publishing_id, filter_value, message in messages:
+            if reference is not None and publishing_id <= newest:
+                duplicates.append(publishing_id)  # confirmed, not stored (as RabbitMQ)
+                continue
+            bodies = message if isinstance(message, list) else [message]
+            ok = True
+            for body in bodies:
+                ok = stream.publish_amqp10(body, filter_value, reference, publishing_id) and ok
+            if not ok:
+                failed.append((publishing_id, Code.INTERNAL_ERROR))
+                continue
+            newest = publishing_id
+            seq = pub.expect(publishing_id)
+            if not first_seq:
+                first_seq = seq
+        self.published += len(messages)
+        if first_seq:
+            stream.confirm_publisher(pub, first_seq, pub.seq)
+        if duplicates:
+            self.send(encode_publish_confirm(pid, duplicates))
+        if failed:
+            self.send(encode_publish_error(pid, failed))
+
+    def _query_publisher_sequence(self, f: Fields) -> None:
+        corr = f.u32()
+        reference = f.text()
+        name = f.text()
+
+        def run() -> bytes:
+            self._check("read", name)
+            stream = self._stream(name)
+            return max(stream.writers.get(reference, 0), 0).to_bytes(8, "big")
+
+        self._answer(Key.QUERY_PUBLISHER_SEQUENCE, corr, run)
+
+    # -- consuming ----------------------------------------------------------------------
+
+    def _subscribe(self, f: Fields) -> None:
+        corr = f.u32()
+        sid = f.u8()
+        name = f.text()
+        kind = f.u16()
+        offset = 0
+        if kind == OffsetType.OFFSET:
+            offset = f.u64()
+        elif kind == OffsetType.TIMESTAMP:
+            offset = f.i64()
+        credit = f.u16()
+        props = f.properties() if f.remaining() else {}
+
+        def run() -> None:
+            if sid in self.subscriptions:
+                raise Refused(Code.SUBSCRIPTION_ID_ALREADY_EXISTS)
+            self._check("read", name)
+            stream = self._stream(name)
+            if kind == OffsetType.FIRST:
+                start = stream.start_offset("first", None)
+            elif kind == OffsetType.LAST:
+                start = stream.start_offset("last", None)
+            elif kind == OffsetType.NEXT:
+                start = stream.start_offset("next", None)
+            elif kind == OffsetType.OFFSET:
+                start = stream.start_offset("offset", offset)
+            elif kind == OffsetType.TIMESTAMP:
+                start = stream.start_offset("timestamp", offset / 1000)
+            else:
+                raise Refused(Code.PRECONDITION_FAILED, f"unknown offset type {kind}")
+            filters = [v for k, v in sorted(props.items()) if k.startswith("filter.")]
+            unfiltered = props.get("match-unfiltered", "false").lower() == "true"
+            sub = Subscription(self, sid, stream, credit)
+            sub.properties = props
+            self.subscriptions[sid] = sub
+            stream.watchers.add(self)
+            self._after_subscribe = (stream, sub, start, filters or None, unfiltered)
+
+        self._answer(Key.SUBSCRIBE, corr, run)
+        if self._after_subscribe is not None:  # answered first: deliveries follow the OK
+            stream, sub, start, filters, unfiltered = self._after_subscribe
+            self._after_subscribe = None
+            stream.subscribe(sub, start, filters, unfiltered)
+
+    def _credit(self, f: Fields) -> None:
+        sid = f.u8()
+        credit = f.u16()
+        sub = self.subscriptions.get(sid)
+        if sub is None:
+            self.send(encode_credit_response(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST, sid))
+            return
+        sub.credit += credit
+        sub.stream.dispatch()
+
+    def _unsubscribe(self, f: Fields) -> None:
+        corr = f.u32()
+        sid = f.u8()
+
+        def run() -> None:
+            sub = self.subscriptions.pop(sid, None)
+            if sub is None:
+                raise Refused(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST)
+            sub.stream.unsubscribe(sub)
+
+        self._answer(Key.UNSUBSCRIBE, corr, run)
+
+    def _store_offset(self, f: Fields) -> None:
+        reference = f.text()
+        name = f.text()
+        offset = f.u64()
+        if not reference or len(reference.encode()) > 255:
+            return  # no response to this command: RabbitMQ ignores it too
+        try:
+            self._check("read", name)
+            stream = self._stream(name)
+        except Refused as exc:
+            log.info("store offset refused: %s", exc, extra={"conn": self.name})
+            return
+        stream.store_offset(reference, offset)
+
+    def _query_offset(self, f: Fields) -> None:
+        corr = f.u32()
+        reference = f.text()
+        name = f.text()
+
+        def run() -> bytes:
+            self._check("read", name)
+            stream = self._stream(name)
+            offset = stream.tracked_offset(reference)
+            if offset is None:
+                raise Refused(Code.NO_OFFSET)
+            return offset.to_bytes(8, "big")
+
+        self._answer(Key.QUERY_OFFSET, corr, run)
+
+
+def stream_arguments(args: dict[str, str]) -> dict[str, Any]:
+    """A create's string arguments as the queue's typed x-arguments (as AMQP 0-9-1 would
+    declare them); a value of the wrong type is refused, unknown keys are ignored (as
+    RabbitMQ)."""
+    out: dict[str, Any] = {"x-queue-type": "stream"}
+    for key, value in args.items():
+        known = STREAM_ARGUMENTS.get(key)
+        if known is None:
+            continue
+        name, kind = known
+        if kind is int:
+            try:
+                out[name] = int(value)
+            except ValueError:
+                raise Refused(
+                    Code.PRECONDITION_FAILED, f"stream argument {key}: {value!r} is not a number"
+                ) from None
+        else:
+            out[name] = value
+    return out
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _string(value: str) -> bytes:
+    raw = value.encode()
+    return len(raw).to_bytes(2, "big") + raw
+
+
+_KEYS = {int(k) for k in Key}
+
+_C = StreamConnection
+#: Which commands each state takes (anything else closes the connection).
+HANDLERS: dict[str, dict[int, Callable[[StreamConnection, Fields], None]]] = {
+    "peer": {Key.PEER_PROPERTIES: _C._peer_properties},
+    "sasl": {
+        Key.SASL_HANDSHAKE: _C._sasl_handshake,
+        Key.SASL_AUTHENTICATE: _C._sasl_authenticate,
+    },
+    "tune": {Key.TUNE: _C._tune, Key.HEARTBEAT: _C._heartbeat},
+    "open": {Key.OPEN: _C._open, Key.HEARTBEAT: _C._heartbeat, Key.CLOSE: _C._close},
+    "opened": {
+        Key.DECLARE_PUBLISHER: _C._declare_publisher,
+        Key.PUBLISH: _C._publish,
+        Key.QUERY_PUBLISHER_SEQUENCE: _C._query_publisher_sequence,
+        Key.DELETE_PUBLISHER: _C._delete_publisher,
+        Key.SUBSCRIBE: _C._subscribe,
+        Key.CREDIT: _C._credit,
+        Key.STORE_OFFSET: _C._store_offset,
+        Key.QUERY_OFFSET: _C._query_offset,
+        Key.UNSUBSCRIBE: _C._unsubscribe,
+        Key.CREATE: _C._create,
+        Key.DELETE: _C._delete,
+        Key.METADATA: _C._metadata,
+        Key.HEARTBEAT: _C._heartbeat,
+        Key.CLOSE: _C._close,
+        Key.CLOSE | 0x8000: _C._close_answer,
+        Key.EXCHANGE_COMMAND_VERSIONS: _C._exchange_versions,
+        Key.STREAM_STATS: _C._stream_stats,
+    },
+    "closing": {Key.CLOSE | 0x8000: _C._close_answer, Key.HEARTBEAT: _C._heartbeat},
+}

@@ -1,0 +1,320 @@
+"""The stream protocol driven by rstream, unmodified, as an application written for
+RabbitMQ's port 5552 drives it: create and delete, publish with confirms (one at a time,
+batched, sub-entry batches), subscribe at each offset specification, deduplication of a
+named publisher, server-side offsets, refusals with RabbitMQ's codes, and one stream read
+and written over both protocols."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+
+import aio_pika
+import pytest
+from rstream import (
+    AMQPMessage,
+    Consumer,
+    ConsumerOffsetSpecification,
+    MessageContext,
+    OffsetType,
+    Producer,
+    amqp_decoder,
+)
+from rstream import exceptions as rex
+from rstream import schema
+from rstream.client import Client
+from rstream.compression import CompressionType
+
+from roarmq.broker.core.auth import hash_password
+from roarmq.broker.testing import ephemeral_config, running_broker
+from roarmq.protocol.stream.amqp10 import Symbol, decode_message
+from tests.support.stream_clients import collect, consumer_of, producer_of
+
+
+async def test_publish_then_read_from_each_offset_spec(broker):
+    async with producer_of(broker) as producer:
+        await producer.create_stream("events")
+        for i in range(10):
+            await producer.send_wait("events", AMQPMessage(body=f"m{i}".encode()))
+        await producer.send_batch("events", [AMQPMessage(body=f"b{i}".encode()) for i in range(90)])
+    async with consumer_of(broker) as consumer:
+        first = await collect(
+            consumer, "events", ConsumerOffsetSpecification(OffsetType.FIRST), 100
+        )
+        assert [o for o, _ in first] == list(range(100))
+        assert [b for _, b in first[:2]] == [b"m0", b"m1"]
+        assert first[-1][1] == b"b89"
+        at = await collect(
+            consumer, "events", ConsumerOffsetSpecification(OffsetType.OFFSET, 42), 58
+        )
+        assert [o for o, _ in at] == list(range(42, 100))
+        # last: the newest chunk (the batch of 90 went in one loop turn)
+        last = await collect(consumer, "events", ConsumerOffsetSpecification(OffsetType.LAST), 1)
+        assert last[0][0] >= 10
+
+
+async def test_next_waits_for_new_messages_and_timestamp_finds_them(broker):
+    async with producer_of(broker) as producer:
+        await producer.create_stream("s")
+        await producer.send_batch("s", [AMQPMessage(body=b"old")] * 5)
+        await asyncio.sleep(0.05)
+        stamp = int(time.time() * 1000)
+        await asyncio.sleep(0.05)
+        async with consumer_of(broker) as consumer:
+            got: list = []
+            arrived = asyncio.Event()
+
+            async def on_message(msg, ctx: MessageContext) -> None:
+                got.append((ctx.offset, bytes(msg.body)))
+                arrived.set()
+
+            await consumer.subscribe(
+                "s",
+                on_message,
+                decoder=amqp_decoder,
+                offset_specification=ConsumerOffsetSpecification(OffsetType.NEXT),
+            )
+            await asyncio.sleep(0.2)
+            assert got == []
+            await producer.send_wait("s", AMQPMessage(body=b"new"))
+            await asyncio.wait_for(arrived.wait(), 5)
+            assert got == [(5, b"new")]
+        async with consumer_of(broker) as consumer:
+            since = await collect(
+                consumer, "s", ConsumerOffsetSpecification(OffsetType.TIMESTAMP, stamp), 1
+            )
+            assert since == [(5, b"new")]
+
+
+async def test_sub_entry_batches_plain_and_gzip(broker):
+    async with producer_of(broker) as producer:
+        await producer.create_stream("sub")
+        confirmed = asyncio.Event()
+        count = 0
+
+        async def on_confirm(status) -> None:
+            nonlocal count
+            assert status.is_confirmed
+            count += 1
+            if count == 2:
+                confirmed.set()
+
+        for compression in (CompressionType.No, CompressionType.Gzip):
+            await producer.send_sub_entry(
+                "sub",
+                [AMQPMessage(body=f"{compression.name}{i}".encode()) for i in range(20)],
+                compression_type=compression,
+                on_publish_confirm=on_confirm,
+            )
+        await asyncio.wait_for(confirmed.wait(), 10)
+    async with consumer_of(broker) as consumer:
+        got = await collect(consumer, "sub", ConsumerOffsetSpecification(OffsetType.FIRST), 40)
+        assert [b for _, b in got] == [f"No{i}".encode() for i in range(20)] + [
+            f"Gzip{i}".encode() for i in range(20)
+        ]
+
+
+async def _raw_client(broker) -> Client:
+    client = Client("127.0.0.1", broker.stream_port, frame_max=1 << 20, heartbeat=60)
+    await client.start()
+    await client.authenticate(vhost="/", username="guest", password="guest")
+    return client
+
+
+async def test_named_publisher_is_deduplicated_and_its_sequence_survives_a_restart(tmp_path):
+    config = ephemeral_config(data_dir=str(tmp_path / "data"))
+    async with running_broker(config) as broker:
+        client = await _raw_client(broker)
+        await client.create_stream("dedup")
+        await client.declare_publisher("dedup", "app-1", 1)
+        confirms: list[int] = []
+
+        async def on_confirm(frame: schema.PublishConfirm) -> None:
+            confirms.extend(frame.publishing_ids)
+
+        client.add_handler(schema.PublishConfirm, on_confirm)
+        for ids in (range(1, 11), range(5, 16)):  # 5..10 again: confirmed, not stored
+            await client.send_frame(
+                schema.Publish(
+                    publisher_id=1,
+                    messages=[
+                        schema.Message(i, None, bytes(AMQPMessage(body=str(i).encode())))
+                        for i in ids
+                    ],
+                ),
+            )
+        for _ in range(100):
+            if len(confirms) >= 21:
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(set(confirms)) == list(range(1, 16))
+        assert await client.query_publisher_sequence("dedup", "app-1") == 15
+        await client.close()
+        async with consumer_of(broker) as consumer:
+            got = await collect(
+                consumer, "dedup", ConsumerOffsetSpecification(OffsetType.FIRST), 15
+            )
+            assert [b for _, b in got] == [str(i).encode() for i in range(1, 16)]
+    async with running_broker(config) as broker:  # rebuilt from the stream's records
+        client = await _raw_client(broker)
+        assert await client.query_publisher_sequence("dedup", "app-1") == 15
+        assert await client.query_publisher_sequence("dedup", "someone-else") == 0
+        await client.close()
+
+
+async def test_stored_offsets_are_queried_back_and_survive_a_restart(tmp_path):
+    config = ephemeral_config(data_dir=str(tmp_path / "data"))
+    async with running_broker(config) as broker:
+        async with producer_of(broker) as producer:
+            await producer.create_stream("tracked")
+            await producer.send_batch("tracked", [AMQPMessage(body=b"x")] * 10)
+        async with consumer_of(broker) as consumer:
+            with pytest.raises(rex.OffsetNotFound):
+                await consumer.query_offset("tracked", "reader")
+            await consumer.store_offset("tracked", "reader", 7)
+            for _ in range(50):
+                try:
+                    if await consumer.query_offset("tracked", "reader") == 7:
+                        break
+                except rex.OffsetNotFound:
+                    pass
+                await asyncio.sleep(0.02)
+            assert await consumer.query_offset("tracked", "reader") == 7
+    async with running_broker(config) as broker:
+        async with consumer_of(broker) as consumer:
+            assert await consumer.query_offset("tracked", "reader") == 7
+
+
+async def test_refusals_carry_rabbitmqs_codes(broker):
+    broker.broker.put_user("nobody", hash_password("pw"), ())
+    broker.broker.set_permission("nobody", "/", "^$", "^$", "^$")
+    async with producer_of(broker) as producer:
+        await producer.create_stream("taken")
+        with pytest.raises(rex.StreamAlreadyExists):
+            await producer.create_stream("taken")
+        with pytest.raises(rex.StreamDoesNotExist):
+            await producer.delete_stream("missing")
+        with pytest.raises(rex.PreconditionFailed):
+            await producer.create_stream("bad", arguments={"max-length-bytes": "lots"})
+    with pytest.raises(rex.AuthenticationFailure):
+        async with producer_of(broker, password="wrong"):
+            pass
+    with pytest.raises(rex.VirtualHostAccessFailure):
+        async with producer_of(broker, vhost="no-such-vhost"):
+            pass
+    client = Client("127.0.0.1", broker.stream_port, frame_max=1 << 20, heartbeat=60)
+    await client.start()
+    await client.authenticate(vhost="/", username="nobody", password="pw")
+    with pytest.raises(rex.AccessRefused):
+        await client.create_stream("mine")
+    with pytest.raises(rex.AccessRefused):
+        await client.declare_publisher("taken", "p", 1)
+    await client.close()
+
+
+async def test_amqp_0_9_1_and_the_stream_protocol_read_each_others_messages(broker):
+    connection = await aio_pika.connect(broker.url)
+    channel = await connection.channel()
+    await channel.declare_queue("both", durable=True, arguments={"x-queue-type": "stream"})
+    await channel.default_exchange.publish(
+        aio_pika.Message(
+            b"from-091",
+            content_type="text/plain",
+            message_id="id-1",
+            correlation_id="c-1",
+            delivery_mode=2,
+            timestamp=datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC),
+            headers={"app": "a", "n": 5, "x-trace": "t"},
+        ),
+        routing_key="both",
+    )
+    async with producer_of(broker) as producer:
+        await producer.send_wait(
+            "both",
+            AMQPMessage(
+                body=b"from-stream",
+                application_properties={"kind": "k"},
+            ),
+        )
+    async with consumer_of(broker) as consumer:
+        raw = await collect(
+            consumer, "both", ConsumerOffsetSpecification(OffsetType.FIRST), 2, decoder=bytes
+        )
+    first = decode_message(raw[0][1])
+    assert first.data() == b"from-091"
+    assert first.properties["message_id"] == "id-1"
+    assert first.properties["correlation_id"] == "c-1"
+    assert first.properties["content_type"] == Symbol("text/plain")
+    assert first.properties["creation_time"] == 1767312000000
+    assert first.header["durable"] is True
+    assert first.application_properties == {"app": "a", "n": 5}
+    assert first.message_annotations[Symbol("x-routing-key")] == "both"
+    assert first.message_annotations[Symbol("x-trace")] == "t"
+    assert decode_message(raw[1][1]).data() == b"from-stream"
+
+    await channel.set_qos(prefetch_count=10)
+    queue = await channel.get_queue("both")
+    got = []
+    async with queue.iterator(arguments={"x-stream-offset": "first"}) as it:
+        async for message in it:
+            got.append(message)
+            await message.ack()
+            if len(got) == 2:
+                break
+    assert got[0].body == b"from-091" and got[0].headers["app"] == "a"
+    assert got[1].body == b"from-stream"
+    assert got[1].headers["kind"] == "k"
+    assert got[1].headers["x-stream-offset"] == 1
+    await connection.close()
+
+
+async def test_a_stream_deleted_over_amqp_sends_a_metadata_update(broker):
+    async with producer_of(broker) as producer:
+        await producer.create_stream("doomed")
+        await producer.send_wait("doomed", AMQPMessage(body=b"x"))
+    client = await _raw_client(broker)
+    updates: list[tuple[int, str]] = []
+    updated = asyncio.Event()
+
+    async def on_update(frame: schema.MetadataUpdate) -> None:
+        updates.append((frame.metadata_info.code, frame.metadata_info.stream))
+        updated.set()
+
+    client.add_handler(schema.MetadataUpdate, on_update)
+    await client.declare_publisher("doomed", "", 3)
+    connection = await aio_pika.connect(broker.url)
+    channel = await connection.channel()
+    await channel.queue_delete("doomed")
+    await asyncio.wait_for(updated.wait(), 5)
+    assert updates == [(0x06, "doomed")]  # stream not available
+    await connection.close()
+    await client.close()
+
+
+async def test_credit_is_counted_in_chunks(broker):
+    async with producer_of(broker) as producer:
+        await producer.create_stream("credit")
+        for _ in range(5):  # five loop turns: five chunks at most
+            await producer.send_batch("credit", [AMQPMessage(body=b"m")] * 3000)
+    client = await _raw_client(broker)
+    chunks: list[int] = []
+
+    async def on_deliver(frame: schema.Deliver) -> None:
+        chunks.append(frame.num_entries)
+
+    client.add_handler(schema.Deliver, on_deliver, name="1")  # rstream: by subscription id
+    await client.run_queue_listener_task(1, on_deliver)
+    await client.subscribe(
+        "credit",
+        subscription_id=1,
+        offset_spec=schema.OffsetSpec(OffsetType.FIRST),
+        initial_credit=2,
+    )
+    await asyncio.sleep(0.3)
+    assert len(chunks) == 2  # one chunk a credit
+    await client.credit(1, 3)
+    await asyncio.sleep(0.3)
+    assert len(chunks) == 5
+    assert sum(chunks) < 15000
+    await client.close()
