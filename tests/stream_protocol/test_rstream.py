@@ -14,15 +14,13 @@ import aio_pika
 import pytest
 from rstream import (
     AMQPMessage,
-    Consumer,
     ConsumerOffsetSpecification,
     MessageContext,
     OffsetType,
-    Producer,
     amqp_decoder,
+    schema,
 )
 from rstream import exceptions as rex
-from rstream import schema
 from rstream.client import Client
 from rstream.compression import CompressionType
 
