@@ -157,8 +157,10 @@ check: $(DEV_STAMP)
 
 # The flake hunt: the slow tests of the broker, its store and its cluster HUNT_PASSES times in
 # a row, each pass beside one busy loop per core (the load CI may be under), stopping at the
-# first failure. A test that fails here is a bug to fix at its cause.
+# first failure, whose logs stay under HUNT_TMP (each pass starts it afresh). A test that
+# fails here is a bug to fix at its cause.
 HUNT_PASSES ?= 20
+HUNT_TMP ?= /tmp/roarmq-hunt
 HUNT_PATHS ?= tests/store tests/cluster tests/replog tests/amqp tests/core tests/management tests/routing tests/clients tests/cli
 hunt: $(DEV_STAMP) system-deps node-deps tools
 	$(call timed,(burners=""; for cpu in $$(seq 0 $$(( $$(nproc) - 1 ))); do \
@@ -166,7 +168,7 @@ hunt: $(DEV_STAMP) system-deps node-deps tools
 	  trap 'kill $$burners' EXIT; \
 	  for pass in $$(seq 1 $(HUNT_PASSES)); do echo "make hunt: pass $$pass of $(HUNT_PASSES)"; \
 	    $(EXPECT_COMPILED) $(EXPECT_TOOLS) $(EXPECT_PACKAGES) $(EXPECT_NODE) $(EXPECT_FUSE) $(EXPECT_ROOT) \
-	      $(PY) -m pytest $(WORKERS) -q -m slow $(HUNT_PATHS) || exit 1; done))
+	      $(PY) -m pytest $(WORKERS) -q -m slow --basetemp=$(HUNT_TMP) $(HUNT_PATHS) || exit 1; done))
 
 # Quick versions of every benchmark (each prints a table and writes JSON to bench/results/).
 bench: $(DEV_STAMP)
