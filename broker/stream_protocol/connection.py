@@ -35,6 +35,7 @@ from roarmq.protocol.stream.codec import (
     MetadataCode,
     OffsetType,
     encode_close,
+    encode_consumer_update,
     encode_credit_response,
     encode_deliver,
     encode_entries,
@@ -55,6 +56,7 @@ from ..amqp.tls import session_of
 from ..core.auth import AuthError
 from ..core.stream import Stream
 from ..store.definitions import DefinitionsWriteFailed
+from . import single_active, super_streams
 
 if TYPE_CHECKING:
     from ..server import Broker
@@ -137,9 +139,14 @@ class Publisher:
 
 
 class Subscription:
-    """A subscription: the stream hands it chunks while it has credit (`deliver_chunk`)."""
+    """A subscription: the stream hands it chunks while it has credit (`deliver_chunk`).
+    In a single-active-consumer group (`group`), it reads only while `active`."""
 
-    __slots__ = ("conn", "id", "stream", "credit", "chunk_bytes", "properties", "delivered")
+    __slots__ = (
+        "conn", "id", "stream", "credit", "chunk_bytes", "properties", "delivered", "start",
+        "filters", "match_unfiltered", "group", "super_stream", "partition_index", "active",
+        "reading",
+    )  # fmt: skip
 
     def __init__(self, conn: StreamConnection, sid: int, stream: Stream, credit: int) -> None:
         self.conn = conn
@@ -149,6 +156,24 @@ class Subscription:
         self.chunk_bytes = max((conn.frame_max or FRAME_MAX) - 128, 4096)
         self.properties: dict[str, str] = {}
         self.delivered = 0
+        self.start = 0  # where it reads from when it starts
+        self.filters: list[str] | None = None
+        self.match_unfiltered = False
+        self.group: str | None = None  # single active consumer: the group's name
+        self.super_stream: str | None = None
+        self.partition_index = 0
+        self.active = False
+        self.reading = False  # subscribed to the stream's records
+
+    def read(self, start: int) -> None:
+        if not self.reading and not self.stream.deleted:
+            self.reading = True
+            self.stream.subscribe(self, start, self.filters, self.match_unfiltered)
+
+    def stop(self) -> None:
+        if self.reading:
+            self.reading = False
+            self.stream.unsubscribe(self)
 
     def deliver_chunk(self, first: int, timestamp_ms: int, messages: list[bytes]) -> None:
         data, n = encode_entries(messages)
@@ -189,7 +214,10 @@ class StreamConnection(asyncio.Protocol):
         self._closed = False
         self.recv_oct = self.send_oct = 0
         self.published = self.confirmed = 0
-        self._after_subscribe: tuple | None = None
+        self._after_subscribe: Subscription | None = None
+        self._corr = 0
+        # consumer-updates sent, by correlation id: the subscription that waits for its answer
+        self._updates: dict[int, Subscription] = {}
 
     # -- asyncio ------------------------------------------------------------------------
 
@@ -296,7 +324,7 @@ class StreamConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         for sub in self.subscriptions.values():
-            sub.stream.unsubscribe(sub)
+            self._end_subscription(sub)
             sub.stream.watchers.discard(self)
         for pub in self.publishers.values():
             pub.stream.watchers.discard(self)
@@ -499,7 +527,7 @@ class StreamConnection(asyncio.Protocol):
                     "stream command %s refused: %s", key.name.lower(), exc,
                     extra={"conn": self.name},
                 )  # fmt: skip
-            self.send(encode_response(key, corr, exc.code))
+            self.send(encode_response(key, corr, exc.code, _EMPTY_LIST.get(key, b"")))
             return
         except SoftError as exc:
             log.info("stream command %s refused: %s", key.name.lower(), exc.reply_text,
@@ -519,8 +547,7 @@ class StreamConnection(asyncio.Protocol):
         args = f.properties()
 
         def run() -> None:
-            if not name or len(name.encode()) > 255 or name.startswith("amq."):
-                raise Refused(Code.PRECONDITION_FAILED, f"invalid stream name {name!r}")
+            self._check_new_name(name)
             self._check("configure", name)
             if name in self.vhost.queues:
                 raise Refused(Code.STREAM_ALREADY_EXISTS)
@@ -545,6 +572,7 @@ class StreamConnection(asyncio.Protocol):
         for sid, sub in list(self.subscriptions.items()):
             if sub.stream is stream:
                 del self.subscriptions[sid]
+                self._end_subscription(sub)
         for pid, pub in list(self.publishers.items()):
             if pub.stream is stream:
                 del self.publishers[pid]
@@ -695,16 +723,35 @@ class StreamConnection(asyncio.Protocol):
 
     # -- consuming ----------------------------------------------------------------------
 
+    def _offset_spec(self, f: Fields) -> tuple[int, int]:
+        """An offset specification: its type and value (an offset, or a timestamp in ms)."""
+        kind = f.u16()
+        value = 0
+        if kind == OffsetType.OFFSET:
+            value = f.u64()
+        elif kind == OffsetType.TIMESTAMP:
+            value = f.i64()
+        return kind, value
+
+    @staticmethod
+    def _start(stream: Stream, kind: int, value: int) -> int:
+        if kind == OffsetType.FIRST:
+            return stream.start_offset("first", None)
+        if kind == OffsetType.LAST:
+            return stream.start_offset("last", None)
+        if kind == OffsetType.NEXT:
+            return stream.start_offset("next", None)
+        if kind == OffsetType.OFFSET:
+            return stream.start_offset("offset", value)
+        if kind == OffsetType.TIMESTAMP:
+            return stream.start_offset("timestamp", value / 1000)
+        raise Refused(Code.PRECONDITION_FAILED, f"unknown offset type {kind}")
+
     def _subscribe(self, f: Fields) -> None:
         corr = f.u32()
         sid = f.u8()
         name = f.text()
-        kind = f.u16()
-        offset = 0
-        if kind == OffsetType.OFFSET:
-            offset = f.u64()
-        elif kind == OffsetType.TIMESTAMP:
-            offset = f.i64()
+        kind, value = self._offset_spec(f)
         credit = f.u16()
         props = f.properties() if f.remaining() else {}
 
@@ -713,31 +760,70 @@ class StreamConnection(asyncio.Protocol):
                 raise Refused(Code.SUBSCRIPTION_ID_ALREADY_EXISTS)
             self._check("read", name)
             stream = self._stream(name)
-            if kind == OffsetType.FIRST:
-                start = stream.start_offset("first", None)
-            elif kind == OffsetType.LAST:
-                start = stream.start_offset("last", None)
-            elif kind == OffsetType.NEXT:
-                start = stream.start_offset("next", None)
-            elif kind == OffsetType.OFFSET:
-                start = stream.start_offset("offset", offset)
-            elif kind == OffsetType.TIMESTAMP:
-                start = stream.start_offset("timestamp", offset / 1000)
-            else:
-                raise Refused(Code.PRECONDITION_FAILED, f"unknown offset type {kind}")
-            filters = [v for k, v in sorted(props.items()) if k.startswith("filter.")]
-            unfiltered = props.get("match-unfiltered", "false").lower() == "true"
             sub = Subscription(self, sid, stream, credit)
+            sub.start = self._start(stream, kind, value)
             sub.properties = props
+            filters = [v for k, v in sorted(props.items()) if k.startswith("filter.")]
+            sub.filters = filters or None
+            sub.match_unfiltered = props.get("match-unfiltered", "false").lower() == "true"
+            if props.get("single-active-consumer", "false").lower() == "true":
+                group = props.get("name")
+                if not group:
+                    raise Refused(Code.PRECONDITION_FAILED, "single active consumer without a name")
+                sub.group = group
+                sub.super_stream = props.get("super-stream") or None
+                if sub.super_stream is not None:
+                    sub.partition_index = super_streams.partition_index(
+                        self.vhost, sub.super_stream, stream
+                    )
             self.subscriptions[sid] = sub
             stream.watchers.add(self)
-            self._after_subscribe = (stream, sub, start, filters or None, unfiltered)
+            self._after_subscribe = sub
 
         self._answer(Key.SUBSCRIBE, corr, run)
-        if self._after_subscribe is not None:  # answered first: deliveries follow the OK
-            stream, sub, start, filters, unfiltered = self._after_subscribe
+        sub = self._after_subscribe
+        if sub is not None:  # answered first: deliveries and updates follow the OK
             self._after_subscribe = None
-            stream.subscribe(sub, start, filters, unfiltered)
+            if sub.group is None:
+                sub.read(sub.start)
+            else:
+                single_active.join(sub)
+
+    def activate(self, sub: Subscription) -> None:
+        """It became its group's active member: ask where to start (consumer-update)."""
+        sub.active = True
+        self._corr += 1
+        self._updates[self._corr] = sub
+        self.send(encode_consumer_update(self._corr, sub.id, True))
+
+    def deactivate(self, sub: Subscription) -> None:
+        sub.active = False
+        sub.stop()
+        self._corr += 1
+        self._updates[self._corr] = sub
+        self.send(encode_consumer_update(self._corr, sub.id, False))
+
+    def _consumer_update_answer(self, f: Fields) -> None:
+        corr = f.u32()
+        f.u16()  # the client's response code
+        sub = self._updates.pop(corr, None)
+        kind, value = OffsetType.NEXT, 0
+        if f.remaining() >= 2:
+            kind = f.u16()
+            if f.remaining() >= 8:
+                value = f.u64() if kind != OffsetType.TIMESTAMP else f.i64()
+        if sub is None or not sub.active or self.subscriptions.get(sub.id) is not sub:
+            return
+        try:
+            start = self._start(sub.stream, kind, value)
+        except Refused:
+            start = sub.start
+        sub.read(start)
+
+    def _end_subscription(self, sub: Subscription) -> None:
+        sub.stop()
+        if sub.group is not None:
+            single_active.leave(sub)
 
     def _credit(self, f: Fields) -> None:
         sid = f.u8()
@@ -747,7 +833,8 @@ class StreamConnection(asyncio.Protocol):
             self.send(encode_credit_response(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST, sid))
             return
         sub.credit += credit
-        sub.stream.dispatch()
+        if sub.reading:
+            sub.stream.dispatch()
 
     def _unsubscribe(self, f: Fields) -> None:
         corr = f.u32()
@@ -757,7 +844,7 @@ class StreamConnection(asyncio.Protocol):
             sub = self.subscriptions.pop(sid, None)
             if sub is None:
                 raise Refused(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST)
-            sub.stream.unsubscribe(sub)
+            self._end_subscription(sub)
 
         self._answer(Key.UNSUBSCRIBE, corr, run)
 
@@ -789,6 +876,75 @@ class StreamConnection(asyncio.Protocol):
             return offset.to_bytes(8, "big")
 
         self._answer(Key.QUERY_OFFSET, corr, run)
+
+    # -- super streams --------------------------------------------------------------------
+
+    def _check_new_name(self, name: str) -> None:
+        if not name or len(name.encode()) > 255 or name.startswith("amq."):
+            raise Refused(Code.PRECONDITION_FAILED, f"invalid stream name {name!r}")
+
+    def _create_super_stream(self, f: Fields) -> None:
+        corr = f.u32()
+        name = f.text()
+        partitions = f.strings()
+        keys = f.strings()
+        args = f.properties()
+
+        def run() -> None:
+            self._check_new_name(name)
+            if not partitions or len(partitions) != len(keys):
+                raise Refused(
+                    Code.PRECONDITION_FAILED, "a super stream needs as many keys as partitions"
+                )
+            for partition in partitions:
+                self._check_new_name(partition)
+                self._check("configure", partition)
+            self._check("configure", name)
+            if name in self.vhost.exchanges or any(p in self.vhost.queues for p in partitions):
+                raise Refused(Code.STREAM_ALREADY_EXISTS)
+            super_streams.create(self.vhost, name, partitions, keys, stream_arguments(args))
+
+        self._answer(Key.CREATE_SUPER_STREAM, corr, run)
+
+    def _delete_super_stream(self, f: Fields) -> None:
+        corr = f.u32()
+        name = f.text()
+
+        def run() -> None:
+            self._check("configure", name)
+            exchange = super_streams.exchange_of(self.vhost, name)
+            if exchange is None:
+                raise Refused(Code.STREAM_DOES_NOT_EXIST)
+            for partition in super_streams.partitions(exchange):
+                self._check("configure", partition)
+            super_streams.delete(self.vhost, exchange)
+
+        self._answer(Key.DELETE_SUPER_STREAM, corr, run)
+
+    def _partitions(self, f: Fields) -> None:
+        corr = f.u32()
+        name = f.text()
+
+        def run() -> bytes:
+            exchange = super_streams.exchange_of(self.vhost, name)
+            if exchange is None:
+                raise Refused(Code.STREAM_DOES_NOT_EXIST)
+            return encode_strings(super_streams.partitions(exchange))
+
+        self._answer(Key.PARTITIONS, corr, run)
+
+    def _route(self, f: Fields) -> None:
+        corr = f.u32()
+        key = f.text()
+        name = f.text()
+
+        def run() -> bytes:
+            exchange = super_streams.exchange_of(self.vhost, name)
+            if exchange is None:
+                raise Refused(Code.STREAM_DOES_NOT_EXIST)
+            return encode_strings(super_streams.route(exchange, key))
+
+        self._answer(Key.ROUTE, corr, run)
 
 
 def stream_arguments(args: dict[str, str]) -> dict[str, Any]:
@@ -823,6 +979,8 @@ def _string(value: str) -> bytes:
 
 
 _KEYS = {int(k) for k in Key}
+#: A refused route or partitions query still carries its (empty) list, as RabbitMQ's.
+_EMPTY_LIST = {Key.ROUTE: b"\x00\x00\x00\x00", Key.PARTITIONS: b"\x00\x00\x00\x00"}
 
 _C = StreamConnection
 #: Which commands each state takes (anything else closes the connection).
@@ -852,6 +1010,11 @@ HANDLERS: dict[str, dict[int, Callable[[StreamConnection, Fields], None]]] = {
         Key.CLOSE | 0x8000: _C._close_answer,
         Key.EXCHANGE_COMMAND_VERSIONS: _C._exchange_versions,
         Key.STREAM_STATS: _C._stream_stats,
+        Key.CREATE_SUPER_STREAM: _C._create_super_stream,
+        Key.DELETE_SUPER_STREAM: _C._delete_super_stream,
+        Key.PARTITIONS: _C._partitions,
+        Key.ROUTE: _C._route,
+        Key.CONSUMER_UPDATE | 0x8000: _C._consumer_update_answer,
     },
     "closing": {Key.CLOSE | 0x8000: _C._close_answer, Key.HEARTBEAT: _C._heartbeat},
 }
