@@ -15,8 +15,10 @@ import pytest
 from rstream import (
     AMQPMessage,
     ConsumerOffsetSpecification,
+    FilterConfiguration,
     MessageContext,
     OffsetType,
+    Producer,
     amqp_decoder,
     schema,
 )
@@ -316,3 +318,63 @@ async def test_credit_is_counted_in_chunks(broker):
     assert len(chunks) == 5
     assert sum(chunks) < 15000
     await client.close()
+
+
+async def _region(message: AMQPMessage) -> str:
+    return message.application_properties["region"]
+
+
+async def test_filter_values_sent_with_messages_filter_on_the_broker(broker):
+    """Publish version 2 carries a filter value per message (RabbitMQ 3.13); a subscription
+    with `filter.N` properties gets exactly the messages with one of its values (no
+    predicate: the broker's filter is exact), and AMQP 0-9-1 consumers filter on the same
+    values."""
+    producer = Producer(
+        "127.0.0.1",
+        port=broker.stream_port,
+        username="guest",
+        password="guest",
+        filter_value_extractor=_region,
+    )
+    await producer.start()
+    await producer.create_stream("regions")
+    for i in range(30):
+        region = ("emea", "apac", "amer")[i % 3]
+        await producer.send_wait(
+            "regions", AMQPMessage(body=b"%d" % i, application_properties={"region": region})
+        )
+    await producer.close()
+    async with consumer_of(broker) as consumer:
+        got: list[int] = []
+        done = asyncio.Event()
+
+        async def on_message(message, context: MessageContext) -> None:
+            got.append(context.offset)
+            if len(got) == 10:
+                done.set()
+
+        await consumer.subscribe(
+            "regions",
+            on_message,
+            decoder=amqp_decoder,
+            offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
+            filter_input=FilterConfiguration(values_to_filter=["apac"]),
+        )
+        await asyncio.wait_for(done.wait(), 10)
+        await asyncio.sleep(0.2)
+    assert got == list(range(1, 30, 3))
+
+    connection = await aio_pika.connect(broker.url)
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=50)
+    queue = await channel.get_queue("regions")
+    offsets = []
+    args = {"x-stream-offset": "first", "x-stream-filter": "apac"}
+    async with queue.iterator(arguments=args) as it:
+        async for message in it:
+            offsets.append(message.headers["x-stream-offset"])
+            await message.ack()
+            if len(offsets) == 10:
+                break
+    assert offsets == list(range(1, 30, 3))
+    await connection.close()
