@@ -1,0 +1,69 @@
+"""Bad input on the stream port: each gets the protocol's error response or close with
+RabbitMQ's code, is logged, and the broker goes on serving everyone else."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+from rstream import AMQPMessage
+
+from roarmq.protocol.stream.codec import Code, Key
+from tests.support.stream_clients import producer_of
+
+
+async def _open_raw(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def _frame(reader: asyncio.StreamReader) -> bytes:
+    (size,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 5))
+    return await asyncio.wait_for(reader.readexactly(size), 5)
+
+
+def _peer_properties(corr: int = 1) -> bytes:
+    body = struct.pack(">HHII", Key.PEER_PROPERTIES, 1, corr, 0)
+    return struct.pack(">I", len(body)) + body
+
+
+async def test_an_unknown_command_closes_with_unknown_frame(broker):
+    reader, writer = await _open_raw(broker.stream_port)
+    writer.write(_peer_properties())
+    await _frame(reader)  # the server's peer properties
+    body = struct.pack(">HHI", 0x7F00, 1, 9)
+    writer.write(struct.pack(">I", len(body)) + body)
+    close = await _frame(reader)
+    key, _version, _corr, code = struct.unpack_from(">HHIH", close)
+    assert (key, code) == (Key.CLOSE, Code.UNKNOWN_FRAME)
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # then the socket closes
+    writer.close()
+
+
+async def test_a_command_before_login_and_a_short_frame_close_the_connection(broker):
+    for payload in (
+        struct.pack(">HHI", Key.CREATE, 1, 1) + b"\x00\x01s\x00\x00\x00\x00",  # not logged in
+        struct.pack(">HH", Key.PEER_PROPERTIES, 1) + b"\x00",  # ends inside a field
+    ):
+        reader, writer = await _open_raw(broker.stream_port)
+        writer.write(struct.pack(">I", len(payload)) + payload)
+        close = await _frame(reader)
+        assert struct.unpack_from(">H", close)[0] == Key.CLOSE
+        assert struct.unpack_from(">H", close, 8)[0] == Code.UNKNOWN_FRAME
+        writer.close()
+
+
+async def test_a_frame_over_frame_max_closes_with_frame_too_large(broker):
+    reader, writer = await _open_raw(broker.stream_port)
+    writer.write(struct.pack(">I", 2 << 20) + b"\x00" * 64)
+    close = await _frame(reader)
+    assert struct.unpack_from(">H", close, 8)[0] == Code.FRAME_TOO_LARGE
+    writer.close()
+
+
+async def test_others_go_on_while_a_peer_sends_garbage(broker):
+    async with producer_of(broker) as producer:
+        await producer.create_stream("calm")
+        reader, writer = await _open_raw(broker.stream_port)
+        writer.write(b"\x00\x00\x00\x03\xff\xff\xff" * 10)
+        await producer.send_wait("calm", AMQPMessage(body=b"still here"))
+        writer.close()
