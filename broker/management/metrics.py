@@ -77,6 +77,10 @@ class Totals:
         self.received_confirm = 0  # of closed channels
         self.received = 0  # of deleted exchanges
         self.unroutable = 0
+        # the stream protocol's messages (its global series, protocol="stream")
+        self.stream_received = 0
+        self.stream_confirmed = 0
+        self.stream_delivered = 0
         # of deleted queues, by queue type (RabbitMQ's delivery counters are per type)
         self.retired = {t: dict.fromkeys(QUEUE_COUNTERS, 0) for t in RABBIT_QUEUE_TYPES}
 
@@ -224,10 +228,13 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def _by_protocol(kind: type, name: str, doc: str, value: float) -> Any:
-    """One of RabbitMQ's global families, whose one series is `protocol="amqp091"`."""
+def _by_protocol(kind: type, name: str, doc: str, value: float, stream: float | None = None) -> Any:
+    """One of RabbitMQ's global families: its `protocol="amqp091"` series, and the stream
+    protocol's (`protocol="stream"`) where it counts that too."""
     family = kind(name, doc, labels=["protocol"])
     family.add_metric([PROTOCOL], value)
+    if stream is not None:
+        family.add_metric(["stream"], stream)
     return family
 
 
@@ -564,22 +571,40 @@ class RabbitCollector(_Collector):
             max(t.queues_at_start + t.queues_created - len(queues), 0),
         )
         g = "rabbitmq_global_"
-        for name, doc, value in (
-            ("messages_received", "Messages received from publishers", received),
+        sc = list(b.stream_connections)
+        stream_in = t.stream_received
+        for name, doc, value, stream in (
+            ("messages_received", "Messages received from publishers", received, stream_in),
             (
                 "messages_received_confirm",
                 "Messages received from publishers expecting confirmations",
                 t.received_confirm + sum(ch.publish_seq for ch in channels),
+                stream_in,
             ),
-            ("messages_routed", "Messages routed to at least one queue", received - unroutable),
-            ("messages_unroutable_returned", "Unroutable messages returned", t.returned),
-            ("messages_unroutable_dropped", "Unroutable messages dropped", unroutable - t.returned),
-            ("messages_confirmed", "Messages confirmed to publishers", t.confirmed),
-        ):
-            yield _by_protocol(CounterMetricFamily, g + name, doc, max(value, 0))
+            ("messages_routed", "Messages routed to at least one queue", received - unroutable,
+             stream_in),
+            ("messages_unroutable_returned", "Unroutable messages returned", t.returned, None),
+            ("messages_unroutable_dropped", "Unroutable messages dropped", unroutable - t.returned,
+             None),
+            ("messages_confirmed", "Messages confirmed to publishers", t.confirmed,
+             t.stream_confirmed),
+            ("messages_delivered", "Messages delivered to consumers", None, t.stream_delivered),
+        ):  # fmt: skip
+            if value is None:
+                family = CounterMetricFamily(g + name, doc, labels=["protocol"])
+                family.add_metric(["stream"], stream)
+                yield family
+                continue
+            yield _by_protocol(CounterMetricFamily, g + name, doc, max(value, 0), stream)
         publishers = sum(1 for ch in channels if ch.stats_published)
-        yield _by_protocol(GaugeMetricFamily, g + "publishers", "Publishing channels", publishers)
-        yield _by_protocol(GaugeMetricFamily, g + "consumers", "Consumers", consumers)
+        stream_publishers = sum(len(c.publishers) for c in sc)
+        stream_consumers = sum(len(c.subscriptions) for c in sc)
+        yield _by_protocol(
+            GaugeMetricFamily, g + "publishers", "Publishers", publishers, stream_publishers
+        )
+        yield _by_protocol(
+            GaugeMetricFamily, g + "consumers", "Consumers", consumers, stream_consumers
+        )
         yield from self._per_queue_type(queues)
         yield from stream_families(b, self.per_object, rabbit=True)
         yield from self._process(b)

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from ..amqp.tls import server_context
 from ..errors import MetadataUnavailable
 from ..store.definitions import DefinitionsWriteFailed
-from . import access, clients, cluster, console, definitions, history, node, objects
+from . import access, clients, cluster, console, definitions, history, node, objects, streams
 from .api_query import list_query
 from .context import SERVER, USER, broker_of, not_authorised, not_found
 from .metrics import RabbitCollector, RoarCollector
@@ -210,6 +210,8 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/queues/{vhost}", objects.queues)
     router.add_get("/api/queues/{vhost}/{name}", history.ranged(objects.queue))
     router.add_get("/api/connections", clients.connections)
+    for method, path, handler in streams.ROUTES:
+        router.add_route(method, path, handler)
     router.add_get("/api/definitions", definitions.get_definitions)
     router.add_post("/api/definitions", definitions.post_definitions)
     router.add_post("/api/definitions/{vhost}", definitions.post_definitions)

@@ -101,7 +101,10 @@ class Publisher:
     """A declared publisher: its stream, its reference (deduplication) and the publishes
     waiting for the stream: an internal sequence number each, confirmed in order."""
 
-    __slots__ = ("conn", "id", "stream", "reference", "seq", "_ids", "_confirmed", "_failed")
+    __slots__ = (
+        "conn", "id", "stream", "reference", "seq", "_ids", "_confirmed", "_failed",
+        "published", "confirmed", "errored",
+    )  # fmt: skip
 
     def __init__(self, conn: StreamConnection, pid: int, stream: Stream, reference: str | None):
         self.conn = conn
@@ -112,6 +115,7 @@ class Publisher:
         self._ids: dict[int, int] = {}  # sequence number -> publishing id
         self._confirmed: list[int] = []
         self._failed: list[tuple[int, int]] = []
+        self.published = self.confirmed = self.errored = 0  # messages, for the API
 
     def expect(self, publishing_id: int) -> int:
         self.seq += 1
@@ -132,9 +136,12 @@ class Publisher:
     def flush_confirms(self) -> None:
         if self._confirmed:
             ids, self._confirmed = self._confirmed, []
+            self.confirmed += len(ids)
+            self.conn.broker.totals.stream_confirmed += len(ids)
             self.conn.send(encode_publish_confirm(self.id, ids))
         if self._failed:
             failed, self._failed = self._failed, []
+            self.errored += len(failed)
             self.conn.send(encode_publish_error(self.id, failed))
 
 
@@ -179,6 +186,7 @@ class Subscription:
         data, n = encode_entries(messages)
         self.credit -= 1
         self.delivered += n
+        self.conn.broker.totals.stream_delivered += n
         conn = self.conn
         committed = self.stream.committed - 1 if conn.deliver_v2 else None
         conn.send(encode_deliver(self.id, first, timestamp_ms, data, n, committed=committed))
@@ -702,6 +710,11 @@ class StreamConnection(asyncio.Protocol):
             if not first_seq:
                 first_seq = seq
         self.published += len(messages)
+        pub.published += len(messages)
+        pub.confirmed += len(duplicates)
+        self.broker.totals.stream_received += len(messages)
+        self.broker.totals.stream_confirmed += len(duplicates)
+        pub.errored += len(failed)
         if first_seq:
             stream.confirm_publisher(pub, first_seq, pub.seq)
         if duplicates:

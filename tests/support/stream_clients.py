@@ -48,9 +48,11 @@ async def collect(
     *,
     decoder: Callable[[bytes], Any] = amqp_decoder,
     timeout: float = 10.0,
+    unsubscribe: bool = True,
 ) -> list[tuple[int, Any]]:
     """Subscribe from `offset` until `count` messages came: (offset, body) each (the body
-    of an AMQP message, or what `decoder` made of the bytes); then unsubscribe."""
+    of an AMQP message, or what `decoder` made of the bytes); then unsubscribe (unless
+    told not to: the subscription stays, as a consumer the test looks at)."""
     got: list[tuple[int, Any]] = []
     done = asyncio.Event()
 
@@ -64,5 +66,6 @@ async def collect(
     try:
         await asyncio.wait_for(done.wait(), timeout)
     finally:
-        await consumer.unsubscribe(sid)
+        if unsubscribe:
+            await consumer.unsubscribe(sid)
     return got[:count]
