@@ -7,9 +7,9 @@ import asyncio
 import struct
 
 from rstream import AMQPMessage
+from support.stream_clients import producer_of
 
 from roarmq.protocol.stream.codec import Code, Key
-from tests.support.stream_clients import producer_of
 
 
 async def _open_raw(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -7,8 +7,7 @@ import asyncio
 import urllib.request
 
 from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType
-
-from tests.support.stream_clients import collect, consumer_of, producer_of
+from support.stream_clients import collect, consumer_of, producer_of
 
 
 def test_stream_clients_are_listed_with_their_counts_and_offsets(mgmt_broker):

@@ -25,11 +25,11 @@ from rstream import (
 from rstream import exceptions as rex
 from rstream.client import Client
 from rstream.compression import CompressionType
+from support.stream_clients import collect, consumer_of, producer_of
 
 from roarmq.broker.core.auth import hash_password
 from roarmq.broker.testing import ephemeral_config, running_broker
 from roarmq.protocol.stream.amqp10 import Symbol, decode_message
-from tests.support.stream_clients import collect, consumer_of, producer_of
 
 
 async def test_publish_then_read_from_each_offset_spec(broker):

@@ -21,8 +21,7 @@ from rstream import (
 )
 from rstream import exceptions as rex
 from rstream.consumer import EventContext
-
-from tests.support.stream_clients import consumer_of, producer_of
+from support.stream_clients import consumer_of, producer_of
 
 
 def _kw(broker) -> dict:
