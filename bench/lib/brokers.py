@@ -119,6 +119,7 @@ class Running:
     instance: str
     log: Path
     mgmt_port: int | None = None  # the management HTTP API, when it was asked for
+    stream_port: int | None = None  # the stream protocol, when it was asked for
 
 
 def wait_ready(proc: subprocess.Popen, port_of: Any, log: Path, timeout: float) -> tuple[int, dict]:
@@ -307,18 +308,27 @@ def rabbitmq_env(
     mnesia: Path | None = None,
     mgmt_port: int | None = None,
     schedulers: int | None = None,
+    stream_port: int | None = None,
 ) -> dict[str, str]:
     """The environment that runs a RabbitMQ node of its own: everything under ``base``
     (Erlang cookie, logs, mnesia unless given), loopback ports (AMQP ``port``; fresh ones for
     distribution and epmd), no plugins unless ``mgmt_port`` (the management plugin there);
-    ``schedulers``: the Erlang VM's scheduler threads (``+S N:N``; default one per core)."""
-    if mgmt_port is None:
-        (base / "enabled_plugins").write_text("[].\n")
-    else:
-        (base / "enabled_plugins").write_text("[rabbitmq_management].\n")
-        (base / "rabbitmq.conf").write_text(
-            f"management.tcp.port = {mgmt_port}\nmanagement.tcp.ip = 127.0.0.1\n"
+    ``schedulers``: the Erlang VM's scheduler threads (``+S N:N``; default one per core);
+    ``stream_port``: the stream plugin on that loopback port, advertising 127.0.0.1."""
+    plugins = []
+    conf = ""
+    if mgmt_port is not None:
+        plugins.append("rabbitmq_management")
+        conf += f"management.tcp.port = {mgmt_port}\nmanagement.tcp.ip = 127.0.0.1\n"
+    if stream_port is not None:
+        plugins.append("rabbitmq_stream")
+        conf += (
+            f"stream.listeners.tcp.1 = 127.0.0.1:{stream_port}\n"
+            f"stream.advertised_host = 127.0.0.1\nstream.advertised_port = {stream_port}\n"
         )
+    (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
+    if conf:
+        (base / "rabbitmq.conf").write_text(conf)
     env = dict(os.environ)
     env.update(
         {
@@ -335,7 +345,7 @@ def rabbitmq_env(
             "RABBITMQ_LOG_BASE": str(base / "log"),
             "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
-            # rabbitmq.conf: absent (defaults) unless the management port is set above
+            # rabbitmq.conf: absent (defaults) unless a management or stream port is set above
             "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq"),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
             "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
@@ -353,6 +363,7 @@ def start_rabbitmq(
     nodename: str = "roarbench",
     attempts: int = 2,
     schedulers: int | None = None,
+    streams: bool = False,
 ) -> Running:
     """RabbitMQ on free loopback ports, ready when it speaks AMQP (and, with
     ``management``, when its HTTP API answers /api/overview); ``schedulers`` as in
@@ -363,7 +374,15 @@ def start_rabbitmq(
         base.mkdir(parents=True)
         port = free_port()
         mgmt = free_port() if management else None
-        env = rabbitmq_env(base, port, nodename=nodename, mgmt_port=mgmt, schedulers=schedulers)
+        stream_port = free_port() if streams else None
+        env = rabbitmq_env(
+            base,
+            port,
+            nodename=nodename,
+            mgmt_port=mgmt,
+            schedulers=schedulers,
+            stream_port=stream_port,
+        )
         instance = uuid.uuid4().hex
         log = base / "stdout.log"
         with open(log, "wb") as out:
@@ -380,6 +399,7 @@ def start_rabbitmq(
             continue
         port, props = started
         running = Running("rabbitmq", port, str(props.get("version", "?")), proc, instance, log)
+        running.stream_port = stream_port
         if mgmt is not None:
             running.mgmt_port = mgmt
             try:

@@ -1,22 +1,25 @@
 """One stream, two protocols: an AMQP 0-9-1 message read over the stream protocol (as an
-AMQP 1.0 message) and a stream-protocol message read over AMQP 0-9-1, mapped the way
-RabbitMQ's message containers map them.
+AMQP 1.0 message) and a stream-protocol message read over AMQP 0-9-1, mapped as RabbitMQ
+3.10.8 maps them (probed with pika, aio-pika and rstream: tests/stream_protocol/).
 
-AMQP 0-9-1 -> 1.0: delivery-mode 2 is header.durable, priority header.priority, an integer
-expiration header.ttl; message-id, user-id, reply-to, correlation-id, content-type and
--encoding (symbols) and the timestamp (seconds -> milliseconds) are the properties; the
-exchange and routing key are the message annotations `x-exchange` / `x-routing-key`, type
-and app-id `x-basic-type` / `x-basic-app-id`; headers are application properties, except
-`x-` headers, which are message annotations; the body is one data section.
+AMQP 0-9-1 -> 1.0: message annotations `x-routing-key`, `x-exchange`, and the properties
+without a place of their own, `x-basic-priority` and `x-basic-delivery-mode` (ubyte),
+`x-basic-expiration` (string); the properties section holds message-id, user-id (binary),
+reply-to, correlation-id, content-type and -encoding (symbols) and creation-time (the
+timestamp in milliseconds); application properties hold `x-basic-type`, `x-basic-app-id`
+and every header with a simple value, typed as in the header (a table or array header is
+dropped, as RabbitMQ drops it); no header section; the body is one data section.
 
-AMQP 1.0 -> 0-9-1: the reverse, and every application property and `x-` message
-annotation becomes a header; a body of data sections is their bytes; any other body (an
-amqp-value or amqp-sequence) is its AMQP 1.0 encoding with type `amqp-1.0`.
+AMQP 1.0 -> 0-9-1: the reverse, plus what a 1.0 client may set that 0-9-1 has no field for:
+header.durable is delivery-mode 2, header.priority the priority, header.ttl the expiration;
+other message annotations are headers; a body of data sections is their bytes, any other
+body (amqp-value, amqp-sequence) is its AMQP 1.0 encoding with type `amqp-1.0`.
 """
 
 from __future__ import annotations
 
 import datetime
+import struct
 import uuid
 from typing import Any
 
@@ -24,58 +27,102 @@ from roarmq.protocol.spec import BasicProperties
 from roarmq.protocol.stream.amqp10 import (
     DATA,
     Amqp10Error,
+    Byte,
+    Int,
     Message10,
+    Short,
     Symbol,
     Timestamp,
     UByte,
     UInt,
-    data_message,
+    UShort,
     decode_message,
     encode_message,
 )
+from roarmq.protocol.tables import AMQPSyntaxError, decode_table_typed
 
-_ANNOTATED = {"x-exchange", "x-routing-key", "x-basic-type", "x-basic-app-id"}
+#: Annotations a 0-9-1 property has a place for (read back into it, not into headers).
+_ANNOTATED = {
+    "x-exchange",
+    "x-routing-key",
+    "x-basic-priority",
+    "x-basic-delivery-mode",
+    "x-basic-expiration",
+}
+
+#: An AMQP 0-9-1 header's type -> the AMQP 1.0 type it keeps (None: as Python has it).
+_TYPES: dict[str, Any] = {
+    "b": Byte,
+    "B": UByte,
+    "s": Short,
+    "u": UShort,
+    "I": Int,
+    "i": UInt,
+    "l": None,
+    "L": None,
+    "t": None,
+    "f": None,
+    "d": None,
+    "S": None,
+    "x": None,
+    "V": None,
+}
 
 
-def _simple(value: Any) -> Any:
-    """An AMQP 0-9-1 header value as an application property (which holds only simple
-    values: a table or array goes as its text)."""
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, datetime.datetime):
-        return Timestamp(int(value.timestamp() * 1000))
-    return str(value)
+def _typed_headers(raw: bytes) -> list[tuple[str, Any]]:
+    """A raw AMQP 0-9-1 property list's headers as (name, AMQP 1.0 value), simple values
+    only, each keeping its width and sign."""
+    if len(raw) < 2:
+        return []
+    flags = raw[0] << 8 | raw[1]
+    if not flags & 0x2000:
+        return []
+    p = 2 + (2 if flags & 1 else 0)
+    if flags & 0x8000:
+        p += 1 + raw[p]
+    if flags & 0x4000:
+        p += 1 + raw[p]
+    try:
+        table, _ = decode_table_typed(raw, p)
+    except AMQPSyntaxError:
+        return []
+    out = []
+    for name, (kind, value) in table.items():
+        if kind == "T":
+            stamp = value.timestamp() if isinstance(value, datetime.datetime) else int(value)
+            out.append((name, Timestamp(int(stamp) * 1000)))
+        elif kind in _TYPES:
+            if kind == "f":
+                value = struct.unpack(">f", struct.pack(">f", value))[0]
+            wrap = _TYPES[kind]
+            out.append((name, wrap(value) if wrap is not None else value))
+    return out
 
 
-def to_amqp10(exchange: str, routing_key: str, props: BasicProperties, body: bytes) -> bytes:
-    """An AMQP 0-9-1 message (properties and body) as an AMQP 1.0 message."""
-    header: dict[str, Any] = {}
-    if props.delivery_mode == 2:
-        header["durable"] = True
-    if props.priority is not None:
-        header["priority"] = UByte(props.priority)
+def to_amqp10(
+    exchange: str, routing_key: str, raw: bytes, props: BasicProperties, body: bytes
+) -> bytes:
+    """An AMQP 0-9-1 message (its raw property list, decoded, and body) as an AMQP 1.0
+    message."""
     annotations: dict[Any, Any] = {
-        Symbol("x-exchange"): exchange,
         Symbol("x-routing-key"): routing_key,
+        Symbol("x-exchange"): exchange,
     }
+    if props.priority is not None:
+        annotations[Symbol("x-basic-priority")] = UByte(props.priority)
+    if props.delivery_mode is not None:
+        annotations[Symbol("x-basic-delivery-mode")] = UByte(props.delivery_mode)
     if props.expiration is not None:
-        try:
-            header["ttl"] = UInt(int(props.expiration))
-        except ValueError:
-            annotations[Symbol("x-basic-expiration")] = props.expiration
-    if props.type is not None:
-        annotations[Symbol("x-basic-type")] = props.type
-    if props.app_id is not None:
-        annotations[Symbol("x-basic-app-id")] = props.app_id
+        annotations[Symbol("x-basic-expiration")] = props.expiration
     properties: dict[str, Any] = {}
-    for name in ("message_id", "correlation_id", "reply_to"):
-        value = getattr(props, name)
-        if value is not None:
-            properties[name] = value
+    if props.message_id is not None:
+        properties["message_id"] = props.message_id
     if props.user_id is not None:
         properties["user_id"] = props.user_id.encode()
+    if props.reply_to is not None:
+        properties["reply_to"] = props.reply_to
+    if props.correlation_id is not None:
+        properties["correlation_id"] = props.correlation_id
     if props.content_type is not None:
         properties["content_type"] = Symbol(props.content_type)
     if props.content_encoding is not None:
@@ -85,16 +132,13 @@ def to_amqp10(exchange: str, routing_key: str, props: BasicProperties, body: byt
         seconds = stamp.timestamp() if isinstance(stamp, datetime.datetime) else int(stamp)  # type: ignore[arg-type]  # an int or a struct_time's seconds
         properties["creation_time"] = Timestamp(int(seconds) * 1000)
     app: dict[str, Any] = {}
-    for key, value in (props.headers or {}).items():
-        if key.startswith("x-"):
-            annotations[Symbol(key)] = _simple(value)
-        else:
-            app[key] = _simple(value)
-    if not header and not properties and not app and not exchange and not routing_key:
-        return data_message(body)
+    if props.type is not None:
+        app["x-basic-type"] = props.type
+    if props.app_id is not None:
+        app["x-basic-app-id"] = props.app_id
+    app.update(_typed_headers(raw))
     return encode_message(
         Message10(
-            header=header or None,
             message_annotations=annotations,
             properties=properties or None,
             application_properties=app or None,
@@ -154,16 +198,22 @@ def to_amqp091(message: bytes) -> tuple[BasicProperties, bytes]:
         props.timestamp = int(p["creation_time"]) // 1000
     headers: dict[str, Any] = {}
     for key, value in (msg.application_properties or {}).items():
-        headers[str(key)] = _header_value(value)
-    for key, value in (msg.message_annotations or {}).items():
         name = str(key)
         if name == "x-basic-type":
             props.type = _text(value)
         elif name == "x-basic-app-id":
             props.app_id = _text(value)
+        else:
+            headers[name] = _header_value(value)
+    for key, value in (msg.message_annotations or {}).items():
+        name = str(key)
+        if name == "x-basic-priority" and isinstance(value, int):
+            props.priority = int(value)
+        elif name == "x-basic-delivery-mode" and isinstance(value, int):
+            props.delivery_mode = int(value)
         elif name == "x-basic-expiration":
             props.expiration = _text(value)
-        elif name.startswith("x-") and name not in _ANNOTATED:
+        elif name not in _ANNOTATED:
             headers[name] = _header_value(value)
     if headers:
         props.headers = headers

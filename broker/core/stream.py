@@ -93,6 +93,11 @@ TRACKING_FILE = "offsets.json"
 TRACKING_WRITE_SECONDS = 0.1
 CHUNK_RECORDS = 1000  # messages in one chunk sent to a stream-protocol subscription
 DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
+#: x-max-age's timer (`Stream._plan_retention`): at the oldest segment's expiry, but never
+#: further ahead than osiris's retention_eval_interval (an hour), and a second after an
+#: expiry that found the segment not yet synced.
+RETENTION_RECHECK_MS = 3_600_000
+RETENTION_RETRY_MS = 1_000
 #: The active segment's summary is written again each time it has grown by this much (once
 #: the records it covers are synced), so a start-up after a kill -9 reads at most this
 #: much of it instead of the whole segment.
@@ -279,11 +284,8 @@ def check_consume(channel: Channel, queue: Queue, no_ack: bool, args: dict) -> N
         raise channel_error(
             PRECONDITION_FAILED, f"consumer prefetch count is not set for '{queue.description}'"
         )
-    if "x-priority" in args:
-        raise channel_error(
-            PRECONDITION_FAILED,
-            f"invalid arg 'x-priority' for {queue.description} of queue type rabbit_stream_queue",
-        )
+    # another type's argument (x-priority, x-cancel-on-ha-failover): 406
+    queue_arguments.check_consumer_arguments(queue.queue_type, args, queue.description)
     parse_offset(queue, args)
     parse_filter(queue, args)
 
@@ -488,6 +490,10 @@ class Stream(Queue):
         self._sid: int | None = None
         self.max_age = None
         self.segment_size = DEFAULT_SEGMENT_SIZE
+        # x-max-age on a timer: when the oldest segment passes it (None: no timer), and
+        # the time it is armed for (wall-clock ms)
+        self._retention_timer: Any = None
+        self._retention_due = 0
         super().__init__(vhost, name, **kwargs)
 
     # A stream's messages never go to the message store: `store` stays None, whatever the
@@ -595,6 +601,7 @@ class Stream(Queue):
         self._retain()
 
     def close(self) -> None:
+        self._plan_retention(0)  # (cancels the timer: a closed stream drops nothing)
         for reader in [*self._readers.values(), *self._subs.values()]:
             reader.close()
         if self.log is not None:
@@ -1038,11 +1045,14 @@ class Stream(Queue):
 
     def _retain(self) -> None:
         """Drop whole segments, oldest first, past x-max-length-bytes or x-max-age; never
-        the newest segment holding records, nor one not wholly fsynced."""
+        the newest segment holding records, nor one not wholly fsynced. Runs when a
+        segment is complete, when a policy changes, at start-up and, with x-max-age, on
+        the timer `_plan_retention` arms."""
         segs = self.segs
         limit = self.max_length_bytes
         age = self.max_age_seconds
         if limit is None and age is None:
+            self._plan_retention(0)
             return
         now_ms = int(self.vhost.clock.wall() * 1000)
         dropped = False
@@ -1068,6 +1078,44 @@ class Stream(Queue):
                     reader.next = self.first_offset
                     reader.seg = -1
             self.log.schedule_sync()  # type: ignore[union-attr]  # an open stream has its log
+        self._plan_retention(now_ms)
+
+    def _plan_retention(self, now_ms: int) -> None:
+        """With x-max-age and more than one segment, arm the stream's one retention timer
+        for when its oldest segment passes the age (its newest record's timestamp plus
+        x-max-age), at most RETENTION_RECHECK ahead; otherwise (or `now_ms` 0) cancel it.
+        A stream nobody writes to still sheds its expired segments: RabbitMQ (osiris 1.4+,
+        3.11.4+) re-evaluates x-max-age every `retention_eval_interval`, an hour by
+        default, and 3.10.8 only when a segment is complete. Timed to the segment's
+        expiry, a segment goes when it expires, not up to an hour later; nothing is
+        looked at per message, and a timer already armed for that time is kept."""
+        age = self.max_age_seconds
+        due = 0
+        if now_ms and age is not None and len(self.segs) > 1 and not self.deleted:
+            due = self.segs[0].last_ts + age * 1000 + 1  # (too old: strictly older)
+            if due <= now_ms:  # expired but kept (not wholly synced yet): look again soon
+                due = now_ms + RETENTION_RETRY_MS
+            due = min(due, now_ms + RETENTION_RECHECK_MS)  # (a wall clock set back)
+        timer = self._retention_timer
+        if timer is not None:
+            if due == self._retention_due:
+                return
+            timer.cancel()
+            self._retention_timer = None
+        if not due:
+            return
+        try:
+            self._retention_timer = self.vhost.clock.call_later(
+                (due - now_ms) / 1000, self._retention_tick
+            )
+        except RuntimeError:  # no running loop (restored before it runs): the next roll
+            return
+        self._retention_due = due
+
+    def _retention_tick(self) -> None:
+        self._retention_timer = None
+        if not self.deleted and self.log is not None:
+            self._retain()
 
     def _drop_segment(self, seg: _Segment) -> None:
         """Release a whole segment, reading nothing: the log deletes the file after its next
@@ -1094,7 +1142,12 @@ class Stream(Queue):
 
     def add_consumer(self, consumer: Consumer) -> None:
         kind, value = parse_offset(self, consumer.arguments)
-        start = self.start_offset(kind, value)
+        if kind == "offset":
+            # Past the end, the consumer waits for the offset it asked for (RabbitMQ
+            # delivers nothing below it), and below the first retained starts there.
+            start = max(value, self.first_offset)
+        else:
+            start = self.start_offset(kind, value)
         reader = self._readers[consumer] = _Reader(consumer, start)
         values, unfiltered = parse_filter(self, consumer.arguments)
         if values is not None:
@@ -1140,7 +1193,9 @@ class Stream(Queue):
         return None
 
     def has_exclusive_consumer(self) -> bool:
-        return any(c.exclusive for c in self._readers)
+        """Never: each consumer of a stream reads on its own, and RabbitMQ takes an
+        exclusive one beside others (the flag is kept, and shown, but excludes no one)."""
+        return False
 
     # -- stream-protocol subscriptions ----------------------------------------------------
 
@@ -1204,7 +1259,7 @@ class Stream(Queue):
                 body = record[5]
                 if header:  # published over AMQP 0-9-1: its AMQP 1.0 form
                     props = ContentHeader(60, len(body), header).properties
-                    body = amqp10_map.to_amqp10(record[2], record[3], props, body)
+                    body = amqp10_map.to_amqp10(record[2], record[3], header, props, body)
                 messages.append(body)
                 size += len(body) + 4
             if not messages:
