@@ -118,87 +118,114 @@ async def _raw_client(broker) -> Client:
     return client
 
 
-async def test_named_publisher_is_deduplicated_and_its_sequence_survives_a_restart(tmp_path):
+async def _publish_raw(client: Client, publisher: int, ids) -> None:
+    await client.send_frame(
+        schema.Publish(
+            publisher_id=publisher,
+            messages=[
+                schema.Message(i, None, bytes(AMQPMessage(body=str(i).encode()))) for i in ids
+            ],
+        ),
+    )
+
+
+async def test_a_named_publisher_is_deduplicated(target, name):
+    """Publishing ids at or below the newest a named publisher stored are confirmed and
+    not stored again; query-publisher-sequence answers that newest id (0 for a name the
+    stream never saw)."""
+    client = await _raw_client(target)
+    await client.create_stream(name)
+    await client.declare_publisher(name, "app-1", 1)
+    confirms: list[int] = []
+
+    async def on_confirm(frame: schema.PublishConfirm) -> None:
+        confirms.extend(frame.publishing_ids)
+
+    client.add_handler(schema.PublishConfirm, on_confirm)
+    await _publish_raw(client, 1, range(1, 11))
+    for _ in range(100):
+        if len(confirms) >= 10:
+            break
+        await asyncio.sleep(0.05)
+    await _publish_raw(client, 1, range(5, 16))  # 5..10 again: confirmed, not stored
+    for _ in range(100):
+        if len(confirms) >= 21:
+            break
+        await asyncio.sleep(0.05)
+    assert sorted(confirms) == sorted([*range(1, 11), *range(5, 16)])
+    assert await client.query_publisher_sequence(name, "app-1") == 15
+    assert await client.query_publisher_sequence(name, "someone-else") == 0
+    await client.close()
+    async with consumer_of(target) as consumer:
+        got = await collect(consumer, name, ConsumerOffsetSpecification(OffsetType.FIRST), 15)
+        assert [b for _, b in got] == [str(i).encode() for i in range(1, 16)]
+
+
+async def test_a_publishers_sequence_and_stored_offsets_survive_a_restart(tmp_path):
+    """Both are rebuilt from the stream's own files: the publisher's from its records, the
+    offsets from the stream's offsets file."""
     config = ephemeral_config(data_dir=str(tmp_path / "data"))
     async with running_broker(config) as broker:
         client = await _raw_client(broker)
-        await client.create_stream("dedup")
-        await client.declare_publisher("dedup", "app-1", 1)
-        confirms: list[int] = []
-
-        async def on_confirm(frame: schema.PublishConfirm) -> None:
-            confirms.extend(frame.publishing_ids)
-
-        client.add_handler(schema.PublishConfirm, on_confirm)
-        for ids in (range(1, 11), range(5, 16)):  # 5..10 again: confirmed, not stored
-            await client.send_frame(
-                schema.Publish(
-                    publisher_id=1,
-                    messages=[
-                        schema.Message(i, None, bytes(AMQPMessage(body=str(i).encode())))
-                        for i in ids
-                    ],
-                ),
-            )
+        await client.create_stream("kept")
+        await client.declare_publisher("kept", "app-1", 1)
+        await _publish_raw(client, 1, range(1, 8))
         for _ in range(100):
-            if len(confirms) >= 21:
+            if await client.query_publisher_sequence("kept", "app-1") == 7:
                 break
             await asyncio.sleep(0.05)
-        assert sorted(set(confirms)) == list(range(1, 16))
-        assert await client.query_publisher_sequence("dedup", "app-1") == 15
+        await client.store_offset("kept", "reader", 4)
         await client.close()
-        async with consumer_of(broker) as consumer:
-            got = await collect(
-                consumer, "dedup", ConsumerOffsetSpecification(OffsetType.FIRST), 15
-            )
-            assert [b for _, b in got] == [str(i).encode() for i in range(1, 16)]
-    async with running_broker(config) as broker:  # rebuilt from the stream's records
+        await asyncio.sleep(0.3)  # store-offset has no answer
+    async with running_broker(config) as broker:
         client = await _raw_client(broker)
-        assert await client.query_publisher_sequence("dedup", "app-1") == 15
-        assert await client.query_publisher_sequence("dedup", "someone-else") == 0
+        assert await client.query_publisher_sequence("kept", "app-1") == 7
+        assert await client.query_offset("kept", "reader") == 4
         await client.close()
 
 
-async def test_stored_offsets_are_queried_back_and_survive_a_restart(tmp_path):
-    config = ephemeral_config(data_dir=str(tmp_path / "data"))
-    async with running_broker(config) as broker:
-        async with producer_of(broker) as producer:
-            await producer.create_stream("tracked")
-            await producer.send_batch("tracked", [AMQPMessage(body=b"x")] * 10)
-        async with consumer_of(broker) as consumer:
-            with pytest.raises(rex.OffsetNotFound):
-                await consumer.query_offset("tracked", "reader")
-            await consumer.store_offset("tracked", "reader", 7)
-            for _ in range(50):
-                try:
-                    if await consumer.query_offset("tracked", "reader") == 7:
-                        break
-                except rex.OffsetNotFound:
-                    pass
-                await asyncio.sleep(0.02)
-            assert await consumer.query_offset("tracked", "reader") == 7
-    async with running_broker(config) as broker:
-        async with consumer_of(broker) as consumer:
-            assert await consumer.query_offset("tracked", "reader") == 7
+async def test_stored_offsets_are_queried_back(target, name):
+    async with producer_of(target) as producer:
+        await producer.create_stream(name)
+        await producer.send_batch(name, [AMQPMessage(body=b"x")] * 10)
+    async with consumer_of(target) as consumer:
+        with pytest.raises(rex.OffsetNotFound):
+            await consumer.query_offset(name, "reader")
+        await consumer.store_offset(name, "reader", 7)
+        for _ in range(50):
+            try:
+                if await consumer.query_offset(name, "reader") == 7:
+                    break
+            except rex.OffsetNotFound:
+                pass
+            await asyncio.sleep(0.02)
+        assert await consumer.query_offset(name, "reader") == 7
 
 
-async def test_refusals_carry_rabbitmqs_codes(broker):
+async def test_refusals_carry_rabbitmqs_codes(target, name):
+    async with producer_of(target) as producer:
+        await producer.create_stream(name)
+        with pytest.raises(rex.StreamAlreadyExists):
+            await producer.create_stream(name)
+        with pytest.raises(rex.StreamDoesNotExist):
+            await producer.delete_stream(name + "-missing")
+    with pytest.raises(rex.AuthenticationFailure):
+        async with producer_of(target, password="wrong"):
+            pass
+    with pytest.raises(rex.VirtualHostAccessFailure):
+        async with producer_of(target, vhost="no-such-vhost"):
+            pass
+
+
+async def test_a_bad_argument_and_a_user_without_permissions_are_refused(broker):
+    """A create argument of the wrong type: precondition failed (RabbitMQ 3.11+'s answer;
+    3.10.8 never answers that create). A user without permissions: access refused."""
     broker.broker.put_user("nobody", hash_password("pw"), ())
     broker.broker.set_permission("nobody", "/", "^$", "^$", "^$")
     async with producer_of(broker) as producer:
         await producer.create_stream("taken")
-        with pytest.raises(rex.StreamAlreadyExists):
-            await producer.create_stream("taken")
-        with pytest.raises(rex.StreamDoesNotExist):
-            await producer.delete_stream("missing")
         with pytest.raises(rex.PreconditionFailed):
             await producer.create_stream("bad", arguments={"max-length-bytes": "lots"})
-    with pytest.raises(rex.AuthenticationFailure):
-        async with producer_of(broker, password="wrong"):
-            pass
-    with pytest.raises(rex.VirtualHostAccessFailure):
-        async with producer_of(broker, vhost="no-such-vhost"):
-            pass
     client = Client("127.0.0.1", broker.stream_port, frame_max=1 << 20, heartbeat=60)
     await client.start()
     await client.authenticate(vhost="/", username="nobody", password="pw")
