@@ -1,4 +1,5 @@
-"""Streams benchmark: RoarMQ vs RabbitMQ 3.10.8 streams over AMQP 0-9-1.
+"""Streams benchmark: RoarMQ vs RabbitMQ 3.10.8 streams, over AMQP 0-9-1 and over the
+stream protocol.
 
     .venv/bin/python bench/streams.py [--broker roarmq|rabbitmq|both] [--quick]
                                       [--messages N] [--json bench/results/streams.json]
@@ -21,6 +22,11 @@ Rows:
   Bloom filter would need a client-side pass): ``x-stream-filter`` = the value; delivered
   messages/s (= N/100 / time to the last) and the stream's ``filter_chunks_skipped`` read
   from the management API before and after (``-`` if the row does not show it).
+* stream protocol publish / consume (row ``protocol``; RabbitMQ with its rabbitmq_stream
+  plugin): a second stream ``bench.sp``; N messages of one 100-byte data section, publish
+  frames of 100 messages with at most 10,000 unconfirmed, first write to last confirm; then
+  one subscription from ``first`` with 10 chunks of credit (one more per chunk), to the
+  N-th message (bench/lib/stream_load.py: the same bytes to both brokers).
 * RSS: the broker's process group, idle before publishing and with N retained (after the
   reads).
 """
@@ -39,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lib import RESULTS
+from lib import RESULTS, stream_load
 from lib.amqp_load import CHANNEL, connect
 from lib.brokers import STARTERS, Running, broker_instance, stop_broker
 from lib.machine import machine_info
@@ -179,6 +185,12 @@ async def run(broker: Running, n: int, rows: set[str]) -> dict[str, Any]:
             after = skipped(broker)
             row["chunks_skipped"] = None if before is None else after - before  # type: ignore[operator]
             out[f"filtered_{value}"] = row
+    if "protocol" in rows and broker.stream_port:
+        await stream_load.create_stream(broker.stream_port, "bench.sp")
+        seconds = await stream_load.publish(broker.stream_port, "bench.sp", n)
+        out["stream_publish"] = {"msg_per_s": n / seconds}
+        seconds = await stream_load.consume(broker.stream_port, "bench.sp", n)
+        out["stream_consume"] = {"msg_per_s": n / seconds}
     out["rss_retained"] = rss(broker)
     return out
 
@@ -239,6 +251,8 @@ def table(results: list[dict[str, Any]], n: int) -> str:
                 f"{r[k]['delivered']:,} / {fmt(r[k]['chunks_skipped'])}" if k in r else "n/a"
             ),
         )
+    row("stream protocol: publish, confirms (msg/s)", lambda r: get(r, "stream_publish"))
+    row("stream protocol: consume from first (msg/s)", lambda r: get(r, "stream_consume"))
     row("RSS idle (MiB)", lambda r: f"{r['rss_idle'] / 2**20:,.0f}")
     row("RSS with N published (MiB)", lambda r: f"{r['rss_published'] / 2**20:,.0f}")
     row("RSS with N retained, after the reads (MiB)", lambda r: f"{r['rss_retained'] / 2**20:,.0f}")
@@ -262,8 +276,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=RESULTS / "streams.json")
     ap.add_argument(
         "--rows",
-        default="replay,fanout,filtered",
-        help="what to run after publishing (comma-separated: replay, fanout, filtered)",
+        default="replay,fanout,filtered,protocol",
+        help="what to run after publishing (comma-separated: replay, fanout, filtered, protocol)",
     )
     ap.add_argument(
         "--restart",
@@ -283,7 +297,7 @@ def main() -> int:
     results, skipped_brokers = [], {}
     try:
         for kind in kinds:
-            options = {"management": True} if kind == "roarmq" else {}
+            options = {"management": True} if kind == "roarmq" else {"streams": True}
             keep = Path(tempfile.mkdtemp(prefix=f"roarbench-{kind}-"))
             try:
                 with broker_instance(kind, procs, 0, keep=keep, **options) as broker:

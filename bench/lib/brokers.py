@@ -217,12 +217,16 @@ def start_roarmq(
     cmd = pinned(cpu, roarmq_command(cfg, data, src=src))
     with open(log, "wb") as out:
         proc = procs.start(cmd, instance=instance, cwd=src, stdout=out, stderr=subprocess.STDOUT)
-    ports = {"amqp": 0, "mgmt": 0}
+    ports = {"amqp": 0, "mgmt": 0, "stream": 0}
 
-    def port_of() -> int:  # "RoarMQ 0.1.0: AMQP on 127.0.0.1 port 43809, management http://h:p"
+    def port_of() -> int:  # "RoarMQ 0.1.0: AMQP on 127.0.0.1 port 43809, streams on
+        # 127.0.0.1:40111, management http://h:p"
         for line in log.read_text(errors="replace").splitlines():
             if "AMQP on" in line and " port " in line:
                 ports["amqp"] = int(line.rsplit(" port ", 1)[1].split()[0].rstrip(","))
+                if "streams on " in line:
+                    where = line.split("streams on ", 1)[1].split(",")[0].split()[0]
+                    ports["stream"] = int(where.rsplit(":", 1)[1])
                 if "management http://" in line:
                     ports["mgmt"] = int(line.rsplit(":", 1)[1].split()[0].rstrip(",/"))
         return ports["amqp"]
@@ -235,7 +239,7 @@ def start_roarmq(
         raise
     version = str(props.get("version", "?"))
     mgmt_port = ports["mgmt"] or None
-    return Running("roarmq", port, version, proc, instance, log, mgmt_port)
+    return Running("roarmq", port, version, proc, instance, log, mgmt_port, ports["stream"] or None)
 
 
 def _started(
