@@ -518,8 +518,8 @@ class Coordinator:
 
     async def remove_member(self, vhost: str, epoch: int, node: str) -> IsrChange:
         """Take node out of the vhost's members (it stops following), then out of its
-        in-sync set (a node being forgotten), only while leading at epoch. The caller has
-        already stopped waiting for it (`shrink_then_forget`) if it was in sync."""
+        in-sync set (a node being forgotten), only while leading at epoch. A leader calls
+        it through `remove_then_forget`, which makes its replication's set follow."""
         if node == self.node:
             raise ValueError("the leader does not remove itself; move the leadership first")
         result = await self._change_members(
@@ -826,6 +826,32 @@ async def expand_then_include(
         leader.depose(leader.epoch + 1, coordinator.node)
     else:
         log.info("vhost %r: %s caught up but is not a member: stays out", leader.vhost, node)
+    return result
+
+
+async def remove_then_forget(
+    coordinator: Coordinator, leader: ReplicationLeader, node: str
+) -> IsrChange:
+    """Take `node`'s copy out of the vhost (`delete_vhost_member`, fewer replicas, a
+    forgotten node): out of the in-sync set (`shrink_then_forget`: confirms stop waiting
+    for it), then out of the members and, in the same call, out of etcd's in-sync set
+    again, and then out of the leader's set too.
+
+    That second removal is why: between the shrink and the members' change the node is
+    still a member and usually still caught up, so its expansion can put it back in both
+    sets, or the shrink went unanswered though etcd applied it. etcd's set then lost the
+    node while the leader's kept it; a node added back later (more replicas) reconnects,
+    acks as an in-sync member, is never reported caught up, and stays out of etcd's set
+    for good (the leader confirms with it, but it can never lead). The leader's set may
+    shrink here only after etcd's has (invariant 2): the removal's txn is that shrink."""
+    if node in leader.in_sync:
+        await shrink_then_forget(coordinator, leader, node)
+    result = await coordinator.remove_member(leader.vhost, leader.leadership, node)
+    if result is IsrChange.DONE:
+        if node in leader.in_sync:
+            leader.remove_from_isr(node)
+    elif result is IsrChange.NOT_LEADER:
+        leader.depose(leader.epoch + 1, coordinator.node)
     return result
 
 

@@ -41,7 +41,7 @@ from urllib.parse import unquote
 from ..config import ClusterConfig, majority
 from ..errors import StartupError
 from ..ops.tasks import cancel_and_wait
-from .coordination import Coordinator, IsrChange, NodeNameTaken, shrink_then_forget
+from .coordination import Coordinator, IsrChange, NodeNameTaken, remove_then_forget
 from .etcd import EtcdClient, EtcdError, compare, put_op
 from .handoff import Handoffs
 from .metadata import OperatorMetadata
@@ -712,9 +712,11 @@ class ClusterNode:
         if vhost not in self.replicas.serving:
             raise MoveRefused(f"vhost '{vhost}' is being recovered on '{self.name}'; try again")
         leader = self.replicas.leaders.get(vhost)
-        if leader is not None and node in leader.in_sync:
-            await shrink_then_forget(c, leader, node)
-        if await c.remove_member(vhost, epoch, node) is not IsrChange.DONE:
+        if leader is not None:
+            result = await remove_then_forget(c, leader, node)
+        else:
+            result = await c.remove_member(vhost, epoch, node)
+        if result is not IsrChange.DONE:
             raise MoveRefused(f"node '{self.name}' lost vhost '{vhost}' meanwhile")
 
 

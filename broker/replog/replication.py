@@ -23,7 +23,8 @@ Design (docs/cluster.md; frames in wire.py):
   (invariant 8).
 * Lag: a member that has not acked an offset `replica_lag_ms` after the leader made it
   durable is reported once through `on_lagging(node)`; a follower outside the set that has
-  acked up to the leader's durable offset through `on_caught_up(node)`.
+  acked up to the leader's durable offset through `on_caught_up(node)`, and so is a member
+  whose shrink etcd did not answer (etcd may have applied it: `report_again`).
 * Epochs (invariant 4): a follower that knows a higher epoch deposes the leader
   (`on_deposed(epoch, node)`, after which nothing more is confirmed); a follower refuses a
   leader with a lower epoch than it knows.
@@ -75,6 +76,10 @@ class _Follower:
     copy: str = ""  # the identity of its copy of the log, from its HELLO
     lag_reported: bool = False
     caught_up_reported: bool = False
+    #: A shrink of it went unanswered (`report_again`): etcd may have applied it all the
+    #: same (a txn times out after it was sent), so etcd's set may hold it out while this
+    #: leader still counts it in. Cleared by the next answered change either way.
+    shrink_unanswered: bool = False
     writer: asyncio.StreamWriter | None = None
     next_offset: int = 1
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -263,6 +268,7 @@ class ReplicationLeader:
         follower = self._followers.get(node)
         if follower is not None:
             follower.caught_up_reported = False
+            follower.shrink_unanswered = False
         self._recompute()
         if not self.enough_copies():
             _run_all(self.on_too_few)
@@ -275,6 +281,7 @@ class ReplicationLeader:
         self.copies[node] = copy
         follower = self._follower(node)
         follower.lag_reported = False
+        follower.shrink_unanswered = False
         self._recompute()
 
     def pinned(self, node: str, copy: str) -> None:
@@ -409,15 +416,27 @@ class ReplicationLeader:
 
     def report_again(self, node: str) -> None:
         """The owner could not act on `node`'s report (etcd did not answer): report it
-        again at the next lag check if it is still lagging, silent or gone."""
+        again at the next lag check if it is still lagging, silent or gone.
+
+        An unanswered txn may still have been applied (etcd was slow, not down: its answer
+        came after the client had given up), so etcd's set may hold `node` out while this
+        set keeps it. If `node` does not lag any more, no lag check reports it again, and
+        a member counted in here is never reported caught up: it stayed out of etcd's set
+        for good. So once it has caught up it is reported caught up as well
+        (`on_caught_up`: the owner's expansion puts it back in etcd's set, or finds it
+        there), and the first answered change, either way, settles which set it is in."""
         if node in self.in_sync:
-            self._follower(node).lag_reported = False
+            follower = self._follower(node)
+            follower.lag_reported = False
+            follower.shrink_unanswered = True
+            follower.caught_up_reported = False
 
     def report_caught_up_again(self, node: str) -> None:
         """The owner could not act on `node`'s catching up (etcd did not answer): report it
-        again at its next ack (heartbeats bring one on an idle vhost) if it is still out."""
+        again at its next ack (heartbeats bring one on an idle vhost) if it is still out
+        (or may be out in etcd: `report_again`)."""
         follower = self._followers.get(node)
-        if follower is not None and node not in self.in_sync:
+        if follower is not None and (node not in self.in_sync or follower.shrink_unanswered):
             follower.caught_up_reported = False
 
     def report_lagging(self, node: str) -> None:
@@ -438,7 +457,7 @@ class ReplicationLeader:
         """The vhost's members changed: a caught-up follower that was not a member when it
         was reported (it stayed out) is reported again, now that it may be one."""
         for follower in self._followers.values():
-            if follower.node not in self.in_sync:
+            if follower.node not in self.in_sync or follower.shrink_unanswered:
                 follower.caught_up_reported = False
         self._check_caught_up_all()
 
@@ -448,7 +467,7 @@ class ReplicationLeader:
 
     def _check_caught_up(self, follower: _Follower) -> None:
         if (
-            follower.node not in self.in_sync
+            (follower.node not in self.in_sync or follower.shrink_unanswered)
             and not follower.caught_up_reported
             and follower.writer is not None
             and follower.acked >= self.durable

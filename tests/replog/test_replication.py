@@ -20,7 +20,7 @@ import pytest
 from support.memory_records import MemoryRecordStore
 from support.waiting import until_async
 
-from roarmq.broker.cluster.coordination import attach_coordinator
+from roarmq.broker.cluster.coordination import IsrChange, attach_coordinator, remove_then_forget
 from roarmq.broker.replog import wire
 from roarmq.broker.replog.records import (
     SegmentRecordStore,
@@ -455,6 +455,96 @@ async def test_an_expansion_etcd_did_not_answer_is_asked_again(tmp_path, etcd):
                 os.kill(etcd.proc.pid, signal.SIGCONT)
             assert await until_async(lambda: "b" in c.leader.in_sync, 10, POLL)
             assert sorted(await _isr(a)) == ["a", "b"]
+
+
+@pytest.mark.slow  # strace holds etcd's disk
+async def test_a_shrink_etcd_applied_after_the_leader_gave_up_on_it_is_undone(
+    tmp_path, etcd, caplog
+):
+    """etcd's disk stalls: the shrink of a silent follower is applied only after the
+    leader's client gave up on it. The follower is back meanwhile and keeps up, so no lag
+    check reports it again. The leader still counted it in sync, etcd's set did not, and
+    nothing ever asked etcd again: it stayed out of etcd's set for good (it could never
+    lead). Once caught up it must be back in etcd's set too, and in the leader's."""
+    async with vhost_led_by_a(etcd, timeout=1.0, lease_ttl=10) as (a, won):
+        async with cluster(tmp_path, epoch=won.epoch, in_sync=("b",), lag_ms=300) as c:
+            attach_coordinator(a, c.leader)
+            reports: list[str] = []
+            c.leader.on_lagging.append(reports.append)
+            c.follower("b", epoch=won.epoch)
+            await publish(c.leader, payloads(50, seed=14))
+            await asyncio.wait_for(c.leader.wait_confirmed(50), 5)
+            _, before = await _isr_kv(a)
+            with etcd.stalled_disk():
+                await c.stop_follower("b")
+                assert await until_async(lambda: reports, 5, POLL)  # the shrink is on its way
+                c.follower("b", epoch=won.epoch)  # back before the leader gives up on it
+                assert await until_async(lambda: c.leader.acked("b") == 50, 5, POLL)
+                unanswered = "b could not leave the in-sync set yet"
+                assert await until_async(lambda: unanswered in caplog.text, 5, POLL)
+            # etcd applies the shrink now; b keeps up: the lag rule has nothing more to say
+            assert await _settles(a, c.leader, after=before, isr=["a", "b"])
+            assert reports == ["b"]
+
+
+@pytest.mark.slow  # strace holds etcd's disk
+async def test_a_member_taken_out_while_etcd_is_slow_is_out_of_both_sets(tmp_path, etcd, caplog):
+    """delete_vhost_member while etcd's disk stalls: the shrink is applied after the
+    leader's client gave up on it, and the removal goes on (members, then etcd's set
+    again), answered. The leader's own set must lose the node too: it kept it, and when the
+    node was added back (more replicas) and followed again, caught up, it was taken for in
+    sync, never reported caught up, and stayed out of etcd's set for good (the cluster
+    test's "n2 never joins" after set_vhost_replicas 1 then 3). The replica lag is the
+    default 10 s: the node is back long before a lag check would find it silent."""
+    async with vhost_led_by_a(etcd, timeout=2.0, lease_ttl=10) as (a, won):
+        async with cluster(tmp_path, epoch=won.epoch, in_sync=("b",)) as c:
+            attach_coordinator(a, c.leader)
+            c.follower("b", epoch=won.epoch)
+            await publish(c.leader, payloads(50, seed=15))
+            await asyncio.wait_for(c.leader.wait_confirmed(50), 5)
+            with etcd.stalled_disk():
+                removal = asyncio.create_task(remove_then_forget(a, c.leader, "b"))
+                unanswered = "b could not leave the in-sync set yet"
+                assert await until_async(lambda: unanswered in caplog.text, 5, POLL)
+            # etcd applies the shrink now; the removal's next read waited behind it
+            assert await removal is IsrChange.DONE
+            assert await _isr(a) == ["a"] and await _members(a) == ["a"]
+            assert c.leader.in_sync == set()  # as etcd's: nothing waits for b
+            await c.stop_follower("b")  # not a member: it stops following
+
+            _, before = await _isr_kv(a)
+            assert await a.add_member(VHOST, won.epoch, "b") is IsrChange.DONE
+            c.leader.members_changed()  # as its node does on the watch's news
+            c.follower("b", epoch=won.epoch)
+            assert await _settles(a, c.leader, after=before, isr=["a", "b"])
+
+
+async def _settles(coord, leader: ReplicationLeader, *, after: int, isr: list[str]) -> bool:
+    """Whether etcd's in-sync set, changed since revision `after`, becomes `isr` within
+    10 s, with the leader's own set (its followers) the same."""
+    deadline = time.monotonic() + 10
+    while True:
+        value, revision = await _isr_kv(coord)
+        if revision > after and sorted(value) == isr and leader.in_sync == set(isr) - {"a"}:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(POLL)
+
+
+async def _isr_kv(coord) -> tuple[list[str], int]:
+    """etcd's in-sync set, read now, and the revision that last changed it."""
+    import json
+
+    kv = await coord.client.get(coord.vhost_key(VHOST, "isr"))
+    return json.loads(kv.value), kv.mod_revision
+
+
+async def _members(coord) -> list[str]:
+    import json
+
+    kv = await coord.client.get(coord.vhost_key(VHOST, "members"))
+    return json.loads(kv.value)
 
 
 async def _isr(coord) -> list[str]:

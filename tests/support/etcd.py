@@ -4,12 +4,14 @@ and where the binary is. Three members in network namespaces: etcd_cluster.py.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from machine import missing
@@ -84,6 +86,20 @@ class Etcd:
                 return b'"true"' in resp.read()
         except OSError:
             return False
+
+    @contextlib.contextmanager
+    def stalled_disk(self, longest: float = 30.0) -> Iterator[None]:
+        """etcd's disk stalls while the block runs (as a busy machine's can for seconds):
+        strace holds each fdatasync of its WAL (`longest` seconds at most), so a write sent
+        meanwhile is applied only when the block ends, after a client whose timeout is
+        shorter has given up on it, and reads wait behind it, as on a loaded etcd. When the
+        block ends strace detaches and the held fsync goes on at once."""
+        from .faultlib import inject  # strace; not for bench/lib, which imports this module
+
+        assert self.proc is not None
+        wal = sorted((self.data_dir / "member" / "wal").glob("*.wal"))[-1]  # the one written
+        with inject(self.proc.pid, wal, f"fdatasync:delay_enter={round(longest * 1e6)}"):
+            yield
 
     def kill(self) -> None:
         """kill -9 the etcd this object started, and reap it."""
