@@ -181,8 +181,10 @@ class Broker:
                 "amqps on " + ", ".join(f"{_host(h)}:{self.tls.port}" for h in self.tls.bound)
             )
         if self.stream_port is not None:
-            hosts = self.config.stream.bind or tuple(self.bound) or self.config.amqp.bind
-            where.append("streams on " + ", ".join(f"{_host(h)}:{self.stream_port}" for h in hosts))
+            listened = self.config.stream.bind or tuple(self.bound) or self.config.amqp.bind
+            where.append(
+                "streams on " + ", ".join(f"{_host(h)}:{self.stream_port}" for h in listened)
+            )
         if self.stream_tls is not None:
             where.append(
                 "stream TLS on "

@@ -852,7 +852,9 @@ class Stream(Queue):
                 waiter[2] = last
                 waiters[-1] = (self.last_token, waiter, replicated)
                 return
-        waiters.append((self.last_token, [1, owner, last, None, first, chunk], self.last_replicated))
+        waiters.append(
+            (self.last_token, [1, owner, last, None, first, chunk], self.last_replicated)
+        )
 
     def confirm_publisher(self, publisher: Any, first: int, last: int) -> None:
         """A stream-protocol publish frame's appends (not an AMQP route's: TOUCHED forgets
@@ -1226,7 +1228,7 @@ class Stream(Queue):
         """Hand a subscription chunks of consecutive committed offsets (its filter's
         misses end a chunk: a chunk's offsets are its first one plus the entry's index)
         while it has credit; True when it stopped with more to send (the pass's batch)."""
-        sub = reader.consumer
+        sub: Any = reader.consumer  # a stream-protocol Subscription
         filt = reader.filt
         limit = sub.chunk_bytes
         sent = 0

@@ -55,6 +55,7 @@ from .. import __version__
 from ..amqp.tls import session_of
 from ..core.auth import AuthError
 from ..core.stream import Stream
+from ..ops.clock import TimerHandle
 from ..store.definitions import DefinitionsWriteFailed
 from . import single_active, super_streams
 
@@ -218,7 +219,7 @@ class StreamConnection(asyncio.Protocol):
         self._out_bytes = 0
         self._dirty = False
         self._last_read = time.monotonic()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: TimerHandle | None = None
         self._closed = False
         self.recv_oct = self.send_oct = 0
         self.published = self.confirmed = 0
@@ -538,7 +539,7 @@ class StreamConnection(asyncio.Protocol):
             self.send(encode_response(key, corr, exc.code, _EMPTY_LIST.get(key, b"")))
             return
         except SoftError as exc:
-            log.info("stream command %s refused: %s", key.name.lower(), exc.reply_text,
+            log.info("stream command %s refused: %s", key.name.lower(), exc.text,
                      extra={"conn": self.name})  # fmt: skip
             self.send(encode_response(key, corr, _CODES.get(exc.reply_code, Code.INTERNAL_ERROR)))
             return
@@ -590,7 +591,7 @@ class StreamConnection(asyncio.Protocol):
         corr = f.u32()
         names = f.strings()
         host, port = self.advertised()
-        rows = []
+        rows: list[tuple[str, int, int, list[int]]] = []
         for name in names:
             queue = self.vhost.queues.get(name)
             if type(queue) is Stream and not queue.deleted:
@@ -820,7 +821,8 @@ class StreamConnection(asyncio.Protocol):
         corr = f.u32()
         f.u16()  # the client's response code
         sub = self._updates.pop(corr, None)
-        kind, value = OffsetType.NEXT, 0
+        kind: int = OffsetType.NEXT
+        value = 0
         if f.remaining() >= 2:
             kind = f.u16()
             if f.remaining() >= 8:

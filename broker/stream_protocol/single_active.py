@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .connection import Subscription
 
 #: (stream, group name) -> members, oldest first.
-_GROUPS: dict[tuple[Any, str], list[Subscription]] = {}
+_GROUPS: dict[tuple[Any, str | None], list[Subscription]] = {}
 
 
 def join(sub: Subscription) -> None:
