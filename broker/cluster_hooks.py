@@ -150,6 +150,10 @@ class VhostReplication(Protocol):
         """A copy of a stream record in the vhost's log; its offset there (0: none)."""
         ...
 
+    def replicate_offsets(self, stream: Stream, tracked: dict[str, int]) -> None:
+        """A stream's stored consumer offsets, all of them, into the vhost's log."""
+        ...
+
 
 class _NotReplicated:
     """A vhost with no replicated log here (a single node, or one this node does not lead):
@@ -162,6 +166,9 @@ class _NotReplicated:
 
     def replicate_stream(self, stream: Stream, payload: bytes) -> int:
         return 0
+
+    def replicate_offsets(self, stream: Stream, tracked: dict[str, int]) -> None:
+        pass
 
 
 NOT_REPLICATED: VhostReplication = _NotReplicated()

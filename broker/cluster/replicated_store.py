@@ -45,6 +45,7 @@ store (`queue.store.body`), which is the vhost's own here.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 import struct
@@ -54,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.stream import DEFAULT_SEGMENT_SIZE, record_offset
+from ..core.stream import DEFAULT_SEGMENT_SIZE, TRACKING_FILE, record_offset
 from ..replog.records import SegmentRecordStore, checkpoint_record, epoch_record
 from ..store.messages import MessageStore, Relocate, encode_mark
 from ..store.record_tags import (
@@ -62,6 +63,7 @@ from ..store.record_tags import (
     CHECKPOINT_TAG,
     DEFINITIONS_TAG,
     EPOCH_TAG,
+    STREAM_OFFSETS_TAG,
     STREAM_START_TAG,
     STREAM_TAG,
 )
@@ -85,6 +87,12 @@ CHECKPOINT_CHUNK = 4 << 20
 #: first retained offset begin a checkpoint's copy of that stream.
 _STREAM_ID = struct.Struct(">I")
 _STREAM_START = struct.Struct(">IQ")
+def offsets_record(sid: int, tracked: dict[str, int]) -> bytes:
+    """STREAM_OFFSETS_TAG, the stream's queue id, its stored offsets as JSON (what the
+    stream's offsets file holds)."""
+    return STREAM_OFFSETS_TAG + _STREAM_ID.pack(sid) + json.dumps(tracked).encode()
+
+
 #: The flow-control reason of a connection waiting for its declare to be confirmed.
 DEFINITIONS_BARRIER = "definitions: waiting for the in-sync set"
 
@@ -100,6 +108,7 @@ class ReplicatedVhostStore:
             DEFINITIONS_TAG,
             STREAM_TAG,
             STREAM_START_TAG,
+            STREAM_OFFSETS_TAG,
             EPOCH_TAG,
             CHECKPOINT_TAG,
         )
@@ -207,6 +216,11 @@ class ReplicatedVhostStore:
         self.admit()
         self._streams_waiting.add(stream)
         return self.record(STREAM_TAG + _STREAM_ID.pack(stream.store_id) + payload)
+
+    def replicate_offsets(self, stream: Stream, tracked: dict[str, int]) -> None:
+        """The stream's stored offsets, whole (the newest record wins at a rebuild)."""
+        if stream.store_id is not None:
+            self.record(offsets_record(stream.store_id, tracked))
 
     def _replicate(self, payload: bytes) -> int:
         offset = self.replication.append(payload)
@@ -317,6 +331,8 @@ class ReplicatedVhostStore:
                 await asyncio.sleep(0)
                 if self.replication.deposed_by is not None or self.failed is not None:
                     return False
+        if stream.tracked and stream.store_id is not None:  # above the base: trims keep them
+            self._replicate(offsets_record(stream.store_id, stream.tracked))
         return True
 
     def live_bytes(self) -> int:
@@ -478,6 +494,8 @@ def rebuild_from_log(records: SegmentRecordStore, vhost_dir: Path) -> Rebuilt:
                 streams.record(payload)
             elif tag == STREAM_START_TAG:
                 streams.start(payload)
+            elif tag == STREAM_OFFSETS_TAG:
+                streams.offsets(payload)
             elif tag == CHECKPOINT_TAG:
                 next_id, next_queue_id = _CHECKPOINT_IDS.unpack_from(payload, 9)
                 found.next_id = max(found.next_id, next_id)
@@ -509,6 +527,7 @@ class _StreamsRebuild:
         self.next: dict[int, int] = {}
         self.waiting: dict[int, dict[int, bytes]] = {}
         self.segment_size: dict[int, int] = {}
+        self.tracked: dict[int, bytes] = {}  # a stream's newest stored offsets (JSON)
 
     def definitions(self, payload: bytes) -> None:
         """Each stream's segment size, from the definitions that precede its records."""
@@ -516,6 +535,11 @@ class _StreamsRebuild:
             size = definitions.queue_arguments(q).get("x-stream-max-segment-size-bytes")
             if isinstance(size, int) and size > 0:
                 self.segment_size[q["id"]] = size
+
+    def offsets(self, payload: bytes) -> None:
+        """A stream's stored offsets (the newest record of each stream is what it has)."""
+        (sid,) = _STREAM_ID.unpack_from(payload, 1)
+        self.tracked[sid] = bytes(payload[1 + _STREAM_ID.size :])
 
     def start(self, payload: bytes) -> None:
         sid, first = _STREAM_START.unpack_from(payload, 1)
@@ -566,6 +590,10 @@ class _StreamsRebuild:
                     self._write(sid, waiting[off])
         self.waiting.clear()
         kept = {q["id"] for q in final["queues"]} if final is not None else set()
+        for sid, tracked in self.tracked.items():
+            if sid in kept:  # read by the stream when it opens its directory
+                (self.root / str(sid)).mkdir(parents=True, exist_ok=True)
+                (self.root / str(sid) / TRACKING_FILE).write_bytes(tracked)
         for sid in list(self.logs):
             if sid not in kept:
                 self.logs.pop(sid).close()

@@ -880,6 +880,8 @@ class Stream(Queue):
         self._tracking_dirty = False
         if self.directory is None or self.deleted:
             return
+        # a led clustered vhost: into its log too, so a new leader has them
+        self.vhost.replicated.replicate_offsets(self, self.tracked)
         path = self.directory / TRACKING_FILE
         tmp = path.with_suffix(".tmp")
         try:

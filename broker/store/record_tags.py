@@ -21,6 +21,8 @@ DEFINITIONS_TAG = b"J"
 STREAM_TAG = b"S"
 #: The start of a checkpoint's copy of one stream.
 STREAM_START_TAG = b"s"
+#: A stream's stored consumer offsets (the stream protocol's store-offset), all of them.
+STREAM_OFFSETS_TAG = b"O"
 #: A leader's epoch begins at this offset.
 EPOCH_TAG = b"E"
 #: A checkpoint: everything below its base is copied above it.

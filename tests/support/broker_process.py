@@ -68,6 +68,7 @@ class BrokerProcess(ControlledProcess):
         *,
         mgmt_port: int | None = None,
         repl_port: int | None = None,
+        stream_port: int | None = None,
         host: str = "127.0.0.1",
         storage: str = "",
         extra: str = "",
@@ -90,10 +91,12 @@ class BrokerProcess(ControlledProcess):
             "port": port is not None,
             "mgmt_port": mgmt_port is not None,
             "repl_port": repl_port is not None,
+            "stream_port": stream_port is not None,
         }
         self.port = port or free_port()
         self.mgmt_port = mgmt_port or free_port()
         self.repl_port = (repl_port or free_port()) if cluster is not None else None
+        self.stream_port = stream_port or free_port()  # the stream protocol's
         self.storage = storage
         self.extra = extra
         self.cluster_options = cluster
@@ -112,6 +115,7 @@ class BrokerProcess(ControlledProcess):
         text = (
             f"[amqp]\nbind = [{host}]\nport = {self.port}\n\n"
             f"[management]\nenabled = true\nbind = {host}\nport = {self.mgmt_port}\n\n"
+            f"[stream]\nport = {self.stream_port}\n\n"
         )
         if self.storage:
             text += f"[storage]\n{self.storage.rstrip()}\n\n"
