@@ -87,6 +87,8 @@ CHECKPOINT_CHUNK = 4 << 20
 #: first retained offset begin a checkpoint's copy of that stream.
 _STREAM_ID = struct.Struct(">I")
 _STREAM_START = struct.Struct(">IQ")
+
+
 def offsets_record(sid: int, tracked: dict[str, int]) -> bytes:
     """STREAM_OFFSETS_TAG, the stream's queue id, its stored offsets as JSON (what the
     stream's offsets file holds)."""
