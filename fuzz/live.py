@@ -13,12 +13,15 @@ Starts a broker (a subprocess on ephemeral loopback ports, its own data dir) and
 - ``values``    well-formed frames carrying the values that broke brokers before: names
                 not valid UTF-8, tables and arrays thousands deep, timestamps past year
                 9999, ``x-death`` that is not an array, content headers with no flags;
-- ``random``    random bytes, before or after a valid handshake.
+- ``random``    random bytes, before or after a valid handshake;
+- ``stream``    the stream protocol's port: its handshake (whole or cut short), commands
+                with fields from pools of odd values, some mutated (fuzz/stream_sessions.py).
 
 Meanwhile a well-behaved aio-pika client publishes persistent messages with publisher
 confirms to a durable queue and a second one consumes them with acks. The run fails if
 the broker dies, the good client loses its connection, a confirmed message does not
-arrive, any connection is closed with 541 INTERNAL_ERROR, or the broker's log has an
+arrive, any connection is closed with 541 INTERNAL_ERROR (on the stream port: a close or
+answer with the code INTERNAL_ERROR), or the broker's log has an
 error or a traceback. Each failing input is saved under ``--crash-dir`` to replay.
 
     .venv/bin/python fuzz/live.py --seconds 60 --seed 1
@@ -44,7 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import stream_sessions
 from sessions import STRATEGIES, Session, generate  # fuzz/ is on sys.path
+
+#: The AMQP strategies, and the stream protocol's.
+ALL_STRATEGIES = [*STRATEGIES, "stream"]
 
 # -- what the broker answered --------------------------------------------------------------
 
@@ -82,6 +89,7 @@ class Tally:
 async def throw(
     port: int, session: Session, rng: random.Random, tally: Tally, crash_dir: Path, seed: str
 ) -> None:
+    """One hostile connection: its bytes in random pieces, then what came back, tallied."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
     except (TimeoutError, OSError):
@@ -120,6 +128,16 @@ async def throw(
             await asyncio.wait_for(writer.wait_closed(), 2)
         except (TimeoutError, OSError, ConnectionError):
             pass
+    if session.strategy == "stream":
+        for code in stream_sessions.closes(bytes(received)):
+            tally.codes[f"stream {code:#04x}"] += 1
+            if code == stream_sessions.Code.INTERNAL_ERROR:
+                path = crash_dir / f"stream-internal-{seed}.bin"
+                path.write_bytes(data)
+                tally.internal.append(
+                    {"seed": seed, "strategy": "stream", "text": "", "input": str(path)}
+                )
+        return
     for level, code, text in closes(bytes(received)):
         tally.codes[f"{level} {code}"] += 1
         if code == 541:
@@ -202,6 +220,7 @@ class BrokerProcess:
         self.log_path = work / "broker.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.stream_port = 0
 
     def start(self) -> None:
         cfg = self.work / "fuzz.toml"
@@ -214,9 +233,12 @@ class BrokerProcess:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            m = re.search(r"AMQP on .*? port (\d+)", self.log_path.read_text(errors="replace"))
+            said = self.log_path.read_text(errors="replace")
+            m = re.search(r"AMQP on .*? port (\d+)", said)
             if m:
                 self.port = int(m.group(1))
+                s = re.search(r"streams on [^,\s]*:(\d+)", said)
+                self.stream_port = int(s.group(1)) if s else 0
                 return
             if self.proc.poll() is not None:
                 break
@@ -274,9 +296,13 @@ async def fuzz(args: argparse.Namespace, broker: BrokerProcess, crash_dir: Path)
         while time.monotonic() < deadline and broker.alive():
             seed = f"{args.seed}-{n}-{i}"
             rng = random.Random(seed)
-            strategy = rng.choices(STRATEGIES, weights)[0]
-            session = generate(rng, strategy)
-            await throw(broker.port, session, rng, tally, crash_dir, seed)
+            strategy = rng.choices(ALL_STRATEGIES, weights)[0]
+            if strategy == "stream":
+                session = Session("stream", stream_sessions.session(rng))
+                await throw(broker.stream_port, session, rng, tally, crash_dir, seed)
+            else:
+                session = generate(rng, strategy)
+                await throw(broker.port, session, rng, tally, crash_dir, seed)
             i += 1
 
     started = time.monotonic()
@@ -314,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", default=str(int(time.time())))
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument(
-        "--weights", default="2,3,2,2,1", help=f"relative weights of {','.join(STRATEGIES)}"
+        "--weights",
+        default="2,3,2,2,1,2",
+        help=f"relative weights of {','.join(ALL_STRATEGIES)}",
     )
     p.add_argument("--crash-dir", default="fuzz/crashes")
     p.add_argument("--json", help="write the summary here")

@@ -45,6 +45,14 @@ def test_live_fuzz_short_run(tmp_path: Path) -> None:
     result = json.loads(summary.read_text())
     # The run must have reached the broker in every way, not failed politely at the door.
     assert result["connections_total"] > 100
-    assert set(result["connections"]) == {"valid", "mutate", "sequence", "values", "random"}
+    assert set(result["connections"]) == {
+        "valid",
+        "mutate",
+        "sequence",
+        "values",
+        "random",
+        "stream",
+    }
     assert any(code.startswith("channel ") for code in result["closes"])
+    assert any(code.startswith("stream ") for code in result["closes"])  # the stream port too
     assert result["good_client"]["confirmed"] > 100
