@@ -489,6 +489,37 @@ const pages = {
       }
     } });
   },
+  async streams() {
+    // The stream protocol's clients (port 5552): connections, publishers, consumers.
+    $("#view").innerHTML = `<h2>Stream connections</h2><div id="live"></div>`;
+    const load = () => Promise.all(["connections", "publishers", "consumers"].map(k => api("GET", "/stream/" + k)));
+    return live(load, (box, [conns, pubs, subs]) => {
+      box.innerHTML = table(conns, [
+        { key: "name", title: "Name" }, { key: "vhost", title: "Virtual host" }, { key: "user", title: "User" },
+        { key: "state", title: "State" }, { key: "ssl", title: "TLS" },
+        { key: "publishers", title: "Publishers", cls: "num" }, { key: "consumers", title: "Consumers", cls: "num" },
+        { key: "close", title: "", html: r => `<button class="close-stream" data-vhost="${esc(r.vhost)}" data-name="${esc(r.name)}">Close</button>` },
+      ]) + `<h3>Publishers</h3>` + table(pubs, [
+        { key: "connection", title: "Connection", value: r => r.connection_details.name },
+        { key: "publisher_id", title: "Id", cls: "num" }, { key: "reference", title: "Reference" },
+        { key: "stream", title: "Stream", value: r => r.queue.name },
+        { key: "published", title: "Published", cls: "num" }, { key: "confirmed", title: "Confirmed", cls: "num" },
+        { key: "errored", title: "Errored", cls: "num" },
+      ]) + `<h3>Consumers</h3>` + table(subs, [
+        { key: "connection", title: "Connection", value: r => r.connection_details.name },
+        { key: "subscription_id", title: "Id", cls: "num" }, { key: "stream", title: "Stream", value: r => r.queue.name },
+        { key: "offset", title: "Offset", cls: "num" }, { key: "offset_lag", title: "Lag", cls: "num" },
+        { key: "credits", title: "Credits", cls: "num" }, { key: "consumed", title: "Consumed", cls: "num" },
+        { key: "activity_status", title: "Status" },
+      ]);
+      for (const b of $$(".close-stream", box)) {
+        dangerous(b, `Close stream connection ${b.dataset.name}?`, async () => {
+          await api("DELETE", "/stream/connections/" + enc(b.dataset.vhost) + "/" + enc(b.dataset.name));
+          await state.update();
+        });
+      }
+    });
+  },
   async channels() {
     $("#view").innerHTML = `<h2>Channels</h2><div id="rows"></div>`;
     return pagedList($("#rows"), { id: "channels", path: "/channels", vhostScoped: false, columns: [

@@ -612,3 +612,52 @@ def test_a_stream_page(browser, tmp_path):
         assert text_of(browser, "#view h2").startswith("Queue ui-plain")
         assert browser.find_elements(By.ID, "get") and browser.find_elements(By.ID, "move")
         conn.close()
+
+
+def test_the_stream_protocol_page(browser, tmp_path):
+    """The Streams page lists stream-protocol connections, publishers and consumers (with
+    offset and lag), and closes a connection."""
+    import asyncio
+    import threading
+
+    from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
+        ready, done = threading.Event(), threading.Event()
+
+        async def clients() -> None:
+            kw = {"port": b.stream_port, "username": "guest", "password": "guest"}
+            async with Producer("127.0.0.1", **kw) as producer:
+                await producer.create_stream("ui-stream")
+                for i in range(4):
+                    await producer.send_wait("ui-stream", AMQPMessage(body=b"%d" % i))
+                consumer = Consumer("127.0.0.1", **kw)
+                await consumer.start()
+                seen = []
+
+                async def on_message(message, context) -> None:
+                    seen.append(context.offset)
+
+                offset = ConsumerOffsetSpecification(OffsetType.FIRST)
+                await consumer.subscribe("ui-stream", on_message, offset_specification=offset)
+                while len(seen) < 4:
+                    await asyncio.sleep(0.05)
+                ready.set()
+                while not done.is_set():
+                    await asyncio.sleep(0.1)
+                await consumer.close()
+
+        thread = threading.Thread(target=asyncio.run, args=(clients(),))
+        thread.start()
+        try:
+            assert ready.wait(20)
+            log_in(browser, b.mgmt_url)
+            browser.get(b.mgmt_url + "/#/streams")
+            in_browser(lambda: "ui-stream" in text_of(browser, "#live"))
+            text = text_of(browser, "#live")
+            assert "Publishers" in text and "Consumers" in text
+            assert text.count("guest") >= 2  # the producer's and the consumer's connections
+            shot(browser, "streams")
+        finally:
+            done.set()
+            thread.join(20)
