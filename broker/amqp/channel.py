@@ -32,6 +32,7 @@ from ..core import trace
 from ..core.exchange import EXCHANGE_TYPES, unknown_exchange_type
 from ..core.message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
 from ..core.queue import Entry, Queue, enqueue
+from ..core.queue_arguments import check_consumer_arguments, check_server_named
 from ..core.stream import TOUCHED, Stream, check_consume
 from ..core.stream import confirm_after as stream_confirm_after
 from ..core.stream import refuse as stream_refuses
@@ -523,6 +524,7 @@ class Channel:
             return
         if not m.passive:
             if not name:  # named here, so the check sees the name the queue will have
+                check_server_named(m.arguments)  # (not a quorum queue or a stream)
                 name = server_named_queue()
             else:
                 check_new_queue_name(name)
@@ -544,7 +546,9 @@ class Channel:
                 spec.QueueDeclareOk(
                     queue=queue.name,
                     message_count=queue.message_count(),
-                    consumer_count=queue.consumer_count,
+                    # RabbitMQ's declare-ok counts no consumers of a stream (its stat
+                    # answers 0 for them, 3.9 to 4.2): clients see the same
+                    consumer_count=0 if type(queue) is Stream else queue.consumer_count,
                 )
             )
 
@@ -628,13 +632,19 @@ class Channel:
         qname = self._queue_name(m.queue)
         self._check("read", "queue", qname)
         queue = self.vhost.get_queue(qname, self.conn)
-        if queue.has_exclusive_consumer() or (m.exclusive and queue.consumer_count):
-            raise channel_error(
-                ACCESS_REFUSED,
-                f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
-            )
         if type(queue) is Stream:
+            # no exclusivity: RabbitMQ takes an exclusive consumer of a stream and any
+            # other consumer beside it (each reads on its own)
             check_consume(self, queue, m.no_ack, args)
+        else:
+            # another type's argument (x-stream-offset on a classic queue) first, as
+            # RabbitMQ checks it: before the queue's exclusive use
+            check_consumer_arguments(queue.queue_type, args, queue.description)
+            if queue.has_exclusive_consumer() or (m.exclusive and queue.consumer_count):
+                raise channel_error(
+                    ACCESS_REFUSED,
+                    f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
+                )
         priority = args.get("x-priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise channel_error(

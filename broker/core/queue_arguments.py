@@ -143,6 +143,14 @@ class QueueType:
     #: x-arguments refused outright: "invalid arg ... of queue type {module}".
     invalid_arguments: frozenset[str] = frozenset()
     module: str = ""
+    #: basic.consume arguments of this type's own; one that only other types take is
+    #: refused ("invalid arg ... of queue type {module}", RabbitMQ's consumer_arguments).
+    consumer_arguments: frozenset[str] = frozenset()
+    #: Whether queue.declare with an empty name may create one (RabbitMQ's server_named).
+    server_named: bool = True
+    #: Whether queue.delete's if-unused and if-empty apply: RabbitMQ's stream delete
+    #: ignores both (every release, 3.9 to 4.2), so a stream is deleted whatever it holds.
+    conditional_delete: bool = True
 
 
 #: The queue properties a type may refuse, in the order they are checked.
@@ -151,12 +159,25 @@ _REPLICATED = PROPERTIES
 QUEUE_TYPES = {
     t.name: t
     for t in (
-        QueueType("classic"),
-        QueueType("quorum", refuses=_REPLICATED),
+        QueueType(
+            "classic",
+            module="rabbit_classic_queue",
+            consumer_arguments=frozenset(("x-cancel-on-ha-failover", "x-priority", "x-credit")),
+        ),
+        QueueType(
+            "quorum",
+            refuses=_REPLICATED,
+            module="rabbit_quorum_queue",
+            consumer_arguments=frozenset(("x-priority", "x-credit")),
+            server_named=False,
+        ),
         QueueType(
             "stream",
             refuses=_REPLICATED,
             property_names=("non-durable", "exclusive-owner", "auto-delete"),
+            consumer_arguments=frozenset(("x-stream-offset", "x-credit")),
+            server_named=False,
+            conditional_delete=False,
             # rabbit_stream_queue's capabilities: invalid_arguments (probed on 3.10.8)
             invalid_arguments=frozenset(
                 "x-" + name
@@ -182,6 +203,36 @@ QUEUE_TYPES = {
     )
 }
 DEFAULT_QUEUE_TYPE = "classic"
+#: Every type's consumer arguments (3.10.8's capabilities, probed): a type refuses the
+#: ones it does not take itself.
+_CONSUMER_ARGUMENTS = frozenset().union(*(t.consumer_arguments for t in QUEUE_TYPES.values()))
+
+
+def check_server_named(args: Mapping[str, Any] | None) -> None:
+    """queue.declare with an empty name: refused for a type whose queues cannot be
+    server-named (quorum, stream), before anything else about the declare is checked, with
+    RabbitMQ's 406 text."""
+    value = (args or {}).get("x-queue-type", DEFAULT_QUEUE_TYPE)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    kind = QUEUE_TYPES.get(value) if isinstance(value, str) else None
+    if kind is not None and not kind.server_named:
+        raise channel_error(
+            PRECONDITION_FAILED, f"Cannot declare a server-named queue for type {kind.module}"
+        )
+
+
+def check_consumer_arguments(queue_type: str, args: Mapping[str, Any], description: str) -> None:
+    """basic.consume's arguments that belong to other queue types (x-stream-offset on a
+    classic queue, x-cancel-on-ha-failover on a quorum queue): 406, as RabbitMQ refuses
+    them. `description` names the queue: "queue 'q' in vhost '/'"."""
+    kind = QUEUE_TYPES[queue_type]
+    for key in args:
+        if key in _CONSUMER_ARGUMENTS and key not in kind.consumer_arguments:
+            raise channel_error(
+                PRECONDITION_FAILED,
+                f"invalid arg '{key}' for {description} of queue type {kind.module}",
+            )
 
 
 @dataclass(frozen=True)

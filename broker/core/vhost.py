@@ -382,6 +382,7 @@ class VirtualHost:
         if name == "":
             if passive:
                 raise channel_error(NOT_FOUND, f"no queue '' in vhost '{self.name}'")
+            queue_arguments.check_server_named(arguments)
             name = server_named_queue()
         existing = self.queues.get(name)
         if passive:
@@ -452,6 +453,8 @@ class VirtualHost:
             if reply is not None:
                 reply(0)
             return 0
+        if not queue_arguments.QUEUE_TYPES[queue.queue_type].conditional_delete:
+            if_unused = if_empty = False  # a stream: deleted whatever it holds (RabbitMQ's)
         if if_unused and queue.consumer_count:
             raise channel_error(
                 PRECONDITION_FAILED, f"queue '{queue.name}' in vhost '{self.name}' in use"

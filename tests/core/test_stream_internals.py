@@ -9,6 +9,7 @@ import pytest
 from roarmq.broker.core.stream import _with_offset
 from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
+from roarmq.protocol.tables import Int64
 
 PROPS = [
     BasicProperties(),
@@ -41,11 +42,13 @@ def test_splice_equals_a_decode_and_encode(props, off):
     assert spliced is not None
     got = ContentHeader(60, 0, spliced).properties
     want = BasicProperties(**{k: getattr(props, k) for k in BasicProperties.__slots__})
-    want.headers = {**(props.headers or {}), "x-stream-offset": off}
+    want.headers = {**(props.headers or {}), "x-stream-offset": Int64(off)}
     assert got == want
     assert list(got.headers)[-1] == "x-stream-offset"  # last, as the dict update put it
-    # the same bytes as re-encoding the decoded properties with the header added
+    # the same bytes as re-encoding the decoded properties with the header added as a
+    # signed 64-bit field ('l', RabbitMQ's type for it, whatever the offset's size)
     assert spliced == want.encode()
+    assert b"\x0fx-stream-offset" + b"l" + off.to_bytes(8, "big", signed=True) in spliced
 
 
 def test_splice_declines_what_needs_a_decode():
