@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.stream import DEFAULT_SEGMENT_SIZE, TRACKING_FILE, record_offset
+from ..core.stream import DEFAULT_SEGMENT_SIZE, TRACKING_FILE, record_span
 from ..replog.records import SegmentRecordStore, checkpoint_record, epoch_record
 from ..store.messages import MessageStore, Relocate, encode_mark
 from ..store.record_tags import (
@@ -552,11 +552,11 @@ class _StreamsRebuild:
     def record(self, payload: bytes) -> None:
         (sid,) = _STREAM_ID.unpack_from(payload, 1)
         stored = payload[1 + _STREAM_ID.size :]
-        off = record_offset(stored)
+        off, count = record_span(stored)  # (a batch record holds several offsets)
         want = self.next.setdefault(sid, off)
         if off == want:
             self._write(sid, stored)
-            self.next[sid] = off + 1
+            self.next[sid] = off + count
             self._drain(sid)
         elif off > want:
             self.waiting.setdefault(sid, {})[off] = bytes(stored)
@@ -569,8 +569,9 @@ class _StreamsRebuild:
         for off in [o for o in waiting if o < want]:
             del waiting[off]
         while want in waiting:
-            self._write(sid, waiting.pop(want))
-            want += 1
+            stored = waiting.pop(want)
+            self._write(sid, stored)
+            want += record_span(stored)[1]
         self.next[sid] = want
 
     def _write(self, sid: int, stored: bytes) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import datetime
+import itertools
 import json
 import logging
 import os
@@ -73,6 +74,15 @@ _FLEN = struct.Struct("<H")
 _WRITER = 4
 _WLEN = struct.Struct("<B")
 _PID = struct.Struct("<Q")
+#: A batch record: the messages of one stream-protocol publish frame, offsets
+#: [offset, offset + count) with count in the header-length field, stored as the entries of
+#: an osiris chunk (each a >I size and the AMQP 1.0 message) so subscriptions get them as
+#: stored. No exchange, key or header; never a filter value (a message with one is a
+#: record of its own); with _WRITER, the newest publishing id of the batch. The entries'
+#: CRC-32 (<I, what a chunk's header carries) precedes them, so a delivery computes none.
+_BATCH = 8
+_ENTRY = struct.Struct(">I")
+_CRC = struct.Struct("<I")
 FILTER_HEADER = "x-stream-filter-value"
 _HDR = struct.Struct("<4sII")
 INDEX_EVERY = 1024  # one sparse index entry per this many records
@@ -91,7 +101,8 @@ DISPATCH_BATCH = 2000  # deliveries per consumer per dispatch pass before yieldi
 #: Consumer offsets the stream protocol stores: the file, and how soon a change is written.
 TRACKING_FILE = "offsets.json"
 TRACKING_WRITE_SECONDS = 0.1
-CHUNK_RECORDS = 1000  # messages in one chunk sent to a stream-protocol subscription
+CHUNK_RECORDS = 10_000  # messages in one chunk sent to a stream-protocol subscription
+SUB_DISPATCH_BATCH = 50_000  # messages to a subscription per dispatch pass before yielding
 DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
 #: x-max-age's timer (`Stream._plan_retention`): at the oldest segment's expiry, but never
 #: further ahead than osiris's retention_eval_interval (an hour), and a second after an
@@ -135,7 +146,8 @@ def _load_summary(directory: Path, seg_id: int) -> dict | None:
         magic, length, crc = _HDR.unpack_from(raw)
         if magic != MAGIC or length != n or zlib.crc32(raw[HEADER_SIZE:]) != crc:
             return None
-        if _RECORD.unpack_from(raw, HEADER_SIZE)[0] != summary["last"]:
+        first, count = record_span(memoryview(raw)[HEADER_SIZE:])
+        if first + count - 1 != summary["last"]:
             return None
         return summary
     except (OSError, ValueError, KeyError, TypeError, struct.error):
@@ -149,6 +161,24 @@ def _stream_dir(queue: Queue, store_id: int) -> Path:
 def record_offset(payload: bytes | memoryview) -> int:
     """The stream offset a stored record carries (the replicated log's copies name it)."""
     return _RECORD.unpack_from(payload)[0]
+
+
+def record_span(payload: bytes | memoryview) -> tuple[int, int]:
+    """A stored record's first offset and how many offsets it holds (a batch: several)."""
+    off, _ts, flags, _nx, _nk, nh = _RECORD.unpack_from(payload)
+    return off, (nh if flags & _BATCH else 1)
+
+
+def batch_messages(entries: bytes) -> list[bytes]:
+    """A batch record's messages, from its entries."""
+    out = []
+    p = 0
+    n = len(entries)
+    while p + 4 <= n:
+        (size,) = _ENTRY.unpack_from(entries, p)
+        out.append(entries[p + 4 : p + 4 + size])
+        p += 4 + size
+    return out
 
 
 class _Segment:
@@ -191,6 +221,8 @@ class _Reader:
         "filt_bits",
         "unfiltered",
         "checked",
+        "batch",
+        "batch_msgs",
     )
 
     def __init__(self, consumer: Consumer, start: int) -> None:
@@ -207,6 +239,14 @@ class _Reader:
         self.buf_at = 0
         self.fd = -1
         self.fd_seg = -1
+        self.batch: tuple | None = None  # the batch record read last (it holds more offsets)
+        self.batch_msgs: list[bytes] | None = None  # ... and its messages, once split
+
+    def message_of(self, record: tuple, off: int) -> bytes:
+        """Offset `off`'s AMQP 1.0 message in a batch record (split once per batch)."""
+        if self.batch_msgs is None or self.batch is not record:
+            self.batch, self.batch_msgs = record, batch_messages(record[5])
+        return self.batch_msgs[off - record[0]]
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -451,6 +491,7 @@ class Stream(Queue):
         # the newest records (off, ts, exchange, key, header, body, fid, segment, end):
         # at most TAIL_RECORDS and TAIL_BYTES of bodies
         self._tail: deque[tuple] = deque()
+        self._tail_first = 0  # the offset of the tail's first element
         self._tail_bytes = 0
         # the messages built for the latest deliveries, by offset modulo RING: (offset,
         # message, filter id, segment, end of its record), so readers of the same region
@@ -583,10 +624,11 @@ class Stream(Queue):
                 (n,) = _WLEN.unpack_from(payload, p)
                 ref = bytes(payload[p + 1 : p + 1 + n]).decode("utf-8", "replace")
                 self.writers[ref] = _PID.unpack_from(payload, p + 1 + n)[0]
-            self._note(off, ts, loc, fid)
+            count = _RECORD.unpack_from(payload)[5] if flags & _BATCH else 1
+            self._note(off, ts, loc, fid, count)
             if flags & _CHUNK_START:
                 self.last_chunk = self.segs[-1].last_chunk = off
-            last = off
+            last = off + count - 1
         while pending:
             last = self._apply_summary(summaries[pending.pop(0)])
         self._opening = False
@@ -625,7 +667,9 @@ class Stream(Queue):
             self._fstored.append(_FLEN.pack(len(stored)) + stored)
         return fid
 
-    def _note(self, off: int, ts: int, loc: Location, fid: int = -1) -> None:
+    def _note(self, off: int, ts: int, loc: Location, fid: int = -1, count: int = 1) -> None:
+        """A record of `count` offsets from `off` was written at `loc` (an index entry at a
+        record that starts or spans a multiple of INDEX_EVERY: entries are record starts)."""
         segs = self.segs
         if not segs or segs[-1].id != loc.segment:
             if segs and not self._opening:
@@ -633,7 +677,7 @@ class Stream(Queue):
             segs.append(_Segment(loc.segment, off, ts))
             self._rolled = len(segs) > 1
             self._index(off, loc, ts)
-        elif off % INDEX_EVERY == 0:
+        elif off % INDEX_EVERY == 0 or off // INDEX_EVERY != (off + count - 1) // INDEX_EVERY:
             self._index(off, loc, ts)
         if fid >= 0:
             bits = self._ix_bits[-1]
@@ -643,7 +687,7 @@ class Stream(Queue):
         else:
             self._ix_unf[-1] = 1
         seg = segs[-1]
-        seg.last, seg.last_ts = off, ts
+        seg.last, seg.last_ts = off + count - 1, ts
         seg.last_pos, seg.last_len = loc.offset, loc.length
         seg.records += 1
         size = HEADER_SIZE + loc.length
@@ -767,6 +811,22 @@ class Stream(Queue):
             self.writers[writer] = publishing_id
         return True
 
+    def publish_batch(self, messages: list[bytes], writer: str | None, newest_id: int) -> bool:
+        """Append a stream-protocol publish frame's messages (AMQP 1.0, none with a filter
+        value) as one batch record: one write, one index note, delivered as stored."""
+        if self.deleted or self.log is None or not messages:
+            return False
+        extra = b""
+        if writer is not None:
+            ref = writer.encode()[:255]
+            extra = _WLEN.pack(len(ref)) + ref + _PID.pack(newest_id)
+        entries = b"".join([part for m in messages for part in (_ENTRY.pack(len(m)), m)])
+        if not self._append("", "", b"", entries, -1, extra, len(messages)):
+            return False
+        if writer is not None:
+            self.writers[writer] = newest_id
+        return True
+
     def _filter_id(self, value: str) -> int:
         known = self._fvals.get(value)  # a value seen before: nothing to encode
         if known is None:
@@ -775,10 +835,11 @@ class Stream(Queue):
 
     def _append(
         self, exchange_name: str, routing_key: str, header: bytes, body: bytes, fid: int,
-        writer: bytes = b"",
+        writer: bytes = b"", batch: int = 0,
     ) -> bool:  # fmt: skip
-        """One record at the next offset: written to the log (and, clustered, its copy to
-        the vhost's log), noted in the index and the tail; False when the log refused it."""
+        """One record at the next offset (a batch: `batch` offsets, `body` their entries):
+        written to the log (and, clustered, its copy to the vhost's log), noted in the index
+        and the tail; False when the log refused it."""
         log = self.log
         assert log is not None
         off = self.next_offset
@@ -798,11 +859,18 @@ class Stream(Queue):
             filt = self._fstored[fid]
         if writer:
             flags |= _WRITER
+        crc = b""
+        checksum = 0
+        if batch:
+            flags |= _BATCH
+            checksum = zlib.crc32(body)
+            crc = _CRC.pack(checksum)
         payload = b"".join(
             (
-                _RECORD.pack(off, ts, flags, len(exchange), len(key), len(header)),
+                _RECORD.pack(off, ts, flags, len(exchange), len(key), batch or len(header)),
                 filt,
                 writer,
+                crc,
                 exchange,
                 key,
                 header,
@@ -815,20 +883,28 @@ class Stream(Queue):
             loc, token = log.append(payload)
         except (SegmentLogError, ValueError):  # failed, or closed (a deposed cluster leader)
             return False
-        self.next_offset = off + 1
+        count = batch or 1
+        self.next_offset = off + count
         self.last_token = token
-        self._note(off, ts, loc, fid)
+        self._note(off, ts, loc, fid, count)
         if flags & _CHUNK_START:
             self.segs[-1].last_chunk = off
         tail = self._tail
-        tail.append(
-            (off, ts, exchange_name, routing_key, header, body, fid, loc.segment,
-             loc.offset + HEADER_SIZE + loc.length)
-        )  # fmt: skip
+        end = loc.offset + HEADER_SIZE + loc.length
+        if not tail:
+            self._tail_first = off
+        if batch:  # one reference per offset: the tail is indexed by offset
+            record = (off, ts, "", batch, None, body, checksum, loc.segment, end)
+            tail.extend(itertools.repeat(record, batch))
+        else:
+            tail.append((off, ts, exchange_name, routing_key, header, body, fid, loc.segment, end))
         self._tail_bytes += len(body)
         if len(tail) > TAIL_TRIM_AT or self._tail_bytes > TAIL_BYTES:
             while len(tail) > 1 and (len(tail) > TAIL_RECORDS or self._tail_bytes > TAIL_BYTES):
-                self._tail_bytes -= len(tail.popleft()[5])
+                gone = tail.popleft()
+                self._tail_first += 1
+                if gone[4] is not None or tail[0] is not gone:  # a batch's last reference
+                    self._tail_bytes -= len(gone[5])
         self.stats_published += 1
         TOUCHED.add(self)
         return True
@@ -1037,10 +1113,10 @@ class Stream(Queue):
                             break
                     payload = buf[need + HEADER_SIZE : need + HEADER_SIZE + n]
                     pos += HEADER_SIZE + n
-                    off = _RECORD.unpack_from(payload)[0]
+                    off, count = record_span(payload)
                     if off >= end:
                         return
-                    if off >= start:
+                    if off + count > start:
                         yield payload
             finally:
                 os.close(fd)
@@ -1177,7 +1253,7 @@ class Stream(Queue):
                 record = self._record(probe)
                 if record is None or record[1] >= ts_ms:
                     break
-                probe.next = record[0] + 1
+                probe.next = record[0] + (record[3] if record[4] is None else 1)
         finally:
             probe.close()
         return probe.next
@@ -1229,48 +1305,79 @@ class Stream(Queue):
     def _deliver_chunks(self, reader: _Reader, committed: int) -> bool:
         """Hand a subscription chunks of consecutive committed offsets (its filter's
         misses end a chunk: a chunk's offsets are its first one plus the entry's index)
-        while it has credit; True when it stopped with more to send (the pass's batch)."""
+        while it has credit; True when it stopped with more to send (the pass's batch).
+        A batch record read from its start goes into the chunk as stored."""
         sub: Any = reader.consumer  # a stream-protocol Subscription
         filt = reader.filt
         limit = sub.chunk_bytes
         sent = 0
+        pack = _ENTRY.pack
         while reader.next < committed and sub.credit > 0:
-            messages: list[bytes] = []
+            parts: list[bytes] = []
+            n = 0
             first = ts = 0
             size = 0
-            while reader.next < committed and len(messages) < CHUNK_RECORDS and size < limit:
+            while reader.next < committed and n < CHUNK_RECORDS and size < limit:
                 if filt is not None and reader.next >= reader.checked:
                     at = reader.next
                     self._skip_chunks(reader, committed)
-                    if reader.next >= committed or (messages and reader.next != at):
+                    if reader.next >= committed or (n and reader.next != at):
                         break
                 record = self._record(reader)
                 if record is None:
                     break
                 off = record[0]
-                if messages and off != first + len(messages):  # retention moved the reader
-                    reader.next, reader.seg = off, -1
-                    break
-                reader.next = off + 1
-                fid = record[6]
-                if filt is not None and not (fid in filt if fid >= 0 else reader.unfiltered):
-                    if messages:
+                if record[4] is None:  # a batch record
+                    count = record[3]
+                    if n and reader.next != first + n:
                         break
-                    continue
-                if not messages:
+                    if filt is not None and not reader.unfiltered:  # (its messages have none)
+                        if n:
+                            break
+                        reader.next = off + count
+                        continue
+                    if reader.next == off:  # a chunk of its own, as stored (RabbitMQ's too)
+                        if n:
+                            break
+                        reader.next = off + count
+                        sub.deliver_chunk(off, record[1], record[5], count, record[6])
+                        sent += count
+                        if sent >= SUB_DISPATCH_BATCH:
+                            self.stats_delivered += sent
+                            return True
+                        if sub.credit <= 0:
+                            break
+                        continue
+                    off = reader.next  # from inside it (a start offset there): one by one
+                    body = reader.message_of(record, off)
+                    fid = -1
+                else:
+                    if n and off != first + n:  # retention moved the reader
+                        reader.next, reader.seg = off, -1
+                        break
+                    fid = record[6]
+                    body = record[5]
+                    header = record[4]
+                    if filt is not None and not (fid in filt if fid >= 0 else reader.unfiltered):
+                        reader.next = off + 1
+                        if n:
+                            break
+                        continue
+                    if header:  # published over AMQP 0-9-1: its AMQP 1.0 form
+                        props = ContentHeader(60, len(body), header).properties
+                        body = amqp10_map.to_amqp10(record[2], record[3], header, props, body)
+                reader.next = off + 1
+                if not n:
                     first, ts = off, record[1]
-                header = record[4]
-                body = record[5]
-                if header:  # published over AMQP 0-9-1: its AMQP 1.0 form
-                    props = ContentHeader(60, len(body), header).properties
-                    body = amqp10_map.to_amqp10(record[2], record[3], header, props, body)
-                messages.append(body)
+                parts.append(pack(len(body)))
+                parts.append(body)
+                n += 1
                 size += len(body) + 4
-            if not messages:
+            if not n:
                 break
-            sub.deliver_chunk(first, ts, messages)
-            sent += len(messages)
-            if sent >= DISPATCH_BATCH:
+            sub.deliver_chunk(first, ts, b"".join(parts), n)
+            sent += n
+            if sent >= SUB_DISPATCH_BATCH:
                 self.stats_delivered += sent
                 return True
         self.stats_delivered += sent
@@ -1317,6 +1424,10 @@ class Stream(Queue):
                     record = self._record(reader)
                     if record is None:
                         break
+                    if record[4] is None:  # a batch record: this offset's message of it
+                        off = reader.next
+                        body = reader.message_of(record, off)
+                        record = (off, record[1], "", "", b"", body, -1, -1, 0)
                     off, msg, fid = record[0], None, record[6]
                 reader.next = off + 1
                 if filt is not None and not (fid in filt if fid >= 0 else reader.unfiltered):
@@ -1430,18 +1541,25 @@ class Stream(Queue):
     def _record(self, reader: _Reader) -> tuple | None:
         """The record at reader.next: from the tail in memory, else read from its segment."""
         tail = self._tail
-        if tail and reader.next >= tail[0][0]:
-            return tail[reader.next - tail[0][0]]
+        if tail and reader.next >= self._tail_first:
+            return tail[reader.next - self._tail_first]
         if reader.next < self.first_offset:
             reader.next = self.first_offset
             reader.seg = -1
+        batch = reader.batch  # read from disk last, and holding more offsets than one
+        if batch is not None and batch[0] <= reader.next < batch[0] + batch[3]:
+            return batch
         while True:
             if reader.seg < 0:
                 self._seek(reader)
             record = self._read_at(reader)
             if record is None:
                 return None
-            if record[0] >= reader.next:
+            if record[4] is None:  # a batch record: offsets [record[0], record[0] + count)
+                if record[0] + record[3] > reader.next:
+                    reader.batch, reader.batch_msgs = record, None
+                    return record
+            elif record[0] >= reader.next:
                 return record
 
     def _seek(self, reader: _Reader) -> None:
@@ -1608,6 +1726,8 @@ def _parse(view: memoryview, intern: Any, seg: int = -1, end: int = 0) -> tuple:
         p += n
     if flags & _WRITER:
         p += _WLEN.size + view[p] + _PID.size
+    if flags & _BATCH:  # (off, ts, "", count, None, entries, their CRC, segment, end)
+        return off, ts, "", nh, None, bytes(view[p + 4 :]), _CRC.unpack_from(view, p)[0], seg, end
     exchange = str(view[p : p + nx], "utf-8")  # (decoded from the view: no copy first)
     p += nx
     key = str(view[p : p + nk], "utf-8")

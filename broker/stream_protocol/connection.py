@@ -38,7 +38,6 @@ from roarmq.protocol.stream.codec import (
     encode_consumer_update,
     encode_credit_response,
     encode_deliver,
-    encode_entries,
     encode_heartbeat,
     encode_metadata,
     encode_metadata_update,
@@ -113,26 +112,28 @@ class Publisher:
         self.stream = stream
         self.reference = reference
         self.seq = 0
-        self._ids: dict[int, int] = {}  # sequence number -> publishing id
+        self._ids: dict[int, list[int]] = {}  # sequence number -> its publishing ids
         self._confirmed: list[int] = []
         self._failed: list[tuple[int, int]] = []
         self.published = self.confirmed = self.errored = 0  # messages, for the API
 
-    def expect(self, publishing_id: int) -> int:
+    def expect(self, publishing_ids: list[int]) -> int:
+        """The ids of one append (a batch, or a message alone) wait under one sequence
+        number for the stream to have them durably."""
         self.seq += 1
-        self._ids[self.seq] = publishing_id
+        self._ids[self.seq] = publishing_ids
         return self.seq
 
     # the stream's confirm waiters call these (as they call a channel's)
     def disk_confirmed(self, seq: int) -> None:
-        pid = self._ids.pop(seq, None)
-        if pid is not None:
-            self._confirmed.append(pid)
+        ids = self._ids.pop(seq, None)
+        if ids is not None:
+            self._confirmed += ids
 
     def disk_failed(self, seq: int) -> None:
-        pid = self._ids.pop(seq, None)
-        if pid is not None:
-            self._failed.append((pid, Code.INTERNAL_ERROR))
+        ids = self._ids.pop(seq, None)
+        if ids is not None:
+            self._failed += [(pid, Code.INTERNAL_ERROR) for pid in ids]
 
     def flush_confirms(self) -> None:
         if self._confirmed:
@@ -183,14 +184,19 @@ class Subscription:
             self.reading = False
             self.stream.unsubscribe(self)
 
-    def deliver_chunk(self, first: int, timestamp_ms: int, messages: list[bytes]) -> None:
-        data, n = encode_entries(messages)
+    def deliver_chunk(
+        self, first: int, timestamp_ms: int, data: bytes, n: int, crc: int | None = None
+    ) -> None:
+        """`n` messages from offset `first` as one chunk: `data`, their entries (and its
+        CRC-32, when the stream has it already)."""
         self.credit -= 1
         self.delivered += n
         self.conn.broker.totals.stream_delivered += n
         conn = self.conn
         committed = self.stream.committed - 1 if conn.deliver_v2 else None
-        conn.send(encode_deliver(self.id, first, timestamp_ms, data, n, committed=committed))
+        conn.send(
+            encode_deliver(self.id, first, timestamp_ms, data, n, committed=committed, crc=crc)
+        )
 
 
 class StreamConnection(asyncio.Protocol):
@@ -677,6 +683,10 @@ class StreamConnection(asyncio.Protocol):
         self._answer(Key.DELETE_PUBLISHER, corr, run)
 
     def _publish(self, f: Fields) -> None:
+        """A publish frame: its messages without a filter value go into the stream as one
+        batch record (stored as they will be delivered), those with one each alone (the
+        filter summaries are per message); ids a named publisher stored already are
+        confirmed and not stored again. Confirmed together once durable."""
         pid, messages = published(f)
         pub = self.publishers.get(pid)
         if pub is None:
@@ -692,31 +702,49 @@ class StreamConnection(asyncio.Protocol):
             return
         reference = pub.reference
         newest = stream.writers.get(reference, -1) if reference is not None else -1
-        first_seq = 0
+        first_seq = pub.seq + 1
         duplicates: list[int] = []
         failed: list[tuple[int, int]] = []
+        batch: list[bytes] = []
+        batch_ids: list[int] = []
+
+        def flush_batch() -> None:
+            if batch:
+                if stream.publish_batch(batch, reference, max(batch_ids)):
+                    pub.expect(batch_ids.copy())
+                else:
+                    failed.extend((one, Code.INTERNAL_ERROR) for one in batch_ids)
+                batch.clear()
+                batch_ids.clear()
+
         for publishing_id, filter_value, message in messages:
             if reference is not None and publishing_id <= newest:
                 duplicates.append(publishing_id)  # confirmed, not stored (as RabbitMQ)
                 continue
-            bodies = message if isinstance(message, list) else [message]
-            ok = True
-            for body in bodies:
-                ok = stream.publish_amqp10(body, filter_value, reference, publishing_id) and ok
-            if not ok:
-                failed.append((publishing_id, Code.INTERNAL_ERROR))
+            newest = max(newest, publishing_id)
+            if filter_value is None:
+                if isinstance(message, list):
+                    batch.extend(message)  # a sub-entry batch: one publishing id
+                else:
+                    batch.append(message)
+                batch_ids.append(publishing_id)
                 continue
-            newest = publishing_id
-            seq = pub.expect(publishing_id)
-            if not first_seq:
-                first_seq = seq
+            flush_batch()
+            bodies = message if isinstance(message, list) else [message]
+            ok = all(
+                [stream.publish_amqp10(b, filter_value, reference, publishing_id) for b in bodies]
+            )
+            if ok:
+                pub.expect([publishing_id])
+            else:
+                failed.append((publishing_id, Code.INTERNAL_ERROR))
+        flush_batch()
         self.published += len(messages)
         pub.published += len(messages)
         pub.confirmed += len(duplicates)
         self.broker.totals.stream_received += len(messages)
         self.broker.totals.stream_confirmed += len(duplicates)
-        pub.errored += len(failed)
-        if first_seq:
+        if pub.seq >= first_seq:
             stream.confirm_publisher(pub, first_seq, pub.seq)
         if duplicates:
             self.send(encode_publish_confirm(pid, duplicates))

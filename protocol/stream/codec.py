@@ -254,19 +254,44 @@ def published(fields: Fields) -> tuple[int, list[tuple[int, str | None, bytes | 
     publisher = fields.u8()
     count = fields.count(12)
     out: list[tuple[int, str | None, bytes | list[bytes]]] = []
-    v2 = fields.version >= 2
+    if fields.version >= 2:
+        for _ in range(count):
+            pid = fields.u64()
+            filter_value = fields.string()
+            out.append((pid, filter_value, _published_message(fields)))
+        return publisher, out
+    # version 1, the common case: read in one tight loop
+    data = fields.data
+    pos = fields.pos
+    end = len(data)
+    unpack = _PUBLISHED.unpack_from
     for _ in range(count):
-        pid = fields.u64()
-        filter_value = fields.string() if v2 else None
-        data = fields.data
-        if fields.pos < len(data) and data[fields.pos] & 0x80:
-            out.append((pid, filter_value, _sub_batch(fields)))
+        if pos + 12 > end:
+            raise FrameError("a publish frame ends early")
+        if data[pos + 8] & 0x80:  # a sub-entry batch
+            fields.pos = pos
+            pid = fields.u64()
+            out.append((pid, None, _sub_batch(fields)))
+            pos = fields.pos
             continue
-        message = fields.bytes_()
-        if message is None:
-            raise FrameError("a published message is null")
-        out.append((pid, filter_value, message))
+        pid, size = unpack(data, pos)
+        pos += 12
+        if size < 0 or pos + size > end:
+            raise FrameError("a published message does not fit its frame")
+        out.append((pid, None, data[pos : pos + size]))
+        pos += size
+    fields.pos = pos
     return publisher, out
+
+
+def _published_message(fields: Fields) -> bytes | list[bytes]:
+    data = fields.data
+    if fields.pos < len(data) and data[fields.pos] & 0x80:
+        return _sub_batch(fields)
+    message = fields.bytes_()
+    if message is None:
+        raise FrameError("a published message is null")
+    return message
 
 
 def _sub_batch(fields: Fields) -> list[bytes]:
@@ -344,11 +369,8 @@ def encode_close(correlation_id: int, code: int, reason: str) -> bytes:
 
 
 def encode_publish_confirm(publisher: int, ids: Sequence[int]) -> bytes:
-    return _frame(
-        Key.PUBLISH_CONFIRM,
-        1,
-        _U8.pack(publisher) + _I32.pack(len(ids)) + b"".join(_U64.pack(i) for i in ids),
-    )
+    n = len(ids)
+    return _frame(Key.PUBLISH_CONFIRM, 1, struct.pack(f">Bi{n}Q", publisher, n, *ids))
 
 
 def encode_publish_error(publisher: int, errors: Sequence[tuple[int, int]]) -> bytes:
@@ -423,6 +445,7 @@ def encode_deliver(
     *,
     epoch: int = 0,
     committed: int | None = None,
+    crc: int | None = None,
 ) -> bytes:
     """A deliver frame of one chunk: version 1, or 2 with the committed chunk id (a client
     that asked for it in exchange-command-versions)."""
@@ -434,7 +457,7 @@ def encode_deliver(
         timestamp_ms,
         epoch,
         first_offset,
-        zlib.crc32(data),
+        zlib.crc32(data) if crc is None else crc,
         len(data),
         0,
         0,

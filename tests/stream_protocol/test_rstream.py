@@ -324,7 +324,7 @@ async def test_a_stream_deleted_over_amqp_sends_a_metadata_update(target, name):
 async def test_credit_is_counted_in_chunks(target, name):
     async with producer_of(target) as producer:
         await producer.create_stream(name)
-        for _ in range(5):  # five loop turns: five chunks at most
+        for _ in range(40):  # forty publish batches: more than five chunks
             await producer.send_batch(name, [AMQPMessage(body=b"m")] * 3000)
     client = await _raw_client(target)
     chunks: list[int] = []
@@ -345,7 +345,7 @@ async def test_credit_is_counted_in_chunks(target, name):
     await client.credit(1, 3)
     await asyncio.sleep(0.3)
     assert len(chunks) == 5
-    assert sum(chunks) < 15000
+    assert sum(chunks) < 40 * 3000  # credit held the rest back
     await client.close()
 
 
@@ -406,4 +406,59 @@ async def test_filter_values_sent_with_messages_filter_on_the_broker(broker):
             if len(offsets) == 10:
                 break
     assert offsets == list(range(1, 30, 3))
+    await connection.close()
+
+
+async def test_batches_read_back_from_disk_over_both_protocols_and_after_a_restart(tmp_path):
+    """A publish frame is one batch record: 20 frames of 1,000 messages over segments of
+    200 KB (well past what the stream keeps in memory) read back from an offset inside a
+    batch over the stream protocol and from the first over AMQP 0-9-1, then again after a
+    restart (segments taken from their summaries)."""
+    config = ephemeral_config(data_dir=str(tmp_path / "data"))
+    bodies = [b"message %05d" % i for i in range(20_000)]
+    async with running_broker(config) as broker:
+        client = await _raw_client(broker)
+        await client.create_stream("batches", {"stream-max-segment-size-bytes": 200_000})
+        await client.declare_publisher("batches", "", 1)
+        for k in range(20):
+            frame = [
+                schema.Message(i + 1, None, bytes(AMQPMessage(body=bodies[i])))
+                for i in range(1000 * k, 1000 * (k + 1))
+            ]
+            await client.send_frame(schema.Publish(publisher_id=1, messages=frame))
+        for _ in range(200):
+            if broker.broker.vhosts["/"].queues["batches"].message_count() == 20_000:
+                break
+            await asyncio.sleep(0.05)
+        await client.close()
+        stream = broker.broker.vhosts["/"].queues["batches"]
+        assert len(stream.segs) >= 3
+        await _check_batches(broker, bodies)
+    async with running_broker(config) as broker:
+        await _check_batches(broker, bodies)
+
+
+async def _check_batches(broker, bodies: list[bytes]) -> None:
+    async with consumer_of(broker) as consumer:
+        got = await collect(
+            consumer, "batches", ConsumerOffsetSpecification(OffsetType.OFFSET, 1234), 18_766
+        )
+    assert [o for o, _ in got] == list(range(1234, 20_000))
+    assert [b for _, b in got] == bodies[1234:]
+    connection = await aio_pika.connect(broker.url)
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=10)  # no more than it reads: a stream refuses nacks
+    queue = await channel.get_queue("batches")
+    seen = []
+    ten = asyncio.Event()
+
+    async def on_message(message) -> None:
+        seen.append((message.headers["x-stream-offset"], message.body))
+        if len(seen) == 10:
+            ten.set()
+
+    # no ack, no cancel: the connection's close ends it (a stream answers a nack with 540)
+    await queue.consume(on_message, arguments={"x-stream-offset": 2_495})
+    await asyncio.wait_for(ten.wait(), 10)
+    assert seen == [(i, bodies[i]) for i in range(2_495, 2_505)]  # across two batches, on disk
     await connection.close()
