@@ -69,6 +69,11 @@ class ClusterHooks(Protocol):
         """530 NOT_ALLOWED's text when another node serves the vhost (None: served here)."""
         ...
 
+    def stream_leader(self, vhost: str) -> tuple[str, int] | None:
+        """The address and stream-protocol port of the node that serves the vhost, when
+        another node does (a stream connection here relays to it); None otherwise."""
+        ...
+
     def must_wait(self, vhost: str) -> bool:
         """The open should be asked again in a moment (a leader recovering, or silent)."""
         ...
@@ -211,6 +216,9 @@ class SingleNode:
         return None
 
     def refusal(self, vhost: str) -> str | None:
+        return None
+
+    def stream_leader(self, vhost: str) -> tuple[str, int] | None:
         return None
 
     def must_wait(self, vhost: str) -> bool:

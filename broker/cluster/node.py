@@ -149,6 +149,7 @@ class ClusterNode:
         c.info = {
             "amqp_port": b.port,
             "management_port": b.mgmt_port,
+            "stream_port": b.stream_port,
             "instance": self._instance(),
             **self.handoff.advertised(),
         }
@@ -241,6 +242,16 @@ class ClusterNode:
 
     def members(self, vhost: str) -> list[str]:
         return self.coordinator.vhost_members(vhost) if self.coordinator is not None else []
+
+    def stream_leader(self, vhost: str) -> tuple[str, int] | None:
+        c = self.coordinator
+        if c is None or vhost in c.leading:
+            return None
+        leader = self.leader_of(vhost)
+        info = c.members().get(leader) if leader is not None else None
+        if not info or not info.get("stream_port"):
+            return None
+        return info["address"], int(info["stream_port"])
 
     def in_sync(self, vhost: str) -> list[str]:
         return self.coordinator.in_sync(vhost) if self.coordinator is not None else []

@@ -56,7 +56,7 @@ from ..core.auth import AuthError
 from ..core.stream import Stream
 from ..ops.clock import TimerHandle
 from ..store.definitions import DefinitionsWriteFailed
-from . import single_active, super_streams
+from . import relay, single_active, super_streams
 
 if TYPE_CHECKING:
     from ..server import Broker
@@ -230,6 +230,10 @@ class StreamConnection(asyncio.Protocol):
         self.recv_oct = self.send_oct = 0
         self.published = self.confirmed = 0
         self._after_subscribe: Subscription | None = None
+        self._sasl: bytes | None = None  # PLAIN's response: a relay logs in with it
+        self._relay: asyncio.StreamWriter | None = None  # the serving node, when relaying
+        self._relay_task: asyncio.Task | None = None
+        self._early: list[bytes] = []  # what came after the open, before the relay began
         self._corr = 0
         # consumer-updates sent, by correlation id: the subscription that waits for its answer
         self._updates: dict[int, Subscription] = {}
@@ -252,6 +256,12 @@ class StreamConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_read = time.monotonic()
         self.recv_oct += len(data)
+        if self._relay is not None:  # another node serves the vhost: its bytes, untouched
+            self._relay.write(data)
+            return
+        if self.state == "relaying":  # (the client does not wait for open's answer)
+            self._early.append(data)
+            return
         try:
             frames = self.splitter.feed(data)
         except FrameError as exc:
@@ -260,12 +270,18 @@ class StreamConnection(asyncio.Protocol):
         for frame in frames:
             if self._closed:
                 break
+            if self.state == "relaying":  # after the open: the serving node's to answer
+                self._early.append(len(frame).to_bytes(4, "big") + frame)
+                continue
             try:
                 fields = Fields(frame)
                 self._dispatch(fields)
             except FrameError as exc:
                 self._fail(exc.code, str(exc))
                 break
+        if self.state == "relaying":  # a frame cut short after the open: in order, theirs too
+            self._early.append(self.splitter.unread())
+            self.splitter = FrameSplitter()
         self.flush()
 
     def _dispatch(self, fields: Fields) -> None:
@@ -345,6 +361,11 @@ class StreamConnection(asyncio.Protocol):
             pub.stream.watchers.discard(self)
         self.subscriptions.clear()
         self.publishers.clear()
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
+        if self._relay_task is not None:
+            self._relay_task.cancel()
         self.broker.stream_connections.discard(self)
         if self.vhost is not None:
             log.info("stream connection closed", extra={"conn": self.name})
@@ -415,6 +436,7 @@ class StreamConnection(asyncio.Protocol):
                 user = self.broker.auth.external(self._certificate_user(), self.peer[0])
             else:
                 user = self.broker.auth.authenticate("PLAIN", data, self.peer[0])
+                self._sasl = data
         except AuthError as exc:
             text = str(exc)
             code = (
@@ -454,6 +476,13 @@ class StreamConnection(asyncio.Protocol):
         vhost = self.broker.vhosts.get(name)
         perm = self.user.permissions.get(name) if vhost is not None else None
         refusal = self._connection_limit(name) if perm is not None else None
+        leader = self.broker.cluster.stream_leader(name)
+        if perm is not None and refusal is None and leader is not None and self._sasl:
+            self.state = "relaying"
+            self._relay_task = self.broker.clock.loop.create_task(
+                self._start_relay(corr, name, leader)
+            )
+            return
         if perm is None or refusal is not None or self.broker.cluster.refusal(name):
             log.warning(
                 "stream connection: access to vhost %r refused for user %r%s",
@@ -482,6 +511,50 @@ class StreamConnection(asyncio.Protocol):
             "stream connection opened",
             extra={"conn": self.name, "user": self.user.name, "vhost": name},
         )
+
+    async def _start_relay(self, corr: int, vhost: str, leader: tuple[str, int]) -> None:
+        """Relay this connection to the node serving its vhost (relay.py)."""
+        try:
+            reader, writer, props = await relay.open_upstream(
+                leader[0],
+                leader[1],
+                vhost=vhost,
+                properties=self.client_properties,
+                sasl=self._sasl or b"",
+                frame_max=self.frame_max,
+                heartbeat=self.heartbeat,
+            )
+        except (OSError, TimeoutError, FrameError, relay.RelayRefused) as exc:
+            code = exc.code if isinstance(exc, relay.RelayRefused) else Code.VHOST_ACCESS_FAILURE
+            log.warning(
+                "stream connection: relay to %s:%d for vhost %r failed: %r",
+                leader[0], leader[1], vhost, exc, extra={"conn": self.name},
+            )  # fmt: skip
+            self.send(encode_response(Key.OPEN, corr, code))
+            self.flush()
+            self._abort()
+            return
+        if self._closed or self.transport is None:
+            writer.close()
+            return
+        self.send(encode_response(Key.OPEN, corr, Code.OK, encode_properties(props)))
+        self.flush()
+        if self._timer is not None:  # the serving node's heartbeats pass through
+            self._timer.cancel()
+            self._timer = None
+        self._relay = writer
+        early = b"".join(self._early)  # what the client sent before open's answer
+        self._early.clear()
+        if early:
+            writer.write(early)
+        log.info(
+            "stream connection relayed to the node serving its vhost",
+            extra={"conn": self.name, "vhost": vhost, "to": f"{leader[0]}:{leader[1]}"},
+        )
+        try:
+            await relay.pipe(reader, self.transport)
+        finally:
+            self._abort()
 
     def _connection_limit(self, vhost: str) -> str | None:
         broker = self.broker

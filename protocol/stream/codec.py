@@ -131,6 +131,10 @@ class FrameSplitter:
         self._buf = bytearray()
         self.frame_max = frame_max
 
+    def unread(self) -> bytes:
+        """What was fed and is not a whole frame yet."""
+        return bytes(self._buf)
+
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf
         buf += data

@@ -7,7 +7,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from rstream import AMQPMessage, schema
+from rstream import (
+    AMQPMessage,
+    Consumer,
+    ConsumerOffsetSpecification,
+    OffsetType,
+    Producer,
+    schema,
+)
 from rstream.client import Client
 from support.cluster_nodes import TTL, agreed_leader, by_name, placement, three_nodes
 from support.waiting import until
@@ -102,3 +109,39 @@ def _try(call):
         return call()
     except Exception:  # noqa: BLE001 - the successor still recovering: ask again
         return None
+
+
+def test_a_client_pointed_at_a_follower_works_through_it(cluster):
+    """rstream's producer and consumer given a node that does not lead the vhost: that node
+    relays their connections to the leader (metadata then names the leader, where they
+    publish and read), as a client pointed at any node of a RabbitMQ cluster works."""
+    leader_name = until(lambda: agreed_leader(cluster), 60)
+    assert leader_name
+    follower = next(n for n in cluster if n.name != leader_name)
+    leader = by_name(cluster, leader_name)
+
+    async def run() -> list[int]:
+        kw = {"port": follower.stream_port, "username": "guest", "password": "guest"}
+        async with Producer("127.0.0.1", **kw) as producer:
+            await producer.create_stream("via-follower")
+            for i in range(20):
+                await producer.send_wait("via-follower", AMQPMessage(body=b"%d" % i))
+        consumer = Consumer("127.0.0.1", **kw)
+        await consumer.start()
+        got: list[int] = []
+        done = asyncio.Event()
+
+        async def on_message(message, context) -> None:
+            got.append(context.offset)
+            if len(got) == 20:
+                done.set()
+
+        offset = ConsumerOffsetSpecification(OffsetType.FIRST)
+        await consumer.subscribe("via-follower", on_message, offset_specification=offset)
+        await asyncio.wait_for(done.wait(), 20)
+        await consumer.close()
+        return got
+
+    assert asyncio.run(run()) == list(range(20))
+    assert leader.api("/api/queues/%2F/via-follower")["messages"] == 20
+    assert "relayed to the node serving its vhost" in follower.log.read_text()
