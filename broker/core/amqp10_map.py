@@ -18,6 +18,7 @@ body (amqp-value, amqp-sequence) is its AMQP 1.0 encoding with type `amqp-1.0`.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import struct
 import uuid
@@ -35,6 +36,7 @@ from roarmq.protocol.stream.amqp10 import (
     Timestamp,
     UByte,
     UInt,
+    ULong,
     UShort,
     decode_message,
     encode_message,
@@ -115,14 +117,17 @@ def to_amqp10(
     if props.expiration is not None:
         annotations[Symbol("x-basic-expiration")] = props.expiration
     properties: dict[str, Any] = {}
+    typed = dict(_typed_headers(raw))
     if props.message_id is not None:
-        properties["message_id"] = props.message_id
+        properties["message_id"] = _id_value(props.message_id, typed.pop("x-message-id-type", None))
     if props.user_id is not None:
         properties["user_id"] = props.user_id.encode()
     if props.reply_to is not None:
         properties["reply_to"] = props.reply_to
     if props.correlation_id is not None:
-        properties["correlation_id"] = props.correlation_id
+        properties["correlation_id"] = _id_value(
+            props.correlation_id, typed.pop("x-correlation-id-type", None)
+        )
     if props.content_type is not None:
         properties["content_type"] = Symbol(props.content_type)
     if props.content_encoding is not None:
@@ -136,7 +141,7 @@ def to_amqp10(
         app["x-basic-type"] = props.type
     if props.app_id is not None:
         app["x-basic-app-id"] = props.app_id
-    app.update(_typed_headers(raw))
+    app.update(typed)
     return encode_message(
         Message10(
             message_annotations=annotations,
@@ -145,6 +150,36 @@ def to_amqp10(
             body=[body],
         )
     )
+
+
+#: The header that names the AMQP 1.0 type of a message-id / correlation-id in 0-9-1.
+_ID_TYPE = {"message_id": "x-message-id-type", "correlation_id": "x-correlation-id-type"}
+
+
+def _id_text(value: Any) -> tuple[str, str | None]:
+    """A 1.0 message-id or correlation-id as 0-9-1's string, and its type when it was not a
+    string (RabbitMQ's `x-message-id-type`: uuid, ulong, binary as base64)."""
+    if isinstance(value, uuid.UUID):
+        return str(value), "uuid"
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode(), "binary"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(int(value)), "ulong"
+    return str(value), None
+
+
+def _id_value(text: str, kind: Any) -> Any:
+    """The reverse: a 0-9-1 id with its type header as the typed 1.0 value."""
+    try:
+        if kind == "uuid":
+            return uuid.UUID(text)
+        if kind == "ulong":
+            return ULong(int(text))
+        if kind == "binary":
+            return base64.b64decode(text, validate=True)
+    except ValueError:
+        pass
+    return text
 
 
 def _text(value: Any) -> str:
@@ -185,9 +220,15 @@ def to_amqp091(message: bytes) -> tuple[BasicProperties, bytes]:
     if "ttl" in header:
         props.expiration = str(int(header["ttl"]))
     p = msg.properties or {}
-    for name in ("message_id", "correlation_id", "reply_to"):
+    headers: dict[str, Any] = {}
+    for name in ("message_id", "correlation_id"):  # 0-9-1 has strings: the type in a header
         if name in p:
-            setattr(props, name, _text(p[name]))
+            text, kind = _id_text(p[name])
+            setattr(props, name, text)
+            if kind is not None:
+                headers[_ID_TYPE[name]] = kind
+    if "reply_to" in p:
+        props.reply_to = _text(p["reply_to"])
     if "user_id" in p:
         props.user_id = _text(p["user_id"])
     if "content_type" in p:
@@ -196,7 +237,6 @@ def to_amqp091(message: bytes) -> tuple[BasicProperties, bytes]:
         props.content_encoding = str(p["content_encoding"])
     if "creation_time" in p:
         props.timestamp = int(p["creation_time"]) // 1000
-    headers: dict[str, Any] = {}
     for key, value in (msg.application_properties or {}).items():
         name = str(key)
         if name == "x-basic-type":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
+import uuid
 
 import aio_pika
 import pytest
@@ -19,6 +20,7 @@ from rstream import (
     MessageContext,
     OffsetType,
     Producer,
+    Properties,
     amqp_decoder,
     schema,
 )
@@ -462,3 +464,36 @@ async def _check_batches(broker, bodies: list[bytes]) -> None:
     await asyncio.wait_for(ten.wait(), 10)
     assert seen == [(i, bodies[i]) for i in range(2_495, 2_505)]  # across two batches, on disk
     await connection.close()
+
+
+async def test_typed_message_ids_read_over_amqp_0_9_1(target, name):
+    """An AMQP 1.0 message-id or correlation-id that is not a string reaches an AMQP 0-9-1
+    consumer as a string with its type in `x-message-id-type` / `x-correlation-id-type`
+    (uuid, ulong, binary as base64), as RabbitMQ maps it."""
+    uid = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    async with producer_of(target) as producer:
+        await producer.create_stream(name)
+        for body, mid, cid in ((b"u", uid, 7), (b"b", b"\x01\x02", "c"), (b"n", 42, None)):
+            props = Properties(message_id=mid, correlation_id=cid)
+            await producer.send_wait(name, AMQPMessage(body=body, properties=props))
+    connection = await aio_pika.connect(target.url)
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=3)
+    queue = await channel.get_queue(name)
+    seen = []
+    three = asyncio.Event()
+
+    async def on_message(message) -> None:
+        headers = {k: v for k, v in message.headers.items() if k != "x-stream-offset"}
+        seen.append((message.body, message.message_id, message.correlation_id, headers))
+        if len(seen) == 3:
+            three.set()
+
+    await queue.consume(on_message, arguments={"x-stream-offset": "first"})
+    await asyncio.wait_for(three.wait(), 10)
+    await connection.close()
+    assert seen == [
+        (b"u", str(uid), "7", {"x-message-id-type": "uuid", "x-correlation-id-type": "ulong"}),
+        (b"b", "AQI=", "c", {"x-message-id-type": "binary"}),
+        (b"n", "42", None, {"x-message-id-type": "ulong"}),
+    ]
