@@ -798,14 +798,14 @@ class Connection:
         broker = self.broker
         user = self.user.name
         most = broker.limit("vhost", vhost.name, "max-connections")
-        if most is not None and (sum(1 for c in broker.connections if c.vhost is vhost) >= most):
+        if most is not None and broker.vhost_connection_count(vhost.name) >= most:
             raise connection_error(
                 NOT_ALLOWED,
                 f"access to vhost '{vhost.name}' refused for user '{user}': "
                 f"connection limit ({most}) is reached",
             )
         most = broker.limit("user", user, "max-connections")
-        if most is not None and len(broker.user_connections(user)) >= most:
+        if most is not None and broker.user_connection_count(user) >= most:
             raise connection_error(
                 NOT_ALLOWED,
                 f"connection refused for user '{user}': user connection limit ({most}) is reached",

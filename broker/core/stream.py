@@ -1668,9 +1668,11 @@ class Stream(Queue):
         return {"offset": reader.next, "offset_lag": max(self.committed - reader.next, 0)}
 
     def max_offset_lag(self) -> int:
-        """The highest `offset_lag` of its consumers (0 without consumers)."""
+        """The highest `offset_lag` of its consumers and stream-protocol subscriptions (0
+        without any)."""
         committed = self.committed
-        return max(0, max((committed - r.next for r in self._readers.values()), default=0))
+        readers = [*self._readers.values(), *self._subs.values()]
+        return max(0, max((committed - r.next for r in readers), default=0))
 
     def iter_ready(self) -> Iterable[Entry]:
         return iter(())

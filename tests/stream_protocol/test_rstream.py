@@ -12,6 +12,7 @@ import time
 import uuid
 
 import aio_pika
+import pika
 import pytest
 from rstream import (
     AMQPMessage,
@@ -497,3 +498,20 @@ async def test_typed_message_ids_read_over_amqp_0_9_1(target, name):
         (b"b", "AQI=", "c", {"x-message-id-type": "binary"}),
         (b"n", "42", None, {"x-message-id-type": "ulong"}),
     ]
+
+
+async def test_connection_limits_count_both_protocols(broker):
+    """A vhost's max-connections counts AMQP and stream connections together (open answers
+    `Virtual host access failure` past it), and so does a user's."""
+    broker.broker.set_limit("vhost", "/", "max-connections", 1)
+    connection = await aio_pika.connect(broker.url)
+    with pytest.raises(rex.VirtualHostAccessFailure):
+        async with producer_of(broker):
+            pass
+    await connection.close()
+    async with producer_of(broker):
+        loop = asyncio.get_running_loop()
+        with pytest.raises(pika.exceptions.ProbableAccessDeniedError, match="connection limit"):
+            await loop.run_in_executor(
+                None, pika.BlockingConnection, pika.URLParameters(broker.url)
+            )
