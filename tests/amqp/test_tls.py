@@ -215,7 +215,8 @@ async def test_aiopika_without_client_certificate(tmp_path, pki, caplog):
             await plain.close()
         start = [r.getMessage() for r in caplog.records if r.getMessage().startswith("RoarMQ ")]
         assert start == [
-            f"RoarMQ 0.1.0: AMQP on 127.0.0.1 port {b.port}, amqps on 127.0.0.1:{b.tls_port}"
+            f"RoarMQ 0.1.0: AMQP on 127.0.0.1 port {b.port}, amqps on 127.0.0.1:{b.tls_port}, "
+            f"streams on 127.0.0.1:{b.stream_port}"
         ]
 
 
@@ -261,7 +262,10 @@ def test_tls_only(tmp_path, pki, caplog):
         finally:
             conn.close()
         start = [r.getMessage() for r in caplog.records if r.getMessage().startswith("RoarMQ ")]
-        assert start == [f"RoarMQ 0.1.0: amqps on 127.0.0.1:{b.tls_port}"]
+        # (the stream protocol's listeners are its own, as RabbitMQ's stream plugin's are)
+        assert start == [
+            f"RoarMQ 0.1.0: amqps on 127.0.0.1:{b.tls_port}, streams on 127.0.0.1:{b.stream_port}"
+        ]
     parsed = parse_config(
         {
             "amqp": {
