@@ -161,7 +161,7 @@ check: $(DEV_STAMP)
 # fails here is a bug to fix at its cause.
 HUNT_PASSES ?= 20
 HUNT_TMP ?= /tmp/roarmq-hunt
-HUNT_PATHS ?= tests/store tests/cluster tests/replog tests/amqp tests/core tests/management tests/routing tests/clients tests/cli
+HUNT_PATHS ?= tests/store tests/cluster tests/replog tests/amqp tests/core tests/stream_protocol tests/management tests/routing tests/clients tests/cli
 hunt: $(DEV_STAMP) system-deps node-deps tools
 	$(call timed,(burners=""; for cpu in $$(seq 0 $$(( $$(nproc) - 1 ))); do \
 	    taskset -c $$cpu sh -c 'while :; do :; done' & burners="$$burners $$!"; done; \
