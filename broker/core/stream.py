@@ -814,14 +814,23 @@ class Stream(Queue):
     def publish_batch(self, messages: list[bytes], writer: str | None, newest_id: int) -> bool:
         """Append a stream-protocol publish frame's messages (AMQP 1.0, none with a filter
         value) as one batch record: one write, one index note, delivered as stored."""
-        if self.deleted or self.log is None or not messages:
+        if not messages:
+            return False
+        entries = b"".join([part for m in messages for part in (_ENTRY.pack(len(m)), m)])
+        return self.publish_entries(entries, len(messages), writer, newest_id)
+
+    def publish_entries(
+        self, entries: bytes, count: int, writer: str | None, newest_id: int
+    ) -> bool:
+        """`publish_batch` of messages already as chunk entries (a publish frame's bytes
+        without its publishing ids: no message is copied one by one)."""
+        if self.deleted or self.log is None or not count:
             return False
         extra = b""
         if writer is not None:
             ref = writer.encode()[:255]
             extra = _WLEN.pack(len(ref)) + ref + _PID.pack(newest_id)
-        entries = b"".join([part for m in messages for part in (_ENTRY.pack(len(m)), m)])
-        if not self._append("", "", b"", entries, -1, extra, len(messages)):
+        if not self._append("", "", b"", entries, -1, extra, count):
             return False
         if writer is not None:
             self.writers[writer] = newest_id

@@ -48,6 +48,7 @@ from roarmq.protocol.stream.codec import (
     encode_strings,
     encode_tune,
     published,
+    published_entries,
 )
 
 from .. import __version__
@@ -760,6 +761,11 @@ class StreamConnection(asyncio.Protocol):
         batch record (stored as they will be delivered), those with one each alone (the
         filter summaries are per message); ids a named publisher stored already are
         confirmed and not stored again. Confirmed together once durable."""
+        start = f.pos
+        plain = published_entries(f)
+        if plain is not None and self._publish_plain(*plain):
+            return
+        f.pos = start  # read again, message by message
         pid, messages = published(f)
         pub = self.publishers.get(pid)
         if pub is None:
@@ -823,6 +829,29 @@ class StreamConnection(asyncio.Protocol):
             self.send(encode_publish_confirm(pid, duplicates))
         if failed:
             self.send(encode_publish_error(pid, failed))
+
+    def _publish_plain(self, pid: int, ids: list[int], entries: bytes) -> bool:
+        """A frame of plain messages, none already stored: one batch record, as read. False
+        (nothing done) where `_publish`'s general path is needed: an unknown publisher, a
+        deleted stream, an id a named publisher stored already."""
+        pub = self.publishers.get(pid)
+        if pub is None or pub.stream.deleted or not ids:
+            return False
+        stream = pub.stream
+        reference = pub.reference
+        newest = max(ids)
+        if reference is not None and min(ids) <= stream.writers.get(reference, -1):
+            return False
+        n = len(ids)
+        self.published += n
+        pub.published += n
+        self.broker.totals.stream_received += n
+        if stream.publish_entries(entries, n, reference, newest):
+            seq = pub.expect(ids)
+            stream.confirm_publisher(pub, seq, seq)
+        else:
+            self.send(encode_publish_error(pid, [(one, Code.INTERNAL_ERROR) for one in ids]))
+        return True
 
     def _query_publisher_sequence(self, f: Fields) -> None:
         corr = f.u32()

@@ -288,6 +288,38 @@ def published(fields: Fields) -> tuple[int, list[tuple[int, str | None, bytes | 
     return publisher, out
 
 
+def published_entries(fields: Fields) -> tuple[int, list[int], bytes] | None:
+    """A version-1 publish frame of plain messages, read in one pass: its publisher id, the
+    publishing ids, and the messages as osiris chunk entries (each message keeps its
+    length prefix: the frame's bytes without the ids). None, and the fields as they were,
+    when it holds a sub-entry batch or is not version 1 (`published` reads those)."""
+    if fields.version != 1:
+        return None
+    start = fields.pos
+    publisher = fields.u8()
+    count = fields.count(12)
+    data = fields.data
+    pos = fields.pos
+    end = len(data)
+    unpack = _PUBLISHED.unpack_from
+    ids: list[int] = []
+    parts: list[bytes] = []
+    for _ in range(count):
+        if pos + 12 > end:
+            raise FrameError("a publish frame ends early")
+        if data[pos + 8] & 0x80:
+            fields.pos = start
+            return None
+        pid, size = unpack(data, pos)
+        if size < 0 or pos + 12 + size > end:
+            raise FrameError("a published message does not fit its frame")
+        ids.append(pid)
+        parts.append(data[pos + 8 : pos + 12 + size])
+        pos += 12 + size
+    fields.pos = pos
+    return publisher, ids, b"".join(parts)
+
+
 def _published_message(fields: Fields) -> bytes | list[bytes]:
     data = fields.data
     if fields.pos < len(data) and data[fields.pos] & 0x80:
