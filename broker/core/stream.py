@@ -102,6 +102,9 @@ DISPATCH_BATCH = 2000  # deliveries per consumer per dispatch pass before yieldi
 TRACKING_FILE = "offsets.json"
 TRACKING_WRITE_SECONDS = 0.1
 CHUNK_RECORDS = 10_000  # messages in one chunk sent to a stream-protocol subscription
+#: Bytes of consecutive batch records sent as one chunk: with a credit of a few chunks,
+#: chunks of a single publish frame's batch would leave the consumer waiting on credit.
+MERGE_BYTES = 256 << 10
 SUB_DISPATCH_BATCH = 50_000  # messages to a subscription per dispatch pass before yielding
 DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
 #: x-max-age's timer (`Stream._plan_retention`): at the oldest segment's expiry, but never
@@ -1326,6 +1329,7 @@ class Stream(Queue):
             n = 0
             first = ts = 0
             size = 0
+            crc: int | None = None  # a chunk of batches only: the first one's CRC (-1: several)
             while reader.next < committed and n < CHUNK_RECORDS and size < limit:
                 if filt is not None and reader.next >= reader.checked:
                     at = reader.next
@@ -1345,22 +1349,27 @@ class Stream(Queue):
                             break
                         reader.next = off + count
                         continue
-                    if reader.next == off:  # a chunk of its own, as stored (RabbitMQ's too)
-                        if n:
+                    if reader.next == off:  # as stored, with the batches after it that fit
+                        stored = record[5]
+                        if n and (crc is None or size + len(stored) > MERGE_BYTES):
                             break
+                        if not n:
+                            first, ts, crc = off, record[1], record[6]
+                        else:
+                            crc = -1  # several batches: their CRC is computed once joined
+                        parts.append(stored)
+                        n += count
+                        size += len(stored)
                         reader.next = off + count
-                        sub.deliver_chunk(off, record[1], record[5], count, record[6])
-                        sent += count
-                        if sent >= SUB_DISPATCH_BATCH:
-                            self.stats_delivered += sent
-                            return True
-                        if sub.credit <= 0:
-                            break
                         continue
+                    if crc is not None:
+                        break
                     off = reader.next  # from inside it (a start offset there): one by one
                     body = reader.message_of(record, off)
                     fid = -1
                 else:
+                    if crc is not None:  # batches go in a chunk of their own
+                        break
                     if n and off != first + n:  # retention moved the reader
                         reader.next, reader.seg = off, -1
                         break
@@ -1384,7 +1393,8 @@ class Stream(Queue):
                 size += len(body) + 4
             if not n:
                 break
-            sub.deliver_chunk(first, ts, b"".join(parts), n)
+            known = crc if crc is not None and crc >= 0 else None
+            sub.deliver_chunk(first, ts, b"".join(parts) if len(parts) > 1 else parts[0], n, known)
             sent += n
             if sent >= SUB_DISPATCH_BATCH:
                 self.stats_delivered += sent
