@@ -67,3 +67,21 @@ async def test_others_go_on_while_a_peer_sends_garbage(broker):
         writer.write(b"\x00\x00\x00\x03\xff\xff\xff" * 10)
         await producer.send_wait("calm", AMQPMessage(body=b"still here"))
         writer.close()
+
+
+async def test_an_unknown_sasl_mechanism_is_answered_so(broker):
+    reader, writer = await _open_raw(broker.stream_port)
+    writer.write(_peer_properties())
+    await _frame(reader)
+    mechanism = b"CRAM-MD5"
+    body = struct.pack(">HHIh", Key.SASL_AUTHENTICATE, 1, 2, len(mechanism)) + mechanism
+    body += struct.pack(">i", 0)
+    writer.write(struct.pack(">I", len(body)) + body)
+    answer = await _frame(reader)
+    key, _version, corr, code = struct.unpack_from(">HHIH", answer)
+    assert (key, corr, code) == (
+        Key.SASL_AUTHENTICATE | 0x8000,
+        2,
+        Code.SASL_MECHANISM_NOT_SUPPORTED,
+    )
+    writer.close()
