@@ -214,11 +214,7 @@ class Broker:
                     continue
                 raise
             self.bound.append(host)
-            for sock in server.sockets:
-                try:
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                except OSError:
-                    pass
+            _no_delay(server)
             self._servers.append(server)
             if port == 0:
                 port = server.sockets[0].getsockname()[1]
@@ -241,11 +237,7 @@ class Broker:
                 backlog=self.config.amqp.backlog,
                 reuse_address=True,
             )
-            for sock in server.sockets:
-                try:
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                except OSError:
-                    pass
+            _no_delay(server)
             self._stream_servers.append(server)
             if port == 0:
                 port = server.sockets[0].getsockname()[1]
@@ -685,3 +677,12 @@ class Broker:
         """
         if (CLUSTER in self.alarms) != on:
             self.set_alarm(CLUSTER, on, used=0, limit=0)
+
+
+def _no_delay(server: asyncio.base_events.Server) -> None:
+    """A listener's sockets send small frames at once (the broker coalesces its writes)."""
+    for sock in server.sockets:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass

@@ -14,7 +14,8 @@ from .context import USER, broker_of, not_authorised, not_found, rates_of, vhost
 from .rows import channel_row, connection_row, consumer_row
 
 
-def _sees_connection(request: web.Request, conn: Any) -> bool:
+def sees_connection(request: web.Request, conn: Any) -> bool:
+    """Administrators and monitoring users see every connection; others their own."""
     user = request[USER]
     if "administrator" in user.tags or "monitoring" in user.tags:
         return True
@@ -23,14 +24,14 @@ def _sees_connection(request: web.Request, conn: Any) -> bool:
 
 def _own_channels(request: web.Request) -> Iterator[Any]:
     for conn in broker_of(request).connections:
-        if conn.vhost is not None and _sees_connection(request, conn):
+        if conn.vhost is not None and sees_connection(request, conn):
             yield from ((conn, ch) for ch in conn.channels.values())
 
 
 def _connection_named(request: web.Request) -> Any:
     name = request.match_info["name"]
     conn = next((c for c in broker_of(request).connections if c.name == name), None)
-    if conn is None or not _sees_connection(request, conn):
+    if conn is None or not sees_connection(request, conn):
         raise not_found()
     return conn
 
@@ -41,7 +42,7 @@ async def connections(request: web.Request) -> web.Response:
         [
             connection_row(c, broker, rates)
             for c in broker.connections
-            if _sees_connection(request, c)
+            if sees_connection(request, c)
         ]
     )
 

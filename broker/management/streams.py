@@ -11,14 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
+from .clients import sees_connection
 from .context import USER, broker_of, not_authorised, not_found
-
-
-def _sees(request: web.Request, conn: Any) -> bool:
-    user = request[USER]
-    if "administrator" in user.tags or "monitoring" in user.tags:
-        return True
-    return conn.user is not None and conn.user.name == user.name
 
 
 def _connections(request: web.Request) -> Iterator[Any]:
@@ -26,7 +20,7 @@ def _connections(request: web.Request) -> Iterator[Any]:
     for conn in broker_of(request).stream_connections:
         if conn.vhost is None or (vhost is not None and conn.vhost.name != vhost):
             continue
-        if _sees(request, conn):
+        if sees_connection(request, conn):
             yield conn
 
 

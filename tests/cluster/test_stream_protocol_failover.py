@@ -16,7 +16,7 @@ from rstream import (
     schema,
 )
 from rstream.client import Client
-from support.cluster_nodes import TTL, agreed_leader, by_name, placement, three_nodes
+from support.cluster_nodes import agreed_leader, by_name, fail_over, three_nodes
 from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
@@ -90,16 +90,7 @@ def test_a_stream_protocol_publisher_and_its_offsets_survive_a_leader_kill9(clus
     confirmed = asyncio.run(_publish_confirmed(leader, range(1, 101)))
     assert sorted(confirmed) == list(range(1, 101))
 
-    leader.kill9()
-    survivors = [n for n in cluster if n is not leader]
-
-    def new_leader():
-        name = agreed_leader(survivors, size=len(placement(survivors[0])[2]))
-        return name if name not in (None, leader.name) else None
-
-    name = until(new_leader, 4 * TTL + 10, step=0.1)
-    assert name, [n.log.read_text()[-3000:] for n in survivors]
-    successor = by_name(survivors, name)
+    successor = fail_over(cluster, leader)
     state = until(lambda: _try(lambda: asyncio.run(_state(successor))), 30, step=0.5)
     assert state == (100, 41, 100), state
 

@@ -16,6 +16,7 @@ from support.cluster_nodes import (
     agreed_leader,
     by_name,
     connect,
+    fail_over,
     log_of,
     placement,
     run_ctl,
@@ -70,19 +71,6 @@ def read_stream(node, count: int, arguments: dict | None = None) -> list[tuple[i
     ch.start_consuming()
     conn.close()
     return got
-
-
-def fail_over(cluster, leader):
-    leader.kill9()
-    survivors = [n for n in cluster if n is not leader]
-
-    def new_leader():
-        name = agreed_leader(survivors, size=len(placement(survivors[0])[2]))
-        return name if name not in (None, leader.name) else None
-
-    name = until(new_leader, 4 * TTL + 10, step=0.1)
-    assert name, [n.log.read_text()[-3000:] for n in survivors]
-    return by_name(survivors, name)
 
 
 def declare(leader, arguments: dict | None = None) -> None:

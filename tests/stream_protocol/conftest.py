@@ -6,51 +6,15 @@ run against RoarMQ alone and follow RabbitMQ's documentation for the version tha
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from support.rabbitmq import BENCH, VERSION
-
-
-@dataclass(frozen=True)
-class RabbitStreams:
-    port: int
-    stream_port: int
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
-
-
-@contextlib.contextmanager
-def rabbitmq_with_streams(tmp: Path) -> Iterator[RabbitStreams]:
-    if str(BENCH) not in sys.path:
-        sys.path.append(str(BENCH))
-    from lib.brokers import rabbit_server, start_rabbitmq, stop_broker
-    from lib.procs import Procs
-
-    if rabbit_server() is None:
-        pytest.skip("rabbitmq-server is not installed")
-    procs = Procs()
-    running = start_rabbitmq(procs, tmp, nodename=f"roarstream{os.getpid()}", streams=True)
-    try:
-        if running.version != VERSION:
-            pytest.skip(f"RabbitMQ {running.version} here; the expectations are {VERSION}'s")
-        assert running.stream_port is not None
-        yield RabbitStreams(running.port, running.stream_port)
-    finally:
-        stop_broker(procs, running)
+from support.rabbitmq import rabbitmq_node
 
 
 @pytest.fixture(scope="module")
 def rabbitmq(tmp_path_factory):
-    with rabbitmq_with_streams(tmp_path_factory.mktemp("rabbitmq")) as node:
+    with rabbitmq_node(tmp_path_factory.mktemp("rabbitmq"), streams=True) as node:
         yield node
 
 

@@ -166,3 +166,17 @@ def run_ctl(node: Node, *args: str) -> tuple[int, str, str]:
 
 def log_of(node) -> dict:
     return node.api("/api/vhosts/%2F")["replicated_log"]
+
+
+def fail_over(cluster: list[Node], leader: Node) -> Node:
+    """Kill -9 the leader of "/"; the survivor every survivor agrees leads it next."""
+    leader.kill9()
+    survivors = [n for n in cluster if n is not leader]
+
+    def new_leader():
+        name = agreed_leader(survivors, size=len(placement(survivors[0])[2]))
+        return name if name not in (None, leader.name) else None
+
+    name = until(new_leader, 4 * TTL + 10, step=0.1)
+    assert name, [n.log.read_text()[-3000:] for n in survivors]
+    return by_name(survivors, name)

@@ -29,6 +29,7 @@ VERSION = "3.10.8"
 class RabbitNode:
     port: int
     version: str
+    stream_port: int | None = None  # with its rabbitmq_stream plugin, when asked for
 
     @property
     def url(self) -> str:
@@ -36,8 +37,11 @@ class RabbitNode:
 
 
 @contextlib.contextmanager
-def rabbitmq_node(tmp: Path, *, version: str = VERSION) -> Iterator[RabbitNode]:
-    """A running RabbitMQ node, stopped (its whole process group) on exit."""
+def rabbitmq_node(
+    tmp: Path, *, version: str = VERSION, streams: bool = False
+) -> Iterator[RabbitNode]:
+    """A running RabbitMQ node, stopped (its whole process group) on exit; `streams`: with
+    its stream plugin on a port of its own (`stream_port`)."""
     if str(BENCH) not in sys.path:
         sys.path.append(str(BENCH))  # after everything else: bench's scripts shadow nothing
     from lib.brokers import rabbit_server, start_rabbitmq, stop_broker
@@ -46,10 +50,10 @@ def rabbitmq_node(tmp: Path, *, version: str = VERSION) -> Iterator[RabbitNode]:
     if rabbit_server() is None:
         pytest.skip("rabbitmq-server is not installed")
     procs = Procs()
-    running = start_rabbitmq(procs, tmp, nodename=f"roartest{os.getpid()}")
+    running = start_rabbitmq(procs, tmp, nodename=f"roartest{os.getpid()}", streams=streams)
     try:
         if running.version != version:
             pytest.skip(f"RabbitMQ {running.version} here; the expectations are {version}'s")
-        yield RabbitNode(running.port, running.version)
+        yield RabbitNode(running.port, running.version, running.stream_port)
     finally:
         stop_broker(procs, running)

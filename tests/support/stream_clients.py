@@ -13,31 +13,27 @@ from rstream import Consumer, ConsumerOffsetSpecification, MessageContext, Produ
 
 
 @contextlib.asynccontextmanager
-async def producer_of(
-    broker: Any, *, user: str = "guest", password: str = "guest", vhost: str = "/"
-) -> AsyncIterator[Producer]:
-    producer = Producer(
+async def _started(cls: type, broker: Any, user: str, password: str, vhost: str) -> AsyncIterator:
+    client = cls(
         "127.0.0.1", port=broker.stream_port, username=user, password=password, vhost=vhost
     )
-    await producer.start()
+    await client.start()
     try:
-        yield producer
+        yield client
     finally:
-        await producer.close()
+        await client.close()
 
 
-@contextlib.asynccontextmanager
-async def consumer_of(
+def producer_of(
     broker: Any, *, user: str = "guest", password: str = "guest", vhost: str = "/"
-) -> AsyncIterator[Consumer]:
-    consumer = Consumer(
-        "127.0.0.1", port=broker.stream_port, username=user, password=password, vhost=vhost
-    )
-    await consumer.start()
-    try:
-        yield consumer
-    finally:
-        await consumer.close()
+) -> contextlib.AbstractAsyncContextManager[Producer]:
+    return _started(Producer, broker, user, password, vhost)
+
+
+def consumer_of(
+    broker: Any, *, user: str = "guest", password: str = "guest", vhost: str = "/"
+) -> contextlib.AbstractAsyncContextManager[Consumer]:
+    return _started(Consumer, broker, user, password, vhost)
 
 
 async def collect(
