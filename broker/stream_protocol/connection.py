@@ -37,7 +37,7 @@ from roarmq.protocol.stream.codec import (
     encode_close,
     encode_consumer_update,
     encode_credit_response,
-    encode_deliver,
+    encode_deliver_head,
     encode_heartbeat,
     encode_metadata,
     encode_metadata_update,
@@ -196,8 +196,9 @@ class Subscription:
         conn = self.conn
         committed = self.stream.committed - 1 if conn.deliver_v2 else None
         conn.send(
-            encode_deliver(self.id, first, timestamp_ms, data, n, committed=committed, crc=crc)
+            encode_deliver_head(self.id, first, timestamp_ms, data, n, committed=committed, crc=crc)
         )
+        conn.send(data)  # the entries as they are: not copied into the frame
 
 
 class StreamConnection(asyncio.Protocol):

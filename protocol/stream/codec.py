@@ -472,7 +472,7 @@ def encode_entries(messages: Iterable[bytes]) -> tuple[bytes, int]:
     return b"".join(parts), n
 
 
-def encode_deliver(
+def encode_deliver_head(
     subscription: int,
     first_offset: int,
     timestamp_ms: int,
@@ -483,8 +483,9 @@ def encode_deliver(
     committed: int | None = None,
     crc: int | None = None,
 ) -> bytes:
-    """A deliver frame of one chunk: version 1, or 2 with the committed chunk id (a client
-    that asked for it in exchange-command-versions)."""
+    """A deliver frame of one chunk up to its entries (`data`, sent after it as they are):
+    version 1, or 2 with the committed chunk id (a client that asked for it in
+    exchange-command-versions)."""
     head = _CHUNK.pack(
         CHUNK_MAGIC_VERSION,
         CHUNK_USER,
@@ -506,4 +507,31 @@ def encode_deliver(
             + _U8.pack(subscription)
             + _U64.pack(committed)
         )
-    return prefix + head + data
+    return prefix + head
+
+
+def encode_deliver(
+    subscription: int,
+    first_offset: int,
+    timestamp_ms: int,
+    data: bytes,
+    entries: int,
+    *,
+    epoch: int = 0,
+    committed: int | None = None,
+    crc: int | None = None,
+) -> bytes:
+    """A deliver frame of one chunk, whole (`encode_deliver_head` and the entries)."""
+    return (
+        encode_deliver_head(
+            subscription,
+            first_offset,
+            timestamp_ms,
+            data,
+            entries,
+            epoch=epoch,
+            committed=committed,
+            crc=crc,
+        )  # fmt: skip
+        + data
+    )
