@@ -601,15 +601,23 @@ class Broker:
             return  # changing(): once, at its end
         self.auth = self.persistence.load_auth()
         for conn in self.connections:
-            if conn.user is None or conn.vhost is None:
-                continue
-            user = self.auth.users.get(conn.user.name)
-            if user is None:
-                continue  # a deleted user's connections are closed by delete_user
-            conn.user = user
-            conn.permission = user.permissions.get(conn.vhost.name, NO_PERMISSION)
-            for channel in conn.channels.values():
-                channel.permissions_changed()
+            if self._regrant(conn):
+                for channel in conn.channels.values():
+                    channel.permissions_changed()
+        for stream_conn in self.stream_connections:
+            self._regrant(stream_conn)
+
+    def _regrant(self, conn: Any) -> bool:
+        """An open connection's user and permissions as the definitions now say; False for
+        one not logged in to a vhost, or whose user is gone (delete_user closes those)."""
+        if conn.user is None or conn.vhost is None:
+            return False
+        user = self.auth.users.get(conn.user.name)
+        if user is None:
+            return False
+        conn.user = user
+        conn.permission = user.permissions.get(conn.vhost.name, NO_PERMISSION)
+        return True
 
     # -- connections ------------------------------------------------------------------
 
@@ -660,7 +668,7 @@ class Broker:
             "%s alarm %s", alarm, "set" if on else "cleared", extra={"used": used, "limit": limit}
         )
         if was_blocked and not self.alarms:
-            for conn in list(self.connections):
+            for conn in [*self.connections, *self.stream_connections]:
                 conn.unblock()
         if alarm == DISK and not on and self.store is not None and self.store.failed is not None:
             self._schedule_store_resume(0.0)  # space is back: the store goes on

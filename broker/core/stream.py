@@ -1324,7 +1324,8 @@ class Stream(Queue):
         limit = sub.chunk_bytes
         sent = 0
         pack = _ENTRY.pack
-        while reader.next < committed and sub.credit > 0:
+        conn = sub.conn
+        while reader.next < committed and sub.credit > 0 and conn.writable:
             parts: list[bytes] = []
             n = 0
             first = ts = 0

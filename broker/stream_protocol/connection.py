@@ -236,6 +236,8 @@ class StreamConnection(asyncio.Protocol):
         self._relay: asyncio.StreamWriter | None = None  # the serving node, when relaying
         self._relay_task: asyncio.Task | None = None
         self._early: list[bytes] = []  # what came after the open, before the relay began
+        self.writable = True  # the socket takes more (asyncio's pause/resume_writing)
+        self.blocked = False  # not read while a resource alarm is set (after a publish)
         self._corr = 0
         # consumer-updates sent, by correlation id: the subscription that waits for its answer
         self._updates: dict[int, Subscription] = {}
@@ -254,6 +256,21 @@ class StreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._release()
+
+    def pause_writing(self) -> None:
+        """The socket's buffer is full: subscriptions wait (they would only buffer more)."""
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for stream in {sub.stream for sub in self.subscriptions.values() if sub.reading}:
+            stream.dispatch()
+
+    def unblock(self) -> None:
+        """The resource alarms cleared: read this publisher again."""
+        if self.blocked and self.transport is not None and not self._closed:
+            self.blocked = False
+            self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         self._last_read = time.monotonic()
@@ -757,11 +774,19 @@ class StreamConnection(asyncio.Protocol):
 
         self._answer(Key.DELETE_PUBLISHER, corr, run)
 
+    def _block_if_alarmed(self) -> None:
+        """A resource alarm (memory, disk, a cluster node's lost lease) stops reading from
+        publishers, as over AMQP: what was sent waits in the socket until it clears."""
+        if self.broker.alarms and not self.blocked and self.transport is not None:
+            self.blocked = True
+            self.transport.pause_reading()
+
     def _publish(self, f: Fields) -> None:
         """A publish frame: its messages without a filter value go into the stream as one
         batch record (stored as they will be delivered), those with one each alone (the
         filter summaries are per message); ids a named publisher stored already are
         confirmed and not stored again. Confirmed together once durable."""
+        self._block_if_alarmed()
         start = f.pos
         plain = published_entries(f)
         if plain is not None and self._publish_plain(*plain):

@@ -515,3 +515,44 @@ async def test_connection_limits_count_both_protocols(broker):
             await loop.run_in_executor(
                 None, pika.BlockingConnection, pika.URLParameters(broker.url)
             )
+
+
+async def test_a_permission_change_reaches_open_stream_connections(broker):
+    broker.broker.put_user("changing", hash_password("pw"), ())
+    broker.broker.set_permission("changing", "/", ".*", ".*", ".*")
+    client = Client("127.0.0.1", broker.stream_port, frame_max=1 << 20, heartbeat=60)
+    await client.start()
+    await client.authenticate(vhost="/", username="changing", password="pw")
+    await client.create_stream("guarded")
+    broker.broker.set_permission("changing", "/", ".*", "^$", ".*")  # no more writing
+    with pytest.raises(rex.AccessRefused):
+        await client.declare_publisher("guarded", "p", 1)
+    await client.close()
+
+
+async def test_a_resource_alarm_stops_reading_publishers_until_it_clears(broker):
+    """As over AMQP: a publisher's connection is not read while an alarm is set (what it
+    sent waits, unconfirmed), and is read again, and confirmed, once it clears."""
+    client = await _raw_client(broker)
+    await client.create_stream("alarmed")
+    await client.declare_publisher("alarmed", "", 1)
+    confirms: list[int] = []
+
+    async def on_confirm(frame: schema.PublishConfirm) -> None:
+        confirms.extend(frame.publishing_ids)
+
+    client.add_handler(schema.PublishConfirm, on_confirm)
+    # (the fenced-cluster alarm: the resource monitor's sampling does not clear it)
+    broker.broker.set_cluster_fenced(True)
+    await _publish_raw(client, 1, range(1, 4))  # read (then the connection is paused)
+    await asyncio.sleep(0.3)
+    await _publish_raw(client, 1, range(4, 7))  # waits in the socket
+    await asyncio.sleep(0.5)
+    assert sorted(confirms) == [1, 2, 3]
+    broker.broker.set_cluster_fenced(False)
+    for _ in range(100):
+        if len(confirms) == 6:
+            break
+        await asyncio.sleep(0.02)
+    assert sorted(confirms) == [1, 2, 3, 4, 5, 6]
+    await client.close()
