@@ -85,3 +85,31 @@ async def test_an_unknown_sasl_mechanism_is_answered_so(broker):
         Code.SASL_MECHANISM_NOT_SUPPORTED,
     )
     writer.close()
+
+
+async def test_heartbeats_are_sent_and_a_silent_peer_is_closed(broker):
+    """Tuned to a 1-s heartbeat, the broker sends heartbeats, and closes a peer that sent
+    nothing for two periods."""
+    from roarmq.broker.stream_protocol.relay import open_upstream
+
+    reader, writer, _ = await open_upstream(
+        "127.0.0.1",
+        broker.stream_port,
+        vhost="/",
+        properties={},
+        sasl=b"\x00guest\x00guest",
+        frame_max=0,
+        heartbeat=1,
+    )
+    started = asyncio.get_running_loop().time()
+    beats = 0
+    while True:
+        try:
+            frame = await _frame(reader)
+        except asyncio.IncompleteReadError:
+            break
+        if struct.unpack_from(">H", frame)[0] == Key.HEARTBEAT:
+            beats += 1
+    waited = asyncio.get_running_loop().time() - started
+    assert beats >= 1 and 2 <= waited < 6, (beats, waited)
+    writer.close()
