@@ -912,11 +912,17 @@ class Stream(Queue):
             tail.append((off, ts, exchange_name, routing_key, header, body, fid, loc.segment, end))
         self._tail_bytes += len(body)
         if len(tail) > TAIL_TRIM_AT or self._tail_bytes > TAIL_BYTES:
+            popleft = tail.popleft
             while len(tail) > 1 and (len(tail) > TAIL_RECORDS or self._tail_bytes > TAIL_BYTES):
-                gone = tail.popleft()
-                self._tail_first += 1
-                if gone[4] is not None or tail[0] is not gone:  # a batch's last reference
-                    self._tail_bytes -= len(gone[5])
+                gone = popleft()
+                dropped = 1
+                if gone[4] is None:  # a batch: the rest of its references go with it
+                    more = gone[0] + gone[3] - self._tail_first - 1
+                    for _ in range(more):
+                        popleft()
+                    dropped += more
+                self._tail_first += dropped
+                self._tail_bytes -= len(gone[5])
         self.stats_published += 1
         TOUCHED.add(self)
         return True
