@@ -20,9 +20,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.errors import (
-    ACCESS_REFUSED,
-    NOT_FOUND,
-    PRECONDITION_FAILED,
     SoftError,
 )
 from roarmq.protocol.stream.codec import (
@@ -33,22 +30,13 @@ from roarmq.protocol.stream.codec import (
     FrameSplitter,
     Key,
     MetadataCode,
-    OffsetType,
     encode_close,
-    encode_consumer_update,
-    encode_credit_response,
-    encode_deliver_head,
     encode_heartbeat,
-    encode_metadata,
     encode_metadata_update,
     encode_properties,
-    encode_publish_confirm,
-    encode_publish_error,
     encode_response,
     encode_strings,
     encode_tune,
-    published,
-    published_entries,
 )
 
 from .. import __version__
@@ -57,7 +45,10 @@ from ..core.auth import AuthError
 from ..core.stream import Stream
 from ..ops.clock import TimerHandle
 from ..store.definitions import DefinitionsWriteFailed
-from . import relay, single_active, super_streams
+from . import commands, consuming, publishing, relay
+from .consuming import Subscription
+from .errors import CODES, Refused
+from .publishing import Publisher
 
 if TYPE_CHECKING:
     from ..server import Broker
@@ -70,135 +61,6 @@ HEARTBEAT = 60
 FLUSH_THRESHOLD = 256 << 10
 #: A close's answer has this long to arrive before the socket is closed anyway.
 CLOSE_TIMEOUT = 1.0
-
-#: Stream arguments of create, as RabbitMQ maps them to the queue's x-arguments: key ->
-#: (x-argument, type).
-STREAM_ARGUMENTS: dict[str, tuple[str, type]] = {
-    "max-length-bytes": ("x-max-length-bytes", int),
-    "max-age": ("x-max-age", str),
-    "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
-    "initial-cluster-size": ("x-initial-cluster-size", int),
-    "queue-leader-locator": ("x-queue-leader-locator", str),
-    "stream-filter-size-bytes": ("x-stream-filter-size-bytes", int),
-}
-
-#: A refusal's AMQP reply code as the stream protocol's response code.
-_CODES = {
-    ACCESS_REFUSED: Code.ACCESS_REFUSED,
-    NOT_FOUND: Code.STREAM_DOES_NOT_EXIST,
-    PRECONDITION_FAILED: Code.PRECONDITION_FAILED,
-}
-
-
-class Refused(Exception):
-    """A request answered with `code` (the connection goes on)."""
-
-    def __init__(self, code: int, text: str = "") -> None:
-        super().__init__(text)
-        self.code = code
-
-
-class Publisher:
-    """A declared publisher: its stream, its reference (deduplication) and the publishes
-    waiting for the stream: an internal sequence number each, confirmed in order."""
-
-    __slots__ = (
-        "conn", "id", "stream", "reference", "seq", "_ids", "_confirmed", "_failed",
-        "published", "confirmed", "errored",
-    )  # fmt: skip
-
-    def __init__(self, conn: StreamConnection, pid: int, stream: Stream, reference: str | None):
-        self.conn = conn
-        self.id = pid
-        self.stream = stream
-        self.reference = reference
-        self.seq = 0
-        self._ids: dict[int, list[int]] = {}  # sequence number -> its publishing ids
-        self._confirmed: list[int] = []
-        self._failed: list[tuple[int, int]] = []
-        self.published = self.confirmed = self.errored = 0  # messages, for the API
-
-    def expect(self, publishing_ids: list[int]) -> int:
-        """The ids of one append (a batch, or a message alone) wait under one sequence
-        number for the stream to have them durably."""
-        self.seq += 1
-        self._ids[self.seq] = publishing_ids
-        return self.seq
-
-    # the stream's confirm waiters call these (as they call a channel's)
-    def disk_confirmed(self, seq: int) -> None:
-        ids = self._ids.pop(seq, None)
-        if ids is not None:
-            self._confirmed += ids
-
-    def disk_failed(self, seq: int) -> None:
-        ids = self._ids.pop(seq, None)
-        if ids is not None:
-            self._failed += [(pid, Code.INTERNAL_ERROR) for pid in ids]
-
-    def flush_confirms(self) -> None:
-        if self._confirmed:
-            ids, self._confirmed = self._confirmed, []
-            self.confirmed += len(ids)
-            self.conn.broker.totals.stream_confirmed += len(ids)
-            self.conn.send(encode_publish_confirm(self.id, ids))
-        if self._failed:
-            failed, self._failed = self._failed, []
-            self.errored += len(failed)
-            self.conn.send(encode_publish_error(self.id, failed))
-
-
-class Subscription:
-    """A subscription: the stream hands it chunks while it has credit (`deliver_chunk`).
-    In a single-active-consumer group (`group`), it reads only while `active`."""
-
-    __slots__ = (
-        "conn", "id", "stream", "credit", "chunk_bytes", "properties", "delivered", "start",
-        "filters", "match_unfiltered", "group", "super_stream", "partition_index", "active",
-        "reading",
-    )  # fmt: skip
-
-    def __init__(self, conn: StreamConnection, sid: int, stream: Stream, credit: int) -> None:
-        self.conn = conn
-        self.id = sid
-        self.stream = stream
-        self.credit = credit
-        self.chunk_bytes = max((conn.frame_max or FRAME_MAX) - 128, 4096)
-        self.properties: dict[str, str] = {}
-        self.delivered = 0
-        self.start = 0  # where it reads from when it starts
-        self.filters: list[str] | None = None
-        self.match_unfiltered = False
-        self.group: str | None = None  # single active consumer: the group's name
-        self.super_stream: str | None = None
-        self.partition_index = 0
-        self.active = False
-        self.reading = False  # subscribed to the stream's records
-
-    def read(self, start: int) -> None:
-        if not self.reading and not self.stream.deleted:
-            self.reading = True
-            self.stream.subscribe(self, start, self.filters, self.match_unfiltered)
-
-    def stop(self) -> None:
-        if self.reading:
-            self.reading = False
-            self.stream.unsubscribe(self)
-
-    def deliver_chunk(
-        self, first: int, timestamp_ms: int, data: bytes, n: int, crc: int | None = None
-    ) -> None:
-        """`n` messages from offset `first` as one chunk: `data`, their entries (and its
-        CRC-32, when the stream has it already)."""
-        self.credit -= 1
-        self.delivered += n
-        self.conn.broker.totals.stream_delivered += n
-        conn = self.conn
-        committed = self.stream.committed - 1 if conn.deliver_v2 else None
-        conn.send(
-            encode_deliver_head(self.id, first, timestamp_ms, data, n, committed=committed, crc=crc)
-        )
-        conn.send(data)  # the entries as they are: not copied into the frame
 
 
 class StreamConnection(asyncio.Protocol):
@@ -231,16 +93,16 @@ class StreamConnection(asyncio.Protocol):
         self._closed = False
         self.recv_oct = self.send_oct = 0
         self.published = self.confirmed = 0
-        self._after_subscribe: Subscription | None = None
+        self.after_subscribe: Subscription | None = None
         self._sasl: bytes | None = None  # PLAIN's response: a relay logs in with it
         self._relay: asyncio.StreamWriter | None = None  # the serving node, when relaying
         self._relay_task: asyncio.Task | None = None
         self._early: list[bytes] = []  # what came after the open, before the relay began
         self.writable = True  # the socket takes more (asyncio's pause/resume_writing)
         self.blocked = False  # not read while a resource alarm is set (after a publish)
-        self._corr = 0
+        self.update_corr = 0
         # consumer-updates sent, by correlation id: the subscription that waits for its answer
-        self._updates: dict[int, Subscription] = {}
+        self.updates_waiting: dict[int, Subscription] = {}
 
     # -- asyncio ------------------------------------------------------------------------
 
@@ -374,7 +236,7 @@ class StreamConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         for sub in self.subscriptions.values():
-            self._end_subscription(sub)
+            consuming.end_subscription(self, sub)
             sub.stream.watchers.discard(self)
         for pub in self.publishers.values():
             pub.stream.watchers.discard(self)
@@ -610,7 +472,7 @@ class StreamConnection(asyncio.Protocol):
 
     # -- streams ------------------------------------------------------------------------
 
-    def _check(self, action: str, name: str) -> None:
+    def check(self, action: str, name: str) -> None:
         if not self.permission.allows(action, name):
             raise Refused(
                 Code.ACCESS_REFUSED,
@@ -618,13 +480,13 @@ class StreamConnection(asyncio.Protocol):
                 f"'{self.user.name}'",
             )
 
-    def _stream(self, name: str) -> Stream:
+    def stream_named(self, name: str) -> Stream:
         queue = self.vhost.queues.get(name)
         if type(queue) is not Stream or queue.deleted:
             raise Refused(Code.STREAM_DOES_NOT_EXIST, f"stream '{name}' does not exist")
         return queue
 
-    def _answer(self, key: Key, corr: int, run: Callable[[], bytes | None]) -> None:
+    def answer(self, key: Key, corr: int, run: Callable[[], bytes | None]) -> None:
         """Run a request; its response OK (with what it returns) or the refusal's code."""
         try:
             extra = run() or b""
@@ -639,7 +501,7 @@ class StreamConnection(asyncio.Protocol):
         except SoftError as exc:
             log.info("stream command %s refused: %s", key.name.lower(), exc.text,
                      extra={"conn": self.name})  # fmt: skip
-            self.send(encode_response(key, corr, _CODES.get(exc.reply_code, Code.INTERNAL_ERROR)))
+            self.send(encode_response(key, corr, CODES.get(exc.reply_code, Code.INTERNAL_ERROR)))
             return
         except DefinitionsWriteFailed as exc:
             log.error("stream command %s failed: %s", key.name.lower(), exc,
@@ -648,73 +510,17 @@ class StreamConnection(asyncio.Protocol):
             return
         self.send(encode_response(key, corr, Code.OK, extra))
 
-    def _create(self, f: Fields) -> None:
-        corr = f.u32()
-        name = f.text()
-        args = f.properties()
-
-        def run() -> None:
-            self._check_new_name(name)
-            self._check("configure", name)
-            if name in self.vhost.queues:
-                raise Refused(Code.STREAM_ALREADY_EXISTS)
-            self.vhost.declare_queue(name, None, durable=True, arguments=stream_arguments(args))
-
-        self._answer(Key.CREATE, corr, run)
-
-    def _delete(self, f: Fields) -> None:
-        corr = f.u32()
-        name = f.text()
-
-        def run() -> None:
-            self._check("configure", name)
-            stream = self._stream(name)
-            self.vhost.delete_queue(stream)
-
-        self._answer(Key.DELETE, corr, run)
-
     def stream_deleted(self, stream: Stream) -> None:
         """A stream this connection publishes to or reads from is gone (over either
         protocol): a metadata update, and its publishers and subscriptions go."""
         for sid, sub in list(self.subscriptions.items()):
             if sub.stream is stream:
                 del self.subscriptions[sid]
-                self._end_subscription(sub)
+                consuming.end_subscription(self, sub)
         for pid, pub in list(self.publishers.items()):
             if pub.stream is stream:
                 del self.publishers[pid]
         self.send(encode_metadata_update(MetadataCode.STREAM_NOT_AVAILABLE, stream.name))
-
-    def _metadata(self, f: Fields) -> None:
-        corr = f.u32()
-        names = f.strings()
-        host, port = self.advertised()
-        rows: list[tuple[str, int, int, list[int]]] = []
-        for name in names:
-            queue = self.vhost.queues.get(name)
-            if type(queue) is Stream and not queue.deleted:
-                rows.append((name, Code.OK, 0, []))
-            else:
-                rows.append((name, Code.STREAM_DOES_NOT_EXIST, 0xFFFF, []))
-        self.send(encode_metadata(corr, [(0, host, port)], rows))
-
-    def _stream_stats(self, f: Fields) -> None:
-        corr = f.u32()
-        name = f.text()
-
-        def run() -> bytes:
-            self._check("read", name)
-            stream = self._stream(name)
-            first = stream.first_offset if stream.committed > stream.first_offset else -1
-            stats = {
-                "first_chunk_id": first,
-                "committed_chunk_id": stream.last_chunk if first >= 0 else -1,
-            }
-            return len(stats).to_bytes(4, "big") + b"".join(
-                _string(k) + v.to_bytes(8, "big", signed=True) for k, v in stats.items()
-            )
-
-        self._answer(Key.STREAM_STATS, corr, run)
 
     def _exchange_versions(self, f: Fields) -> None:
         corr = f.u32()
@@ -737,416 +543,13 @@ class StreamConnection(asyncio.Protocol):
 
     # -- publishing ---------------------------------------------------------------------
 
-    def _declare_publisher(self, f: Fields) -> None:
-        corr = f.u32()
-        pid = f.u8()
-        reference = f.string() or None
-        name = f.text()
-
-        def run() -> None:
-            if pid in self.publishers:
-                raise Refused(Code.PRECONDITION_FAILED, f"publisher id {pid} already declared")
-            self._check("write", name)
-            stream = self._stream(name)
-            if reference is not None and len(reference.encode()) > 255:
-                raise Refused(Code.PRECONDITION_FAILED, "publisher reference over 255 bytes")
-            if reference is not None and any(
-                p.reference == reference and p.stream is stream for p in self.publishers.values()
-            ):
-                raise Refused(Code.PRECONDITION_FAILED, f"publisher reference {reference!r} in use")
-            self.publishers[pid] = Publisher(self, pid, stream, reference)
-            stream.watchers.add(self)
-
-        self._answer(Key.DECLARE_PUBLISHER, corr, run)
-
-    def _delete_publisher(self, f: Fields) -> None:
-        corr = f.u32()
-        pid = f.u8()
-
-        def run() -> None:
-            pub = self.publishers.pop(pid, None)
-            if pub is None:
-                raise Refused(Code.PUBLISHER_DOES_NOT_EXIST)
-            if not any(p.stream is pub.stream for p in self.publishers.values()) and not any(
-                s.stream is pub.stream for s in self.subscriptions.values()
-            ):
-                pub.stream.watchers.discard(self)
-
-        self._answer(Key.DELETE_PUBLISHER, corr, run)
-
-    def _block_if_alarmed(self) -> None:
-        """A resource alarm (memory, disk, a cluster node's lost lease) stops reading from
-        publishers, as over AMQP: what was sent waits in the socket until it clears."""
-        if self.broker.alarms and not self.blocked and self.transport is not None:
-            self.blocked = True
-            self.transport.pause_reading()
-
-    def _publish(self, f: Fields) -> None:
-        """A publish frame: its messages without a filter value go into the stream as one
-        batch record (stored as they will be delivered), those with one each alone (the
-        filter summaries are per message); ids a named publisher stored already are
-        confirmed and not stored again. Confirmed together once durable."""
-        self._block_if_alarmed()
-        start = f.pos
-        plain = published_entries(f)
-        if plain is not None and self._publish_plain(*plain):
-            return
-        f.pos = start  # read again, message by message
-        pid, messages = published(f)
-        pub = self.publishers.get(pid)
-        if pub is None:
-            self.send(
-                encode_publish_error(pid, [(m[0], Code.PUBLISHER_DOES_NOT_EXIST) for m in messages])
-            )
-            return
-        stream = pub.stream
-        if stream.deleted:
-            self.send(
-                encode_publish_error(pid, [(m[0], Code.STREAM_DOES_NOT_EXIST) for m in messages])
-            )
-            return
-        reference = pub.reference
-        newest = stream.writers.get(reference, -1) if reference is not None else -1
-        first_seq = pub.seq + 1
-        duplicates: list[int] = []
-        failed: list[tuple[int, int]] = []
-        batch: list[bytes] = []
-        batch_ids: list[int] = []
-
-        def flush_batch() -> None:
-            if batch:
-                if stream.publish_batch(batch, reference, max(batch_ids)):
-                    pub.expect(batch_ids.copy())
-                else:
-                    failed.extend((one, Code.INTERNAL_ERROR) for one in batch_ids)
-                batch.clear()
-                batch_ids.clear()
-
-        for publishing_id, filter_value, message in messages:
-            if reference is not None and publishing_id <= newest:
-                duplicates.append(publishing_id)  # confirmed, not stored (as RabbitMQ)
-                continue
-            newest = max(newest, publishing_id)
-            if filter_value is None:
-                if isinstance(message, list):
-                    batch.extend(message)  # a sub-entry batch: one publishing id
-                else:
-                    batch.append(message)
-                batch_ids.append(publishing_id)
-                continue
-            flush_batch()
-            bodies = message if isinstance(message, list) else [message]
-            ok = all(
-                [stream.publish_amqp10(b, filter_value, reference, publishing_id) for b in bodies]
-            )
-            if ok:
-                pub.expect([publishing_id])
-            else:
-                failed.append((publishing_id, Code.INTERNAL_ERROR))
-        flush_batch()
-        self.published += len(messages)
-        pub.published += len(messages)
-        pub.confirmed += len(duplicates)
-        self.broker.totals.stream_received += len(messages)
-        self.broker.totals.stream_confirmed += len(duplicates)
-        if pub.seq >= first_seq:
-            stream.confirm_publisher(pub, first_seq, pub.seq)
-        if duplicates:
-            self.send(encode_publish_confirm(pid, duplicates))
-        if failed:
-            self.send(encode_publish_error(pid, failed))
-
-    def _publish_plain(self, pid: int, ids: list[int], entries: bytes) -> bool:
-        """A frame of plain messages, none already stored: one batch record, as read. False
-        (nothing done) where `_publish`'s general path is needed: an unknown publisher, a
-        deleted stream, an id a named publisher stored already."""
-        pub = self.publishers.get(pid)
-        if pub is None or pub.stream.deleted or not ids:
-            return False
-        stream = pub.stream
-        reference = pub.reference
-        newest = max(ids)
-        if reference is not None and min(ids) <= stream.writers.get(reference, -1):
-            return False
-        n = len(ids)
-        self.published += n
-        pub.published += n
-        self.broker.totals.stream_received += n
-        if stream.publish_entries(entries, n, reference, newest):
-            seq = pub.expect(ids)
-            stream.confirm_publisher(pub, seq, seq)
-        else:
-            self.send(encode_publish_error(pid, [(one, Code.INTERNAL_ERROR) for one in ids]))
-        return True
-
-    def _query_publisher_sequence(self, f: Fields) -> None:
-        corr = f.u32()
-        reference = f.text()
-        name = f.text()
-
-        def run() -> bytes:
-            self._check("read", name)
-            stream = self._stream(name)
-            return max(stream.writers.get(reference, 0), 0).to_bytes(8, "big")
-
-        self._answer(Key.QUERY_PUBLISHER_SEQUENCE, corr, run)
-
     # -- consuming ----------------------------------------------------------------------
 
-    def _offset_spec(self, f: Fields) -> tuple[int, int]:
-        """An offset specification: its type and value (an offset, or a timestamp in ms)."""
-        kind = f.u16()
-        value = 0
-        if kind == OffsetType.OFFSET:
-            value = f.u64()
-        elif kind == OffsetType.TIMESTAMP:
-            value = f.i64()
-        return kind, value
-
-    @staticmethod
-    def _start(stream: Stream, kind: int, value: int) -> int:
-        if kind == OffsetType.FIRST:
-            return stream.start_offset("first", None)
-        if kind == OffsetType.LAST:
-            return stream.start_offset("last", None)
-        if kind == OffsetType.NEXT:
-            return stream.start_offset("next", None)
-        if kind == OffsetType.OFFSET:
-            return stream.start_offset("offset", value)
-        if kind == OffsetType.TIMESTAMP:
-            return stream.start_offset("timestamp", value / 1000)
-        raise Refused(Code.PRECONDITION_FAILED, f"unknown offset type {kind}")
-
-    def _subscribe(self, f: Fields) -> None:
-        corr = f.u32()
-        sid = f.u8()
-        name = f.text()
-        kind, value = self._offset_spec(f)
-        credit = f.u16()
-        props = f.properties() if f.remaining() else {}
-
-        def run() -> None:
-            if sid in self.subscriptions:
-                raise Refused(Code.SUBSCRIPTION_ID_ALREADY_EXISTS)
-            self._check("read", name)
-            stream = self._stream(name)
-            sub = Subscription(self, sid, stream, credit)
-            sub.start = self._start(stream, kind, value)
-            sub.properties = props
-            filters = [v for k, v in sorted(props.items()) if k.startswith("filter.")]
-            sub.filters = filters or None
-            sub.match_unfiltered = props.get("match-unfiltered", "false").lower() == "true"
-            if props.get("single-active-consumer", "false").lower() == "true":
-                group = props.get("name")
-                if not group:
-                    raise Refused(Code.PRECONDITION_FAILED, "single active consumer without a name")
-                sub.group = group
-                sub.super_stream = props.get("super-stream") or None
-                if sub.super_stream is not None:
-                    sub.partition_index = super_streams.partition_index(
-                        self.vhost, sub.super_stream, stream
-                    )
-            self.subscriptions[sid] = sub
-            stream.watchers.add(self)
-            self._after_subscribe = sub
-
-        self._answer(Key.SUBSCRIBE, corr, run)
-        sub = self._after_subscribe
-        if sub is not None:  # answered first: deliveries and updates follow the OK
-            self._after_subscribe = None
-            if sub.group is None:
-                sub.read(sub.start)
-            else:
-                single_active.join(sub)
-
-    def activate(self, sub: Subscription) -> None:
-        """It became its group's active member: ask where to start (consumer-update)."""
-        sub.active = True
-        self._corr += 1
-        self._updates[self._corr] = sub
-        self.send(encode_consumer_update(self._corr, sub.id, True))
-
-    def deactivate(self, sub: Subscription) -> None:
-        sub.active = False
-        sub.stop()
-        self._corr += 1
-        self._updates[self._corr] = sub
-        self.send(encode_consumer_update(self._corr, sub.id, False))
-
-    def _consumer_update_answer(self, f: Fields) -> None:
-        corr = f.u32()
-        f.u16()  # the client's response code
-        sub = self._updates.pop(corr, None)
-        kind: int = OffsetType.NEXT
-        value = 0
-        if f.remaining() >= 2:
-            kind = f.u16()
-            if f.remaining() >= 8:
-                value = f.u64() if kind != OffsetType.TIMESTAMP else f.i64()
-        if sub is None or not sub.active or self.subscriptions.get(sub.id) is not sub:
-            return
-        try:
-            start = self._start(sub.stream, kind, value)
-        except Refused:
-            start = sub.start
-        sub.read(start)
-
-    def _end_subscription(self, sub: Subscription) -> None:
-        sub.stop()
-        if sub.group is not None:
-            single_active.leave(sub)
-
-    def _credit(self, f: Fields) -> None:
-        sid = f.u8()
-        credit = f.u16()
-        sub = self.subscriptions.get(sid)
-        if sub is None:
-            self.send(encode_credit_response(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST, sid))
-            return
-        sub.credit += credit
-        if sub.reading:
-            sub.stream.dispatch()
-
-    def _unsubscribe(self, f: Fields) -> None:
-        corr = f.u32()
-        sid = f.u8()
-
-        def run() -> None:
-            sub = self.subscriptions.pop(sid, None)
-            if sub is None:
-                raise Refused(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST)
-            self._end_subscription(sub)
-
-        self._answer(Key.UNSUBSCRIBE, corr, run)
-
-    def _store_offset(self, f: Fields) -> None:
-        reference = f.text()
-        name = f.text()
-        offset = f.u64()
-        if not reference or len(reference.encode()) > 255:
-            return  # no response to this command: RabbitMQ ignores it too
-        try:
-            self._check("read", name)
-            stream = self._stream(name)
-        except Refused as exc:
-            log.info("store offset refused: %s", exc, extra={"conn": self.name})
-            return
-        stream.store_offset(reference, offset)
-
-    def _query_offset(self, f: Fields) -> None:
-        corr = f.u32()
-        reference = f.text()
-        name = f.text()
-
-        def run() -> bytes:
-            self._check("read", name)
-            stream = self._stream(name)
-            offset = stream.tracked_offset(reference)
-            if offset is None:
-                raise Refused(Code.NO_OFFSET)
-            return offset.to_bytes(8, "big")
-
-        self._answer(Key.QUERY_OFFSET, corr, run)
-
     # -- super streams --------------------------------------------------------------------
-
-    def _check_new_name(self, name: str) -> None:
-        if not name or len(name.encode()) > 255 or name.startswith("amq."):
-            raise Refused(Code.PRECONDITION_FAILED, f"invalid stream name {name!r}")
-
-    def _create_super_stream(self, f: Fields) -> None:
-        corr = f.u32()
-        name = f.text()
-        partitions = f.strings()
-        keys = f.strings()
-        args = f.properties()
-
-        def run() -> None:
-            self._check_new_name(name)
-            if not partitions or len(partitions) != len(keys):
-                raise Refused(
-                    Code.PRECONDITION_FAILED, "a super stream needs as many keys as partitions"
-                )
-            for partition in partitions:
-                self._check_new_name(partition)
-                self._check("configure", partition)
-            self._check("configure", name)
-            if name in self.vhost.exchanges or any(p in self.vhost.queues for p in partitions):
-                raise Refused(Code.STREAM_ALREADY_EXISTS)
-            super_streams.create(self.vhost, name, partitions, keys, stream_arguments(args))
-
-        self._answer(Key.CREATE_SUPER_STREAM, corr, run)
-
-    def _delete_super_stream(self, f: Fields) -> None:
-        corr = f.u32()
-        name = f.text()
-
-        def run() -> None:
-            self._check("configure", name)
-            exchange = super_streams.exchange_of(self.vhost, name)
-            if exchange is None:
-                raise Refused(Code.STREAM_DOES_NOT_EXIST)
-            for partition in super_streams.partitions(exchange):
-                self._check("configure", partition)
-            super_streams.delete(self.vhost, exchange)
-
-        self._answer(Key.DELETE_SUPER_STREAM, corr, run)
-
-    def _partitions(self, f: Fields) -> None:
-        corr = f.u32()
-        name = f.text()
-
-        def run() -> bytes:
-            exchange = super_streams.exchange_of(self.vhost, name)
-            if exchange is None:
-                raise Refused(Code.STREAM_DOES_NOT_EXIST)
-            return encode_strings(super_streams.partitions(exchange))
-
-        self._answer(Key.PARTITIONS, corr, run)
-
-    def _route(self, f: Fields) -> None:
-        corr = f.u32()
-        key = f.text()
-        name = f.text()
-
-        def run() -> bytes:
-            exchange = super_streams.exchange_of(self.vhost, name)
-            if exchange is None:
-                raise Refused(Code.STREAM_DOES_NOT_EXIST)
-            return encode_strings(super_streams.route(exchange, key))
-
-        self._answer(Key.ROUTE, corr, run)
-
-
-def stream_arguments(args: dict[str, str]) -> dict[str, Any]:
-    """A create's string arguments as the queue's typed x-arguments (as AMQP 0-9-1 would
-    declare them); a value of the wrong type is refused, unknown keys are ignored (as
-    RabbitMQ)."""
-    out: dict[str, Any] = {"x-queue-type": "stream"}
-    for key, value in args.items():
-        known = STREAM_ARGUMENTS.get(key)
-        if known is None:
-            continue
-        name, kind = known
-        if kind is int:
-            try:
-                out[name] = int(value)
-            except ValueError:
-                raise Refused(
-                    Code.PRECONDITION_FAILED, f"stream argument {key}: {value!r} is not a number"
-                ) from None
-        else:
-            out[name] = value
-    return out
 
 
 def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-def _string(value: str) -> bytes:
-    raw = value.encode()
-    return len(raw).to_bytes(2, "big") + raw
 
 
 _KEYS = {int(k) for k in Key}
@@ -1164,28 +567,28 @@ HANDLERS: dict[str, dict[int, Callable[[StreamConnection, Fields], None]]] = {
     "tune": {Key.TUNE: _C._tune, Key.HEARTBEAT: _C._heartbeat},
     "open": {Key.OPEN: _C._open, Key.HEARTBEAT: _C._heartbeat, Key.CLOSE: _C._close},
     "opened": {
-        Key.DECLARE_PUBLISHER: _C._declare_publisher,
-        Key.PUBLISH: _C._publish,
-        Key.QUERY_PUBLISHER_SEQUENCE: _C._query_publisher_sequence,
-        Key.DELETE_PUBLISHER: _C._delete_publisher,
-        Key.SUBSCRIBE: _C._subscribe,
-        Key.CREDIT: _C._credit,
-        Key.STORE_OFFSET: _C._store_offset,
-        Key.QUERY_OFFSET: _C._query_offset,
-        Key.UNSUBSCRIBE: _C._unsubscribe,
-        Key.CREATE: _C._create,
-        Key.DELETE: _C._delete,
-        Key.METADATA: _C._metadata,
+        Key.DECLARE_PUBLISHER: publishing.declare_publisher,
+        Key.PUBLISH: publishing.publish,
+        Key.QUERY_PUBLISHER_SEQUENCE: publishing.query_publisher_sequence,
+        Key.DELETE_PUBLISHER: publishing.delete_publisher,
+        Key.SUBSCRIBE: consuming.subscribe,
+        Key.CREDIT: consuming.credit,
+        Key.STORE_OFFSET: consuming.store_offset,
+        Key.QUERY_OFFSET: consuming.query_offset,
+        Key.UNSUBSCRIBE: consuming.unsubscribe,
+        Key.CONSUMER_UPDATE | 0x8000: consuming.consumer_update_answer,
+        Key.CREATE: commands.create,
+        Key.DELETE: commands.delete,
+        Key.METADATA: commands.metadata,
+        Key.STREAM_STATS: commands.stream_stats,
+        Key.CREATE_SUPER_STREAM: commands.create_super_stream,
+        Key.DELETE_SUPER_STREAM: commands.delete_super_stream,
+        Key.PARTITIONS: commands.partitions,
+        Key.ROUTE: commands.route,
+        Key.EXCHANGE_COMMAND_VERSIONS: _C._exchange_versions,
         Key.HEARTBEAT: _C._heartbeat,
         Key.CLOSE: _C._close,
         Key.CLOSE | 0x8000: _C._close_answer,
-        Key.EXCHANGE_COMMAND_VERSIONS: _C._exchange_versions,
-        Key.STREAM_STATS: _C._stream_stats,
-        Key.CREATE_SUPER_STREAM: _C._create_super_stream,
-        Key.DELETE_SUPER_STREAM: _C._delete_super_stream,
-        Key.PARTITIONS: _C._partitions,
-        Key.ROUTE: _C._route,
-        Key.CONSUMER_UPDATE | 0x8000: _C._consumer_update_answer,
     },
     "closing": {Key.CLOSE | 0x8000: _C._close_answer, Key.HEARTBEAT: _C._heartbeat},
 }

@@ -53,6 +53,6 @@ def _rebalance(any_member: Subscription) -> None:
     chosen = group[index]
     for member in group:
         if member is not chosen and member.active:
-            member.conn.deactivate(member)
+            member.deactivate()
     if not chosen.active:
-        chosen.conn.activate(chosen)
+        chosen.activate()
