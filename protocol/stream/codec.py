@@ -508,30 +508,3 @@ def encode_deliver_head(
             + _U64.pack(committed)
         )
     return prefix + head
-
-
-def encode_deliver(
-    subscription: int,
-    first_offset: int,
-    timestamp_ms: int,
-    data: bytes,
-    entries: int,
-    *,
-    epoch: int = 0,
-    committed: int | None = None,
-    crc: int | None = None,
-) -> bytes:
-    """A deliver frame of one chunk, whole (`encode_deliver_head` and the entries)."""
-    return (
-        encode_deliver_head(
-            subscription,
-            first_offset,
-            timestamp_ms,
-            data,
-            entries,
-            epoch=epoch,
-            committed=committed,
-            crc=crc,
-        )  # fmt: skip
-        + data
-    )
