@@ -792,9 +792,8 @@ class Stream(Queue):
             if isinstance(value, bytes):
                 value = value.decode("utf-8", "replace")
             if isinstance(value, str):
-                fid = self._fvals.get(value)  # a value seen before (no call)
-                if fid is None:
-                    fid = self._filter_id(value)
+                known = self._fvals.get(value)  # a value seen before (no call)
+                fid = known if known is not None else self._filter_id(value)
         return self._append(msg.exchange, msg.routing_key, msg.header.raw, msg.body or b"", fid)
 
     def publish_amqp10(
