@@ -64,6 +64,8 @@ APT_PACKAGES := $(if $(shell command -v amqp-publish),,amqp-tools) $(if $(shell 
 # nftables and iproute2 (nft, ip) for tests/support/netns.py: network namespaces and kernel
 # partitions for tests/cluster/test_jepsen.py and bench/jepsen.py.
 APT_PACKAGES += $(if $(shell command -v nft),,nftables) $(if $(shell command -v ip),,iproute2)
+# RabbitMQ (with its stream plugin) for the tests that hold RoarMQ's answers against it.
+APT_PACKAGES += $(if $(wildcard /usr/sbin/rabbitmq-server),,rabbitmq-server)
 
 system-deps:
 	@if [ -n "$(strip $(APT_PACKAGES))" ]; then \

@@ -6,7 +6,8 @@ thing and not only written down. The node is bench/lib/brokers.py's `start_rabbi
 launcher for the benchmarks and the tests): its own node name, Erlang cookie, data and log
 under a temp dir, AMQP, distribution and epmd on free loopback ports, every process it
 spawned in one process group that `stop_broker` ends by its id. Skips when RabbitMQ is not
-installed here, or is another version than the one the expectations were probed on.
+installed here (fails instead where `make test` installs it: tests/machine.py's rule), or
+is another version than the one the expectations were probed on.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from machine import missing
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 #: The version RoarMQ's expectations were probed on.
@@ -48,7 +50,7 @@ def rabbitmq_node(
     from lib.procs import Procs
 
     if rabbit_server() is None:
-        pytest.skip("rabbitmq-server is not installed")
+        missing("rabbitmq-server is not installed", "ROARMQ_EXPECT_PACKAGES")
     procs = Procs()
     running = start_rabbitmq(procs, tmp, nodename=f"roartest{os.getpid()}", streams=streams)
     try:
