@@ -51,6 +51,7 @@ from pyroaring import BitMap
 
 from roarmq.protocol.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from roarmq.protocol.frames import ContentHeader
+from roarmq.protocol.stream.codec import crc32_of_parts
 from roarmq.protocol.tables import Int64
 
 from ..errors import channel_error, connection_error
@@ -172,14 +173,14 @@ def record_span(payload: bytes | memoryview) -> tuple[int, int]:
     return off, (nh if flags & _BATCH else 1)
 
 
-def batch_messages(entries: bytes) -> list[bytes]:
+def batch_messages(entries: bytes | memoryview) -> list[bytes]:
     """A batch record's messages, from its entries."""
     out = []
     p = 0
     n = len(entries)
     while p + 4 <= n:
         (size,) = _ENTRY.unpack_from(entries, p)
-        out.append(entries[p + 4 : p + 4 + size])
+        out.append(bytes(entries[p + 4 : p + 4 + size]))
         p += 4 + size
     return out
 
@@ -1302,7 +1303,7 @@ class Stream(Queue):
         self, sub: Any, start: int, filter_values: list[str] | None, match_unfiltered: bool
     ) -> None:
         """A stream-protocol subscription reads from `start`, a chunk per unit of its credit:
-        `sub.credit` and `sub.deliver_chunk(first offset, timestamp, messages)`."""
+        `sub.credit` and `sub.deliver_chunk(first offset, timestamp, entries, ...)`."""
         reader = self._subs[sub] = _Reader(sub, start)
         if filter_values is not None:
             ids = [self._intern(v) for v in filter_values]
@@ -1337,7 +1338,7 @@ class Stream(Queue):
             n = 0
             first = ts = 0
             size = 0
-            crc: int | None = None  # a chunk of batches only: the first one's CRC (-1: several)
+            crcs: list[int] | None = None  # a chunk of batches only: each one's stored CRC
             while reader.next < committed and n < CHUNK_RECORDS and size < limit:
                 if filt is not None and reader.next >= reader.checked:
                     at = reader.next
@@ -1359,24 +1360,23 @@ class Stream(Queue):
                         continue
                     if reader.next == off:  # as stored, with the batches after it that fit
                         stored = record[5]
-                        if n and (crc is None or size + len(stored) > MERGE_BYTES):
+                        if n and (crcs is None or size + len(stored) > MERGE_BYTES):
                             break
                         if not n:
-                            first, ts, crc = off, record[1], record[6]
-                        else:
-                            crc = -1  # several batches: their CRC is computed once joined
+                            first, ts, crcs = off, record[1], []
+                        crcs.append(record[6])  # type: ignore[union-attr]  # set just above
                         parts.append(stored)
                         n += count
                         size += len(stored)
                         reader.next = off + count
                         continue
-                    if crc is not None:
+                    if crcs is not None:
                         break
                     off = reader.next  # from inside it (a start offset there): one by one
                     body = reader.message_of(record, off)
                     fid = -1
                 else:
-                    if crc is not None:  # batches go in a chunk of their own
+                    if crcs is not None:  # batches go in a chunk of their own
                         break
                     if n and off != first + n:  # retention moved the reader
                         reader.next, reader.seg = off, -1
@@ -1401,8 +1401,12 @@ class Stream(Queue):
                 size += len(body) + 4
             if not n:
                 break
-            known = crc if crc is not None and crc >= 0 else None
-            sub.deliver_chunk(first, ts, b"".join(parts) if len(parts) > 1 else parts[0], n, known)
+            if crcs is None:  # single messages: one piece
+                parts = [b"".join(parts)]
+                crc = zlib.crc32(parts[0])
+            else:  # a chunk of stored batches: its CRC from theirs, its bytes not read again
+                crc = crc32_of_parts(parts, crcs)
+            sub.deliver_chunk(first, ts, parts, size, crc, n)
             sent += n
             if sent >= SUB_DISPATCH_BATCH:
                 self.stats_delivered += sent
@@ -1756,7 +1760,8 @@ def _parse(view: memoryview, intern: Any, seg: int = -1, end: int = 0) -> tuple:
     if flags & _WRITER:
         p += _WLEN.size + view[p] + _PID.size
     if flags & _BATCH:  # (off, ts, "", count, None, entries, their CRC, segment, end)
-        return off, ts, "", nh, None, bytes(view[p + 4 :]), _CRC.unpack_from(view, p)[0], seg, end
+        # the entries as a view of what was read: a chunk sends them on without a copy
+        return off, ts, "", nh, None, view[p + 4 :], _CRC.unpack_from(view, p)[0], seg, end
     exchange = str(view[p : p + nx], "utf-8")  # (decoded from the view: no copy first)
     p += nx
     key = str(view[p : p + nk], "utf-8")

@@ -65,19 +65,21 @@ class Subscription:
             self.stream.unsubscribe(self)
 
     def deliver_chunk(
-        self, first: int, timestamp_ms: int, data: bytes, n: int, crc: int | None = None
+        self, first: int, timestamp_ms: int, parts: list, size: int, crc: int, n: int
     ) -> None:
-        """`n` messages from offset `first` as one chunk: `data`, their entries (and its
-        CRC-32, when the stream has it already)."""
+        """`n` messages from offset `first` as one chunk: their entries, `size` bytes in
+        `parts` (stored batches, sent as they are: never joined into one copy) whose CRC-32
+        is `crc`."""
         self.credit -= 1
         self.delivered += n
         self.conn.broker.totals.stream_delivered += n
         conn = self.conn
         committed = self.stream.committed - 1 if conn.deliver_v2 else None
         conn.send(
-            encode_deliver_head(self.id, first, timestamp_ms, data, n, committed=committed, crc=crc)
+            encode_deliver_head(self.id, first, timestamp_ms, size, crc, n, committed=committed)
         )
-        conn.send(data)  # the entries as they are: not copied into the frame
+        for part in parts:
+            conn.send(part)
 
     def activate(self) -> None:
         """It became its group's active member: ask where to start (consumer-update)."""

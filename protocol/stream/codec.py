@@ -12,10 +12,12 @@ RabbitMQ writes it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gzip
 import struct
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
 
 
@@ -472,20 +474,56 @@ def encode_entries(messages: Iterable[bytes]) -> tuple[bytes, int]:
     return b"".join(parts), n
 
 
+def _zlib_crc32_combine() -> Callable[[int, int, int], int] | None:
+    """zlib's crc32_combine, which Python's zlib module does not expose: the CRC-32 of
+    A+B from CRC(A), CRC(B) and len(B) in O(log len) steps. None where the process has no
+    shared libz to load (a statically linked CPython)."""
+    for name in ("libz.so.1", ctypes.util.find_library("z")):
+        if not name:
+            continue
+        try:
+            function = ctypes.CDLL(name).crc32_combine
+        except (OSError, AttributeError):
+            continue
+        function.argtypes = (ctypes.c_ulong, ctypes.c_ulong, ctypes.c_long)
+        function.restype = ctypes.c_ulong
+        return function
+    return None
+
+
+_COMBINE = _zlib_crc32_combine()
+
+
+def crc32_of_parts(parts: Sequence[bytes], crcs: Sequence[int]) -> int:
+    """The CRC-32 of the parts joined, given each part's own CRC-32 (a chunk of stored
+    batches, each stored with its CRC): without rereading the bytes where libz can combine
+    them (a chunk's bytes are read once, by the socket), else computed over them."""
+    if _COMBINE is None:
+        crc = 0
+        for part in parts:
+            crc = zlib.crc32(part, crc)
+        return crc
+    combine = _COMBINE
+    crc = crcs[0]
+    for i in range(1, len(parts)):
+        crc = combine(crc, crcs[i], len(parts[i]))
+    return crc
+
+
 def encode_deliver_head(
     subscription: int,
     first_offset: int,
     timestamp_ms: int,
-    data: bytes,
+    size: int,
+    crc: int,
     entries: int,
     *,
     epoch: int = 0,
     committed: int | None = None,
-    crc: int | None = None,
 ) -> bytes:
-    """A deliver frame of one chunk up to its entries (`data`, sent after it as they are):
-    version 1, or 2 with the committed chunk id (a client that asked for it in
-    exchange-command-versions)."""
+    """A deliver frame of one chunk up to its entries (`size` bytes of them, whose CRC-32
+    is `crc`, sent after it as they are): version 1, or 2 with the committed chunk id (a
+    client that asked for it in exchange-command-versions)."""
     head = _CHUNK.pack(
         CHUNK_MAGIC_VERSION,
         CHUNK_USER,
@@ -494,16 +532,16 @@ def encode_deliver_head(
         timestamp_ms,
         epoch,
         first_offset,
-        zlib.crc32(data) if crc is None else crc,
-        len(data),
+        crc,
+        size,
         0,
         0,
     )
     if committed is None:
-        prefix = _HEAD.pack(4 + 1 + len(head) + len(data), Key.DELIVER, 1) + _U8.pack(subscription)
+        prefix = _HEAD.pack(4 + 1 + len(head) + size, Key.DELIVER, 1) + _U8.pack(subscription)
     else:
         prefix = (
-            _HEAD.pack(4 + 9 + len(head) + len(data), Key.DELIVER, 2)
+            _HEAD.pack(4 + 9 + len(head) + size, Key.DELIVER, 2)
             + _U8.pack(subscription)
             + _U64.pack(committed)
         )
