@@ -510,6 +510,15 @@ class StreamConnection(asyncio.Protocol):
             return
         self.send(encode_response(key, corr, Code.OK, extra))
 
+    def unwatch_if_unused(self, stream: Stream) -> None:
+        """The connection's last publisher or subscription on `stream` went: a deletion of
+        the stream no longer concerns it (no metadata update, as RabbitMQ's connection
+        forgets a stream it neither publishes to nor reads from)."""
+        if not any(p.stream is stream for p in self.publishers.values()) and not any(
+            s.stream is stream for s in self.subscriptions.values()
+        ):
+            stream.watchers.discard(self)
+
     def stream_deleted(self, stream: Stream) -> None:
         """A stream this connection publishes to or reads from is gone (over either
         protocol): a metadata update, and its publishers and subscriptions go."""

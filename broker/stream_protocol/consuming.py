@@ -212,6 +212,7 @@ def unsubscribe(conn: StreamConnection, f: Fields) -> None:
         if sub is None:
             raise Refused(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST)
         end_subscription(conn, sub)
+        conn.unwatch_if_unused(sub.stream)
 
     conn.answer(Key.UNSUBSCRIBE, corr, run)
 

@@ -105,10 +105,7 @@ def delete_publisher(conn: StreamConnection, f: Fields) -> None:
         pub = conn.publishers.pop(pid, None)
         if pub is None:
             raise Refused(Code.PUBLISHER_DOES_NOT_EXIST)
-        if not any(p.stream is pub.stream for p in conn.publishers.values()) and not any(
-            s.stream is pub.stream for s in conn.subscriptions.values()
-        ):
-            pub.stream.watchers.discard(conn)
+        conn.unwatch_if_unused(pub.stream)
 
     conn.answer(Key.DELETE_PUBLISHER, corr, run)
 

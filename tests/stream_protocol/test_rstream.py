@@ -324,6 +324,41 @@ async def test_a_stream_deleted_over_amqp_sends_a_metadata_update(target, name):
     await client.close()
 
 
+async def test_a_stream_read_no_more_sends_no_metadata_update_when_deleted(target, name):
+    """Unsubscribed (or its publisher deleted), a connection no longer hears of the stream;
+    one still publishing to it does."""
+    async with producer_of(target) as producer:
+        await producer.create_stream(name)
+        await producer.send_wait(name, AMQPMessage(body=b"x"))
+    quiet, still = await _raw_client(target), await _raw_client(target)
+    updates: dict[str, list[str]] = {"quiet": [], "still": []}
+    updated = asyncio.Event()
+
+    def recorder(who: str):
+        async def on_update(frame: schema.MetadataUpdate) -> None:
+            updates[who].append(frame.metadata_info.stream)
+            updated.set()
+
+        return on_update
+
+    quiet.add_handler(schema.MetadataUpdate, recorder("quiet"))
+    still.add_handler(schema.MetadataUpdate, recorder("still"))
+    await quiet.declare_publisher(name, "", 2)
+    await quiet.delete_publisher(2)
+    await quiet.subscribe(name, subscription_id=1, offset_spec=schema.OffsetSpec(OffsetType.NEXT))
+    await quiet.unsubscribe(1)
+    await still.declare_publisher(name, "", 3)
+    connection = await aio_pika.connect(target.url)
+    channel = await connection.channel()
+    await channel.queue_delete(name)
+    await asyncio.wait_for(updated.wait(), 5)
+    assert await quiet.stream_exists(name) is False  # a round trip after the deletion
+    assert updates == {"quiet": [], "still": [name]}
+    await connection.close()
+    await quiet.close()
+    await still.close()
+
+
 async def test_credit_is_counted_in_chunks(target, name):
     async with producer_of(target) as producer:
         await producer.create_stream(name)
