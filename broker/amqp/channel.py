@@ -29,6 +29,7 @@ from roarmq.protocol.errors import (
 from roarmq.protocol.frames import encode_ack, encode_content, encode_deliver
 
 from ..core import trace
+from ..core.delayed import SCHEDULED
 from ..core.exchange import EXCHANGE_TYPES, unknown_exchange_type
 from ..core.message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
 from ..core.queue import Entry, Queue, enqueue
@@ -935,7 +936,11 @@ class Channel:
         ok, token = enqueue(msg, queues, self.confirm)
         for queue in queues:
             if queue.throttled is not None:
-                queue.hold_publisher(self.conn)
+                if queue.throttled is SCHEDULED:  # a delayed exchange took it
+                    if mandatory:
+                        self._return(msg, 312, "NO_ROUTE")
+                else:
+                    queue.hold_publisher(self.conn)
         if TOUCHED:  # streams took it: a confirm waits for their fsync; TOUCHED is this route's
             if self.confirm:
                 stream_confirm_after(self, seq, token, ok)

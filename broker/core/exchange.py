@@ -17,6 +17,8 @@ from roarmq.protocol.errors import COMMAND_INVALID, PRECONDITION_FAILED, HardErr
 
 from ..errors import channel_error, connection_error
 from ..routing import EXCHANGE_TYPES, make_index
+from ..routing.delayed import DelayedIndex, RefusedArguments, UnknownExchangeType
+from .delayed import Schedule
 from .policy import Policy, effective_definition
 
 if TYPE_CHECKING:
@@ -74,6 +76,10 @@ class Exchange:
         self.arguments = dict(arguments or {})
         try:
             self.index = make_index(type_, self.arguments, cache_keys=cache_keys)
+        except UnknownExchangeType as exc:  # a delayed exchange's x-delayed-type
+            raise unknown_exchange_type(exc.name) from None
+        except RefusedArguments as exc:
+            raise channel_error(PRECONDITION_FAILED, str(exc), 40, 10) from None
         except ValueError as exc:
             raise channel_error(
                 PRECONDITION_FAILED,
@@ -81,6 +87,9 @@ class Exchange:
                 40,
                 10,
             ) from None
+        if isinstance(self.index, DelayedIndex):
+            # Its delayed messages wait in a schedule of its own, a destination of its index.
+            self.index.schedule = Schedule(self)
         self.policy: Policy | None = None
         self.operator_policy: Policy | None = None
         self.alternate: str | None = None

@@ -29,6 +29,7 @@ from roarmq.protocol.errors import (
 from ..cluster_hooks import NOT_REPLICATED, VhostReplication
 from ..errors import channel_error
 from ..routing.bindings import LAZY_REMOVAL
+from ..routing.delayed import DelayedIndex
 from ..routing.graph import route_key, route_message
 from ..store.definitions import DefinitionsWriteFailed
 from . import queue_arguments
@@ -305,6 +306,8 @@ class VirtualHost:
     def _remove_exchange(self, exchange: Exchange) -> None:
         self.broker.persistence.exchange_deleted(exchange)
         exchange.deleted = True
+        if isinstance(exchange.index, DelayedIndex):  # what it held goes with it
+            exchange.index.schedule.on_deleted()
         self.exchanges.pop(exchange.name, None)
         self.broker.totals.retire_exchange(exchange)
         if len(exchange.index) >= LAZY_REMOVAL:  # its tables go over loop turns, not at once

@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .delayed import DELAYED_TYPE, DelayedIndex, make_delayed_index
 from .direct import DirectIndex
 from .fanout import FanoutIndex
 from .fields import typed_table
@@ -20,7 +21,9 @@ from .topic import TopicIndex
 TOPIC_SYNTAX_ARGUMENT = "x-topic-syntax"
 
 __all__ = [
+    "DELAYED_TYPE",
     "EXCHANGE_TYPES",
+    "DelayedIndex",
     "DirectIndex",
     "ExchangeType",
     "FanoutIndex",
@@ -120,4 +123,7 @@ register_exchange_type(
 )
 register_exchange_type(
     "headers", HeadersIndex, "AMQP headers exchange, as per the AMQP specification"
+)
+register_exchange_type(
+    DELAYED_TYPE, DelayedIndex, "Delayed Message Exchange.", make_delayed_index(EXCHANGE_TYPES)
 )

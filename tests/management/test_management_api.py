@@ -290,7 +290,13 @@ def test_overview_churn_exchange_types_and_listeners(b):
     assert (churn["connection_created"], churn["connection_closed"]) == (1, 1)
     assert (churn["channel_created"], churn["queue_created"]) == (1, 1)
     assert "rate" in churn["queue_declared_details"]
-    assert [t["name"] for t in o["exchange_types"]] == ["direct", "fanout", "headers", "topic"]
+    assert [t["name"] for t in o["exchange_types"]] == [
+        "direct",
+        "fanout",
+        "headers",
+        "topic",
+        "x-delayed-message",
+    ]
     protocols = {(x["protocol"], x["port"]) for x in o["listeners"]}
     assert ("amqp", b.broker.port) in protocols and ("http", b.broker.mgmt_port) in protocols
 

@@ -10,6 +10,7 @@ from roarmq.broker.core import exchange
 from roarmq.broker.management.node import _exchange_types
 from roarmq.broker.routing import (
     EXCHANGE_TYPES,
+    DelayedIndex,
     DirectIndex,
     FanoutIndex,
     HeadersIndex,
@@ -26,22 +27,29 @@ def scratch_type() -> Iterator[str]:
     EXCHANGE_TYPES.pop(name, None)
 
 
-def test_the_four_amqp_types_in_order() -> None:
-    assert list(EXCHANGE_TYPES) == ["direct", "fanout", "topic", "headers"]
+def test_the_four_amqp_types_in_order_then_the_delayed_one() -> None:
+    assert list(EXCHANGE_TYPES) == ["direct", "fanout", "topic", "headers", "x-delayed-message"]
     assert {n: t.index for n, t in EXCHANGE_TYPES.items()} == {
         "direct": DirectIndex,
         "fanout": FanoutIndex,
         "topic": TopicIndex,
         "headers": HeadersIndex,
+        "x-delayed-message": DelayedIndex,
     }
-    for name, kind in EXCHANGE_TYPES.items():
+    for name, kind in list(EXCHANGE_TYPES.items())[:4]:
         assert kind.description == f"AMQP {name} exchange, as per the AMQP specification"
         assert isinstance(make_index(name), kind.index)
     assert exchange.EXCHANGE_TYPES is EXCHANGE_TYPES  # the declare path reads the registry
 
 
 def test_overview_lists_the_registry_by_name() -> None:
-    assert [t["name"] for t in _exchange_types()] == ["direct", "fanout", "headers", "topic"]
+    assert [t["name"] for t in _exchange_types()] == [
+        "direct",
+        "fanout",
+        "headers",
+        "topic",
+        "x-delayed-message",
+    ]
     assert all(t["enabled"] is True for t in _exchange_types())
 
 
