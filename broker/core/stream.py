@@ -1346,8 +1346,8 @@ class Stream(Queue):
                     if reader.next >= committed or (n and reader.next != at):
                         break
                 record = self._record(reader)
-                if record is None:
-                    break
+                if record is None or (n and record[1] != ts):
+                    break  # (a chunk has one timestamp: its messages' own, as RabbitMQ's)
                 off = record[0]
                 if record[4] is None:  # a batch record
                     count = record[3]

@@ -300,18 +300,11 @@ async def test_each_offset_specification(target, name):
         await client.disconnect()
 
 
-async def test_each_message_carries_its_chunks_timestamp(target, name, request):
+async def test_each_message_carries_its_chunks_timestamp(target, name):
     """rbfly's `stream_timestamp` is the delivered chunk's timestamp. Three messages
     published a few milliseconds apart are three chunks, each stamped when written:
-    read back from the first, each has a timestamp of its own, within its publish."""
-    if request.node.callspec.params["target"] == "roarmq":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="RoarMQ merges stored chunks of different timestamps into one "
-                "delivered chunk stamped with the first's (Stream._deliver_chunks)",
-            )
-        )
+    read back from the first, each has a timestamp of its own, within its publish (a
+    delivered chunk never spans stored chunks of different timestamps)."""
     client = client_of(target)
     windows = []
     try:
