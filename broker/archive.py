@@ -984,6 +984,7 @@ class Archive:
 
     def _convert_step(self, conversion: _Conversion, final: bool = False) -> None:
         """One step; a disk error defers the conversion (at close: leaves it to the next start)."""
+        converted = False
         try:
             done = conversion.step()
         except OSError as exc:
@@ -1004,9 +1005,13 @@ class Archive:
         else:
             if done:
                 self.written_files += 1
-                self._succeeded()
+                converted = True
         if done:
             self._conversions.remove(conversion)
+        if converted:
+            # after its removal: a conversion that failed before and now went through must
+            # not hold the episode open itself (the notice then waited for another write)
+            self._succeeded()
 
     def _succeeded(self) -> None:
         """A write went through: the fault episode ends, unless conversions still wait on it."""

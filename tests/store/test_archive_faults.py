@@ -237,9 +237,11 @@ def test_eio_on_a_data_file_fsync_defers_the_file_and_loses_nothing(tmp_path):
     assert assert_archive_reads_back(root) == 1000
 
 
-def test_start_up_on_a_full_disk_defers_the_replay_until_there_is_room(tmp_path):
+def test_start_up_on_a_full_disk_defers_the_replay_until_there_is_room(tmp_path, caplog):
     """A journal left by a crash, and no room to convert it: the broker starts all the same,
-    and the writer thread converts it once the disk has room."""
+    and the writer thread converts it once the disk has room; that conversion going through
+    ends the fault episode with its notice, with no other write after it."""
+    caplog.set_level("INFO", logger="roarmq.archive")
     crashed = tmp_path / "crashed"
     archive = Archive(ArchiveConfig(enabled=True, dir=str(crashed), batch_rows=10))
     for i in range(25):
@@ -259,6 +261,7 @@ def test_start_up_on_a_full_disk_defers_the_replay_until_there_is_room(tmp_path)
         wait_for(
             lambda: recovering.stats()["written_files"] == 1, timeout=20, what="deferred replay"
         )
+        wait_for(lambda: "archive writing again" in caplog.text, what="the episode's end")
         recovering.close()
         assert assert_archive_reads_back(fs / "archive") == 25
         assert not [j for _, _, d in partitions(fs / "archive") for j in pending_journals(d)]
