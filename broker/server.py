@@ -278,6 +278,10 @@ class Broker:
                 if queue.store_id is not None:
                     queue.store = self.store
                     queues[queue.store_id] = queue
+            for schedule in vhost.stored_schedules():
+                assert schedule.store_id is not None  # a durable exchange's: set at creation
+                schedule.store = self.store
+                queues[schedule.store_id] = schedule
         counts = self.store.recover(queues)
         report = self.store.log.recovery
         if report.segments and not self.store.clean_start:

@@ -57,11 +57,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.stream import DEFAULT_SEGMENT_SIZE, TRACKING_FILE, record_span
 from ..replog.records import SegmentRecordStore, checkpoint_record, epoch_record
-from ..store.messages import MessageStore, Relocate, encode_mark
+from ..store.messages import MessageStore, Relocate, decode_due, encode_due, encode_mark
 from ..store.record_tags import (
     ACK_TAG,
     CHECKPOINT_TAG,
     DEFINITIONS_TAG,
+    DUE_TAG,
     EPOCH_TAG,
     STREAM_OFFSETS_TAG,
     STREAM_START_TAG,
@@ -139,6 +140,9 @@ class ReplicatedVhostStore:
         #: msg_id -> queue ids that acked a message still held by another queue: what a
         #: checkpoint copies besides the publish record.
         self._acks: dict[int, list[int]] = {}
+        #: msg_id -> (schedule's queue id, due ms) of a stored message a delayed exchange
+        #: holds: a checkpoint copies its due record with its publish record.
+        self._dues: dict[int, tuple[int, int]] = {}
         self.streams = streams  # the vhost's streams (a checkpoint copies what they retain)
         self._streams_waiting: set[Stream] = set()
         self.may_confirm = may_confirm
@@ -184,16 +188,31 @@ class ReplicatedVhostStore:
             return  # the next leader delivers the message again (as after a crash)
         self._acks.setdefault(msg_id, []).append(queue_id)
 
+    def due(self, queue_id: int, msg_id: int, due_ms: int) -> None:
+        """A record of the log, as an ack; remembered for the checkpoints while the
+        schedule holds the message."""
+        try:
+            self.record(encode_due(queue_id, msg_id, due_ms))
+        except LogFailed:  # (as an ack) the next leader has the publish: it is due at once
+            return
+        self._dues[msg_id] = (queue_id, due_ms)
+
     def gone(self, msg_id: int) -> None:
         """Its records go with the next checkpoint's trim; nothing of it is copied."""
         if self._acks:
             self._acks.pop(msg_id, None)
+        if self._dues:
+            self._dues.pop(msg_id, None)
 
     def recovered(self, msg_id: int, marks: list[tuple[int, int, Location]], live: bool) -> None:
         if live:
             acks = [qid for kind, qid, _ in marks if kind == ACK_TAG[0]]
             if acks:
                 self._acks[msg_id] = acks
+            for kind, _, loc in marks:
+                if kind == DUE_TAG[0]:
+                    queue_id, _, due_ms = decode_due(self.store.log.read(loc))
+                    self._dues[msg_id] = (queue_id, due_ms)
 
     def relocated(self, old: Location, new: Location, payload: bytes) -> None:
         """Never called: the view neither compacts nor resumes (checkpoints do)."""
@@ -272,6 +291,12 @@ class ReplicatedVhostStore:
             self.start_epoch()
             self.definitions_dirty = True
             self.append_definitions_if_changed()
+            # Each stream's start, before the first await: a record appended meanwhile must
+            # follow it, or a rebuild from this base takes it for the stream's first and
+            # skips the copy below it as second copies (`_StreamsRebuild.record`).
+            for stream in self.streams():
+                if stream.log is not None and not stream.deleted:
+                    self._replicate(self._stream_start(stream))
             index, read, acks = store.index, store.log.read, self._acks
             copied = 0
             for msg_id in list(index.ids()):
@@ -284,6 +309,9 @@ class ReplicatedVhostStore:
                 copied += len(payload)
                 for qid in acks.get(msg_id, ()):
                     self._replicate(encode_mark(ACK_TAG, qid, msg_id))
+                due = self._dues.get(msg_id)
+                if due is not None:
+                    self._replicate(encode_due(due[0], msg_id, due[1]))
                 if copied >= CHECKPOINT_CHUNK:
                     copied = 0
                     await asyncio.sleep(0)
@@ -309,8 +337,10 @@ class ReplicatedVhostStore:
             self.checkpointing = False
 
     async def _copy_stream(self, stream: Stream) -> bool:
-        """A checkpoint's copy of one stream: its start, then every record it retains up to
-        its newest (records appended meanwhile are in the log already, in between)."""
+        """A checkpoint's copy of one stream: its start again (retention may have dropped
+        more since the checkpoint began: a rebuild moves up to it), then every record it
+        retains up to its newest (records appended meanwhile are in the log already, in
+        between)."""
         log_ = stream.log
         if log_ is None or stream.deleted:
             return True
@@ -322,7 +352,7 @@ class ReplicatedVhostStore:
                 return False
             if stream.deleted:
                 return True
-        self._replicate(STREAM_START_TAG + _STREAM_START.pack(stream.store_id, stream.first_offset))
+        self._replicate(self._stream_start(stream))
         head = STREAM_TAG + _STREAM_ID.pack(stream.store_id)
         copied = 0
         for payload in stream.stored_records(stream.first_offset, end):
@@ -336,6 +366,11 @@ class ReplicatedVhostStore:
         if stream.tracked and stream.store_id is not None:  # above the base: trims keep them
             self._replicate(offsets_record(stream.store_id, stream.tracked))
         return True
+
+    @staticmethod
+    def _stream_start(stream: Stream) -> bytes:
+        """A checkpoint's start record of a stream: its id, its first retained offset."""
+        return STREAM_START_TAG + _STREAM_START.pack(stream.store_id, stream.first_offset)
 
     def live_bytes(self) -> int:
         """The live data a checkpoint rewrites: messages and what streams retain."""
@@ -519,7 +554,9 @@ class _StreamsRebuild:
     twice (an older copy above the log's trim point, and a checkpoint's). So per stream:
     the next offset wanted; a record below it is a second copy (skipped), one above it
     waits until the gap is filled. A checkpoint's start record moves the next offset up to
-    the stream's first retained one (retention dropped the rest). What still waits at the
+    the stream's first retained one (retention dropped the rest); the checkpoint writes it
+    before any record of the stream can follow its base (a replay trimmed there meets it
+    first), and again before the copy. What still waits at the
     end follows in order (a segment dropped while a checkpoint copied it leaves a gap)."""
 
     def __init__(self, root: Path) -> None:

@@ -14,17 +14,24 @@ again by a delayed exchange further along.
 from __future__ import annotations
 
 import heapq
+import logging
 import math
+import zlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.tables import Int64
 
 from ..routing.delayed import DELAY_HEADER, delay_of
+from ..store.due_index import DueIndex
+from ..store.segments import SegmentLogError
 from .message import Message, copy_properties
 from .queue import Queue
 
 if TYPE_CHECKING:
     from .exchange import Exchange
+
+log = logging.getLogger("roarmq.delayed")
 
 #: Due messages routed per loop turn; the rest go on the next turn, so a crowd due at the
 #: same millisecond never holds the loop (as queue expiry's budget).
@@ -45,10 +52,27 @@ def now_ms(exchange: Exchange) -> float:
     return exchange.vhost.clock.wall() * 1000.0
 
 
+#: Schedules' ids in the message store have the top bit set; durable queues' ids (rows of
+#: the definitions store, or a clustered vhost's counter) never reach it.
+SCHEDULE_ID_BIT = 1 << 31
+
+
+def schedule_store_id(vhost: str, exchange: str) -> int:
+    """The id a durable delayed exchange's schedule has in the message store: derived from
+    its names, so it is the same after a restart, on every cluster node and after a
+    definitions import, with nothing more to store."""
+    key = f"{vhost}\x00{exchange}".encode("utf-8", "surrogateescape")
+    return SCHEDULE_ID_BIT | (zlib.crc32(key) & (SCHEDULE_ID_BIT - 1))
+
+
 class Schedule(Queue):
     """The messages a delayed exchange holds (module doc). A destination of its exchange's
     index, never a queue of the vhost: it has no consumers, takes no policies and is not
-    listed; it has a __dict__ (no __slots__), read per delayed message only."""
+    listed; it has a __dict__ (no __slots__), read per delayed message only.
+
+    Two sources, merged by (due, publish order): transient messages (and every message of
+    a transient exchange) as objects in a heap, and stored ones as bare ids in a `DueIndex`
+    on disk (broker/store/due_index.py), whose memory does not grow with their number."""
 
     def __init__(self, exchange: Exchange) -> None:
         super().__init__(exchange.vhost, f"amq.delayed-{exchange.name}", durable=exchange.durable)
@@ -56,7 +80,11 @@ class Schedule(Queue):
         self._settle()
         self.exchange = exchange
         self.throttled = SCHEDULED
-        self._due: list[tuple[int, int, Message]] = []  # (due ms, publish order, message)
+        if exchange.durable:  # persistent messages are stored as a durable queue's
+            self.store_id = schedule_store_id(exchange.vhost.name, exchange.name)
+            self.store = exchange.vhost.message_store
+        self._held: list[tuple[int, int, Message]] = []  # (due ms, publish order, message)
+        self._stored: DueIndex | None = None  # made at the first stored message
         self._order = 0
         self._timer: Any = None
         self._timer_due: int | None = None
@@ -67,17 +95,42 @@ class Schedule(Queue):
         self.late_ms_max = 0.0
 
     def __repr__(self) -> str:
-        return f"<Schedule of {self.exchange!r} holding {len(self._due)}>"
+        return f"<Schedule of {self.exchange!r} holding {self.message_count()}>"
 
     # -- what the vhost and the API ask ------------------------------------------------
 
     def message_count(self) -> int:
-        return len(self._due)
+        return len(self._held) + (self._stored.count if self._stored is not None else 0)
 
     @property
     def next_due_ms(self) -> int | None:
         """The wall-clock time (ms since the epoch) the next message is due, if any."""
-        return self._due[0][0] if self._due else None
+        first = self._first()
+        return first[0] if first is not None else None
+
+    def _first(self) -> tuple[int, int, Any] | None:
+        held = self._held[0] if self._held else None
+        stored = self._stored.first() if self._stored is not None else None
+        if held is None:
+            return stored
+        if stored is None or held[:2] < stored[:2]:
+            return held
+        return stored
+
+    def _pop(self) -> tuple[int, int, Message | int]:
+        """Take the next due message (an object, or a stored one's id)."""
+        held, stored = self._held, self._stored
+        if held and (stored is None or not stored.count or held[0][:2] < stored.first()[:2]):  # type: ignore[index]  # count > 0: there is a first
+            return heapq.heappop(held)
+        assert stored is not None
+        return stored.pop()
+
+    def _due_index(self) -> DueIndex:
+        if self._stored is None:
+            assert self.store_id is not None  # a stored message: a durable exchange's
+            data_dir = Path(self.vhost.broker.config.storage.data_dir)
+            self._stored = DueIndex(data_dir / "delayed" / f"{self.store_id:08x}")
+        return self._stored
 
     # -- taking a message --------------------------------------------------------------
 
@@ -89,15 +142,47 @@ class Schedule(Queue):
         if delay is None:  # (the index checked; a header cannot change on the way)
             return True
         due = math.ceil(now_ms(self.exchange)) + delay
-        held = _leaving_form(msg, delay)
         self._order += 1
-        heapq.heappush(self._due, (due, self._order, held))
         self.stats_published += 1
-        self.held_bytes += held.size
-        self._account(held.size)
+        if msg.store_id is not None and self.store is not None:
+            # Stored for this schedule by `enqueue`, which waits for it before confirming:
+            # only its id is kept, on disk, and its due time goes to the log after it.
+            self.store.scheduled(self, msg.store_id, due)
+            self._due_index().add(due, self._order, msg.store_id)
+        else:
+            held = _leaving_form(msg, delay)
+            heapq.heappush(self._held, (due, self._order, held))
+            self.held_bytes += held.size
+            self._account(held.size)
         if self._timer_due is None or due < self._timer_due:
             self._arm(due)
         return True
+
+    # -- recovery (the message store calls these, in publish order) ----------------------
+
+    def restore_due(self, msg_id: int, size: int, due_ms: int) -> None:
+        """A stored message and its due record, found at start."""
+        self._due_index().add(due_ms, msg_id, msg_id)
+        self._order = max(self._order, msg_id)
+        self.stored(size)
+
+    def restore_stored(
+        self, msg_id: int, size: int, priority: int, expiration_ms: int | None, redelivered: bool
+    ) -> None:
+        """A stored message whose due record did not reach the disk (the broker stopped
+        between the two appends): due its delay after this start, so late, never early."""
+        assert self.store is not None
+        try:
+            delay = delay_of(self.store.load(msg_id, 0).headers) or 0
+        except (KeyError, SegmentLogError) as exc:
+            log.error("cannot read a delayed message back", extra={"error": str(exc)})
+            delay = 0
+        self.restore_due(msg_id, size, math.ceil(now_ms(self.exchange)) + delay)
+
+    def restored(self) -> None:
+        first = self._first()
+        if first is not None:
+            self._arm(first[0])
 
     # -- routing what is due -------------------------------------------------------------
 
@@ -115,24 +200,47 @@ class Schedule(Queue):
             return
         now = now_ms(self.exchange)
         budget = ROUTE_BUDGET
-        due = self._due
-        while due and due[0][0] <= now and budget > 0:
-            when, _, msg = heapq.heappop(due)
-            self.held_bytes -= msg.size
-            self._account(-msg.size)
+        while budget > 0:
+            first = self._first()
+            if first is None or first[0] > now:
+                break
+            when, _, held = self._pop()
+            budget -= 1
             late = now - when
             self.routed += 1
             self.late_ms_total += late
             if late > self.late_ms_max:
                 self.late_ms_max = late
-            self._route(msg)
-            budget -= 1
-        if due:
-            if budget == 0:  # more are due: the next loop turn
-                self._timer_due = due[0][0]
+            if isinstance(held, int):
+                msg = self._take_stored(held)
+                if msg is not None:
+                    self._route(msg)
+                    self.unstore(held, msg.size)
+                continue
+            self.held_bytes -= held.size
+            self._account(-held.size)
+            self._route(held)
+        first = self._first()
+        if first is not None:
+            if budget == 0:  # more may be due: the next loop turn
+                self._timer_due = first[0]
                 self._timer = self.vhost.clock.call_soon(self._on_timer)
             else:  # a timer may fire a little early on the loop's clock: never route early
-                self._arm(due[0][0])
+                self._arm(first[0])
+
+    def _take_stored(self, msg_id: int) -> Message | None:
+        """A stored message read back as it leaves; the schedule lets go of its record
+        (an ack, after the routed copies' own publish records, so a crash in between
+        routes it twice rather than never)."""
+        store = self.store
+        assert store is not None
+        try:
+            msg = store.load(msg_id, 1 << 62)
+        except (KeyError, SegmentLogError) as exc:
+            log.error("cannot read a delayed message back", extra={"error": str(exc)})
+            return None
+        delay = delay_of(msg.headers)
+        return msg if delay is None else _leaving_form(msg, delay)
 
     def _route(self, msg: Message) -> None:
         """Route a due message through its exchange's rules, as a publish would."""
@@ -146,17 +254,30 @@ class Schedule(Queue):
 
     # -- going away ------------------------------------------------------------------
 
-    def on_deleted(self) -> list:
-        """The exchange is deleted: what it held is dropped (as the plugin's, and
-        RabbitMQ's for a deleted queue's messages)."""
-        self.deleted = True
+    def forget(self) -> None:
+        """Drop what it holds from memory and write nothing: this node stopped leading the
+        exchange's clustered vhost (or leads it again, and recovers it from the vhost's
+        log), so another copy of the log is the truth now."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._timer_due = None
         self._account(-self.held_bytes)
         self.held_bytes = 0
-        self._due.clear()
+        self._held = []
+        if self._stored is not None:
+            self._stored.clear()
+        self.persistent = self.persistent_bytes = 0
+
+    def on_deleted(self) -> list:
+        """The exchange is deleted: what it held is dropped (as the plugin's, and
+        RabbitMQ's for a deleted queue's messages), and settled in the store."""
+        stored = self._stored
+        if stored is not None and self.store is not None:
+            for _, _, msg_id in stored.drain():
+                self.store.settled(self, msg_id)
+        self.forget()
+        self.deleted = True
         return []
 
 

@@ -33,6 +33,7 @@ from ..routing.delayed import DelayedIndex
 from ..routing.graph import route_key, route_message
 from ..store.definitions import DefinitionsWriteFailed
 from . import queue_arguments
+from .delayed import Schedule
 from .exchange import DefaultExchange, Exchange
 from .message import FLAG_HEADERS, Message, copy_properties
 from .policy import Policy, best
@@ -234,6 +235,15 @@ class VirtualHost:
                 exchange.apply_policy(*self.policies_for("exchange", exchange.name))
 
     # -- exchanges ------------------------------------------------------------------
+
+    def stored_schedules(self) -> list[Schedule]:
+        """The schedules of the durable delayed exchanges: their persistent messages are
+        in the message store, as a durable queue's (broker/core/delayed.py)."""
+        return [
+            x.index.schedule
+            for x in self.exchanges.values()
+            if isinstance(x.index, DelayedIndex) and x.durable
+        ]
 
     def get_exchange(self, name: str) -> Exchange:
         exchange = self.exchanges.get(name)

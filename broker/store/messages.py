@@ -6,6 +6,9 @@ Record types (the payload the SegmentLog stores; big-endian):
                  routing key shortstr, header u32 + bytes, body (the rest)
     A  ack       queue_id u32, msg_id u64     the message left that queue
     D  delivered queue_id u32, msg_id u64     first delivery from that queue
+    W  due       queue_id u32, msg_id u64, due u64
+                 a delayed exchange's schedule (broker/core/delayed.py) holds the
+                 message until `due`, milliseconds since the epoch
 
 One publish record serves every durable queue a message reaches. A message's
 record is released when the last of its queues lets go of it. Messages are ordered in
@@ -38,7 +41,7 @@ from roarmq.protocol.frames import ContentHeader
 
 from ..errors import StartupError
 from ..ops.logs import NOTICE
-from .record_tags import ACK_TAG, DELIVERED_TAG, PUBLISH_TAG
+from .record_tags import ACK_TAG, DELIVERED_TAG, DUE_TAG, PUBLISH_TAG
 from .segments import Location, LogFailed, RecoveryReport, SegmentLog
 
 if TYPE_CHECKING:
@@ -52,9 +55,10 @@ log = logging.getLogger("roarmq.store")
 _P_HEAD = struct.Struct(">cQH")
 _QID = struct.Struct(">I")
 _MARK = struct.Struct(">cIQ")
+_DUE = struct.Struct(">cIQQ")
 _U32 = struct.Struct(">I")
 #: The kinds' first bytes as replay sees them (an int from a memoryview).
-_PUBLISH, _ACK, _DELIVERED = PUBLISH_TAG[0], ACK_TAG[0], DELIVERED_TAG[0]
+_PUBLISH, _ACK, _DELIVERED, _DUE_KIND = PUBLISH_TAG[0], ACK_TAG[0], DELIVERED_TAG[0], DUE_TAG[0]
 _NONE: frozenset[int] = frozenset()
 CLEAN_SHUTDOWN = "clean-shutdown"
 
@@ -93,6 +97,17 @@ def encode_publish(msg_id: int, queue_ids: list[int], msg: Message, body: bytes)
 def encode_mark(kind: bytes, queue_id: int, msg_id: int) -> bytes:
     """An ack (ACK_TAG) or delivered (DELIVERED_TAG) record."""
     return _MARK.pack(kind, queue_id, msg_id)
+
+
+def encode_due(queue_id: int, msg_id: int, due_ms: int) -> bytes:
+    """A due record (DUE_TAG): the schedule `queue_id` holds `msg_id` until `due_ms`."""
+    return _DUE.pack(DUE_TAG, queue_id, msg_id, due_ms)
+
+
+def decode_due(payload: bytes) -> tuple[int, int, int]:
+    """Queue id, message id and due time (ms since the epoch) of a due record."""
+    _, queue_id, msg_id, due_ms = _DUE.unpack(payload)
+    return queue_id, msg_id, due_ms
 
 
 def decode_mark(payload: bytes) -> tuple[bytes, int, int]:
@@ -345,6 +360,11 @@ class Durability(Protocol):
         first time (DELIVERED_TAG); called while the store's index still holds it."""
         ...
 
+    def due(self, queue_id: int, msg_id: int, due_ms: int) -> None:
+        """A delayed exchange's schedule holds a stored message until `due_ms`: the due
+        record must live as long as the message, like its acks."""
+        ...
+
     def gone(self, msg_id: int) -> None:
         """The message left its last queue (the store released its publish record)."""
         ...
@@ -384,9 +404,9 @@ class SegmentDurability:
         self._tombs: dict[int, list[Location]] = {}  # msg_id -> ack/delivered records
         self._tomb_seg: dict[int, set[int]] = {}  # segment -> msg_ids with tombstones
         self._seg_of: dict[int, int] = {}  # msg_id -> segment of its publish (tombstoned only)
-        #: Marks made while the log was failed: (kind, queue id, msg id, segment of the
-        #: message's publish record), written by `resumed`.
-        self._pending: list[tuple[bytes, int, int, int]] = []
+        #: Marks made while the log was failed: (record, msg id, segment of the message's
+        #: publish record), written by `resumed`.
+        self._pending: list[tuple[bytes, int, int]] = []
 
     @property
     def store(self) -> MessageStore:
@@ -410,21 +430,28 @@ class SegmentDurability:
         pass
 
     def mark(self, kind: bytes, queue_id: int, msg_id: int) -> None:
+        self._tombstone(_MARK.pack(kind, queue_id, msg_id), msg_id)
+
+    def due(self, queue_id: int, msg_id: int, due_ms: int) -> None:
+        self._tombstone(encode_due(queue_id, msg_id, due_ms), msg_id)
+
+    def _tombstone(self, record: bytes, msg_id: int) -> None:
         store = self.store
         seg = self._seg_of.get(msg_id)
         if seg is None:
             seg = store.index.location(msg_id).segment
         if store.failed is not None:
-            self._pending.append((kind, queue_id, msg_id, seg))
+            self._pending.append((record, msg_id, seg))
             return
         try:
-            self._write(kind, queue_id, msg_id, seg)
+            self._write(record, msg_id, seg)
         except LogFailed:  # the writer failed since; the loop hears of it soon
-            self._pending.append((kind, queue_id, msg_id, seg))
+            self._pending.append((record, msg_id, seg))
 
-    def _write(self, kind: bytes, queue_id: int, msg_id: int, seg: int) -> None:
-        """Append an ack/delivered record, live until the publish's segment `seg` is gone."""
-        loc, _ = self.store.log.append(_MARK.pack(kind, queue_id, msg_id))
+    def _write(self, record: bytes, msg_id: int, seg: int) -> None:
+        """Append an ack, delivered or due record, live until the publish's segment `seg`
+        is gone."""
+        loc, _ = self.store.log.append(record)
         tombs = self._tombs.get(msg_id)
         if tombs is None:
             tombs = self._tombs[msg_id] = []
@@ -458,7 +485,7 @@ class SegmentDurability:
                 self._tomb_seg[seg].discard(msg_id)
                 self._seg_of[msg_id] = new.segment
                 self._tomb_seg.setdefault(new.segment, set()).add(msg_id)
-        else:
+        else:  # an ack, delivered or due record: the message id at the same place
             msg_id = _MARK.unpack_from(payload, 0)[2]
             tombs = self._tombs.get(msg_id)
             if tombs is not None:
@@ -467,10 +494,10 @@ class SegmentDurability:
     def resumed(self) -> None:
         marks, self._pending = self._pending, []
         index = self.store.index
-        for kind, qid, msg_id, seg in marks:
+        for record, msg_id, seg in marks:
             if msg_id in index:  # its publish may have just moved to the new segment
                 seg = index.location(msg_id).segment
-            self._write(kind, qid, msg_id, seg)
+            self._write(record, msg_id, seg)
 
     def closed(self, store: MessageStore) -> None:
         marker = store.dir / CLEAN_SHUTDOWN
@@ -575,6 +602,11 @@ class MessageStore:
 
     def delivered(self, queue: Queue, msg_id: int) -> None:
         self.durability.mark(DELIVERED_TAG, queue.store_id, msg_id)  # type: ignore[arg-type]  # a durable queue's
+
+    def scheduled(self, queue: Queue, msg_id: int, due_ms: int) -> None:
+        """A delayed exchange's schedule holds a stored message until `due_ms` (ms since the
+        epoch): recorded after its publish record, so a restart routes it when due."""
+        self.durability.due(queue.store_id, msg_id, due_ms)  # type: ignore[arg-type]  # a stored schedule's
 
     def settled(self, queue: Queue, msg_id: int) -> None:
         """The message left a durable queue (ack, expiry, drop, purge, delete)."""
@@ -707,6 +739,7 @@ class MessageStore:
         index = self.index
         replayed = _Replayed()
         marks: dict[int, list[tuple[int, int, Location]]] = {}
+        dues: dict[int, tuple[int, int]] = {}  # msg_id -> (schedule's queue id, due ms)
         duplicates = 0
         last_id = 0
         unpack_head, unpack_qid, unpack_u32 = (
@@ -742,6 +775,12 @@ class MessageStore:
                 _, qid, msg_id = _MARK.unpack_from(payload)
                 marks.setdefault(msg_id, []).append((kind, qid, loc))
                 if msg_id > last_id:  # never reuse an id a tombstone on disk names
+                    last_id = msg_id
+            elif kind == _DUE_KIND and len(payload) == _DUE.size:
+                _, qid, msg_id, due_ms = _DUE.unpack_from(payload)
+                marks.setdefault(msg_id, []).append((kind, qid, loc))
+                dues[msg_id] = (qid, due_ms)
+                if msg_id > last_id:
                     last_id = msg_id
             elif kind in foreign:
                 self.log.release(loc)  # another owner's record in a shared log
@@ -781,9 +820,13 @@ class MessageStore:
                 continue
             index.set_refs(msg_id, len(live))
             ttl = expiration.get(msg_id) if expiration else None
+            due = dues.get(msg_id) if dues else None
             for qid in live:
                 queue = queues_by_id[qid]
-                queue.restore_stored(msg_id, size, priority, ttl, unclean or qid in delivered)
+                if due is not None and due[0] == qid:  # a delayed exchange's schedule
+                    queue.restore_due(msg_id, size, due[1])  # type: ignore[attr-defined]  # (a Schedule)
+                else:
+                    queue.restore_stored(msg_id, size, priority, ttl, unclean or qid in delivered)
                 touched[qid] = queue
             restored += 1
         self.next_id = last_id + 1

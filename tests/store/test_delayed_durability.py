@@ -1,0 +1,121 @@
+"""A durable delayed exchange's persistent messages are in the message store before they
+are confirmed and survive kill -9: due while the broker was down, they are routed as soon
+as it is back; due later, they are routed then and not before. Transient ones go, as a
+durable queue's transient messages do. The broker runs as a real subprocess (pika)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pika
+import pytest
+from support.faultlib import BrokerProcess, connect
+from support.waiting import wait_for
+
+# slow (kill -9 and restarts): `make check` leaves it out
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+
+def _props(n: int, delay: int, persistent: bool = True) -> pika.BasicProperties:
+    return pika.BasicProperties(
+        headers={"x-delay": delay, "n": n}, delivery_mode=2 if persistent else 1
+    )
+
+
+def test_kill9_keeps_scheduled_messages_and_routes_those_due_meanwhile_at_start(tmp_path):
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        conn = connect(broker.port)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.exchange_declare(
+            "dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
+        )
+        ch.queue_declare("q", durable=True)
+        ch.queue_bind("q", "dx", "k")
+        soon, later, transient = range(0, 100), range(100, 150), range(150, 170)
+        started = time.time()
+        for n in soon:
+            ch.basic_publish("dx", "k", b"%d" % n, _props(n, 1500))
+        for n in later:
+            ch.basic_publish("dx", "k", b"%d" % n, _props(n, 7000))
+        for n in transient:
+            ch.basic_publish("dx", "k", b"%d" % n, _props(n, 1500, persistent=False))
+        confirmed_after = time.time() - started
+        assert confirmed_after < 1.5  # every confirm came before anything was due
+        assert ch.queue_declare("q", durable=True, passive=True).method.message_count == 0
+        broker.kill9()
+        assert broker.proc is not None and broker.proc.returncode == -signal.SIGKILL
+        # down until the first ones are due (time itself is what the test waits for)
+        time.sleep(max(0.0, started + 1.6 - time.time()))
+        broker.start()
+        back = time.time()
+        conn = connect(broker.port)
+        ch = conn.channel()
+        got: dict[int, tuple[float, dict]] = {}
+
+        def on_message(channel, method, props, body):
+            got[int(body)] = (time.time(), props.headers)
+            channel.basic_ack(method.delivery_tag)
+
+        ch.basic_consume("q", on_message)
+        wait_for(
+            lambda: conn.process_data_events(0.02) or len(got) >= len(soon),
+            timeout=15,
+            what="the messages due during the downtime",
+        )
+        assert sorted(got) == list(soon)  # the transient ones are gone, the later not yet
+        assert max(at for at, _ in got.values()) - back < 3.0  # promptly after the start
+        assert all(h["x-delay"] == -1500 and h["n"] == n for n, (_, h) in got.items())
+        wait_for(
+            lambda: conn.process_data_events(0.02) or len(got) >= len(soon) + len(later),
+            timeout=20,
+            what="the messages due after the restart",
+        )
+        assert sorted(got) == list(soon) + list(later)
+        early = [n for n in later if got[n][0] < started + 7.0]
+        assert early == []
+        assert [n for n in later if got[n][1]["x-delay"] != -7000] == []
+        conn.close()
+    finally:
+        broker.stop()
+
+
+def test_a_deleted_durable_delayed_exchange_takes_its_messages_with_it(tmp_path):
+    """Deleting the exchange settles what it held in the store: an exchange declared again
+    under its name (its schedule has the same id in the store) gets none of them back after
+    a kill -9, only what was published to it since."""
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        ch = connect(broker.port).channel()
+        ch.confirm_delivery()
+
+        def declare() -> None:
+            ch.exchange_declare(
+                "dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "fanout"}
+            )
+            ch.queue_bind("q", "dx")
+
+        ch.queue_declare("q", durable=True)
+        declare()
+        for n in range(50):
+            ch.basic_publish("dx", "", b"%d" % n, _props(n, 1000))
+        ch.exchange_delete("dx")
+        declare()
+        ch.basic_publish("dx", "", b"marker", _props(99, 2000))  # due after the 50
+        broker.kill9()
+        broker.start()
+        conn = connect(broker.port)
+        ch = conn.channel()
+        wait_for(
+            lambda: ch.queue_declare("q", durable=True, passive=True).method.message_count,
+            timeout=15,
+            what="the marker",
+        )
+        _, _, body = ch.basic_get("q", auto_ack=True)
+        assert body == b"marker"
+        assert ch.queue_declare("q", durable=True, passive=True).method.message_count == 0
+        conn.close()
+    finally:
+        broker.stop()
