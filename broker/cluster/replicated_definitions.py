@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol.tables import decode_table, encode_table
 
+from ..routing.delayed import DelayedIndex
 from ..store.record_tags import DEFINITIONS_TAG
 
 if TYPE_CHECKING:
@@ -164,6 +165,8 @@ def apply(broker: Broker, vhost: VirtualHost, definitions: dict[str, Any]) -> di
 
 def _forget_exchange(vhost: VirtualHost, exchange: Any) -> None:
     """Drop an exchange the log does not know from memory, without writing any record."""
+    if isinstance(exchange.index, DelayedIndex):
+        exchange.index.schedule.forget()
     for x in vhost.exchanges.values():
         for key, dest, args in list(x.index.bindings()):
             if dest is exchange:

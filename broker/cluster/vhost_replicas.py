@@ -44,6 +44,7 @@ from .handoff import HANDOFF
 from .replicated_store import ReplicatedVhostStore, rebuild_from_log
 
 if TYPE_CHECKING:
+    from ..core.delayed import Schedule
     from ..core.queue import Queue
     from .node import ClusterNode
 
@@ -411,7 +412,7 @@ class VhostReplicas:
             replica_lag_ms=self.config.replica_lag_ms,
         )
         store = self._open_store(vhost, epoch, messages, leader, vhost_obj)
-        self._recover(vhost, store, queues)
+        self._recover(vhost, store, queues, vhost_obj.stored_schedules())
         # Ids named below a checkpoint are not given again.
         store.store.next_id = max(store.store.next_id, rebuilt.next_id)
         store.next_queue_id = max(store.next_queue_id, rebuilt.next_queue_id)
@@ -463,11 +464,23 @@ class VhostReplicas:
         )
 
     @staticmethod
-    def _recover(vhost: str, store: ReplicatedVhostStore, queues: dict[int, Queue]) -> None:
-        for queue in queues.values():
-            queue.store = store.store
-        counts = store.store.recover(queues)
+    def _recover(
+        vhost: str,
+        store: ReplicatedVhostStore,
+        queues: dict[int, Queue],
+        schedules: list[Schedule],
+    ) -> None:
+        """Fill the vhost's durable queues and its delayed exchanges' schedules from its
+        log (a schedule forgets what an earlier leadership here left in it first)."""
         store.next_queue_id = max(queues, default=0) + 1
+        holders: dict[int, Queue] = dict(queues)
+        for schedule in schedules:
+            assert schedule.store_id is not None  # a durable exchange's: set at creation
+            schedule.forget()
+            holders[schedule.store_id] = schedule
+        for holder in holders.values():
+            holder.store = store.store
+        counts = store.store.recover(holders)
         log.info("vhost %r: recovered %d messages from its log", vhost, counts["messages"])
 
     async def demote(self, vhost: str) -> None:
@@ -496,6 +509,8 @@ class VhostReplicas:
             for queue in vhost_obj.queues.values() if vhost_obj is not None else ():
                 if isinstance(queue, Stream):  # its files: a working copy, rebuilt if we lead again
                     queue.close()
+            for schedule in vhost_obj.stored_schedules() if vhost_obj is not None else ():
+                schedule.forget()  # the next leader routes them: none from here
 
     # -- hooks from the broker (persistence) ------------------------------------------------
 
