@@ -614,10 +614,17 @@ class Channel:
     # -- basic class: qos, consume, cancel, get ----------------------------------------
 
     def _basic_qos(self, m: spec.BasicQos) -> None:
+        """global: the channel's shared limit. Not global: the limit of each consumer the
+        channel has and will have. RabbitMQ gives it only to consumers created afterwards;
+        we re-limit the existing ones too, as LavinMQ does, because Celery's worker raises
+        its one consumer's prefetch this way to hold countdown tasks (kombu sends global
+        only to RabbitMQ 3.3-3.x): docs/operations.md, "Consumer prefetch"."""
         if m.global_:
             self.prefetch_global = m.prefetch_count
         else:
             self.prefetch_count = m.prefetch_count
+            for consumer in self.consumers.values():
+                consumer.prefetch = m.prefetch_count
         self.prefetch_size = m.prefetch_size
         self.send_method(spec.BasicQosOk())
         self._redispatch()
