@@ -7,7 +7,10 @@ tables (our own encoder) so every RabbitMQ field type round-trips unchanged.
 Every write goes through `DefinitionStore.writing()`: one transaction that either
 commits or raises `DefinitionsWriteFailed` with nothing of it left behind, in the
 database or on disk, and the connection reopened so the store recovers by itself
-once the disk does. The broker changes its memory only after the commit.
+once the disk does. The broker changes its memory only after the commit, which fsyncs
+the WAL (but the sweep's of stored bindings of deleted queues and exchanges, which
+nothing relies on: `sweep_unbound`). WAL checkpoints run in a thread of the store's own
+(`_Checkpoints`), not in the commit on the event loop.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import os
 import sqlite3
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -227,6 +231,105 @@ def _untable(blob: bytes) -> dict[str, Any]:
 #: Bytes of a WAL file's header, and of each frame's header before its page.
 WAL_HEADER = 32
 WAL_FRAME_HEADER = 24
+#: Where the wal-index's (the -shm file's) checkpoint info starts, its first field the
+#: frames already copied into the database (nBackfill): after two 48-byte index headers.
+WAL_INDEX_CHECKPOINT_INFO = 96
+#: WAL frames (pages) past which they are copied into the database file: SQLite's own
+#: ``wal_autocheckpoint`` default, but in the store's checkpoint thread (`_Checkpoints`),
+#: not in the commit that crosses it, on the event loop (a checkpoint writes ~4 MB and
+#: fsyncs the WAL and the database: 50-150 ms on a busy disk, five of them in a sweep of
+#: 100,000 stored bindings).
+CHECKPOINT_FRAMES = 1000
+#: ... and past which a commit checkpoints itself all the same (``wal_autocheckpoint`` of
+#: the writing connection): only if the thread cannot keep up, so the WAL stays bounded.
+CHECKPOINT_FRAMES_ON_COMMIT = 16 * CHECKPOINT_FRAMES
+#: Seconds without a write after which the last frames of a WAL past CHECKPOINT_FRAMES
+#: are copied too, so that the next write starts the WAL over.
+CHECKPOINT_QUIET = 0.1
+
+
+def wal_frames(path: Path) -> tuple[int, int]:
+    """(frames in the WAL, frames of it already copied into the database) as the
+    wal-index (the -shm file) has them; (0, 0) if there is none. A read without SQLite's
+    locks: a hint, never the truth of what is committed."""
+    try:
+        with open(f"{path}-shm", "rb") as f:
+            header = f.read(WAL_INDEX_CHECKPOINT_INFO + 4)
+    except OSError:
+        return 0, 0
+    if len(header) < WAL_INDEX_CHECKPOINT_INFO + 4 or header[12] != 1:  # isInit
+        return 0, 0
+    (max_frame,) = struct.unpack_from("=I", header, 16)
+    (backfilled,) = struct.unpack_from("=I", header, WAL_INDEX_CHECKPOINT_INFO)
+    return max_frame, backfilled
+
+
+class _Checkpoints:
+    """WAL checkpoints of a definitions store in a thread of their own, on a connection of
+    their own (PASSIVE: never waiting for, nor holding up, the store's writes and reads).
+
+    Each commit pokes it; it checkpoints once CHECKPOINT_FRAMES of the WAL are not in the
+    database yet, and the rest of a WAL that long once the writes pause (a WAL is started
+    over only when a write finds it all copied). A failed checkpoint waits for the next
+    poke: the commits do not depend on it (they are durable in the WAL, and SQLite's
+    recovery reads whatever it still holds)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def poke(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="definitions checkpoints", daemon=True
+            )
+            self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Wait for a checkpoint under way (a stop or a restart of the store)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stopping = True
+            self._wake.set()
+            thread.join()
+            self._stopping = False
+            self._wake.clear()
+
+    def _run(self) -> None:
+        db: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                frames, copied = wal_frames(self.path)
+                if frames - copied < CHECKPOINT_FRAMES:
+                    if frames < CHECKPOINT_FRAMES or copied >= frames:
+                        continue
+                    # A long WAL with a short tail not copied yet: copy it once the writes
+                    # pause (the next write then starts the WAL over), not after each.
+                    if self._wake.wait(CHECKPOINT_QUIET):
+                        continue  # written again meanwhile (or stopping): look again
+                try:
+                    if db is None:
+                        db = sqlite3.connect(
+                            str(self.path), isolation_level=None, check_same_thread=False
+                        )
+                        db.execute("PRAGMA synchronous=FULL")
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error:  # (the next poke tries again, on a new connection)
+                    if db is not None:
+                        with contextlib.suppress(sqlite3.Error):
+                            db.close()
+                    db = None
+        finally:
+            if db is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    db.close()
 
 
 class DefinitionStore:
@@ -237,9 +340,12 @@ class DefinitionStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db: sqlite3.Connection | None = None
         self._depth = 0  # writing() blocks open: the outermost one commits
+        self._durable = True  # ... and whether its commit fsyncs
         #: The broker's JobTimes while its loop-lag probe is on: each write is a job of the
-        #: stall attribution (broker/ops/stalls.py), commit and WAL checkpoint included.
+        #: stall attribution (broker/ops/stalls.py), its commit included (WAL checkpoints
+        #: are the `_Checkpoints` thread's).
         self.jobs: Any = None
+        self._checkpoints = _Checkpoints(self.path)
         self._db = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -247,6 +353,7 @@ class DefinitionStore:
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
+            db.execute(f"PRAGMA wal_autocheckpoint={CHECKPOINT_FRAMES_ON_COMMIT}")
             db.executescript(SCHEMA)
         except BaseException:
             db.close()
@@ -268,6 +375,7 @@ class DefinitionStore:
         return self._db
 
     def close(self) -> None:
+        self._checkpoints.stop()  # first: the last connection to close ends the WAL
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -278,15 +386,25 @@ class DefinitionStore:
     # -- the one way to write ---------------------------------------------------------
 
     @contextlib.contextmanager
-    def writing(self, operation: str) -> Iterator[None]:
+    def writing(self, operation: str, *, durable: bool = True) -> Iterator[None]:
         """BEGIN IMMEDIATE, the block's statements, COMMIT: all of it or nothing.
 
         On any SQLite error the transaction is rolled back, frames it left in the WAL are
         cut off, the connection reopened, and `DefinitionsWriteFailed` raised naming
         `operation` ("store queue 'q' in vhost '/'"). Blocks nest: an inner one joins the
         outer's transaction (the config's seed is one transaction of many puts).
+
+        The commit fsyncs the WAL (synchronous=FULL): the change is durable when this
+        returns. Not `durable`: a write nothing relies on surviving a power loss (its
+        effect is redone from what durable writes left, as ``sweep_unbound``'s) commits
+        without the fsync (synchronous=NORMAL for its commit), so it never holds the
+        event loop for the disk; the WAL keeps commits in order, so a power loss takes
+        only such writes after the last fsync, and the next durable commit's fsync covers
+        them. One may join a durable block (it is then durable), not the reverse.
         """
         if self._depth:
+            if durable and not self._durable:  # the outer commit would not fsync it
+                raise RuntimeError(f"{operation}: a durable write inside one that is not")
             self._depth += 1
             try:
                 yield
@@ -294,12 +412,15 @@ class DefinitionStore:
                 self._depth -= 1
             return
         db = self._open(operation)
-        self._depth = 1
+        self._depth, self._durable = 1, durable
         started = time.perf_counter()
         try:
+            if not durable:
+                db.execute("PRAGMA synchronous=NORMAL")  # (not inside a transaction)
             db.execute("BEGIN IMMEDIATE")
             yield
             db.execute("COMMIT")
+            self._checkpoints.poke()
         except sqlite3.Error as exc:
             self._recover()
             raise DefinitionsWriteFailed(self.path, operation, exc) from None
@@ -307,9 +428,21 @@ class DefinitionStore:
             self._rollback()
             raise
         finally:
-            self._depth = 0
+            self._depth, self._durable = 0, True
+            if not durable:
+                self._sync_again(db)
             if self.jobs is not None:
                 self.jobs.note("definitions store write", started, time.perf_counter())
+
+    def _sync_again(self, db: sqlite3.Connection) -> None:
+        """Every commit after a write that was not durable fsyncs again; a connection that
+        cannot be set so is not used again (`db` reopens it, with FULL)."""
+        if self._db is not db:  # a failed write reopened it
+            return
+        try:
+            db.execute("PRAGMA synchronous=FULL")
+        except sqlite3.Error:
+            self._recover()
 
     def _rollback(self) -> None:
         db = self._db
@@ -628,12 +761,21 @@ class DefinitionStore:
 
     def sweep_unbound(self) -> bool:
         """Delete up to ``UNBIND_BATCH`` of the bindings deleted queues and exchanges left,
-        in one write; True if some remain."""
+        in one write; True if some remain.
+
+        Not a durable write (no fsync: a sweep of 100,000 bindings is 200 of them, each
+        once held the loop for an fsync, 110 ms on a busy disk): it changes nothing a
+        client or a restart sees. The delete's own durable write made the rows dead
+        (``restore`` skips them, a queue or exchange stored again under the name deletes
+        them first), and the ``unbound`` row goes only with the last of them, so what a
+        power loss takes of the sweep the next start's sweep does again."""
         row = self._run("SELECT vhost, name, kind FROM unbound LIMIT 1").fetchone()
         if row is None:
             return False
         vhost, name, kind = row
-        with self.writing(f"delete the bindings of {kind} '{name}' in vhost '{vhost}'"):
+        with self.writing(
+            f"delete the bindings of {kind} '{name}' in vhost '{vhost}'", durable=False
+        ):
             if self._unbind(vhost, name, kind, UNBIND_BATCH) < UNBIND_BATCH:
                 self._run(
                     "DELETE FROM unbound WHERE vhost = ? AND name = ? AND kind = ?",

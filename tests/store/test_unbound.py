@@ -4,9 +4,16 @@ again; a stop half-way is finished at the next start."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import aio_pika
 import pytest
 from aio_pika import ExchangeType
+from support.waiting import until
 
 from roarmq.broker.core.persistence import Persistence
 from roarmq.broker.store import definitions
@@ -14,6 +21,8 @@ from roarmq.broker.store.definitions import BindingDef, DefinitionStore
 from roarmq.broker.testing import ephemeral_config, running_broker
 
 pytestmark = pytest.mark.timeout(60)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def rows(store: DefinitionStore) -> list[tuple[str, str, str, str]]:
@@ -120,3 +129,95 @@ async def test_a_queue_declared_again_before_the_sweep_keeps_only_its_own(tmp_pa
         index = b.broker.vhosts["/"].exchanges["dx"].index
         assert [(k, d.name) for k, d, _ in index.bindings()] == [("new.#", "dq")]
         assert [b.routing_key for b in b.broker.persistence.definitions.bindings()] == ["new.#"]
+
+
+def run(script: str, *args: object) -> str:
+    """`script` in a new Python process (it ends with os._exit: no clean close); stdout."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+SWEEP = """
+    import os, sys
+    from roarmq.broker.store import definitions
+    from roarmq.broker.store.definitions import BindingDef, DefinitionStore, ExchangeDef
+    definitions.UNBIND_BATCH = 10
+    store = DefinitionStore(sys.argv[1])
+"""
+
+
+@pytest.mark.slow  # a FUSE filesystem
+def test_the_sweep_is_not_fsynced_and_what_a_power_loss_takes_of_it_is_swept_again(fs):
+    """The sweep's writes commit without an fsync (a sweep of 100,000 bindings is 200
+    writes, each an fsync on the event loop before): the delete's own write is durable, a
+    power loss takes the sweep's writes since the last fsync, and the next start sweeps
+    them again. A durable write after them still fsyncs, and makes them durable too."""
+    path = fs.path / "defs.sqlite3"
+    left = run(
+        SWEEP
+        + """
+    store.put_queue("/", "q", False, {})
+    with store.writing("seed"):
+        for i in range(45):
+            store.put_binding(BindingDef("/", "x", "q", "queue", f"k{i}", {}))
+    store.put_binding(BindingDef("/", "x", "other", "queue", "kept", {}))
+    assert store.delete_queue("/", "q")  # durable: 10 of them go with it
+    store.sweep_unbound()
+    store.sweep_unbound()
+    print(len(store.bindings()), flush=True)
+    os._exit(0)
+    """,
+        path,
+    )
+    assert int(left) == 16  # 15 of q's, and the other queue's
+    fs.power_loss()
+    left = run(
+        SWEEP
+        + """
+    assert [q.name for q in store.queues()] == []
+    print(len(store.bindings()), flush=True)
+    store.sweep_unbound()  # not durable, but the durable write after it fsyncs it too
+    store.put_exchange(ExchangeDef("/", "after", "topic"))
+    os._exit(0)
+    """,
+        path,
+    )
+    assert int(left) == 36  # the sweep's two writes were lost, not the delete's
+    fs.power_loss()
+    store = DefinitionStore(path)
+    try:
+        assert [x.name for x in store.exchanges()] == ["after"]
+        assert len(store.bindings()) == 26
+        while store.sweep_unbound():  # as the next start does (Persistence._finish_unbinding)
+            pass
+        assert rows(store) == [("x", "other", "queue", "kept")]
+    finally:
+        store.close()
+
+
+def test_wal_checkpoints_are_the_threads_not_the_commits(tmp_path, monkeypatch):
+    """A commit that takes the WAL past CHECKPOINT_FRAMES does not copy it into the
+    database itself (on the event loop: ~4 MB written and two fsyncs, five times in a
+    sweep of 100,000 stored bindings); the store's checkpoint thread does, PASSIVE."""
+    pokes = []
+    monkeypatch.setattr(definitions._Checkpoints, "poke", lambda self: pokes.append(self))
+    store = DefinitionStore(tmp_path / "defs.sqlite3")
+    try:
+        for n in range(10):
+            bind(store, "x", "q", "queue", range(n * 10_000, (n + 1) * 10_000))
+        frames, copied = definitions.wal_frames(store.path)
+        assert frames > definitions.CHECKPOINT_FRAMES and copied == 0 and len(pokes) == 10
+        monkeypatch.undo()
+        store._checkpoints.poke()
+        assert until(lambda: definitions.wal_frames(store.path)[1] == frames, 10)
+        bind(store, "x", "q", "queue", range(100_000, 100_001))  # starts the WAL over
+        assert definitions.wal_frames(store.path)[0] < 10
+    finally:
+        store.close()
