@@ -42,7 +42,7 @@ from lib import REPO, RESULTS
 from lib.amqp_client import Client
 from lib.brokers import monitored_instance, rabbit_server
 from lib.machine import machine_info
-from lib.observe import RssSampler
+from lib.observe import RssSampler, settled_rss
 from lib.output import markdown_table, write_json
 from lib.procs import Procs
 
@@ -76,19 +76,6 @@ async def fill(port: int, n: int, persistent: bool) -> float:
     elapsed = time.monotonic() - started
     await c.close()
     return elapsed
-
-
-def settled_rss(sampler: RssSampler, quiet: float = 3.0, limit: float = 30.0) -> int:
-    """Resident memory once it has moved less than 1% for `quiet` seconds (a broker may
-    still be paging or collecting when the queue reports its count), at most `limit` s."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = time.monotonic()
-        recent = [rss for when, rss in list(sampler.samples) if when >= now - quiet]
-        if recent and max(recent) - min(recent) <= 0.01 * max(recent):
-            break
-    return sampler.samples[-1][1]
 
 
 def queued(kind: str, procs: Procs, n: int, persistent: bool) -> dict[str, Any]:

@@ -280,7 +280,7 @@ class Broker:
                     queues[queue.store_id] = queue
             for schedule in vhost.stored_schedules():
                 assert schedule.store_id is not None  # a durable exchange's: set at creation
-                schedule.store = self.store
+                schedule.use_store(self.store)
                 queues[schedule.store_id] = schedule
         counts = self.store.recover(queues)
         report = self.store.log.recovery
@@ -481,6 +481,8 @@ class Broker:
                 conn.force_close(f"vhost '{name}' is deleted")
         for queue in list(vhost.queues.values()):
             vhost.delete_queue(queue, reason="vhost deleted")
+        for schedule in vhost.schedules():  # delayed exchanges' messages go as queues' do
+            schedule.on_deleted()
         self.limits.pop(("vhost", name), None)
         self.reload_auth()
         return True

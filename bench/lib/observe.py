@@ -139,3 +139,16 @@ def loadavg() -> float:
         return float(Path("/proc/loadavg").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return float("nan")
+
+
+def settled_rss(sampler: RssSampler, quiet: float = 3.0, limit: float = 30.0) -> int:
+    """Resident memory once it has moved less than 1% for `quiet` seconds (a broker may
+    still be paging or collecting when the queue reports its count), at most `limit` s."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = time.monotonic()
+        recent = [rss for when, rss in list(sampler.samples) if when >= now - quiet]
+        if recent and max(recent) - min(recent) <= 0.01 * max(recent):
+            break
+    return sampler.samples[-1][1]

@@ -57,12 +57,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.stream import DEFAULT_SEGMENT_SIZE, TRACKING_FILE, record_span
 from ..replog.records import SegmentRecordStore, checkpoint_record, epoch_record
-from ..store.messages import MessageStore, Relocate, decode_due, encode_due, encode_mark
+from ..store.messages import MessageStore, Relocate, encode_mark
 from ..store.record_tags import (
     ACK_TAG,
     CHECKPOINT_TAG,
     DEFINITIONS_TAG,
-    DUE_TAG,
     EPOCH_TAG,
     STREAM_OFFSETS_TAG,
     STREAM_START_TAG,
@@ -140,9 +139,6 @@ class ReplicatedVhostStore:
         #: msg_id -> queue ids that acked a message still held by another queue: what a
         #: checkpoint copies besides the publish record.
         self._acks: dict[int, list[int]] = {}
-        #: msg_id -> (schedule's queue id, due ms) of a stored message a delayed exchange
-        #: holds: a checkpoint copies its due record with its publish record.
-        self._dues: dict[int, tuple[int, int]] = {}
         self.streams = streams  # the vhost's streams (a checkpoint copies what they retain)
         self._streams_waiting: set[Stream] = set()
         self.may_confirm = may_confirm
@@ -188,31 +184,16 @@ class ReplicatedVhostStore:
             return  # the next leader delivers the message again (as after a crash)
         self._acks.setdefault(msg_id, []).append(queue_id)
 
-    def due(self, queue_id: int, msg_id: int, due_ms: int) -> None:
-        """A record of the log, as an ack; remembered for the checkpoints while the
-        schedule holds the message."""
-        try:
-            self.record(encode_due(queue_id, msg_id, due_ms))
-        except LogFailed:  # (as an ack) the next leader has the publish: it is due at once
-            return
-        self._dues[msg_id] = (queue_id, due_ms)
-
     def gone(self, msg_id: int) -> None:
         """Its records go with the next checkpoint's trim; nothing of it is copied."""
         if self._acks:
             self._acks.pop(msg_id, None)
-        if self._dues:
-            self._dues.pop(msg_id, None)
 
     def recovered(self, msg_id: int, marks: list[tuple[int, int, Location]], live: bool) -> None:
         if live:
             acks = [qid for kind, qid, _ in marks if kind == ACK_TAG[0]]
             if acks:
                 self._acks[msg_id] = acks
-            for kind, _, loc in marks:
-                if kind == DUE_TAG[0]:
-                    queue_id, _, due_ms = decode_due(self.store.log.read(loc))
-                    self._dues[msg_id] = (queue_id, due_ms)
 
     def relocated(self, old: Location, new: Location, payload: bytes) -> None:
         """Never called: the view neither compacts nor resumes (checkpoints do)."""
@@ -309,9 +290,6 @@ class ReplicatedVhostStore:
                 copied += len(payload)
                 for qid in acks.get(msg_id, ()):
                     self._replicate(encode_mark(ACK_TAG, qid, msg_id))
-                due = self._dues.get(msg_id)
-                if due is not None:
-                    self._replicate(encode_due(due[0], msg_id, due[1]))
                 if copied >= CHECKPOINT_CHUNK:
                     copied = 0
                     await asyncio.sleep(0)

@@ -474,12 +474,13 @@ class VhostReplicas:
         log (a schedule forgets what an earlier leadership here left in it first)."""
         store.next_queue_id = max(queues, default=0) + 1
         holders: dict[int, Queue] = dict(queues)
+        for queue in queues.values():
+            queue.store = store.store
         for schedule in schedules:
             assert schedule.store_id is not None  # a durable exchange's: set at creation
             schedule.forget()
+            schedule.use_store(store.store)
             holders[schedule.store_id] = schedule
-        for holder in holders.values():
-            holder.store = store.store
         counts = store.store.recover(holders)
         log.info("vhost %r: recovered %d messages from its log", vhost, counts["messages"])
 

@@ -13,6 +13,7 @@ again by a delayed exchange further along.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import math
@@ -29,9 +30,14 @@ from .message import Message, copy_properties
 from .queue import Queue
 
 if TYPE_CHECKING:
+    from ..store.messages import MessageStore
     from .exchange import Exchange
 
 log = logging.getLogger("roarmq.delayed")
+
+#: Upper bounds (seconds) of the lateness histogram: how long past its due time a message
+#: was routed (`roarmq_delayed_lateness_seconds`).
+LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0)
 
 #: Due messages routed per loop turn; the rest go on the next turn, so a crowd due at the
 #: same millisecond never holds the loop (as queue expiry's budget).
@@ -65,6 +71,44 @@ def schedule_store_id(vhost: str, exchange: str) -> int:
     return SCHEDULE_ID_BIT | (zlib.crc32(key) & (SCHEDULE_ID_BIT - 1))
 
 
+class ScheduleStore:
+    """The message store as a schedule sees it (its `store`): a message that reaches the
+    schedule alone, as a delayed message does, is stored as one delayed publish record
+    carrying its due time (MessageStore.persist_delayed), so nothing but the store's index
+    entry is kept for it in memory and no second record is needed; anything else is the
+    store's own."""
+
+    __slots__ = ("store", "schedule", "due")
+
+    def __init__(self, store: MessageStore, schedule: Schedule) -> None:
+        self.store = store
+        self.schedule = schedule
+        #: The due time of the message just stored (the schedule's `publish` takes it).
+        self.due: int | None = None
+
+    def persist(self, msg: Message, queues: list[Queue], page_out: bool) -> int:
+        """`enqueue`'s call (broker/core/queue.py `_persist`), the schedule among `queues`."""
+        delay = delay_of(msg.headers)
+        if len(queues) != 1 or delay is None:
+            return self.store.persist(msg, queues, page_out)
+        due = math.ceil(now_ms(self.schedule.exchange)) + delay
+        msg_id, token = self.store.persist_delayed(msg, self.schedule, due)
+        msg.store_id = msg_id
+        self.due = due
+        return token
+
+    @property
+    def refused(self) -> int:
+        return self.store.refused
+
+    @refused.setter
+    def refused(self, value: int) -> None:
+        self.store.refused = value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
 class Schedule(Queue):
     """The messages a delayed exchange holds (module doc). A destination of its exchange's
     index, never a queue of the vhost: it has no consumers, takes no policies and is not
@@ -82,17 +126,18 @@ class Schedule(Queue):
         self.throttled = SCHEDULED
         if exchange.durable:  # persistent messages are stored as a durable queue's
             self.store_id = schedule_store_id(exchange.vhost.name, exchange.name)
-            self.store = exchange.vhost.message_store
+            self.use_store(exchange.vhost.message_store)
         self._held: list[tuple[int, int, Message]] = []  # (due ms, publish order, message)
         self._stored: DueIndex | None = None  # made at the first stored message
         self._order = 0
         self._timer: Any = None
         self._timer_due: int | None = None
         self.held_bytes = 0
-        #: Routed once due, and how late (ms past the due time) each was when it left.
+        #: Routed once due, and how late each was when it left: the sum (seconds) and
+        #: each LATENESS_BUCKETS bucket's own count (the last: over the top bound).
         self.routed = 0
-        self.late_ms_total = 0.0
-        self.late_ms_max = 0.0
+        self.lateness_seconds = 0.0
+        self.lateness_buckets = [0] * (len(LATENESS_BUCKETS) + 1)
 
     def __repr__(self) -> str:
         return f"<Schedule of {self.exchange!r} holding {self.message_count()}>"
@@ -125,6 +170,10 @@ class Schedule(Queue):
         assert stored is not None
         return stored.pop()
 
+    def use_store(self, store: MessageStore | None) -> None:
+        """Keep its persistent messages in `store` (the node's, or its clustered vhost's)."""
+        self.store = None if store is None else ScheduleStore(store, self)  # type: ignore[assignment]  # the store, as the schedule sees it
+
     def _due_index(self) -> DueIndex:
         if self._stored is None:
             assert self.store_id is not None  # a stored message: a durable exchange's
@@ -144,11 +193,18 @@ class Schedule(Queue):
         due = math.ceil(now_ms(self.exchange)) + delay
         self._order += 1
         self.stats_published += 1
-        if msg.store_id is not None and self.store is not None:
-            # Stored for this schedule by `enqueue`, which waits for it before confirming:
-            # only its id is kept, on disk, and its due time goes to the log after it.
-            self.store.scheduled(self, msg.store_id, due)
-            self._due_index().add(due, self._order, msg.store_id)
+        store: ScheduleStore | None = self.store  # type: ignore[assignment]  # (use_store)
+        if msg.store_id is not None and store is not None:
+            # Stored by `enqueue`, which waits for it before confirming: only its id is
+            # kept, on disk (a DueIndex).
+            if store.due is not None:  # its own delayed publish record, due then
+                due, store.due = store.due, None
+                msg_id = msg.store_id
+            else:  # a publish record it shares with queues: a record of its own instead
+                msg_id, _ = store.store.persist_delayed(msg, self, due)
+                self.stored(msg.size)
+                self.unstore(msg.store_id, msg.size)
+            self._due_index().add(due, self._order, msg_id)
         else:
             held = _leaving_form(msg, delay)
             heapq.heappush(self._held, (due, self._order, held))
@@ -169,8 +225,9 @@ class Schedule(Queue):
     def restore_stored(
         self, msg_id: int, size: int, priority: int, expiration_ms: int | None, redelivered: bool
     ) -> None:
-        """A stored message whose due record did not reach the disk (the broker stopped
-        between the two appends): due its delay after this start, so late, never early."""
+        """A publish record it shared with queues, whose copy of its own did not reach the
+        disk (the broker stopped in between): due its delay after this start, so late,
+        never early."""
         assert self.store is not None
         try:
             delay = delay_of(self.store.load(msg_id, 0).headers) or 0
@@ -206,11 +263,10 @@ class Schedule(Queue):
                 break
             when, _, held = self._pop()
             budget -= 1
-            late = now - when
+            late = (now - when) / 1000.0
             self.routed += 1
-            self.late_ms_total += late
-            if late > self.late_ms_max:
-                self.late_ms_max = late
+            self.lateness_seconds += late
+            self.lateness_buckets[bisect.bisect_left(LATENESS_BUCKETS, late)] += 1
             if isinstance(held, int):
                 msg = self._take_stored(held)
                 if msg is not None:

@@ -236,14 +236,16 @@ class VirtualHost:
 
     # -- exchanges ------------------------------------------------------------------
 
+    def schedules(self) -> list[Schedule]:
+        """The schedules of its delayed exchanges (broker/core/delayed.py)."""
+        return [
+            x.index.schedule for x in self.exchanges.values() if isinstance(x.index, DelayedIndex)
+        ]
+
     def stored_schedules(self) -> list[Schedule]:
         """The schedules of the durable delayed exchanges: their persistent messages are
-        in the message store, as a durable queue's (broker/core/delayed.py)."""
-        return [
-            x.index.schedule
-            for x in self.exchanges.values()
-            if isinstance(x.index, DelayedIndex) and x.durable
-        ]
+        in the message store, as a durable queue's."""
+        return [s for s in self.schedules() if s.exchange.durable]
 
     def get_exchange(self, name: str) -> Exchange:
         exchange = self.exchanges.get(name)

@@ -30,8 +30,10 @@ from prometheus_client.core import (
 )
 
 from .. import __version__
+from ..core.delayed import LATENESS_BUCKETS
 from ..core.stream import metric_families as stream_families
 from ..ops.stalls import GC_BUCKETS, GC_WATCH, STALL_KINDS
+from ..routing.delayed import DelayedIndex
 from ..store.segments import FSYNC_BUCKETS
 
 if TYPE_CHECKING:
@@ -256,6 +258,31 @@ def _archive_drops(archive: Any) -> Iterator[Any]:
     )
 
 
+def _delayed(exchanges: list[Any]) -> Iterator[Any]:
+    """Delayed exchanges' schedules: what they hold, what they routed, and how late."""
+    schedules = [x.index.schedule for x in exchanges if isinstance(x.index, DelayedIndex)]
+    held = GaugeMetricFamily(
+        "roarmq_delayed_messages",
+        "Messages a delayed exchange holds until they are due",
+        labels=["vhost", "exchange"],
+    )
+    for schedule in schedules:
+        held.add_metric([schedule.vhost.name, schedule.exchange.name], schedule.message_count())
+    yield held
+    yield _counter(
+        "roarmq_delayed_routed",
+        "Delayed messages routed once due, over all delayed exchanges",
+        sum(s.routed for s in schedules),
+    )
+    counts = [sum(column) for column in zip(*(s.lateness_buckets for s in schedules), strict=True)]
+    yield HistogramMetricFamily(
+        "roarmq_delayed_lateness_seconds",
+        "How long past its due time each delayed message was routed",
+        buckets=_cumulative(LATENESS_BUCKETS, counts or [0] * (len(LATENESS_BUCKETS) + 1)),
+        sum_value=sum(s.lateness_seconds for s in schedules),
+    )
+
+
 def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:
     """A histogram's buckets as Prometheus has them: per upper bound (the last +Inf), how many
     observations were at most that (`counts` holds each bucket's own, the last over the top)."""
@@ -349,6 +376,7 @@ class RoarCollector(_Collector):
             "Bindings, over all exchanges (the default exchange's implicit ones not counted)",
             sum(len(x.index) for x in exchanges if x.name),
         )
+        yield from _delayed(exchanges)
         store = b.store
         log = getattr(store, "log", None)
         if log is not None:

@@ -16,6 +16,7 @@ from ..amqp.tls import PLAIN_REPORT
 from ..core.definitions_json import json_safe
 from ..core.erlang import args_hash as arguments_hash
 from ..core.exchange import Exchange
+from ..routing.delayed import DelayedIndex
 from .metrics import CHANNEL_STATS, channel_stats, queue_counts, vhost_counts
 
 if TYPE_CHECKING:
@@ -31,6 +32,17 @@ def stats(rates: RateSampler | None, key: Any, counts: dict[str, int]) -> dict[s
 
 
 def exchange_row(x: Any, rates: RateSampler | None = None) -> dict[str, Any]:
+    row = _exchange_row(x, rates)
+    if isinstance(x.index, DelayedIndex):
+        # The delayed-message plugin's field, and when the next of them is due (ms since
+        # the epoch; null when it holds none).
+        schedule = x.index.schedule
+        row["messages_delayed"] = schedule.message_count()
+        row["messages_delayed_next_due"] = schedule.next_due_ms
+    return row
+
+
+def _exchange_row(x: Any, rates: RateSampler | None) -> dict[str, Any]:
     return {
         "name": x.name,
         "vhost": x.vhost.name,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .delayed import DELAYED_TYPE, DelayedIndex, make_delayed_index
+from .delayed import DELAYED_TYPE, DelayedIndex, delayed_by_argument, make_delayed_index
 from .direct import DirectIndex
 from .fanout import FanoutIndex
 from .fields import typed_table
@@ -106,7 +106,10 @@ def make_index(
     kind = EXCHANGE_TYPES.get(exchange_type)
     if kind is None:
         raise ValueError(f"unknown exchange type {exchange_type!r}")
-    return kind.new_index(arguments, cache_keys)
+    index = kind.new_index(arguments, cache_keys)
+    if delayed_by_argument(arguments) and not isinstance(index, DelayedIndex):
+        return DelayedIndex(index, exchange_type)  # LavinMQ's form of a delayed exchange
+    return index
 
 
 def _topic_index(arguments: Mapping | None, cache_keys: int) -> TopicIndex:

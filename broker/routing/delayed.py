@@ -20,6 +20,8 @@ from .fields import is_typed
 DELAYED_TYPE = "x-delayed-message"
 DELAYED_TYPE_ARGUMENT = "x-delayed-type"
 DELAY_HEADER = "x-delay"
+#: LavinMQ's form: an exchange of any type declared with this argument true is delayed.
+DELAYED_ARGUMENT = "x-delayed-exchange"
 #: The longest delay the plugin takes (an Erlang timer's limit, 2^32 - 1 ms); a longer
 #: one, like zero or a negative one, routes the message at once.
 MAX_DELAY_MS = 4294967295
@@ -70,6 +72,16 @@ def delay_of(headers: Mapping | None) -> int | None:
     if 0 < delay <= MAX_DELAY_MS:
         return delay
     return None
+
+
+def delayed_by_argument(arguments: Mapping | None) -> bool:
+    """An exchange declared with `x-delayed-exchange: true` (LavinMQ's form)."""
+    if not arguments:
+        return False
+    value = arguments.get(DELAYED_ARGUMENT)
+    if is_typed(value):
+        value = value[1]  # type: ignore[index]  # a (type, value) pair
+    return value is True
 
 
 class DelayedIndex:

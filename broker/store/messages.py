@@ -6,9 +6,10 @@ Record types (the payload the SegmentLog stores; big-endian):
                  routing key shortstr, header u32 + bytes, body (the rest)
     A  ack       queue_id u32, msg_id u64     the message left that queue
     D  delivered queue_id u32, msg_id u64     first delivery from that queue
-    W  due       queue_id u32, msg_id u64, due u64
-                 a delayed exchange's schedule (broker/core/delayed.py) holds the
-                 message until `due`, milliseconds since the epoch
+    W  delayed   due u64, then a publish record (P ...) naming one queue id:
+       publish   a delayed exchange's schedule (broker/core/delayed.py) holds the
+                 message until `due`, milliseconds since the epoch; read, acked and
+                 released as a publish record is
 
 One publish record serves every durable queue a message reaches. A message's
 record is released when the last of its queues lets go of it. Messages are ordered in
@@ -41,7 +42,7 @@ from roarmq.protocol.frames import ContentHeader
 
 from ..errors import StartupError
 from ..ops.logs import NOTICE
-from .record_tags import ACK_TAG, DELIVERED_TAG, DUE_TAG, PUBLISH_TAG
+from .record_tags import ACK_TAG, DELAYED_PUBLISH_TAG, DELIVERED_TAG, PUBLISH_TAG
 from .segments import Location, LogFailed, RecoveryReport, SegmentLog
 
 if TYPE_CHECKING:
@@ -55,10 +56,11 @@ log = logging.getLogger("roarmq.store")
 _P_HEAD = struct.Struct(">cQH")
 _QID = struct.Struct(">I")
 _MARK = struct.Struct(">cIQ")
-_DUE = struct.Struct(">cIQQ")
+_DELAYED_HEAD = struct.Struct(">cQ")  # kind, due ms; the publish record follows
 _U32 = struct.Struct(">I")
 #: The kinds' first bytes as replay sees them (an int from a memoryview).
-_PUBLISH, _ACK, _DELIVERED, _DUE_KIND = PUBLISH_TAG[0], ACK_TAG[0], DELIVERED_TAG[0], DUE_TAG[0]
+_PUBLISH, _ACK, _DELIVERED = PUBLISH_TAG[0], ACK_TAG[0], DELIVERED_TAG[0]
+_DELAYED = DELAYED_PUBLISH_TAG[0]
 _NONE: frozenset[int] = frozenset()
 CLEAN_SHUTDOWN = "clean-shutdown"
 
@@ -99,15 +101,11 @@ def encode_mark(kind: bytes, queue_id: int, msg_id: int) -> bytes:
     return _MARK.pack(kind, queue_id, msg_id)
 
 
-def encode_due(queue_id: int, msg_id: int, due_ms: int) -> bytes:
-    """A due record (DUE_TAG): the schedule `queue_id` holds `msg_id` until `due_ms`."""
-    return _DUE.pack(DUE_TAG, queue_id, msg_id, due_ms)
-
-
-def decode_due(payload: bytes) -> tuple[int, int, int]:
-    """Queue id, message id and due time (ms since the epoch) of a due record."""
-    _, queue_id, msg_id, due_ms = _DUE.unpack(payload)
-    return queue_id, msg_id, due_ms
+def publish_of(payload: bytes) -> bytes:
+    """The publish record of a publish or delayed publish record."""
+    if payload[0] == _DELAYED:
+        return payload[_DELAYED_HEAD.size :]
+    return payload
 
 
 def decode_mark(payload: bytes) -> tuple[bytes, int, int]:
@@ -247,12 +245,28 @@ class _Replayed:
     Arrays in the index's blocking; records naming more than one queue keep the list aside.
     """
 
-    __slots__ = ("_blocks", "multi", "expiration")
+    __slots__ = ("_blocks", "multi", "expiration", "_dues")
 
     def __init__(self) -> None:
         self._blocks: dict[int, tuple[array, array, array]] = {}
         self.multi: dict[int, list[int]] = {}
         self.expiration: dict[int, int] = {}  # msg_id -> per-message TTL (ms), when set
+        #: Due times (ms) of delayed publish records, in blocks made for those that hold
+        #: one (8 bytes a message: a schedule of millions is recovered in flat memory).
+        self._dues: dict[int, array] = {}
+
+    def put_due(self, msg_id: int, due_ms: int) -> None:
+        block = self._dues.get(msg_id >> BLOCK_BITS)
+        if block is None:
+            block = self._dues[msg_id >> BLOCK_BITS] = array("q", bytes(8 * _BLOCK))
+        block[msg_id & _MASK] = due_ms
+
+    def due(self, msg_id: int) -> int | None:
+        """The due time of a delayed publish record, None for a publish record."""
+        block = self._dues.get(msg_id >> BLOCK_BITS) if self._dues else None
+        if block is None:
+            return None
+        return block[msg_id & _MASK] or None
 
     def put(self, msg_id: int, qids: list[int], size: int, priority: int) -> None:
         block = self._blocks.get(msg_id >> BLOCK_BITS)
@@ -360,11 +374,6 @@ class Durability(Protocol):
         first time (DELIVERED_TAG); called while the store's index still holds it."""
         ...
 
-    def due(self, queue_id: int, msg_id: int, due_ms: int) -> None:
-        """A delayed exchange's schedule holds a stored message until `due_ms`: the due
-        record must live as long as the message, like its acks."""
-        ...
-
     def gone(self, msg_id: int) -> None:
         """The message left its last queue (the store released its publish record)."""
         ...
@@ -432,9 +441,6 @@ class SegmentDurability:
     def mark(self, kind: bytes, queue_id: int, msg_id: int) -> None:
         self._tombstone(_MARK.pack(kind, queue_id, msg_id), msg_id)
 
-    def due(self, queue_id: int, msg_id: int, due_ms: int) -> None:
-        self._tombstone(encode_due(queue_id, msg_id, due_ms), msg_id)
-
     def _tombstone(self, record: bytes, msg_id: int) -> None:
         store = self.store
         seg = self._seg_of.get(msg_id)
@@ -449,8 +455,8 @@ class SegmentDurability:
             self._pending.append((record, msg_id, seg))
 
     def _write(self, record: bytes, msg_id: int, seg: int) -> None:
-        """Append an ack, delivered or due record, live until the publish's segment `seg`
-        is gone."""
+        """Append an ack or delivered record, live until the publish's segment `seg` is
+        gone."""
         loc, _ = self.store.log.append(record)
         tombs = self._tombs.get(msg_id)
         if tombs is None:
@@ -477,15 +483,15 @@ class SegmentDurability:
 
     def relocated(self, old: Location, new: Location, payload: bytes) -> None:
         kind = payload[:1]
-        if kind == PUBLISH_TAG:
-            msg_id = _P_HEAD.unpack_from(payload, 0)[1]
+        if kind == PUBLISH_TAG or kind == DELAYED_PUBLISH_TAG:
+            msg_id = _P_HEAD.unpack_from(publish_of(payload), 0)[1]
             self.store.index.move(msg_id, new)
             seg = self._seg_of.get(msg_id)
             if seg is not None:
                 self._tomb_seg[seg].discard(msg_id)
                 self._seg_of[msg_id] = new.segment
                 self._tomb_seg.setdefault(new.segment, set()).add(msg_id)
-        else:  # an ack, delivered or due record: the message id at the same place
+        else:
             msg_id = _MARK.unpack_from(payload, 0)[2]
             tombs = self._tombs.get(msg_id)
             if tombs is not None:
@@ -576,6 +582,20 @@ class MessageStore:
         self._want_sync()
         return token
 
+    def persist_delayed(self, msg: Message, queue: Queue, due_ms: int) -> tuple[int, int]:
+        """Append a delayed publish record (the message, for the one queue `queue`, a delayed
+        exchange's schedule, due at `due_ms`); returns its message id and the token whose
+        durability confirms it. Nothing of it stays in memory but the index's entry."""
+        self.durability.admit()
+        msg_id = self.next_id
+        self.next_id += 1
+        record = encode_publish(msg_id, [queue.store_id], msg, msg.body)  # type: ignore[list-item]  # a stored schedule's id is set
+        loc, token = self.log.append(_DELAYED_HEAD.pack(DELAYED_PUBLISH_TAG, due_ms) + record)
+        self.index.add(msg_id, loc, 1)
+        self._urgent = token
+        self._want_sync()
+        return msg_id, token
+
     def _want_sync(self) -> None:
         if not self._sync_requested:
             self._sync_requested = True
@@ -603,11 +623,6 @@ class MessageStore:
     def delivered(self, queue: Queue, msg_id: int) -> None:
         self.durability.mark(DELIVERED_TAG, queue.store_id, msg_id)  # type: ignore[arg-type]  # a durable queue's
 
-    def scheduled(self, queue: Queue, msg_id: int, due_ms: int) -> None:
-        """A delayed exchange's schedule holds a stored message until `due_ms` (ms since the
-        epoch): recorded after its publish record, so a restart routes it when due."""
-        self.durability.due(queue.store_id, msg_id, due_ms)  # type: ignore[arg-type]  # a stored schedule's
-
     def settled(self, queue: Queue, msg_id: int) -> None:
         """The message left a durable queue (ack, expiry, drop, purge, delete)."""
         self.durability.mark(ACK_TAG, queue.store_id, msg_id)  # type: ignore[arg-type]  # (as above)
@@ -621,7 +636,7 @@ class MessageStore:
         """The body of a paged-out message, read back from its publish record."""
         body = msg.body
         if body is None:
-            body = decode_publish(self.log.read(self.index.location(msg.store_id)))[5]
+            body = decode_publish(publish_of(self.log.read(self.index.location(msg.store_id))))[5]
         return body
 
     def load(self, msg_id: int, body_max: int) -> Message:
@@ -632,7 +647,7 @@ class MessageStore:
         """
         from ..core.message import Message
 
-        payload = self.log.read(self.index.location(msg_id))
+        payload = publish_of(self.log.read(self.index.location(msg_id)))
         _, _, exchange, routing_key, raw, body = decode_publish(payload)
         size = len(body)
         msg = Message.recovered(exchange, routing_key, ContentHeader(60, size, raw), size)
@@ -739,7 +754,6 @@ class MessageStore:
         index = self.index
         replayed = _Replayed()
         marks: dict[int, list[tuple[int, int, Location]]] = {}
-        dues: dict[int, tuple[int, int]] = {}  # msg_id -> (schedule's queue id, due ms)
         duplicates = 0
         last_id = 0
         unpack_head, unpack_qid, unpack_u32 = (
@@ -751,13 +765,17 @@ class MessageStore:
         # Pass 1: where every publish record is, whom it was for; tombstones by message.
         for loc, payload in self.log.replay(copy=False):  # memoryviews: keep nothing of them
             kind = payload[0]
-            if kind == _PUBLISH:
-                _, msg_id, n = unpack_head(payload, 0)
+            base = 0
+            if kind == _DELAYED:
+                base = _DELAYED_HEAD.size
+                due_ms = _DELAYED_HEAD.unpack_from(payload, 0)[1]
+            if kind == _PUBLISH or kind == _DELAYED:
+                _, msg_id, n = unpack_head(payload, base)
                 if n == 1:
-                    qids = [unpack_qid(payload, 11)[0]]
+                    qids = [unpack_qid(payload, base + 11)[0]]
                 else:
-                    qids = [unpack_qid(payload, 11 + 4 * i)[0] for i in range(n)]
-                pos = 11 + 4 * n
+                    qids = [unpack_qid(payload, base + 11 + 4 * i)[0] for i in range(n)]
+                pos = base + 11 + 4 * n
                 pos += 1 + payload[pos]  # exchange
                 pos += 1 + payload[pos]  # routing key
                 hlen = unpack_u32(payload, pos)[0]
@@ -769,18 +787,14 @@ class MessageStore:
                     duplicates += 1
                 index.add(msg_id, loc, max(n, 1))
                 replayed.put(msg_id, qids, len(payload) - pos - 4 - hlen, priority)
+                if base:
+                    replayed.put_due(msg_id, due_ms)
                 if msg_id > last_id:
                     last_id = msg_id
             elif (kind == _ACK or kind == _DELIVERED) and len(payload) == _MARK.size:
                 _, qid, msg_id = _MARK.unpack_from(payload)
                 marks.setdefault(msg_id, []).append((kind, qid, loc))
                 if msg_id > last_id:  # never reuse an id a tombstone on disk names
-                    last_id = msg_id
-            elif kind == _DUE_KIND and len(payload) == _DUE.size:
-                _, qid, msg_id, due_ms = _DUE.unpack_from(payload)
-                marks.setdefault(msg_id, []).append((kind, qid, loc))
-                dues[msg_id] = (qid, due_ms)
-                if msg_id > last_id:
                     last_id = msg_id
             elif kind in foreign:
                 self.log.release(loc)  # another owner's record in a shared log
@@ -820,11 +834,11 @@ class MessageStore:
                 continue
             index.set_refs(msg_id, len(live))
             ttl = expiration.get(msg_id) if expiration else None
-            due = dues.get(msg_id) if dues else None
+            due = replayed.due(msg_id)
             for qid in live:
                 queue = queues_by_id[qid]
-                if due is not None and due[0] == qid:  # a delayed exchange's schedule
-                    queue.restore_due(msg_id, size, due[1])  # type: ignore[attr-defined]  # (a Schedule)
+                if due is not None:  # a delayed exchange's schedule
+                    queue.restore_due(msg_id, size, due)  # type: ignore[attr-defined]  # (a Schedule)
                 else:
                     queue.restore_stored(msg_id, size, priority, ttl, unclean or qid in delivered)
                 touched[qid] = queue

@@ -15,8 +15,8 @@ PUBLISH_TAG = b"P"
 ACK_TAG = b"A"
 #: A queue delivered a message (redelivered after a crash).
 DELIVERED_TAG = b"D"
-#: A delayed exchange's schedule holds a stored message until this wall-clock time.
-DUE_TAG = b"W"
+#: A persistent message a delayed exchange holds: its due time, then its publish record.
+DELAYED_PUBLISH_TAG = b"W"
 #: A clustered vhost's durable definitions (exchanges, queues, bindings), whole.
 DEFINITIONS_TAG = b"J"
 #: A stream's record in its vhost's replicated log.

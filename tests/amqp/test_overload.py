@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 from support.broker_process import BrokerProcess
+from support.process import process_rss
 from support.rawclient import RawClient
 
 from roarmq.broker.amqp.flow import WRITE_HIGH, WRITES
@@ -199,10 +200,10 @@ def test_a_queue_of_a_million_small_messages_stays_small(tmp_path):
     """1M queued 16-byte messages cost under 100 bytes each of the broker's resident memory."""
     broker = BrokerProcess(tmp_path / "data", log_level="notice").start()
     try:
-        before = _rss(broker.pid)
+        before = process_rss(broker.pid)
         n = 1_000_000
         asyncio.run(_publish_million(broker.port, n))
-        after = _rss(broker.pid)
+        after = process_rss(broker.pid)
         assert (after - before) / n < 100, f"{(after - before) / n:.0f} bytes per message"
     finally:
         broker.stop(grace=30)
@@ -217,14 +218,6 @@ async def _publish_million(port: int, n: int) -> None:
     c.send(1, spec.QueueDeclare(queue="million", passive=True))
     assert (await c.expect(spec.QueueDeclareOk, timeout=60)).message_count == n
     await c.close()
-
-
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 async def test_recover_gives_the_consumer_its_credit_back(broker):

@@ -327,3 +327,112 @@ def test_a_confirmed_delayed_publish_is_acked_before_it_is_due(conn):
     ch.basic_publish("dx", "k", b"m", pika.BasicProperties(headers={"x-delay": 5000}))
     assert time.monotonic() - started < 2.5  # the confirm came, long before the due time
     assert count(ch, "q") == 0
+
+
+# -- seen and managed ------------------------------------------------------------------
+
+
+def test_the_api_row_counts_messages_delayed_and_the_next_due_time(b, ch):
+    delayed(ch, "dx")
+    ch.queue_declare("q")
+    ch.queue_bind("q", "dx", "k")
+    row = b.api("GET", "/api/exchanges/%2F/dx")[1]
+    assert (row["messages_delayed"], row["messages_delayed_next_due"]) == (0, None)
+    before = time.time() * 1000
+    publish(ch, "dx", "k", b"far", {"x-delay": 60_000})
+    publish(ch, "dx", "k", b"near", {"x-delay": 300})
+    row = b.api("GET", "/api/exchanges/%2F/dx")[1]
+    assert row["messages_delayed"] == 2
+    assert before + 300 <= row["messages_delayed_next_due"] <= time.time() * 1000 + 301
+    assert "messages_delayed" not in b.api("GET", "/api/exchanges/%2F/amq.direct")[1]
+    wait_for(lambda: count(ch, "q") == 1, timeout=10)
+    row = b.api("GET", "/api/exchanges/%2F/dx")[1]
+    assert row["messages_delayed"] == 1 and row["messages_delayed_next_due"] > before + 60_000
+    listed = {x["name"]: x for x in b.api("GET", "/api/exchanges/%2F")[1]}
+    assert listed["dx"]["messages_delayed"] == 1
+
+
+def test_a_put_without_x_delayed_type_is_400_and_with_it_201(b):
+    status, body = b.api("PUT", "/api/exchanges/%2F/dx", {"type": DELAYED})
+    assert status == 400
+    assert body["reason"] == "Invalid argument, 'x-delayed-type' must be an existing exchange type"
+    assert b.api("GET", "/api/exchanges/%2F/dx")[0] == 404
+    status, _ = b.api(
+        "PUT", "/api/exchanges/%2F/dx", {"type": DELAYED, "arguments": {"x-delayed-type": "topic"}}
+    )
+    assert status == 201
+    assert b.api("GET", "/api/exchanges/%2F/dx")[1]["messages_delayed"] == 0
+
+
+def test_prometheus_shows_what_is_held_what_was_routed_and_how_late(b, ch):
+    import urllib.request
+
+    delayed(ch, "dx")
+    ch.queue_declare("q")
+    ch.queue_bind("q", "dx", "k")
+    for n in range(5):
+        publish(ch, "dx", "k", b"%d" % n, {"x-delay": 100})
+    publish(ch, "dx", "k", b"far", {"x-delay": 60_000})
+    wait_for(lambda: count(ch, "q") == 5, timeout=10)
+    with urllib.request.urlopen(b.mgmt_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    lines = dict(
+        line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("roarmq_delayed")
+    )
+    assert float(lines['roarmq_delayed_messages{exchange="dx",vhost="/"}']) == 1
+    assert float(lines["roarmq_delayed_routed_total"]) == 5
+    assert float(lines["roarmq_delayed_lateness_seconds_count"]) == 5
+    assert float(lines['roarmq_delayed_lateness_seconds_bucket{le="+Inf"}']) == 5
+    assert 0 <= float(lines["roarmq_delayed_lateness_seconds_sum"]) < 5
+
+
+def test_definitions_export_and_import_keep_the_exchange_not_its_messages(b, ch, tmp_path):
+    delayed(ch, "dx", "headers", durable=True)
+    publish(ch, "dx", "", b"held", {"x-delay": 60_000})
+    status, defs = b.api("GET", "/api/definitions")
+    assert status == 200
+    (x,) = [x for x in defs["exchanges"] if x["name"] == "dx"]
+    assert (x["type"], x["arguments"]) == (DELAYED, {"x-delayed-type": "headers"})
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "other")), management=True) as other:
+        assert other.api("POST", "/api/definitions", defs)[0] in (200, 201, 204)
+        row = other.api("GET", "/api/exchanges/%2F/dx")[1]
+        assert (row["type"], row["arguments"], row["messages_delayed"]) == (
+            DELAYED,
+            {"x-delayed-type": "headers"},
+            0,
+        )
+
+
+def test_deleting_the_vhost_drops_what_its_delayed_exchanges_held(b):
+    assert b.api("PUT", "/api/vhosts/v", {})[0] in (201, 204)
+    assert b.api(
+        "PUT", "/api/permissions/v/guest", {"configure": ".*", "write": ".*", "read": ".*"}
+    )[0] in (201, 204)
+    conn = pika.BlockingConnection(pika.URLParameters(b.url.rstrip("/") + "/v"))
+    ch = conn.channel()
+    delayed(ch, "dx", durable=True)
+    ch.queue_declare("q", durable=True)
+    ch.queue_bind("q", "dx", "k")
+    publish(ch, "dx", "k", b"held", {"x-delay": 60_000}, delivery_mode=2)
+    publish(ch, "dx", "k", b"held too", {"x-delay": 60_000})
+    (schedule,) = b.broker.vhosts["v"].schedules()
+    wait_for(lambda: schedule.message_count() == 2, timeout=10)
+    assert b.api("DELETE", "/api/vhosts/v")[0] == 204
+    assert schedule.deleted and schedule.message_count() == 0 and schedule._timer is None
+    assert b.broker.store.index.count == 0  # its stored message settled, as a queue's
+
+
+def test_lavinmqs_form_an_exchange_declared_with_x_delayed_exchange_true(b, ch):
+    """LavinMQ's argument makes an exchange of any type delayed (its type stays)."""
+    ch.exchange_declare("lx", "topic", arguments={"x-delayed-exchange": True})
+    ch.exchange_declare("plain", "topic", arguments={"x-delayed-exchange": False})
+    for x in ("lx", "plain"):
+        ch.queue_declare(f"q-{x}")
+        ch.queue_bind(f"q-{x}", x, "a.*")
+        publish(ch, x, "a.b", b"m", {"x-delay": 200})
+    assert count(ch, "q-plain") == 1 and count(ch, "q-lx") == 0
+    row = b.api("GET", "/api/exchanges/%2F/lx")[1]
+    assert (row["type"], row["messages_delayed"]) == ("topic", 1)
+    wait_for(lambda: count(ch, "q-lx") == 1, timeout=10)
+    ((_, headers),) = drain(ch, "q-lx")
+    assert headers["x-delay"] == -200

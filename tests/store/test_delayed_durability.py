@@ -34,10 +34,16 @@ def test_kill9_keeps_scheduled_messages_and_routes_those_due_meanwhile_at_start(
         )
         ch.queue_declare("q", durable=True)
         ch.queue_bind("q", "dx", "k")
+        # a fanout in front: each message also reaches a queue at once (a publish record
+        # shared with the schedule, which then stores a record of its own)
+        ch.exchange_declare("fx", "fanout", durable=True)
+        ch.queue_declare("copies", durable=True)
+        ch.queue_bind("copies", "fx")
+        ch.exchange_bind("dx", "fx")
         soon, later, transient = range(0, 100), range(100, 150), range(150, 170)
         started = time.time()
         for n in soon:
-            ch.basic_publish("dx", "k", b"%d" % n, _props(n, 1500))
+            ch.basic_publish("fx" if n % 10 == 0 else "dx", "k", b"%d" % n, _props(n, 1500))
         for n in later:
             ch.basic_publish("dx", "k", b"%d" % n, _props(n, 7000))
         for n in transient:
@@ -45,6 +51,7 @@ def test_kill9_keeps_scheduled_messages_and_routes_those_due_meanwhile_at_start(
         confirmed_after = time.time() - started
         assert confirmed_after < 1.5  # every confirm came before anything was due
         assert ch.queue_declare("q", durable=True, passive=True).method.message_count == 0
+        assert ch.queue_declare("copies", durable=True, passive=True).method.message_count == 10
         broker.kill9()
         assert broker.proc is not None and broker.proc.returncode == -signal.SIGKILL
         # down until the first ones are due (time itself is what the test waits for)
@@ -74,6 +81,8 @@ def test_kill9_keeps_scheduled_messages_and_routes_those_due_meanwhile_at_start(
             what="the messages due after the restart",
         )
         assert sorted(got) == list(soon) + list(later)
+        copies = ch.queue_declare("copies", durable=True, passive=True).method.message_count
+        assert copies == 10
         early = [n for n in later if got[n][0] < started + 7.0]
         assert early == []
         assert [n for n in later if got[n][1]["x-delay"] != -7000] == []

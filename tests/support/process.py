@@ -49,3 +49,12 @@ class ControlledProcess:
         if self.running:
             os.kill(self.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
         self.frozen = False
+
+
+def process_rss(pid: int) -> int:
+    """A process's resident memory (VmRSS), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
