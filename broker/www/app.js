@@ -438,7 +438,12 @@ const exchangeColumns = () => [
   { key: "features", title: "Features", html: features },
   { key: "in", title: "Message rate in", sort: rateSort("publish_in"), value: r => rateText(r, "publish_in"), cls: "num" },
   { key: "out", title: "Message rate out", sort: rateSort("publish_out"), value: r => rateText(r, "publish_out"), cls: "num" },
+  { key: "delayed", title: "Delayed (next due)", value: delayedText, cls: "num" },
 ];
+
+// A delayed exchange's held messages and when the next is due (UTC); empty for the others.
+const delayedText = r => r.messages_delayed === undefined ? "" : `${r.messages_delayed}` +
+  (r.messages_delayed_next_due ? ` (${new Date(r.messages_delayed_next_due).toISOString().slice(0, 19).replace("T", " ")})` : "");
 
 const bindingColumns = (unbind, from = true, to = true) => [
   ...(from ? [{ key: "source", title: "From", html: r => r.source ? link("exchange", { vhost: r.vhost, name: r.source }) : "(AMQP default)" }] : []),

@@ -661,3 +661,20 @@ def test_the_stream_protocol_page(browser, tmp_path):
         finally:
             done.set()
             thread.join(20)
+
+
+def test_a_delayed_exchange_shows_what_it_holds_and_the_next_due_time(browser, tmp_path):
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        ch.exchange_declare("later", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+        for delay in (3_600_000, 7_200_000):
+            ch.basic_publish("later", "k", b"m", pika.BasicProperties(headers={"x-delay": delay}))
+        due = b.api("GET", "/api/exchanges/%2F/later")[1]["messages_delayed_next_due"]
+        conn.close()
+        log_in(browser, b.mgmt_url)
+        browser.get(b.mgmt_url + "/#/exchanges")
+        in_browser(lambda: row_of(browser, "#rows", "later"))
+        shown = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(due / 1000))
+        assert row_of(browser, "#rows", "later")["Delayed (next due)"] == f"2 ({shown})"
+        assert row_of(browser, "#rows", "amq.direct")["Delayed (next due)"] == ""
