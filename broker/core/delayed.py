@@ -21,8 +21,10 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from roarmq.protocol.errors import PRECONDITION_FAILED
 from roarmq.protocol.tables import Int64
 
+from ..errors import channel_error
 from ..routing.delayed import DELAY_HEADER, delay_of
 from ..store.due_index import DueIndex
 from ..store.segments import SegmentLogError
@@ -69,6 +71,24 @@ def schedule_store_id(vhost: str, exchange: str) -> int:
     definitions import, with nothing more to store."""
     key = f"{vhost}\x00{exchange}".encode("utf-8", "surrogateescape")
     return SCHEDULE_ID_BIT | (zlib.crc32(key) & (SCHEDULE_ID_BIT - 1))
+
+
+def _unshared_store_id(exchange: Exchange) -> int:
+    """`schedule_store_id`, refused (406) in the rare case another durable delayed exchange
+    of the broker has it: two schedules must never share their messages."""
+    store_id = schedule_store_id(exchange.vhost.name, exchange.name)
+    for vhost in exchange.vhost.broker.vhosts.values():
+        for other in vhost.stored_schedules():
+            if other.store_id == store_id and not other.deleted:
+                raise channel_error(
+                    PRECONDITION_FAILED,
+                    f"delayed exchange '{exchange.name}' in vhost '{exchange.vhost.name}' "
+                    f"would share its message store id with '{other.exchange.name}' in vhost "
+                    f"'{other.vhost.name}': choose another name",
+                    40,
+                    10,
+                )
+    return store_id
 
 
 class ScheduleStore:
@@ -125,7 +145,7 @@ class Schedule(Queue):
         self.exchange = exchange
         self.throttled = SCHEDULED
         if exchange.durable:  # persistent messages are stored as a durable queue's
-            self.store_id = schedule_store_id(exchange.vhost.name, exchange.name)
+            self.store_id = _unshared_store_id(exchange)
             self.use_store(exchange.vhost.message_store)
         self._held: list[tuple[int, int, Message]] = []  # (due ms, publish order, message)
         self._stored: DueIndex | None = None  # made at the first stored message

@@ -436,3 +436,29 @@ def test_lavinmqs_form_an_exchange_declared_with_x_delayed_exchange_true(b, ch):
     wait_for(lambda: count(ch, "q-lx") == 1, timeout=10)
     ((_, headers),) = drain(ch, "q-lx")
     assert headers["x-delay"] == -200
+
+
+def _colliding_names() -> tuple[str, str]:
+    """Two exchange names whose schedules would get the same message store id in "/"."""
+    from roarmq.broker.core.delayed import schedule_store_id
+
+    seen: dict[int, str] = {}
+    n = 0
+    while True:
+        name = f"x{n}"
+        store_id = schedule_store_id("/", name)
+        if store_id in seen:
+            return seen[store_id], name
+        seen[store_id] = name
+        n += 1
+
+
+def test_two_durable_delayed_exchanges_never_share_a_store_id(conn):
+    first, second = _colliding_names()
+    ch = conn.channel()
+    delayed(ch, first, durable=True)
+    delayed(ch, second + "-transient")  # nothing of a transient one is stored
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        delayed(ch, second, durable=True)
+    assert closed.value.reply_code == 406
+    assert f"would share its message store id with '{first}'" in closed.value.reply_text
