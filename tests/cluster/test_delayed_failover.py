@@ -10,6 +10,7 @@ import time
 import pika
 import pytest
 from support.cluster_nodes import connect, fail_over, the_leader, three_nodes
+from support.delayed import delayed_direct_to_queue
 from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
@@ -38,11 +39,7 @@ def test_failover_neither_loses_nor_duplicates_nor_delivers_early(cluster):
     conn = connect(leader)
     ch = conn.channel()
     ch.confirm_delivery()
-    ch.exchange_declare(
-        "dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
-    )
-    ch.queue_declare("q", durable=True)
-    ch.queue_bind("q", "dx", "k")
+    delayed_direct_to_queue(ch)
     due: dict[int, float] = {}
     for n in range(100):  # due around the failover, and well after it
         delay = 1500 if n < 50 else 9000

@@ -114,7 +114,7 @@ def test_json_syntax_error_gives_line_and_column(tmp_path, archive, capsys):
             'expected "queue" or "exchange"',
         ),
         (
-            lambda d: d["exchanges"][0].update(type="x-delayed-message"),
+            lambda d: d["exchanges"][0].update(type="x-no-such-type"),
             "exchanges[0].type",
             "unsupported exchange type",
         ),

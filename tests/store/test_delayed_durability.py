@@ -10,6 +10,7 @@ import time
 
 import pika
 import pytest
+from support.delayed import delayed_direct_to_queue
 from support.faultlib import BrokerProcess, connect, inject
 from support.waiting import wait_for
 
@@ -29,11 +30,7 @@ def test_kill9_keeps_scheduled_messages_and_routes_those_due_meanwhile_at_start(
         conn = connect(broker.port)
         ch = conn.channel()
         ch.confirm_delivery()
-        ch.exchange_declare(
-            "dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
-        )
-        ch.queue_declare("q", durable=True)
-        ch.queue_bind("q", "dx", "k")
+        delayed_direct_to_queue(ch)
         # a fanout in front: each message also reaches a queue at once (a publish record
         # shared with the schedule, which then stores a record of its own)
         ch.exchange_declare("fx", "fanout", durable=True)
@@ -140,11 +137,7 @@ def test_a_failed_fsync_nacks_the_delayed_publish_and_the_confirmed_ones_are_rou
         conn = connect(broker.port)
         ch = conn.channel()
         ch.confirm_delivery()
-        ch.exchange_declare(
-            "dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
-        )
-        ch.queue_declare("q", durable=True)
-        ch.queue_bind("q", "dx", "k")
+        delayed_direct_to_queue(ch)
         confirmed: list[int] = []
         nacked: list[int] = []
         due: dict[int, float] = {}

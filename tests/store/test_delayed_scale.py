@@ -12,6 +12,7 @@ import time
 
 import pika
 import pytest
+from support.delayed import delayed_direct_to_queue
 from support.faultlib import BrokerProcess, connect
 from support.process import process_rss
 from support.rawclient import RawClient
@@ -29,11 +30,7 @@ HOUR_MS = 3_600_000
 def _declare(port: int) -> None:
     conn = connect(port)
     ch = conn.channel()
-    ch.exchange_declare(
-        "dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
-    )
-    ch.queue_declare("q", durable=True)
-    ch.queue_bind("q", "dx", "k")
+    delayed_direct_to_queue(ch)
     conn.close()
 
 
