@@ -804,14 +804,14 @@ async def shrink_then_forget(
 
 
 async def expand_then_include(
-    coordinator: Coordinator, leader: ReplicationLeader, node: str
+    coordinator: Coordinator, leader: ReplicationLeader, node: str, copy: str
 ) -> IsrChange:
-    """A caught-up follower rejoins the in-sync set in etcd, then confirms wait for it. If
-    etcd does not answer, the follower stays out and is reported again at its next ack: an
-    expansion that failed once is not forgotten (the follower would stay out for good)."""
-    copy = leader.copy_of(node)
-    if not copy:
-        return IsrChange.NOT_MEMBER  # a peer that names no copy is never pinned
+    """A caught-up follower, proposed with its `copy` (`leader.propose_join`: confirms
+    wait for it from then on), rejoins the in-sync set in etcd, and then counts towards
+    `min_copies` too. Refused (not a member, not leading): confirms stop waiting for it.
+    If etcd does not answer it may have applied the txn all the same, so confirms keep
+    waiting for it, and it is reported again at its next ack: an expansion that failed
+    once is not forgotten (the follower would stay out for good)."""
     try:
         result = await coordinator.expand_isr(leader.vhost, leader.leadership, node, copy)
     except EtcdError as exc:
@@ -822,7 +822,9 @@ async def expand_then_include(
         return IsrChange.UNANSWERED
     if result is IsrChange.DONE:
         leader.add_to_isr(node, copy)
-    elif result is IsrChange.NOT_LEADER:
+        return result
+    leader.join_refused(node)
+    if result is IsrChange.NOT_LEADER:
         leader.depose(leader.epoch + 1, coordinator.node)
     else:
         log.info("vhost %r: %s caught up but is not a member: stays out", leader.vhost, node)
@@ -844,11 +846,11 @@ async def remove_then_forget(
     acks as an in-sync member, is never reported caught up, and stays out of etcd's set
     for good (the leader confirms with it, but it can never lead). The leader's set may
     shrink here only after etcd's has (invariant 2): the removal's txn is that shrink."""
-    if node in leader.in_sync:
+    if leader.counts(node):
         await shrink_then_forget(coordinator, leader, node)
     result = await coordinator.remove_member(leader.vhost, leader.leadership, node)
     if result is IsrChange.DONE:
-        if node in leader.in_sync:
+        if leader.counts(node):
             leader.remove_from_isr(node)
     elif result is IsrChange.NOT_LEADER:
         leader.depose(leader.epoch + 1, coordinator.node)
@@ -859,16 +861,18 @@ def attach_coordinator(coordinator: Coordinator, leader: ReplicationLeader) -> s
     """Wire lagging -> shrink_isr and caught up -> expand_isr; returns the live task set."""
     tasks: set[asyncio.Task] = set()
 
-    def spawn(
-        action: Callable[[Coordinator, ReplicationLeader, str], Coroutine[Any, Any, IsrChange]],
-        node: str,
-    ) -> None:
-        task = asyncio.get_running_loop().create_task(action(coordinator, leader, node))
+    def spawn(change: Coroutine[Any, Any, IsrChange]) -> None:
+        task = asyncio.get_running_loop().create_task(change)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    leader.on_lagging.append(lambda node: spawn(shrink_then_forget, node))
-    leader.on_caught_up.append(lambda node: spawn(expand_then_include, node))
+    def expand(node: str) -> None:
+        copy = leader.propose_join(node)  # now, not when the task runs: see propose_join
+        if copy:  # a peer that names no copy is never pinned
+            spawn(expand_then_include(coordinator, leader, node, copy))
+
+    leader.on_lagging.append(lambda node: spawn(shrink_then_forget(coordinator, leader, node)))
+    leader.on_caught_up.append(expand)
 
     async def pin_copy(node: str, copy: str) -> bool:
         """False if not pinned: the member's acks do not count, so it lags, leaves the set

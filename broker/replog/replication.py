@@ -117,6 +117,13 @@ class ReplicationLeader:
         #: The copy of the log each in-sync follower was admitted with (etcd's pins): acks
         #: from another copy under the same name (a replaced disk) never count.
         self.copies: dict[str, str] = dict(copies or {})
+        #: Caught-up followers whose entry into the in-sync set is proposed to etcd, with
+        #: the copy proposed (`propose_join`). etcd lists one in sync as soon as it applies
+        #: the txn, before its answer comes back here, and it may then lead: so confirms
+        #: wait for it from the proposal on (Kafka's "maximal ISR"), while it does not count
+        #: towards `min_copies` until etcd has answered. An unanswered proposal keeps it
+        #: here (etcd may have applied it) until an answered change settles it.
+        self.joining: dict[str, str] = {}
         #: Copies (the leader's included) a confirm needs when it is released.
         self.min_copies = min_copies
         #: How an in-sync follower's copy is pinned before its acks count (the owner writes
@@ -260,11 +267,16 @@ class ReplicationLeader:
         heapq.heappush(self._waiters, (offset, next(self._tie), future))
         await future
 
+    def counts(self, node: str) -> bool:
+        """Whether confirms wait for `node`: in the in-sync set, or proposed to it."""
+        return node in self.in_sync or node in self.joining
+
     def remove_from_isr(self, node: str) -> None:
         """The owner's etcd txn removed `node` (and its pin) from the in-sync set: stop
         waiting for it. Too few copies left: what waits is nacked (`on_too_few`)."""
         self.in_sync.discard(node)
         self.copies.pop(node, None)
+        self.joining.pop(node, None)
         follower = self._followers.get(node)
         if follower is not None:
             follower.caught_up_reported = False
@@ -274,9 +286,27 @@ class ReplicationLeader:
             _run_all(self.on_too_few)
         self._check_caught_up_all()
 
+    def propose_join(self, node: str) -> str:
+        """The owner is about to ask etcd to add caught-up `node` to the in-sync set: from
+        now on confirms wait for it too (`joining`). Called when it is reported caught up,
+        before anything else runs: a record confirmed in between without it would be
+        missing from a member etcd may let lead. Returns the copy proposed ("": it names
+        none; nothing is proposed)."""
+        copy = self.copy_of(node)
+        if copy and node not in self.in_sync:
+            self.joining[node] = copy
+            self._follower(node).lag_reported = False  # a lag now is reported again
+        return copy
+
+    def join_refused(self, node: str) -> None:
+        """etcd answered that `node` did not enter the in-sync set: stop waiting for it."""
+        if node not in self.in_sync and self.joining.pop(node, None) is not None:
+            self._recompute()
+
     def add_to_isr(self, node: str, copy: str) -> None:
         """The owner's etcd txn added `node` with its `copy` to the in-sync set: confirms
         wait for it."""
+        self.joining.pop(node, None)
         self.in_sync.add(node)
         self.copies[node] = copy
         follower = self._follower(node)
@@ -338,7 +368,8 @@ class ReplicationLeader:
         """The offset up to which `node`'s pinned copy holds the log durably, as it acked
         on its current connection (0: another copy, or none yet)."""
         follower = self._followers.get(node)
-        if follower is None or not follower.copy or self.copies.get(node) != follower.copy:
+        admitted = self.copies.get(node) if node in self.in_sync else self.joining.get(node)
+        if follower is None or not follower.copy or admitted != follower.copy:
             return 0
         return follower.acked
 
@@ -354,7 +385,7 @@ class ReplicationLeader:
         if not self.enough_copies():
             return
         confirmed = self.durable
-        for node in self.in_sync:
+        for node in itertools.chain(self.in_sync, self.joining):
             confirmed = min(confirmed, self.holds_confirmed(node))
         if confirmed <= self._confirmed:
             return
@@ -369,7 +400,8 @@ class ReplicationLeader:
 
     def _prune_durable_times(self) -> None:
         """Drop the times of offsets every member has acked: lag is only measured beyond."""
-        floor = min([self.holds_confirmed(n) for n in self.in_sync], default=self.durable)
+        counted = itertools.chain(self.in_sync, self.joining)
+        floor = min([self.holds_confirmed(n) for n in counted], default=self.durable)
         cut = bisect.bisect_right(self._durable_at, (floor, float("inf")))
         if cut:
             del self._durable_at[:cut]
@@ -398,7 +430,7 @@ class ReplicationLeader:
         """An in-sync member leaves when it has not acked an offset `replica_lag_ms` after
         the leader made it durable, or has not been heard from at all for that long (on an
         idle vhost too: a powered-off follower is not in sync)."""
-        for node in list(self.in_sync):
+        for node in [*self.in_sync, *self.joining]:
             follower = self._follower(node)
             if follower.lag_reported:
                 continue
@@ -425,7 +457,7 @@ class ReplicationLeader:
         for good. So once it has caught up it is reported caught up as well
         (`on_caught_up`: the owner's expansion puts it back in etcd's set, or finds it
         there), and the first answered change, either way, settles which set it is in."""
-        if node in self.in_sync:
+        if self.counts(node):
             follower = self._follower(node)
             follower.lag_reported = False
             follower.shrink_unanswered = True
@@ -444,7 +476,7 @@ class ReplicationLeader:
         waiting `replica_lag_ms`: the owner knows it is gone (its lease expired, or its
         process: its replication port refuses connections)."""
         follower = self._follower(node)
-        if node in self.in_sync and not follower.lag_reported:
+        if self.counts(node) and not follower.lag_reported:
             follower.lag_reported = True
             log.warning("vhost %r: in-sync member %s is not running", self.vhost, node)
             _run_all(self.on_lagging, node)
@@ -545,7 +577,7 @@ class ReplicationLeader:
                     offset,
                 )
             follower.next_offset = agreed + 1
-            if node in self.in_sync and agreed < self._confirmed:
+            if self.counts(node) and agreed < self._confirmed:
                 log.warning(
                     "vhost %r: in-sync %s holds %d < confirmed %d: it leaves the set",
                     self.vhost,
@@ -622,7 +654,7 @@ class ReplicationLeader:
         follower.writer.write(wire.pair_frame(wire.RESET, self.epoch, start))
         follower.next_offset = start
         follower.acked = 0  # it holds nothing until it acks again
-        if follower.node in self.in_sync:  # it is about to drop what it holds
+        if self.counts(follower.node):  # it is about to drop what it holds
             self.report_lagging(follower.node)
         log.info("vhost %r: follower %s gets a snapshot from %d", self.vhost, follower.node, start)
 
@@ -664,7 +696,7 @@ class ReplicationLeader:
     def _on_ack(self, follower: _Follower, offset: int) -> None:
         if offset > follower.acked:
             follower.acked = offset
-            if follower.node in self.in_sync:
+            if self.counts(follower.node):
                 self._recompute()
         self._check_caught_up(follower)  # also on a reconnect that brings nothing new
 

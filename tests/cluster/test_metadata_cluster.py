@@ -7,8 +7,6 @@ every node keeps serving its cached copy."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 
 import pika
@@ -16,8 +14,6 @@ import pytest
 from support.cluster_nodes import Node, by_name, connect_with, placement, run_ctl, three_nodes
 from support.clusterlib import api_call
 from support.waiting import until
-
-from roarmq.broker.cluster.etcd import EtcdClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -58,15 +54,6 @@ def logs_in(node: Node, user: str, password: str) -> bool:
     return True
 
 
-def etcd_value(url: str, key: str):
-    async def get():
-        async with EtcdClient([url]) as client:
-            kv = await client.get(key)
-            return json.loads(kv.value) if kv else None
-
-    return asyncio.run(get())
-
-
 @pytest.fixture
 def cluster(etcd, tmp_path):
     with three_nodes(etcd, tmp_path) as nodes:
@@ -88,7 +75,7 @@ def test_users_permissions_policies_live_in_etcd(cluster, etcd):
     follower = next(n for n in cluster if n is not leader)
 
     # Seeding: exactly one node copied its local users (the default guest) into etcd.
-    assert etcd_value(etcd.url, "/roarmq/meta/users/guest")["tags"] == ["administrator"]
+    assert etcd.value("/roarmq/meta/users/guest")["tags"] == ["administrator"]
     seeders = [n for n in cluster if "etcd was empty" in n.log.read_text()]
     assert len(seeders) == 1, [n.name for n in seeders]
 
@@ -103,7 +90,7 @@ def test_users_permissions_policies_live_in_etcd(cluster, etcd):
         assert logs_in(node, "alice", "secret"), node.name
         assert not logs_in(node, "alice", "wrong"), node.name
     assert {"alice", "guest"} <= {u["name"] for u in n3.api("/api/users")}
-    assert etcd_value(etcd.url, "/roarmq/meta/permissions/%2F/alice") == perms
+    assert etcd.value("/roarmq/meta/permissions/%2F/alice") == perms
 
     # A permission changed on n3 applies to a connection already open through n1.
     conn = connect_with(params(n1, "alice", "secret"))
@@ -127,7 +114,7 @@ def test_users_permissions_policies_live_in_etcd(cluster, etcd):
     for node in cluster:
         assert not logs_in(node, "alice", "secret"), node.name
         assert "alice" not in {u["name"] for u in node.api("/api/users")}
-    assert etcd_value(etcd.url, "/roarmq/meta/permissions/%2F/alice") is None
+    assert etcd.value("/roarmq/meta/permissions/%2F/alice") is None
 
     # A policy set through a node that does not lead / applies to the leader's queues.
     policy = {"pattern": "^capped$", "definition": {"max-length": 2}, "apply-to": "queues"}

@@ -458,6 +458,36 @@ async def test_an_expansion_etcd_did_not_answer_is_asked_again(tmp_path, etcd):
 
 
 @pytest.mark.slow  # strace holds etcd's disk
+async def test_a_member_etcd_is_adding_holds_everything_confirmed_meanwhile(tmp_path, etcd):
+    """etcd's disk stalls while it adds caught-up b to the in-sync set: etcd lists b in
+    sync once it applies the txn, before its answer reaches the leader, and b may then
+    lead. A record confirmed in between without b would be missing from it (a 3-node
+    cluster's declare was answered with the frozen member still in etcd's set). So from
+    the moment b is reported caught up, confirms wait for it; once etcd has answered and
+    b, stopped, lags, an answered shrink lets them go on without it."""
+    async with vhost_led_by_a(etcd, timeout=5.0, lease_ttl=10) as (a, won):
+        async with cluster(tmp_path, epoch=won.epoch, in_sync=(), lag_ms=300) as c:
+            attach_coordinator(a, c.leader)
+            caught_up: list[str] = []
+            c.leader.on_caught_up.append(caught_up.append)
+            await publish(c.leader, payloads(50, seed=16))
+            assert c.leader.confirmed_offset() == 50  # the leader alone: nothing to wait for
+            with etcd.stalled_disk():
+                c.follower("b", epoch=won.epoch)
+                assert await until_async(lambda: caught_up == ["b"], 5, POLL)
+                await c.stop_follower("b")
+                await publish(c.leader, payloads(10, seed=17))
+                assert c.leader.store.durable_offset == 60
+                # b could be in etcd's set by now: nothing past what it holds is confirmed
+                assert c.leader.confirmed_offset() == 50
+                assert "b" not in c.leader.in_sync  # etcd has not answered yet
+            # etcd applies the expansion, b lags, the shrink is answered: confirmed
+            await asyncio.wait_for(c.leader.wait_confirmed(60), 10)
+            assert await _isr(a) == ["a"] and c.leader.in_sync == set()
+            assert not c.leader.joining
+
+
+@pytest.mark.slow  # strace holds etcd's disk
 async def test_a_shrink_etcd_applied_after_the_leader_gave_up_on_it_is_undone(
     tmp_path, etcd, caplog
 ):

@@ -5,6 +5,7 @@ and where the binary is. Three members in network namespaces: etcd_cluster.py.""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -100,6 +101,20 @@ class Etcd:
         wal = sorted((self.data_dir / "member" / "wal").glob("*.wal"))[-1]  # the one written
         with inject(self.proc.pid, wal, f"fdatasync:delay_enter={round(longest * 1e6)}"):
             yield
+
+    def value(self, key: str) -> object:
+        """The JSON value etcd holds under `key` now (a linearizable read through our own
+        client), or None: what a node's watch-fed cache shows may not have caught up yet."""
+        import asyncio
+
+        from roarmq.broker.cluster.etcd import EtcdClient
+
+        async def get() -> object:
+            async with EtcdClient([self.url]) as client:
+                kv = await client.get(key)
+                return json.loads(kv.value) if kv else None
+
+        return asyncio.run(get())
 
     def kill(self) -> None:
         """kill -9 the etcd this object started, and reap it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 
 class ControlledProcess:
@@ -41,14 +42,37 @@ class ControlledProcess:
                 self.kill9()
 
     def freeze(self) -> None:
+        """SIGSTOP, and return once every thread of it is stopped: the signal is only
+        pending when kill() returns, and a thread on the other core runs on until the
+        kernel stops it (a test that goes on at once could see it answer)."""
         if self.running:
-            os.kill(self.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+            pid = self.proc.pid  # type: ignore[union-attr]
+            os.kill(pid, signal.SIGSTOP)
             self.frozen = True
+            deadline = time.monotonic() + 10
+            while not _all_stopped(pid):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"pid {pid} not stopped 10 s after SIGSTOP")
+                time.sleep(0.001)
 
     def thaw(self) -> None:
         if self.running:
             os.kill(self.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
         self.frozen = False
+
+
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is in state T (stopped), from /proc; a thread that
+    exits meanwhile is not waited for."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        if state not in ("T", "t"):
+            return False
+    return True
 
 
 def process_rss(pid: int) -> int:
