@@ -598,16 +598,30 @@ class Queue:
         self.store.settled(self, store_id)  # type: ignore[union-attr]  # a stored message's queue has a store
 
     def restore_stored(
-        self, msg_id: int, size: int, priority: int, expiration_ms: int | None, redelivered: bool
+        self,
+        msg_id: int,
+        size: int,
+        priority: int,
+        expiration_ms: int | None,
+        redelivered: bool,
+        entered_ms: int | None = None,
     ) -> None:
-        """A recovered message (in publish order), queued as its bare id: nothing is read."""
+        """A recovered message (in publish order), queued as its bare id: nothing is read.
+        Its TTL counts from when it entered its queues (`entered_ms`, ms since the epoch,
+        as its record says), as RabbitMQ's does: what expired while the broker was down
+        expires as soon as recovery is over. A record that says nothing (a TTL set on the
+        queue since) counts from now."""
         self._seq += 1
         ttl = self.message_ttl
         if expiration_ms is not None and (ttl is None or expiration_ms < ttl):
             ttl = expiration_ms
         expires_at = None
         if ttl is not None:
-            expires_at = self.vhost.clock.monotonic() + ttl / 1000.0
+            clock = self.vhost.clock
+            left = ttl / 1000.0
+            if entered_ms is not None:
+                left += entered_ms / 1000.0 - clock.wall()
+            expires_at = clock.monotonic() + left
             self._timed += 1
         self.ready.push_stored(self._seq, msg_id, priority, expires_at, redelivered)
         self.ready_bytes += size  # bodies are on disk: nothing to account as memory

@@ -10,6 +10,9 @@ Record types (the payload the SegmentLog stores; big-endian):
        publish   a delayed exchange's schedule (broker/core/delayed.py) holds the
                  message until `due`, milliseconds since the epoch; read, acked and
                  released as a publish record is
+    T  expiring  entered u64, then a publish record (P ...): a message with a TTL (its
+       publish   own or a queue's) entered its queues at `entered`, milliseconds since the
+                 epoch, and expires that long after it, however long the broker was down
 
 One publish record serves every durable queue a message reaches. A message's
 record is released when the last of its queues lets go of it. Messages are ordered in
@@ -42,7 +45,13 @@ from roarmq.protocol.frames import ContentHeader
 
 from ..errors import StartupError
 from ..ops.logs import NOTICE
-from .record_tags import ACK_TAG, DELAYED_PUBLISH_TAG, DELIVERED_TAG, PUBLISH_TAG
+from .record_tags import (
+    ACK_TAG,
+    DELAYED_PUBLISH_TAG,
+    DELIVERED_TAG,
+    EXPIRING_PUBLISH_TAG,
+    PUBLISH_TAG,
+)
 from .segments import Location, LogFailed, RecoveryReport, SegmentLog
 
 if TYPE_CHECKING:
@@ -56,11 +65,15 @@ log = logging.getLogger("roarmq.store")
 _P_HEAD = struct.Struct(">cQH")
 _QID = struct.Struct(">I")
 _MARK = struct.Struct(">cIQ")
-_DELAYED_HEAD = struct.Struct(">cQ")  # kind, due ms; the publish record follows
+#: The head of a W or T record: its kind and a time (ms since the epoch); the publish
+#: record follows.
+_TIMED_HEAD = struct.Struct(">cQ")
 _U32 = struct.Struct(">I")
 #: The kinds' first bytes as replay sees them (an int from a memoryview).
 _PUBLISH, _ACK, _DELIVERED = PUBLISH_TAG[0], ACK_TAG[0], DELIVERED_TAG[0]
-_DELAYED = DELAYED_PUBLISH_TAG[0]
+_DELAYED, _EXPIRING = DELAYED_PUBLISH_TAG[0], EXPIRING_PUBLISH_TAG[0]
+#: The kinds of record that hold a message: a publish record, or one after a time.
+PUBLISH_KINDS = (PUBLISH_TAG, DELAYED_PUBLISH_TAG, EXPIRING_PUBLISH_TAG)
 _NONE: frozenset[int] = frozenset()
 CLEAN_SHUTDOWN = "clean-shutdown"
 
@@ -77,12 +90,16 @@ ACK_SYNC_DELAY = 0.01
 PREALLOCATE = 1 << 20
 
 
-def encode_publish(msg_id: int, queue_ids: list[int], msg: Message, body: bytes) -> bytes:
+def encode_publish(
+    msg_id: int, queue_ids: list[int], msg: Message, body: bytes, head: bytes = b""
+) -> bytes:
+    """A publish record, after `head` (a W or T record's, or nothing)."""
     ex = msg.exchange.encode("utf-8", "surrogateescape")
     rk = msg.routing_key.encode("utf-8", "surrogateescape")
     raw = msg.header.raw
     return b"".join(
         (
+            head,
             _P_HEAD.pack(PUBLISH_TAG, msg_id, len(queue_ids)),
             b"".join(_QID.pack(q) for q in queue_ids),
             bytes((len(ex),)),
@@ -102,9 +119,9 @@ def encode_mark(kind: bytes, queue_id: int, msg_id: int) -> bytes:
 
 
 def publish_of(payload: bytes) -> bytes:
-    """The publish record of a publish or delayed publish record."""
-    if payload[0] == _DELAYED:
-        return payload[_DELAYED_HEAD.size :]
+    """The publish record of a publish, delayed publish or expiring publish record."""
+    if payload[0] == _DELAYED or payload[0] == _EXPIRING:
+        return payload[_TIMED_HEAD.size :]
     return payload
 
 
@@ -239,34 +256,46 @@ class MessageIndex:
                     yield base + i
 
 
+class _Times:
+    """A time (ms since the epoch) per message id, for the records that carry one: in
+    blocks made for those that hold one (8 bytes a message: a schedule of millions is
+    recovered in flat memory)."""
+
+    __slots__ = ("_blocks",)
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, array] = {}
+
+    def put(self, msg_id: int, ms: int) -> None:
+        block = self._blocks.get(msg_id >> BLOCK_BITS)
+        if block is None:
+            block = self._blocks[msg_id >> BLOCK_BITS] = array("q", bytes(8 * _BLOCK))
+        block[msg_id & _MASK] = ms
+
+    def get(self, msg_id: int) -> int | None:
+        """Its time, None for a record that carries none."""
+        block = self._blocks.get(msg_id >> BLOCK_BITS) if self._blocks else None
+        if block is None:
+            return None
+        return block[msg_id & _MASK] or None
+
+
 class _Replayed:
     """What recovery needs per publish record beyond its location: queue, body size, priority.
 
     Arrays in the index's blocking; records naming more than one queue keep the list aside.
     """
 
-    __slots__ = ("_blocks", "multi", "expiration", "_dues")
+    __slots__ = ("_blocks", "multi", "expiration", "dues", "entered")
 
     def __init__(self) -> None:
         self._blocks: dict[int, tuple[array, array, array]] = {}
         self.multi: dict[int, list[int]] = {}
         self.expiration: dict[int, int] = {}  # msg_id -> per-message TTL (ms), when set
-        #: Due times (ms) of delayed publish records, in blocks made for those that hold
-        #: one (8 bytes a message: a schedule of millions is recovered in flat memory).
-        self._dues: dict[int, array] = {}
-
-    def put_due(self, msg_id: int, due_ms: int) -> None:
-        block = self._dues.get(msg_id >> BLOCK_BITS)
-        if block is None:
-            block = self._dues[msg_id >> BLOCK_BITS] = array("q", bytes(8 * _BLOCK))
-        block[msg_id & _MASK] = due_ms
-
-    def due(self, msg_id: int) -> int | None:
-        """The due time of a delayed publish record, None for a publish record."""
-        block = self._dues.get(msg_id >> BLOCK_BITS) if self._dues else None
-        if block is None:
-            return None
-        return block[msg_id & _MASK] or None
+        #: Due times of delayed publish records (W), and when expiring ones (T) entered
+        #: their queues.
+        self.dues = _Times()
+        self.entered = _Times()
 
     def put(self, msg_id: int, qids: list[int], size: int, priority: int) -> None:
         block = self._blocks.get(msg_id >> BLOCK_BITS)
@@ -483,7 +512,7 @@ class SegmentDurability:
 
     def relocated(self, old: Location, new: Location, payload: bytes) -> None:
         kind = payload[:1]
-        if kind == PUBLISH_TAG or kind == DELAYED_PUBLISH_TAG:
+        if kind in PUBLISH_KINDS:
             msg_id = _P_HEAD.unpack_from(publish_of(payload), 0)[1]
             self.store.index.move(msg_id, new)
             seg = self._seg_of.get(msg_id)
@@ -571,8 +600,18 @@ class MessageStore:
         self.durability.admit()
         msg_id = self.next_id
         self.next_id += 1
+        head = b""
+        expires = msg.expiration_ms is not None
+        if not expires:
+            for queue in queues:
+                if queue.message_ttl is not None:
+                    expires = True
+                    break
+        if expires:  # its TTL counts from now, across restarts
+            entered = round(queues[0].vhost.clock.wall() * 1000)
+            head = _TIMED_HEAD.pack(EXPIRING_PUBLISH_TAG, entered)
         loc, token = self.log.append(
-            encode_publish(msg_id, [q.store_id for q in queues], msg, msg.body)  # type: ignore[misc]  # durable queues, stored: their ids are set
+            encode_publish(msg_id, [q.store_id for q in queues], msg, msg.body, head)  # type: ignore[misc]  # durable queues, stored: their ids are set
         )
         msg.store_id = msg_id
         self.index.add(msg_id, loc, len(queues))
@@ -589,8 +628,9 @@ class MessageStore:
         self.durability.admit()
         msg_id = self.next_id
         self.next_id += 1
-        record = encode_publish(msg_id, [queue.store_id], msg, msg.body)  # type: ignore[list-item]  # a stored schedule's id is set
-        loc, token = self.log.append(_DELAYED_HEAD.pack(DELAYED_PUBLISH_TAG, due_ms) + record)
+        head = _TIMED_HEAD.pack(DELAYED_PUBLISH_TAG, due_ms)
+        record = encode_publish(msg_id, [queue.store_id], msg, msg.body, head)  # type: ignore[list-item]  # a stored schedule's id is set
+        loc, token = self.log.append(record)
         self.index.add(msg_id, loc, 1)
         self._urgent = token
         self._want_sync()
@@ -766,10 +806,10 @@ class MessageStore:
         for loc, payload in self.log.replay(copy=False):  # memoryviews: keep nothing of them
             kind = payload[0]
             base = 0
-            if kind == _DELAYED:
-                base = _DELAYED_HEAD.size
-                due_ms = _DELAYED_HEAD.unpack_from(payload, 0)[1]
-            if kind == _PUBLISH or kind == _DELAYED:
+            if kind == _DELAYED or kind == _EXPIRING:
+                base = _TIMED_HEAD.size
+                at_ms = _TIMED_HEAD.unpack_from(payload, 0)[1]
+            if kind == _PUBLISH or base:
                 _, msg_id, n = unpack_head(payload, base)
                 if n == 1:
                     qids = [unpack_qid(payload, base + 11)[0]]
@@ -788,7 +828,8 @@ class MessageStore:
                 index.add(msg_id, loc, max(n, 1))
                 replayed.put(msg_id, qids, len(payload) - pos - 4 - hlen, priority)
                 if base:
-                    replayed.put_due(msg_id, due_ms)
+                    times = replayed.dues if kind == _DELAYED else replayed.entered
+                    times.put(msg_id, at_ms)
                 if msg_id > last_id:
                     last_id = msg_id
             elif (kind == _ACK or kind == _DELIVERED) and len(payload) == _MARK.size:
@@ -834,13 +875,15 @@ class MessageStore:
                 continue
             index.set_refs(msg_id, len(live))
             ttl = expiration.get(msg_id) if expiration else None
-            due = replayed.due(msg_id)
+            due = replayed.dues.get(msg_id)
+            entered = replayed.entered.get(msg_id)
             for qid in live:
                 queue = queues_by_id[qid]
                 if due is not None:  # a delayed exchange's schedule
                     queue.restore_due(msg_id, size, due)  # type: ignore[attr-defined]  # (a Schedule)
                 else:
-                    queue.restore_stored(msg_id, size, priority, ttl, unclean or qid in delivered)
+                    redelivered = unclean or qid in delivered
+                    queue.restore_stored(msg_id, size, priority, ttl, redelivered, entered)
                 touched[qid] = queue
             restored += 1
         self.next_id = last_id + 1

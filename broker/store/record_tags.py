@@ -17,6 +17,10 @@ ACK_TAG = b"A"
 DELIVERED_TAG = b"D"
 #: A persistent message a delayed exchange holds: its due time, then its publish record.
 DELAYED_PUBLISH_TAG = b"W"
+#: A persistent message that can expire (a TTL of its own or of a queue it reached): when
+#: it entered its queues, then its publish record. Its TTL counts from then, across
+#: restarts and failovers, as RabbitMQ's does.
+EXPIRING_PUBLISH_TAG = b"T"
 #: A clustered vhost's durable definitions (exchanges, queues, bindings), whole.
 DEFINITIONS_TAG = b"J"
 #: A stream's record in its vhost's replicated log.
