@@ -809,7 +809,9 @@ class Channel:
         elif queue is not None:
             queue.dispatch()
 
-    def _reject_entries(self, entries: list[Entry], requeue: bool) -> None:
+    def _reject_entries(self, entries: list[Entry], requeue: bool, failed: bool = True) -> None:
+        """basic.reject or (`failed` False) basic.nack: RabbitMQ 4.3 counts a reject as a
+        failed delivery and a nack as a message handed back (`Queue.requeue`)."""
         for entry in entries:
             if type(entry.queue) is Stream:
                 raise stream_refuses("basic.nack and basic.reject", entry.queue)
@@ -819,7 +821,7 @@ class Channel:
                 if entry.queue is not None:
                     by_queue.setdefault(entry.queue, []).append(entry)
             for queue, group in by_queue.items():
-                queue.requeue(group)
+                queue.requeue(group, failed)
         else:
             for entry in entries:
                 if entry.queue is not None:
@@ -829,7 +831,9 @@ class Channel:
         self._settle(m.delivery_tag, False, lambda es: self._reject_entries(es, m.requeue))
 
     def _basic_nack(self, m: spec.BasicNack) -> None:
-        self._settle(m.delivery_tag, m.multiple, lambda es: self._reject_entries(es, m.requeue))
+        self._settle(
+            m.delivery_tag, m.multiple, lambda es: self._reject_entries(es, m.requeue, False)
+        )
 
     def _basic_recover(self, m: spec.BasicRecover) -> None:
         if not m.requeue:

@@ -65,6 +65,11 @@ cdef class Queue:
     cdef public object dlrk
     cdef public object max_priority
     cdef public object delivery_limit
+    cdef public object retry_type
+    cdef public object retry_min
+    cdef public object retry_max
+    cdef public list _retrying
+    cdef public object _retry_timer
     cdef public object consumer_timeout
     cdef public object _expiry_at
     cdef public object _idle_timer

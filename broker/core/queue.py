@@ -8,6 +8,7 @@ and dead-lettering happen here because only the queue knows its order.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from ..store.messages import MessageStore
     from .message import Message
     from .vhost import VirtualHost
+
+#: The longest delayed retry (ms): RabbitMQ's timers take at most 2^32-1 ms.
+MAX_RETRY_DELAY_MS = (1 << 32) - 1
 
 #: Most messages one dispatch pass hands out before yielding to the loop, so one
 #: queue with a deep backlog cannot starve the others.
@@ -147,6 +151,11 @@ class Queue:
         "max_priority",
         "single_active",
         "delivery_limit",
+        "retry_type",
+        "retry_min",
+        "retry_max",
+        "_retrying",
+        "_retry_timer",
         "consumer_timeout",
         "ready",
         "ready_bytes",
@@ -202,6 +211,9 @@ class Queue:
     overflow: str
     single_active: bool
     delivery_limit: int | None
+    retry_type: str
+    retry_min: int | None
+    retry_max: int | None
 
     def __init__(
         self,
@@ -244,6 +256,10 @@ class Queue:
         self._expiry_timer: TimerHandle | None = None
         self._expiry_at: float | None = None
         self._timed = 0
+        #: Returned messages waiting out their delayed retry: (ready again at, seq, entry),
+        #: a heap; and the timer for its first.
+        self._retrying: list[tuple[float, int, Entry]] = []
+        self._retry_timer: TimerHandle | None = None
         self._idle_timer: TimerHandle | None = None
         self._had_consumers = False
         self._dispatch_scheduled = False
@@ -641,22 +657,71 @@ class Queue:
         else:
             self._dead_letter_entry(entry, "rejected")
 
-    def requeue(self, entries: list[Entry]) -> None:
-        """Put unacked messages back where they were, marked redelivered."""
+    def requeue(self, entries: list[Entry], failed: bool = True) -> None:
+        """Put unacked messages back where they were, marked redelivered. `failed`: the
+        delivery failed (basic.reject, its channel or connection gone) rather than was
+        handed back (basic.nack, basic.recover), which decides whether a quorum queue's
+        delayed retry (`retry_type`, RabbitMQ 4.3's) holds them first."""
         if self.deleted or not entries:
             return
         keep = []
+        retrying = self.retry_type != "disabled" and self.retry_min is not None
         for entry in entries:
             entry.redelivered = True
             entry.consumer = None
-            if self.delivery_limit is not None:
+            if self.delivery_limit is not None or retrying:
                 entry.delivery_count += 1
-                if entry.delivery_count > self.delivery_limit:
+                limit = self.delivery_limit
+                if limit is not None and entry.delivery_count > limit:
                     self._dead_letter_entry(entry, "delivery_limit")
                     continue
             keep.append(entry)
         if not keep:
             return
+        kind = self.retry_type
+        if retrying and (kind == "all" or (kind == "failed") == failed):
+            self._hold_for_retry(keep)
+        else:
+            self._back_to_ready(keep)
+
+    def _hold_for_retry(self, entries: list[Entry]) -> None:
+        """Delayed retry: each waits min(retry_min x its delivery count, retry_max) ms
+        (RabbitMQ 4.3's linear back-off; at most 2^32-1 ms), then is ready again where
+        it was. Meanwhile it is neither ready nor unacked (RabbitMQ's "delayed")."""
+        clock = self.vhost.clock
+        now = clock.monotonic()
+        cap = self.retry_max if self.retry_max is not None else MAX_RETRY_DELAY_MS
+        base = self.retry_min or 0
+        for entry in entries:
+            delay = min(base * max(1, entry.delivery_count), cap, MAX_RETRY_DELAY_MS)
+            heapq.heappush(self._retrying, (now + delay / 1000.0, entry.seq, entry))
+        self._arm_retry()
+
+    def _arm_retry(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        if self._retrying:
+            due = self._retrying[0][0]
+            self._retry_timer = self.vhost.clock.call_at(due, self._on_retry_timer)
+
+    def _on_retry_timer(self) -> None:
+        self._retry_timer = None
+        if self.deleted:
+            return
+        now = self.vhost.clock.monotonic()
+        due: list[Entry] = []
+        while self._retrying and self._retrying[0][0] <= now:
+            due.append(heapq.heappop(self._retrying)[2])
+        if due:
+            self._back_to_ready(due)  # where they were: by publish order
+        self._arm_retry()
+
+    def retrying(self) -> int:
+        """Messages waiting out a delayed retry (the API's `messages_delayed`)."""
+        return len(self._retrying)
+
+    def _back_to_ready(self, keep: list[Entry]) -> None:
         self.ready.requeue(keep)
         self.ready_bytes += sum(e.msg.size for e in keep)
         self._account(sum(e.msg.size for e in keep if e.msg.body is not None))
@@ -677,7 +742,10 @@ class Queue:
         self._forget(cleared, ready_bytes)
         for entry in cleared.entries:
             self.settle(entry)
-        return len(cleared)
+        held = self._drop_retrying()
+        for entry in held:
+            self.settle(entry)
+        return len(cleared) + len(held)
 
     def _forget(self, cleared: Cleared, ready_bytes: int) -> None:
         """Account for a cleared ready list of `ready_bytes`: packed messages are settled by
@@ -786,7 +854,16 @@ class Queue:
         self._groups.clear()
         self._only = None
         self.consumer_count = 0
-        return cleared.entries
+        return cleared.entries + self._drop_retrying()
+
+    def _drop_retrying(self) -> list[Entry]:
+        """The messages waiting out a delayed retry, taken out (purge, delete)."""
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        held = [item[2] for item in self._retrying]
+        self._retrying = []
+        return held
 
     def message_count(self) -> int:
         return self.ready.n

@@ -29,6 +29,9 @@ from ..errors import channel_error
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")
+#: The values of x-delayed-retry-type (RabbitMQ 4.3's quorum queues): which returned
+#: messages wait before they are ready again (`Queue.requeue`).
+RETRY_TYPES = ("disabled", "all", "failed", "returned")
 
 
 class Invalid(ValueError):
@@ -408,6 +411,7 @@ class Argument:
 #: The values of x-overflow and x-queue-mode, and their checks.
 OVERFLOW = OneOf(OVERFLOW_MODES, '{{unacceptable_value,<<"{}">>}}')
 QUEUE_MODE = OneOf(QUEUE_MODES, "\"unsupported queue mode '{}'\"", typed=True)
+RETRY_TYPE = OneOf(RETRY_TYPES, '{{unacceptable_value,<<"{}">>}}', typed=True)
 
 _CQ = CLASSIC_QUORUM
 _Q = frozenset(("quorum",))
@@ -436,6 +440,9 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("queue-type",              QueueTypeCheck(), ARGUMENT_ONLY, "",                          False, True,  _ALL, "queue_type", DEFAULT_QUEUE_TYPE),
     Argument("single-active-consumer",  Bool(),           ARGUMENT_ONLY, "",                          False, True,  _CQ,  "single_active", False),
     Argument("delivery-limit",          Int(),            SMALLER,       "delivery limit",            True,  True,  _Q,   "delivery_limit"),
+    Argument("delayed-retry-type",      RETRY_TYPE,       ARGUMENT_WINS, "delayed retry type",        False, False, _Q,   "retry_type", "disabled"),
+    Argument("delayed-retry-min",       Int(),            ARGUMENT_WINS, "delayed retry minimum",     False, False, _Q,   "retry_min"),
+    Argument("delayed-retry-max",       Int(),            ARGUMENT_WINS, "delayed retry maximum",     False, False, _Q,   "retry_max"),
     Argument("consumer-timeout",        Int(),            ARGUMENT_WINS, "consumer timeout",          False, False, _CQ,  None),
     Argument("max-age",                 MaxAge(),         SHORTER,       "max-age value",             False, True,  _S,   None),
     Argument("stream-max-segment-size-bytes", IntExpected(), ARGUMENT_ONLY, "",                       False, True,  _S,   None,

@@ -129,7 +129,7 @@ async def move_messages(request: web.Request) -> web.Response:
             copy = Message("", dest.name, msg.header, data)
             accepted, _ = vhost.enqueue(copy, [dest])
             if not accepted:  # refused (overflow reject-publish, a failed store): put back
-                source.requeue([entry])
+                source.requeue([entry], failed=False)
                 return web.json_response({"moved": moved, "stopped": "destination refused"})
             source.ack(entry)
             moved += 1

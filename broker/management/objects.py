@@ -287,8 +287,8 @@ async def get_messages(request: web.Request) -> web.Response:
     elif ackmode == "reject_requeue_false":
         for entry in taken:
             q.reject(entry, requeue=False)
-    else:
-        q.requeue(taken)
+    else:  # ack_requeue_true, reject_requeue_true: handed back, not failed
+        q.requeue(taken, failed=False)
     return web.json_response(out)
 
 

@@ -94,6 +94,8 @@ def queue_row(q: Any, broker: Broker, rates: RateSampler, detailed: bool = False
         "message_stats": stats(rates, q, queue_counts(q)),
         **(stream_row(q) if q.queue_type == "stream" else {}),
         **(quorum_row(q, broker) if q.queue_type in ("quorum", "stream") else {}),
+        # returned messages waiting out a quorum queue's delayed retry
+        **({"messages_delayed": q.retrying()} if q.queue_type == "quorum" else {}),
     }
 
 

@@ -46,6 +46,9 @@ GOOD = {
     "x-queue-type": "quorum",
     "x-single-active-consumer": True,
     "x-delivery-limit": 0,
+    "x-delayed-retry-type": "failed",
+    "x-delayed-retry-min": 1000,
+    "x-delayed-retry-max": 30000,
     "x-consumer-timeout": 60000,
     "x-max-age": "7D",
     "x-stream-max-segment-size-bytes": 1000,
@@ -65,6 +68,10 @@ BAD = [
     ("x-max-priority", -1, "{value_negative,-1}"),
     ("x-delivery-limit", -2, "{value_negative,-2}"),
     ("x-consumer-timeout", -1, "{value_negative,-1}"),
+    ("x-delayed-retry-type", "later", '{unacceptable_value,<<"later">>}'),
+    ("x-delayed-retry-type", 1, "{unacceptable_type,int}"),
+    ("x-delayed-retry-min", -1, "{value_negative,-1}"),
+    ("x-delayed-retry-max", "1s", "{unacceptable_type,str}"),
     ("x-dead-letter-exchange", 5, "{unacceptable_type,int}"),
     ("x-dead-letter-exchange", b"dlx", "{unacceptable_type,bytes}"),
     ("x-overflow", "nope", '{unacceptable_value,<<"nope">>}'),
@@ -87,6 +94,10 @@ def test_every_argument_has_a_good_value_here() -> None:
     assert set(GOOD) | {"x-dead-letter-routing-key"} == {r.argument for r in qa.EQUIVALENCE} | {
         "x-queue-mode",
         "x-consumer-timeout",
+        # RabbitMQ 4.3's, which 3.10.8 (whose redeclaration rules these are) never compares
+        "x-delayed-retry-type",
+        "x-delayed-retry-min",
+        "x-delayed-retry-max",
     }
 
 
@@ -168,8 +179,12 @@ def test_equivalence_compares_table_rows_in_order() -> None:
     ]
     current = dict(GOOD, **{"x-foo": 1})
     assert qa.inequivalent(current, current) is None
-    # Not compared: queue-mode, consumer-timeout, unknown arguments.
-    lax = {k: v for k, v in current.items() if k not in ("x-queue-mode", "x-consumer-timeout")}
+    # Not compared: queue-mode, consumer-timeout, delayed retry, unknown arguments.
+    lax = {
+        k: v
+        for k, v in current.items()
+        if k not in ("x-queue-mode", "x-consumer-timeout") and "delayed-retry" not in k
+    }
     assert qa.inequivalent(lax, current) is None
     assert qa.inequivalent({**current, "x-max-length": 1}, current) == ("x-max-length", 1, 0)
     assert qa.inequivalent({**current, "x-message-ttl": 5, "x-expires": 9}, current) == (
@@ -312,6 +327,9 @@ def test_settings_combine_argument_and_policy_by_row() -> None:
         "queue-type": "classic",
         "single-active-consumer": False,
         "delivery-limit": None,  # quorum queues only
+        "delayed-retry-type": "disabled",  # quorum queues only: the default
+        "delayed-retry-min": None,
+        "delayed-retry-max": None,
         "consumer-timeout": 5,
         "max-age": None,  # streams only
         "stream-max-segment-size-bytes": 500_000_000,  # the default (streams read it)
