@@ -669,7 +669,9 @@ class Queue:
         for entry in entries:
             entry.redelivered = True
             entry.consumer = None
-            if self.delivery_limit is not None or retrying:
+            # 4.3's delivery count, with its delayed retry: failed deliveries only (a
+            # nack is free); 3.10.8's without: every return
+            if (self.delivery_limit is not None or retrying) and (failed or not retrying):
                 entry.delivery_count += 1
                 limit = self.delivery_limit
                 if limit is not None and entry.delivery_count > limit:

@@ -135,6 +135,14 @@ def test_the_delivery_limit_still_dead_letters(ch):
     ch.basic_reject(method.delivery_tag, requeue=True)  # over the limit: dead-lettered now
     method, props, body = ch.basic_get("dead")
     assert body == b"twice" and props.headers["x-death"][0]["reason"] == "delivery_limit"
+    # with delayed retry on, a nack is not a failed delivery (4.3's delivery count): it
+    # never reaches the limit
+    ch.basic_publish("", "limited", b"handed back")
+    for _ in range(3):
+        method, _props, body, _ = get_within(ch, "limited")
+        ch.basic_nack(method.delivery_tag, requeue=True)
+    method, _props, body, _ = get_within(ch, "limited")
+    assert body == b"handed back" and ch.basic_get("dead")[0] is None
 
 
 def test_a_policy_sets_it_and_a_bad_type_is_refused(b, ch):
