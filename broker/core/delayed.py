@@ -243,18 +243,26 @@ class Schedule(Queue):
         self.stored(size)
 
     def restore_stored(
-        self, msg_id: int, size: int, priority: int, expiration_ms: int | None, redelivered: bool
+        self,
+        msg_id: int,
+        size: int,
+        priority: int,
+        expiration_ms: int | None,
+        redelivered: bool,
+        entered_ms: int | None = None,
     ) -> None:
         """A publish record it shared with queues, whose copy of its own did not reach the
-        disk (the broker stopped in between): due its delay after this start, so late,
-        never early."""
+        disk (the broker stopped in between): due its delay after it was published if its
+        record says when (`entered_ms`: it can expire in one of those queues), else after
+        this start, so late, never early."""
         assert self.store is not None
         try:
             delay = delay_of(self.store.load(msg_id, 0).headers) or 0
         except (KeyError, SegmentLogError) as exc:
             log.error("cannot read a delayed message back", extra={"error": str(exc)})
             delay = 0
-        self.restore_due(msg_id, size, math.ceil(now_ms(self.exchange)) + delay)
+        since = entered_ms if entered_ms is not None else math.ceil(now_ms(self.exchange))
+        self.restore_due(msg_id, size, since + delay)
 
     def restored(self) -> None:
         first = self._first()

@@ -1652,7 +1652,7 @@ class Stream(Queue):
     def settle(self, entry: Entry) -> None:
         pass
 
-    def requeue(self, entries: list[Entry]) -> None:
+    def requeue(self, entries: list[Entry], failed: bool = True) -> None:
         """A closing channel's unacked deliveries: the stream keeps everything anyway."""
 
     def reject(self, entry: Entry, requeue: bool) -> None:
