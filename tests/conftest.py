@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.etcd import Etcd, etcd_binary_or_skip
+from support.rabbitmq import rabbitmq_node
 from support.rawclient import RawClient
 
 from roarmq.broker.ops.clock import VirtualClock
@@ -114,3 +115,20 @@ def mgmt_broker_sampled_by_hand(mgmt_broker):
     so rates and histories are exact."""
     mgmt_broker.call(mgmt_broker.broker._management.rates.stop)
     return mgmt_broker
+
+
+@pytest.fixture(scope="module")
+def rabbitmq(tmp_path_factory):
+    """A RabbitMQ 3.10.8 node for a module's parity tests (tests/support/rabbitmq.py)."""
+    with rabbitmq_node(tmp_path_factory.mktemp("rabbitmq")) as node:
+        yield node
+
+
+@pytest.fixture(params=["roarmq", pytest.param("rabbitmq", marks=pytest.mark.slow)])
+def target(request):
+    """The broker a parity test runs against: RoarMQ (a broker thread of the test's own)
+    or RabbitMQ 3.10.8 (the module's node); both have `url` and `port`. A directory whose
+    tests need more (tests/stream_protocol: the stream plugin) defines its own."""
+    if request.param == "rabbitmq":
+        return request.getfixturevalue("rabbitmq")
+    return request.getfixturevalue("thread_broker")

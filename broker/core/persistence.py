@@ -52,9 +52,6 @@ class Persistence:
         #: half-way seeds again rather than leaving a store without its users.
         self.new = not existed or self._unseeded()
         self.restoring = False
-        #: A loop turn is to delete more of the stored bindings of deleted queues and
-        #: exchanges (DefinitionStore.sweep_unbound).
-        self._unbinding = False
 
     def _unseeded(self) -> bool:
         db = self.definitions.db
@@ -228,22 +225,8 @@ class Persistence:
 
     def _unbind_later(self) -> None:
         """Delete the stored bindings a deleted queue or exchange left (more than one write
-        deletes at once: UNBIND_BATCH) one write a loop turn."""
-        if not self._unbinding:
-            self._unbinding = True
-            self.broker.clock.call_soon(self._unbind_more)
-
-    def _unbind_more(self) -> None:
-        self._unbinding = False
-        try:
-            more = self.definitions.sweep_unbound()
-        except DefinitionsWriteFailed as exc:
-            exc.log_to(log, "; tried again in 1 s")
-            self._unbinding = True
-            self.broker.clock.loop.call_later(1.0, self._unbind_more)
-            return
-        if more:
-            self._unbind_later()
+        deletes at once: UNBIND_BATCH), in the definitions store's sweep thread."""
+        self.definitions.sweep_later()
 
     def _binding(
         self, source: Exchange, dest: Any, key: str, args: dict | None

@@ -70,6 +70,9 @@ cdef class Queue:
     cdef public object retry_max
     cdef public list _retrying
     cdef public object _retry_timer
+    cdef public object dlx_strategy
+    cdef public list _dead_held
+    cdef public object _dead_timer
     cdef public object consumer_timeout
     cdef public object _expiry_at
     cdef public object _idle_timer

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from .message import Message
     from .vhost import VirtualHost
 
+#: Seconds between tries of at-least-once dead-lettering that found no exchange, no route
+#: or a target that did not take the message.
+DEAD_LETTER_RETRY = 1.0
+
 #: The longest delayed retry (ms): RabbitMQ's timers take at most 2^32-1 ms.
 MAX_RETRY_DELAY_MS = (1 << 32) - 1
 
@@ -156,6 +160,9 @@ class Queue:
         "retry_max",
         "_retrying",
         "_retry_timer",
+        "dlx_strategy",
+        "_dead_held",
+        "_dead_timer",
         "consumer_timeout",
         "ready",
         "ready_bytes",
@@ -214,6 +221,7 @@ class Queue:
     retry_type: str
     retry_min: int | None
     retry_max: int | None
+    dlx_strategy: str
 
     def __init__(
         self,
@@ -260,6 +268,11 @@ class Queue:
         #: a heap; and the timer for its first.
         self._retrying: list[tuple[float, int, Entry]] = []
         self._retry_timer: TimerHandle | None = None
+        #: At-least-once dead-lettering: the messages whose targets have not all taken
+        #: them yet, each [entry, reason, the copy (None: not routed yet), the targets
+        #: still to take it], in the order they were dead-lettered; and the retry's timer.
+        self._dead_held: list[list[Any]] = []
+        self._dead_timer: TimerHandle | None = None
         self._idle_timer: TimerHandle | None = None
         self._had_consumers = False
         self._dispatch_scheduled = False
@@ -810,9 +823,53 @@ class Queue:
         self._dead_letter_entry(entry, "expired")
 
     def _dead_letter_entry(self, entry: Entry, reason: str) -> None:
+        if self.dlx is not None and self.dlx_strategy == "at-least-once":
+            if self.overflow == "reject-publish":  # as RabbitMQ, which needs it
+                self._dead_held.append([entry, reason, None, None])
+                self._deliver_dead_held()
+                return
         # Republish first: settling may release a paged-out body the copy still needs.
         self._dead_letter_message(entry.msg, reason)
         self.settle(entry)
+
+    def _deliver_dead_held(self) -> None:
+        """At-least-once dead-lettering (RabbitMQ's quorum queues): a dead-lettered message
+        leaves this queue only once every queue its DLX routes it to has taken it; until
+        then (no such exchange, no route, a full target that rejects publishes, a failed
+        store) it is kept here, neither ready nor unacked, and tried again every
+        DEAD_LETTER_RETRY seconds, routed anew while it has reached none. Its copy's
+        publish record precedes this queue's ack in the log, so a crash in between
+        delivers it twice at worst, never loses it."""
+        vhost = self.vhost
+        kept = []
+        for held in self._dead_held:
+            entry, reason, dead, targets = held
+            if dead is None or not targets:
+                routed = vhost.dead_letter_copy(self, entry.msg, reason)
+                if routed is None or not routed[1]:
+                    kept.append(held)
+                    continue
+                dead, targets = routed
+            refused = vhost.dead_letter_to(dead, targets)
+            if refused:
+                held[2], held[3] = dead, refused
+                kept.append(held)
+                continue
+            self.stats_dead_lettered += 1
+            self.settle(entry)
+        self._dead_held = kept
+        if kept and self._dead_timer is None and not self.deleted:
+            self._dead_timer = vhost.clock.call_later(DEAD_LETTER_RETRY, self._retry_dead)
+
+    def _retry_dead(self) -> None:
+        self._dead_timer = None
+        if not self.deleted:
+            self._deliver_dead_held()
+
+    def dead_lettering(self) -> int:
+        """Messages dead-lettered at least once whose targets have not all taken them (the
+        API's `messages_dlx`)."""
+        return len(self._dead_held)
 
     def _dead_letter_message(self, msg: Message, reason: str) -> None:
         if self.dlx is None:
@@ -856,7 +913,7 @@ class Queue:
         self._groups.clear()
         self._only = None
         self.consumer_count = 0
-        return cleared.entries + self._drop_retrying()
+        return cleared.entries + self._drop_retrying() + self._drop_dead_held()
 
     def _drop_retrying(self) -> list[Entry]:
         """The messages waiting out a delayed retry, taken out (purge, delete)."""
@@ -865,6 +922,15 @@ class Queue:
             self._retry_timer = None
         held = [item[2] for item in self._retrying]
         self._retrying = []
+        return held
+
+    def _drop_dead_held(self) -> list[Entry]:
+        """The messages at-least-once dead-lettering still holds, taken out (delete)."""
+        if self._dead_timer is not None:
+            self._dead_timer.cancel()
+            self._dead_timer = None
+        held = [item[0] for item in self._dead_held]
+        self._dead_held = []
         return held
 
     def message_count(self) -> int:

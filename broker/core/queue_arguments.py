@@ -32,6 +32,9 @@ QUEUE_MODES = ("default", "lazy")
 #: The values of x-delayed-retry-type (RabbitMQ 4.3's quorum queues): which returned
 #: messages wait before they are ready again (`Queue.requeue`).
 RETRY_TYPES = ("disabled", "all", "failed", "returned")
+#: The values of x-dead-letter-strategy (quorum queues): at-least-once keeps a
+#: dead-lettered message until its targets took it (`Queue._dead_letter_entry`).
+DLX_STRATEGIES = ("at-most-once", "at-least-once")
 
 
 class Invalid(ValueError):
@@ -56,20 +59,42 @@ class Check:
         return value
 
 
+#: The field type a client sends a decoded value as, by its Python type (an int:
+#: `amqp_type_name`), as RabbitMQ names it in its errors.
+_AMQP_TYPE_NAMES = {
+    str: "longstr",
+    bytes: "longstr",
+    float: "double",
+    bool: "bool",
+    dict: "table",
+    list: "array",
+    type(None): "void",
+}
+
+
+def amqp_type_name(value: Any) -> str:
+    """RabbitMQ's name for the field type a value came as: an int as clients send one
+    (pika, the .NET and Java clients: `signedint` when it fits 32 bits, else `long`)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "signedint" if -(2**31) <= value < 2**31 else "long"
+    return _AMQP_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
 def _unacceptable_type(value: Any) -> Invalid:
-    return Invalid(f"{{unacceptable_type,{type(value).__name__}}}")
+    return Invalid(f"{{unacceptable_type,{amqp_type_name(value)}}}")
 
 
 @dataclass(frozen=True)
 class Int(Check):
-    """An integer from `minimum` (0 or 1) to `maximum`: RabbitMQ's non_neg_int / positive."""
+    """An integer from `minimum` (0 or 1) to `maximum`: RabbitMQ's non_neg_int / positive;
+    another type reads "expected integer, got longstr" (probed on 3.10.8)."""
 
     minimum: int = 0
     maximum: int | None = None
 
     def argument(self, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise _unacceptable_type(value)
+            raise Invalid(f'"expected integer, got {amqp_type_name(value)}"')
         if value < self.minimum:
             raise Invalid(f"{{value_{'zero' if value == 0 else 'negative'},{value}}}")
         if self.maximum is not None and value > self.maximum:
@@ -110,19 +135,15 @@ class Bool(Check):
 
 @dataclass(frozen=True)
 class OneOf(Check):
-    """One of `values`; `refused` is the detail for another ({} is the value). With
-    `typed`, a void argument counts as absent and a non-string is an unacceptable type."""
+    """One of `values`; `refused` is the detail for another ({} is the value); anything but
+    a string (void too) is an unacceptable type."""
 
     values: tuple[str, ...]
     refused: str
-    typed: bool = False
 
     def argument(self, value: Any) -> Any:
-        if self.typed:
-            if value is None:
-                return None
-            if not isinstance(value, str):
-                raise _unacceptable_type(value)
+        if not isinstance(value, str):
+            raise _unacceptable_type(value)
         if value not in self.values:
             raise Invalid(self.refused.format(value))
         return value
@@ -165,6 +186,8 @@ QUEUE_TYPES = {
         QueueType(
             "classic",
             module="rabbit_classic_queue",
+            # rabbit_classic_queue's capabilities (probed on 3.10.8)
+            invalid_arguments=frozenset(("x-dead-letter-strategy",)),
             consumer_arguments=frozenset(("x-cancel-on-ha-failover", "x-priority", "x-credit")),
         ),
         QueueType(
@@ -258,27 +281,6 @@ class QueueTypeCheck(Check):
         return value or DEFAULT_QUEUE_TYPE
 
 
-_AMQP_TYPE_NAMES = {
-    str: "longstr",
-    bytes: "longstr",
-    float: "double",
-    bool: "bool",
-    dict: "table",
-    list: "array",
-}
-
-
-@dataclass(frozen=True)
-class IntExpected(Int):
-    """Int whose wrong type reads "expected integer, got <amqp type>" (streams' keys)."""
-
-    def argument(self, value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int):
-            kind = _AMQP_TYPE_NAMES.get(type(value), type(value).__name__)
-            raise Invalid(f'"expected integer, got {kind}"')
-        return super().argument(value)
-
-
 @dataclass(frozen=True)
 class MaxAge(Check):
     """A stream's max age: a positive count and one of Y M D h m s ("7D", "12h")."""
@@ -287,11 +289,7 @@ class MaxAge(Check):
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
         if not isinstance(value, str):
-            raise Invalid(
-                "{unacceptable_type,signedint}"
-                if type(value) is int
-                else f"{{unacceptable_type,{_AMQP_TYPE_NAMES.get(type(value), 'void')}}}"
-            )
+            raise _unacceptable_type(value)
         if age_seconds(value) is None:
             raise Invalid("invalid_max_age")
         return value
@@ -410,8 +408,9 @@ class Argument:
 
 #: The values of x-overflow and x-queue-mode, and their checks.
 OVERFLOW = OneOf(OVERFLOW_MODES, '{{unacceptable_value,<<"{}">>}}')
-QUEUE_MODE = OneOf(QUEUE_MODES, "\"unsupported queue mode '{}'\"", typed=True)
-RETRY_TYPE = OneOf(RETRY_TYPES, '{{unacceptable_value,<<"{}">>}}', typed=True)
+QUEUE_MODE = OneOf(QUEUE_MODES, "\"unsupported queue mode '{}'\"")
+RETRY_TYPE = OneOf(RETRY_TYPES, '{{unacceptable_value,<<"{}">>}}')
+DLX_STRATEGY = OneOf(DLX_STRATEGIES, "invalid_dlx_strategy")
 
 _CQ = CLASSIC_QUORUM
 _Q = frozenset(("quorum",))
@@ -432,6 +431,8 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("dead-letter-exchange",    Str(),            ARGUMENT_WINS, "dead letter exchange name", False, True,  _CQ,  "dlx"),
     Argument("dead-letter-routing-key", Str(),            ARGUMENT_WINS, "dead letter routing key",   False, True,  _CQ,  "dlrk",
              requires="dead-letter-exchange"),
+    Argument("dead-letter-strategy",    DLX_STRATEGY,     ARGUMENT_WINS, "dead letter strategy",      False, True,  _Q,   "dlx_strategy",
+             "at-most-once"),
     Argument("max-length",              Int(),            SMALLER,       "maximum length",            True,  True,  _CQ,  "max_length"),
     Argument("max-length-bytes",        Int(),            SMALLER,       "maximum length in bytes",   True,  True,  _CQS, "max_length_bytes"),
     Argument("max-priority",            Int(0, 255),      ARGUMENT_ONLY, "",                          False, True,  _CQ,  "max_priority", 0),
@@ -445,7 +446,7 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("delayed-retry-max",       Int(),            ARGUMENT_WINS, "delayed retry maximum",     False, False, _Q,   "retry_max"),
     Argument("consumer-timeout",        Int(),            ARGUMENT_WINS, "consumer timeout",          False, False, _CQ,  None),
     Argument("max-age",                 MaxAge(),         SHORTER,       "max-age value",             False, True,  _S,   None),
-    Argument("stream-max-segment-size-bytes", IntExpected(), ARGUMENT_ONLY, "",                       False, True,  _S,   None,
+    Argument("stream-max-segment-size-bytes", Int(), ARGUMENT_ONLY, "",                       False, True,  _S,   None,
              500_000_000),
 )
 # fmt: on

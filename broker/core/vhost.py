@@ -102,6 +102,10 @@ def _inequivalent(
 def _inequivalent_arg(
     kind: str, name: str, vhost: str, key: str, received: Any, current: Any
 ) -> Exception:
+    """RabbitMQ's words (probed on 3.10.8): two values, whatever their types, by value
+    alone ("received '2' but current is '1'"); one missing, each with its type or "none"."""
+    if received is not None and current is not None:
+        return _inequivalent(kind, name, vhost, key, received, current)
     got = (
         "none"
         if received is None
@@ -579,12 +583,41 @@ class VirtualHost:
     # -- dead-lettering -------------------------------------------------------------
 
     def dead_letter(self, queue: Queue, msg: Message, reason: str) -> None:
-        """Republish to the queue's DLX with an x-death record, as RabbitMQ writes it."""
+        """Republish to the queue's DLX with an x-death record, as RabbitMQ writes it
+        (at most once: what is not taken, or has no route, is gone)."""
+        routed = self.dead_letter_copy(queue, msg, reason)
+        if routed is not None and routed[1]:
+            self.enqueue(*routed)
+
+    def dead_letter_to(self, dead: Message, targets: Collection[Queue]) -> list[Queue]:
+        """Hand a dead-lettered copy to each of `targets` on its own, as a publisher in
+        confirm mode would (a failed store refuses it): the ones that did not take it (a
+        full queue that rejects publishes, a failed store). At-least-once dead-lettering
+        (`Queue`'s dead-letter-strategy) keeps the message until this is empty."""
+        refused = []
+        for target in targets:
+            if target.deleted:
+                continue
+            # A copy of its own each time: a stored message's record is its Message's
+            # (store_id), and a queue that took one keeps it.
+            copy = Message(dead.exchange, dead.routing_key, dead.header, dead.body)
+            copy.persistent = dead.persistent
+            ok, _token = self.enqueue(copy, [target], True)
+            if not ok:
+                refused.append(target)
+        return refused
+
+    def dead_letter_copy(
+        self, queue: Queue, msg: Message, reason: str
+    ) -> tuple[Message, list[Queue]] | None:
+        """The copy a dead-lettering republishes (x-death added, as RabbitMQ writes it) and
+        the queues its DLX routes it to (none: no route); None: no such exchange (RabbitMQ
+        drops the message then)."""
         if queue.dlx is None:
-            return
+            return None
         exchange = self.exchanges.get(queue.dlx)
         if exchange is None:
-            return  # RabbitMQ drops the message when the DLX does not exist
+            return None
         if msg.body is None:
             store = queue.store or self.broker.store  # a clustered vhost's store, or the node's
             msg = Message(msg.exchange, msg.routing_key, msg.header, store.body(msg))
@@ -661,5 +694,4 @@ class VirtualHost:
             for t in targets
             if rejected_in_path or not any(d.get("queue") == t.name for d in deaths)
         ]
-        if targets:
-            self.enqueue(dead, targets)
+        return dead, targets

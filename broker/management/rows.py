@@ -95,7 +95,11 @@ def queue_row(q: Any, broker: Broker, rates: RateSampler, detailed: bool = False
         **(stream_row(q) if q.queue_type == "stream" else {}),
         **(quorum_row(q, broker) if q.queue_type in ("quorum", "stream") else {}),
         # returned messages waiting out a quorum queue's delayed retry
-        **({"messages_delayed": q.retrying()} if q.queue_type == "quorum" else {}),
+        **(
+            {"messages_delayed": q.retrying(), "messages_dlx": q.dead_lettering()}
+            if q.queue_type == "quorum"
+            else {}
+        ),
     }
 
 

@@ -152,7 +152,6 @@ JOB_LABELS = {
     "RateSampler._tick": "management sampler",
     "RateSampler._tick.<locals>.step": "management sampler",
     "VirtualHost._sweep": "binding sweep",
-    "Persistence._unbind_more": "stored-binding sweep",
     "Broker._compact": "message store compaction",
     "MessageStore.records_durable": "message store: fsync done, confirms sent",
     "MessageStore._ack_sync_due": "message store: ack sync",

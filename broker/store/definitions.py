@@ -8,9 +8,9 @@ Every write goes through `DefinitionStore.writing()`: one transaction that eithe
 commits or raises `DefinitionsWriteFailed` with nothing of it left behind, in the
 database or on disk, and the connection reopened so the store recovers by itself
 once the disk does. The broker changes its memory only after the commit, which fsyncs
-the WAL (but the sweep's of stored bindings of deleted queues and exchanges, which
-nothing relies on: `sweep_unbound`). WAL checkpoints run in a thread of the store's own
-(`_Checkpoints`), not in the commit on the event loop.
+the WAL. Two kinds of write never run on the event loop, each in a thread of the store's
+own: WAL checkpoints (`_Checkpoints`), and the sweep of the stored bindings deleted queues
+and exchanges left, which nothing relies on (`_Sweeper`: not fsynced either).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from roarmq.protocol.tables import decode_table, encode_table
+
+log = logging.getLogger("roarmq.definitions")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS vhosts (name TEXT PRIMARY KEY);
@@ -332,6 +334,85 @@ class _Checkpoints:
                     db.close()
 
 
+class _Sweeper:
+    """The sweep of the stored bindings deleted queues and exchanges left
+    (`DefinitionStore.sweep_unbound`), in a thread of its own on a connection of its own,
+    one batch (UNBIND_BATCH) a transaction until none is left.
+
+    On the event loop a sweep of 100,000 bindings was 200 writes, each a few ms of SQLite
+    and now and then tens of ms blocked in a system call on a busy disk: the loop stalled
+    (tests/core/test_large_deletes.py). Its writes and the loop's take turns through the
+    store's write lock, so one of the loop's may wait out one batch at most, and never
+    meets a half-done recovery of a failed write. A failed batch is logged and tried
+    again a second later; a stop leaves the rest to the next start (`restore`)."""
+
+    def __init__(self, store: DefinitionStore) -> None:
+        self.store = store
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        #: Batches swept, and whether the thread is sweeping (for tests and the curious).
+        self.batches = 0
+        self.busy = False
+
+    def poke(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="definitions sweep", daemon=True)
+            self._thread.start()
+        self._wake.set()
+        self.busy = True  # after the wake: the thread clears it only when none is set
+
+    def stop(self) -> None:
+        """Wait for the batch under way (a stop or a restart of the store)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stopping = True
+            self._wake.set()
+            thread.join()
+            self._stopping = False
+            self._wake.clear()
+        self.busy = False
+
+    def _run(self) -> None:
+        db: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                while not self._stopping:
+                    try:
+                        if db is None:
+                            db = sqlite3.connect(
+                                str(self.store.path), isolation_level=None, check_same_thread=False
+                            )
+                            db.execute("PRAGMA synchronous=NORMAL")
+                        with self.store.write_lock:
+                            more = self.store.sweep_batch(db)
+                        self.batches += 1
+                    except sqlite3.Error as exc:
+                        DefinitionsWriteFailed(
+                            self.store.path, "delete stored bindings of deleted objects", exc
+                        ).log_to(log, "; tried again in 1 s")
+                        if db is not None:
+                            with contextlib.suppress(sqlite3.Error):
+                                db.close()
+                        db = None
+                        self._wake.wait(1.0)
+                        continue
+                    self.store.poke_checkpoints()
+                    if not more:
+                        break
+                if self._stopping:
+                    return
+                if not self._wake.is_set():
+                    self.busy = False
+        finally:
+            self.busy = False
+            if db is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    db.close()
+
+
 class DefinitionStore:
     """One SQLite file; every change is its own committed transaction (see `writing`)."""
 
@@ -345,7 +426,10 @@ class DefinitionStore:
         #: stall attribution (broker/ops/stalls.py), its commit included (WAL checkpoints
         #: are the `_Checkpoints` thread's).
         self.jobs: Any = None
+        #: Held by each write, the loop's (`writing`) and the sweep thread's alike.
+        self.write_lock = threading.Lock()
         self._checkpoints = _Checkpoints(self.path)
+        self._sweeper = _Sweeper(self)
         self._db = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -374,7 +458,11 @@ class DefinitionStore:
                 raise DefinitionsWriteFailed(self.path, operation, exc) from None
         return self._db
 
+    def poke_checkpoints(self) -> None:
+        self._checkpoints.poke()
+
     def close(self) -> None:
+        self._sweeper.stop()
         self._checkpoints.stop()  # first: the last connection to close ends the WAL
         if self._db is not None:
             self._db.close()
@@ -411,7 +499,12 @@ class DefinitionStore:
             finally:
                 self._depth -= 1
             return
-        db = self._open(operation)
+        self.write_lock.acquire()
+        try:
+            db = self._open(operation)
+        except BaseException:
+            self.write_lock.release()
+            raise
         self._depth, self._durable = 1, durable
         started = time.perf_counter()
         try:
@@ -431,6 +524,7 @@ class DefinitionStore:
             self._depth, self._durable = 0, True
             if not durable:
                 self._sync_again(db)
+            self.write_lock.release()
             if self.jobs is not None:
                 self.jobs.note("definitions store write", started, time.perf_counter())
 
@@ -732,9 +826,13 @@ class DefinitionStore:
             self._run("DELETE FROM queues WHERE vhost = ? AND name = ?", vhost, name)
             return self._unbind_first(vhost, name, "queue")
 
-    def _unbind(self, vhost: str, name: str, kind: str, limit: int) -> int:
+    def _unbind(
+        self, vhost: str, name: str, kind: str, limit: int, db: sqlite3.Connection | None = None
+    ) -> int:
         """Delete at most ``limit`` (-1: all) stored bindings of the queue or exchange ``name``
-        (``kind``), each statement on an index; returns how many."""
+        (``kind``), each statement on an index, on ``db`` (the store's own connection by
+        default); returns how many."""
+        execute = (db or self.db).execute
         wheres: list[tuple[str, tuple[str, ...]]] = [
             ("destination = ? AND destination_type = ?", (name, kind))
         ]
@@ -742,12 +840,10 @@ class DefinitionStore:
             wheres.insert(0, ("source = ?", (name,)))
         deleted = 0
         for where, params in wheres:
-            deleted += self._run(
+            deleted += execute(
                 "DELETE FROM bindings WHERE rowid IN "
                 f"(SELECT rowid FROM bindings WHERE vhost = ? AND {where} LIMIT ?)",
-                vhost,
-                *params,
-                limit if limit < 0 else limit - deleted,
+                (vhost, *params, limit if limit < 0 else limit - deleted),
             ).rowcount
             if deleted == limit:
                 break
@@ -757,6 +853,37 @@ class DefinitionStore:
         if self._unbind(vhost, name, kind, UNBIND_BATCH) < UNBIND_BATCH:
             return False
         self._run("INSERT OR IGNORE INTO unbound VALUES (?, ?, ?)", vhost, name, kind)
+        return True
+
+    def sweep_later(self) -> None:
+        """Sweep what deleted queues and exchanges left, in the sweep thread (`_Sweeper`)."""
+        self._sweeper.poke()
+
+    @property
+    def sweeping(self) -> bool:
+        """Whether the sweep thread has work it has not finished."""
+        return self._sweeper.busy
+
+    def sweep_batch(self, db: sqlite3.Connection) -> bool:
+        """One batch of `sweep_unbound` on ``db`` (the sweep thread's connection, under the
+        write lock): True if some remain."""
+        row = db.execute("SELECT vhost, name, kind FROM unbound LIMIT 1").fetchone()
+        if row is None:
+            return False
+        vhost, name, kind = row
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if self._unbind(vhost, name, kind, UNBIND_BATCH, db) < UNBIND_BATCH:
+                db.execute(
+                    "DELETE FROM unbound WHERE vhost = ? AND name = ? AND kind = ?",
+                    (vhost, name, kind),
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
         return True
 
     def sweep_unbound(self) -> bool:

@@ -17,7 +17,6 @@ import uuid
 
 import pika
 import pytest
-from support.rabbitmq import rabbitmq_node
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,20 +25,6 @@ pytestmark = pytest.mark.timeout(120)
 #: delivery the broker meant to send arrives within milliseconds (the wait up to the
 #: expected count has no such bound; this one only lets an excess show).
 QUIET = 0.4
-
-
-@pytest.fixture(scope="module")
-def rabbitmq(tmp_path_factory):
-    with rabbitmq_node(tmp_path_factory.mktemp("rabbitmq")) as node:
-        yield node
-
-
-@pytest.fixture(params=["roarmq", pytest.param("rabbitmq", marks=pytest.mark.slow)])
-def target(request):
-    """RoarMQ (a broker thread of the test's own) or RabbitMQ 3.10.8 (the module's node)."""
-    if request.param == "rabbitmq":
-        return request.getfixturevalue("rabbitmq")
-    return request.getfixturevalue("thread_broker")
 
 
 class Held:

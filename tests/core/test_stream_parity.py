@@ -17,7 +17,6 @@ import uuid
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
-from support.rabbitmq import rabbitmq_node
 from support.rawclient import RawClient
 from support.waiting import until_async
 
@@ -35,21 +34,6 @@ MODULES = {
     "quorum": "rabbit_quorum_queue",
     "stream": "rabbit_stream_queue",
 }
-
-
-@pytest.fixture(scope="module")
-def rabbitmq(tmp_path_factory):
-    with rabbitmq_node(tmp_path_factory.mktemp("rabbitmq")) as node:
-        yield node
-
-
-@pytest.fixture(params=["roarmq", pytest.param("rabbitmq", marks=pytest.mark.slow)])
-def target(request):
-    """The broker under test: RoarMQ (a broker thread of the test's own) or RabbitMQ 3.10.8
-    (the module's node); both have `url` and `port`."""
-    if request.param == "rabbitmq":
-        return request.getfixturevalue("rabbitmq")
-    return request.getfixturevalue("thread_broker")
 
 
 @pytest.fixture
