@@ -266,7 +266,39 @@ def wal_frames(path: Path) -> tuple[int, int]:
     return max_frame, backfilled
 
 
-class _Checkpoints:
+class _StoreThread:
+    """A worker thread of the store's own: started by the first `poke`, woken by each,
+    and stopped (`stop`: the work under way is waited for) when the store closes or
+    reopens. `_run` is the subclass's."""
+
+    #: The thread's name.
+    name = ""
+
+    def __init__(self) -> None:
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def poke(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stopping = True
+            self._wake.set()
+            thread.join()
+            self._stopping = False
+            self._wake.clear()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class _Checkpoints(_StoreThread):
     """WAL checkpoints of a definitions store in a thread of their own, on a connection of
     their own (PASSIVE: never waiting for, nor holding up, the store's writes and reads).
 
@@ -276,29 +308,11 @@ class _Checkpoints:
     poke: the commits do not depend on it (they are durable in the WAL, and SQLite's
     recovery reads whatever it still holds)."""
 
+    name = "definitions checkpoints"
+
     def __init__(self, path: Path) -> None:
+        super().__init__()
         self.path = path
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-
-    def poke(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="definitions checkpoints", daemon=True
-            )
-            self._thread.start()
-        self._wake.set()
-
-    def stop(self) -> None:
-        """Wait for a checkpoint under way (a stop or a restart of the store)."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._stopping = True
-            self._wake.set()
-            thread.join()
-            self._stopping = False
-            self._wake.clear()
 
     def _run(self) -> None:
         db: sqlite3.Connection | None = None
@@ -334,7 +348,7 @@ class _Checkpoints:
                     db.close()
 
 
-class _Sweeper:
+class _Sweeper(_StoreThread):
     """The sweep of the stored bindings deleted queues and exchanges left
     (`DefinitionStore.sweep_unbound`), in a thread of its own on a connection of its own,
     one batch (UNBIND_BATCH) a transaction until none is left.
@@ -346,31 +360,21 @@ class _Sweeper:
     meets a half-done recovery of a failed write. A failed batch is logged and tried
     again a second later; a stop leaves the rest to the next start (`restore`)."""
 
+    name = "definitions sweep"
+
     def __init__(self, store: DefinitionStore) -> None:
+        super().__init__()
         self.store = store
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
         #: Batches swept, and whether the thread is sweeping (for tests and the curious).
         self.batches = 0
         self.busy = False
 
     def poke(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="definitions sweep", daemon=True)
-            self._thread.start()
-        self._wake.set()
+        super().poke()
         self.busy = True  # after the wake: the thread clears it only when none is set
 
     def stop(self) -> None:
-        """Wait for the batch under way (a stop or a restart of the store)."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._stopping = True
-            self._wake.set()
-            thread.join()
-            self._stopping = False
-            self._wake.clear()
+        super().stop()
         self.busy = False
 
     def _run(self) -> None:

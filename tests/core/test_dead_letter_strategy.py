@@ -14,8 +14,6 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker
 from support.waiting import wait_for
 
-from roarmq.broker.testing import BrokerThread, ephemeral_config
-
 pytestmark = pytest.mark.timeout(60)
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -27,9 +25,8 @@ AT_LEAST_ONCE = {
 
 
 @pytest.fixture
-def b(tmp_path):
-    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as broker:
-        yield broker
+def b(mgmt_broker):
+    return mgmt_broker  # (tests/conftest.py)
 
 
 @pytest.fixture

@@ -19,9 +19,8 @@ DELAYED = "x-delayed-message"
 
 
 @pytest.fixture
-def b(tmp_path):
-    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as broker:
-        yield broker
+def b(mgmt_broker):
+    return mgmt_broker  # (tests/conftest.py)
 
 
 @pytest.fixture

@@ -12,17 +12,14 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from roarmq.broker.testing import BrokerThread, ephemeral_config
-
 pytestmark = pytest.mark.timeout(60)
 
 MIN_MS, MAX_MS = 300, 700
 
 
 @pytest.fixture
-def b(tmp_path):
-    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as broker:
-        yield broker
+def b(mgmt_broker):
+    return mgmt_broker  # (tests/conftest.py)
 
 
 @pytest.fixture

@@ -13,9 +13,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def b(tmp_path):
-    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as broker:
-        yield broker
+def b(mgmt_broker):
+    return mgmt_broker  # (tests/conftest.py)
 
 
 @pytest.fixture
