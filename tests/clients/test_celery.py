@@ -18,9 +18,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from celery import Celery
 from kombu import Connection
 from support.broker_process import BrokerProcess
 from support.celery_app import record
@@ -50,13 +52,14 @@ class Worker(ControlledProcess):
     `log`. Gossip, mingle and heartbeats are off: they only make start-up slower and send
     events, and the task consumer and its basic.qos are the same without them."""
 
-    def __init__(self, broker_url: str, out: Path, log: Path) -> None:
+    def __init__(self, broker_url: str, out: Path, log: Path, queue_type: str = "") -> None:
         super().__init__()
         self.log = log
         env = {
             **os.environ,
             "ROARMQ_CELERY_BROKER": broker_url,
             "ROARMQ_CELERY_OUT": str(out),
+            "ROARMQ_CELERY_QUEUE_TYPE": queue_type,
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p
             ),
@@ -105,5 +108,62 @@ def test_countdown_tasks_run_when_due(tmp_path):
     finally:
         # kill -9: the test asks nothing of the worker's shutdown, and Celery's warm and
         # cold ones both wait for its idle event loop to wake, up to 10 s.
+        worker.kill9()
+        broker.stop()
+
+
+#: Native delayed delivery's countdowns (whole seconds: its levels count in seconds).
+NATIVE = {"x": 2, "y": 4, "z": 3}
+
+
+def test_native_delayed_delivery_holds_the_tasks_on_the_broker(tmp_path):
+    """With a quorum task queue, Celery sends a countdown task into kombu's delay levels:
+    quorum queues with a TTL of 2^level s that dead-letter at least once into the next
+    level, and the last into the task queue. The broker holds every task until it is due
+    (the worker has none of them before), and each runs on time, never early."""
+    broker = BrokerProcess(tmp_path / "data", log_level="notice").start()
+    out = tmp_path / "ran.jsonl"
+    worker = Worker(broker.url(), out, tmp_path / "worker.log", queue_type="quorum")
+    try:
+        wait_for(
+            lambda: broker.api("/api/queues/%2F/celery")["consumers"] == 1 or not worker.running,
+            60,
+            what="the worker's consumer on the quorum queue celery",
+        )
+        assert worker.running, worker.tail()
+        assert broker.api("/api/queues/%2F/celery")["type"] == "quorum"
+        # A sender of its own, configured as the worker is (the module's app sends to a
+        # classic queue, and its queues are built once)
+        sender = Celery("roarmq_test", broker=broker.url())
+        sender.conf.task_default_queue_type = "quorum"
+        sender.conf.task_default_exchange_type = "topic"
+        sent = time.time()
+        with sender.connection_for_write() as conn:
+            for name, countdown in NATIVE.items():
+                sender.send_task("record", (name,), countdown=countdown, connection=conn)
+
+        def delayed() -> int:
+            rows = broker.api("/api/queues/%2F")
+            return sum(r["messages"] for r in rows if r["name"].startswith("celery_delayed_"))
+
+        wait_for(lambda: delayed() == len(NATIVE), 5, what="the tasks in the delay levels")
+        task_queue = broker.api("/api/queues/%2F/celery")
+        assert time.time() - sent < min(NATIVE.values()), "too slow to look before one is due"
+        assert task_queue["messages"] == 0, task_queue  # nothing in the worker's hands yet
+
+        def ran() -> list[dict]:
+            text = out.read_text() if out.exists() else ""
+            return [json.loads(line) for line in text.split("\n")[:-1]]
+
+        until(lambda: len(ran()) == len(NATIVE), max(NATIVE.values()) + LATE + 5, 0.05)
+        runs = ran()
+        assert len(runs) == len(NATIVE), (runs, worker.tail())
+        lateness = {r["name"]: round(r["ran"] - r["due"], 3) for r in runs}
+        print("lateness (s):", lateness)
+        assert [r["name"] for r in runs] == ["x", "z", "y"], lateness
+        # never early; late by at most the levels' one-second steps and LATE
+        assert all(-0.1 <= late <= 1 + LATE for late in lateness.values()), lateness
+        assert delayed() == 0
+    finally:
         worker.kill9()
         broker.stop()

@@ -24,6 +24,13 @@ app.conf.update(
     # A broker that is not there fails the worker at once instead of being retried.
     broker_connection_retry_on_startup=False,
 )
+# ROARMQ_CELERY_QUEUE_TYPE=quorum: the task queue is a quorum queue, so Celery (5.5+) delays
+# countdown and ETA tasks on the broker ("native delayed delivery": kombu's 28 levels of
+# TTL'd quorum queues dead-lettering into each other at least once), not in the worker.
+# Its task exchange must not be direct (Celery's rule: its delays are routed by topic).
+if os.environ.get("ROARMQ_CELERY_QUEUE_TYPE"):
+    app.conf.task_default_queue_type = os.environ["ROARMQ_CELERY_QUEUE_TYPE"]
+    app.conf.task_default_exchange_type = "topic"
 
 
 @app.task(bind=True, name="record")
