@@ -46,6 +46,10 @@ class Channel:
 
 
 class DurableQueue:
+    """What the message store reads of a durable queue: its id, and its TTL (None)."""
+
+    message_ttl = None
+
     def __init__(self, store_id: int) -> None:
         self.store_id = store_id
 
