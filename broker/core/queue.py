@@ -842,7 +842,10 @@ class Queue:
         delivers it twice at worst, never loses it."""
         vhost = self.vhost
         kept = []
-        for held in self._dead_held:
+        # Taken out while they are tried: one dead-lettered meanwhile (a target's own
+        # dead-lettering reaching back here) joins after them, not lost by the overwrite.
+        pending, self._dead_held = self._dead_held, []
+        for held in pending:
             entry, reason, dead, targets = held
             if dead is None or not targets:
                 routed = vhost.dead_letter_copy(self, entry.msg, reason)
@@ -857,8 +860,8 @@ class Queue:
                 continue
             self.stats_dead_lettered += 1
             self.settle(entry)
-        self._dead_held = kept
-        if kept and self._dead_timer is None and not self.deleted:
+        self._dead_held[:0] = kept
+        if self._dead_held and self._dead_timer is None and not self.deleted:
             self._dead_timer = vhost.clock.call_later(DEAD_LETTER_RETRY, self._retry_dead)
 
     def _retry_dead(self) -> None:
