@@ -21,8 +21,12 @@ watch from a known revision: after a reconnect it resumes, after a compaction it
 
 * writes (the management API, hence `roarmq ctl`, and definitions imports) go to etcd,
   one txn per change (an import: a few, 120 operations each), and are answered once etcd
-  has taken them and this node has applied them; when etcd cannot be reached they raise
-  `MetadataUnavailable` (the API's 503) and change nothing;
+  has taken them and every live node has applied them (APPLY_WAIT at most), as RabbitMQ
+  answers a change once every node has it: a permission changed through one node holds
+  on the next check of a connection open on another. Each node says what it applied
+  under `/{name}/meta_applied/{node}` (the revision, on its lease: a dead node's goes);
+  when etcd cannot be reached they raise `MetadataUnavailable` (the API's 503) and change
+  nothing;
 * every node applies what its cache holds through the broker's own methods, the ones a
   single node's API calls (`Broker.put_user`, `set_permission`, `set_policy`,
   `set_limit`...), all of one watch batch in one SQLite transaction (`Broker.changing`):
@@ -53,6 +57,7 @@ from .etcd import EtcdClient, EtcdError, compare, delete_op, put_op
 
 if TYPE_CHECKING:
     from ..server import Broker
+    from .coordination import Coordinator
 
 log = logging.getLogger("roarmq.cluster")
 
@@ -141,12 +146,23 @@ class OperatorMetadata:
         self.running = False
         self.applied = 0  # the cache revision the last apply() made this node reflect
         self._retry: asyncio.TimerHandle | None = None
+        #: Every node's word of what it applied (`_say_applied`); the live nodes and this
+        #: node's lease come from the coordinator (`use`), None outside a cluster node.
+        self.acks = PrefixCache(client, f"/{name}/meta_applied/")
+        self.coordinator: Coordinator | None = None
+        self._said: tuple[int, int] = (0, 0)  # (lease, revision) last written
+        self._saying = False
 
     @property
     def client(self) -> EtcdClient:
         return self.meta.client
 
     # -- life ------------------------------------------------------------------------------
+
+    def use(self, coordinator: Coordinator) -> None:
+        """The coordinator whose live nodes a write waits for, and whose lease this node's
+        word of what it applied is written on."""
+        self.coordinator = coordinator
 
     async def start(self) -> None:
         """Seed etcd if nobody has, load it, apply it, watch it (idempotent)."""
@@ -155,6 +171,7 @@ class OperatorMetadata:
         await self._seed()
         self.started = True
         try:
+            await self.acks.start()
             await self.meta.start()  # its load applies (on_change None), then each event
         except BaseException:
             self.started = False  # ClusterNode's join tries again
@@ -165,6 +182,54 @@ class OperatorMetadata:
         if self._retry is not None:
             self._retry.cancel()
         await self.meta.stop()
+        await self.acks.stop()
+
+    def ack_key(self, node: str) -> str:
+        return self.acks.prefix + quote(node, safe="")
+
+    def _say_applied(self) -> None:
+        """Write (in a task) the revision this node has applied, on its lease, unless it
+        has said so already on this lease."""
+        if self.coordinator is None or self._saying:
+            return
+        if (self.coordinator.lease(), self.applied) == self._said:
+            return
+        self._saying = True
+        asyncio.get_running_loop().create_task(self._write_applied())
+
+    async def _write_applied(self) -> None:
+        try:
+            while self.coordinator is not None:
+                said = (self.coordinator.lease(), self.applied)
+                if not said[0] or said == self._said:
+                    return
+                await self.client.put(self.ack_key(self.node), json.dumps(said[1]), lease=said[0])
+                self._said = said
+        except EtcdError as exc:  # the next apply says it again
+            log.warning("operator metadata: cannot say what this node applied: %s", exc)
+        finally:
+            self._saying = False
+
+    async def _applied_everywhere(self, revision: int, what: str) -> None:
+        """Wait (APPLY_WAIT at most) until every live node says it applied `revision`."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+
+        def behind() -> list[str]:
+            late = []
+            for node in coordinator.members():
+                kv = self.acks.get(self.ack_key(node))
+                if kv is None or json.loads(kv.value) < revision:
+                    late.append(node)
+            return late
+
+        if not await self.acks.wait_for(lambda: not behind(), APPLY_WAIT):
+            log.warning(
+                "operator metadata: %s is in etcd but not applied yet on %s",
+                what,
+                ", ".join(behind()) or "a node that left",
+            )
 
     async def barrier(self) -> None:
         """Before a write is checked: this node's copy as new as etcd's now (so a user
@@ -267,6 +332,7 @@ class OperatorMetadata:
                 self._retry = loop.call_later(1.0, self._apply_again)
             return
         self.applied = self.meta.revision
+        self._say_applied()
 
     def _apply_again(self) -> None:
         self._retry = None
@@ -397,6 +463,8 @@ class OperatorMetadata:
         cache = self.meta.cache
         if not await cache.wait_for(lambda: self.applied >= revision, APPLY_WAIT):
             log.warning("operator metadata: %s is in etcd but not applied here yet", what)
+            return
+        await self._applied_everywhere(revision, what)
 
     def has_vhost(self, name: str) -> bool:
         """Known to the cluster: here, in etcd's metadata, or placed."""

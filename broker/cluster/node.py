@@ -170,6 +170,7 @@ class ClusterNode:
             self.cookie = await self._cluster_cookie()
             await c.start()
             await c.nodes.synced()
+            self.metadata.use(c)
             await self.metadata.start()  # users & co. as etcd has them before any open
             for name in list(b.vhosts):
                 if not self.metadata.knows_vhost(name) and not c.vhost_members(name):
