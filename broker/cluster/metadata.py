@@ -192,7 +192,7 @@ class OperatorMetadata:
         has said so already on this lease."""
         if self.coordinator is None or self._saying:
             return
-        if (self.coordinator.lease(), self.applied) == self._said:
+        if (self.coordinator.lease, self.applied) == self._said:
             return
         self._saying = True
         asyncio.get_running_loop().create_task(self._write_applied())
@@ -200,7 +200,7 @@ class OperatorMetadata:
     async def _write_applied(self) -> None:
         try:
             while self.coordinator is not None:
-                said = (self.coordinator.lease(), self.applied)
+                said = (self.coordinator.lease, self.applied)
                 if not said[0] or said == self._said:
                     return
                 await self.client.put(self.ack_key(self.node), json.dumps(said[1]), lease=said[0])

@@ -214,7 +214,9 @@ def test_a_change_is_answered_once_every_live_node_applied_it(cluster):
         answered = time.monotonic() - frozen
     finally:
         thaw.join()
-    assert answered >= 0.8  # it waited for n2
+    # it waited for n2, and only until n2 said it had applied it (not APPLY_WAIT's 5 s,
+    # after which the write is answered anyway with a warning)
+    assert 0.8 <= answered < 4.0, answered
     assert "bob" in {u["name"] for u in n2.api("/api/users")}  # at once: n2 has it
 
 
