@@ -196,6 +196,25 @@ class _ChunkCounter(asyncio.BufferedProtocol):
             self.done.set_exception(ConnectionError("the broker closed the connection"))
 
 
+async def consume_steady(
+    port: int, stream: str, n: int, seconds: float = 8.0, credit: int = 10
+) -> dict[str, float]:
+    """Steady-state consuming: the stream's `n` messages read from `first` again and again
+    (one subscription after another), one pass as a warm-up, then passes until `seconds`
+    have gone by; messages/s over those passes, and the slowest and fastest pass."""
+    await consume(port, stream, n, credit)
+    passes: list[float] = []
+    while sum(passes) < seconds:
+        passes.append(await consume(port, stream, n, credit))
+    return {
+        "msg_per_s": n * len(passes) / sum(passes),
+        "passes": len(passes),
+        "seconds": sum(passes),
+        "slowest_pass_msg_per_s": n / max(passes),
+        "fastest_pass_msg_per_s": n / min(passes),
+    }
+
+
 async def consume(port: int, stream: str, n: int, credit: int = 10) -> float:
     """Seconds from subscribing at `first` to the n-th message."""
     client = await StreamClient.connect(port)

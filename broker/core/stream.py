@@ -107,6 +107,11 @@ CHUNK_RECORDS = 10_000  # messages in one chunk sent to a stream-protocol subscr
 #: chunks of a single publish frame's batch would leave the consumer waiting on credit.
 MERGE_BYTES = 256 << 10
 SUB_DISPATCH_BATCH = 50_000  # messages to a subscription per dispatch pass before yielding
+#: A stored batch record with at least this many bytes of entries goes to a subscription
+#: from its segment file to the socket (sendfile: no copy in this process), as RabbitMQ
+#: sends its chunks; smaller ones are read and merged into chunks of up to MERGE_BYTES.
+SENDFILE_BYTES = 64 << 10
+SPAN_HEAD = 512  # bytes read to learn a record's head (its fields and the writer's name)
 DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
 #: x-max-age's timer (`Stream._plan_retention`): at the oldest segment's expiry, but never
 #: further ahead than osiris's retention_eval_interval (an hour), and a second after an
@@ -227,6 +232,7 @@ class _Reader:
         "checked",
         "batch",
         "batch_msgs",
+        "pos_offset",
     )
 
     def __init__(self, consumer: Consumer, start: int) -> None:
@@ -245,6 +251,7 @@ class _Reader:
         self.fd_seg = -1
         self.batch: tuple | None = None  # the batch record read last (it holds more offsets)
         self.batch_msgs: list[bytes] | None = None  # ... and its messages, once split
+        self.pos_offset = -1  # the offset of the record at (seg, pos), where known
 
     def message_of(self, record: tuple, off: int) -> bytes:
         """Offset `off`'s AMQP 1.0 message in a batch record (split once per batch)."""
@@ -455,6 +462,16 @@ def metric_families(broker: Any, per_object: bool, rabbit: bool) -> Iterator[Any
         if not per_object:
             fam.add_metric([], sum(value(s) for s in streams))
         yield fam
+    totals = broker.totals
+    fam = CounterMetricFamily(
+        "roarmq_stream_chunk_file_bytes",
+        "Bytes of stored chunks sent to stream-protocol consumers from their segment files: "
+        "by sendfile, or read into memory first (the socket was full, or TLS)",
+        labels=["how"],
+    )
+    fam.add_metric(["sendfile"], totals.stream_file_bytes_sent)
+    fam.add_metric(["read"], totals.stream_file_bytes_copied)
+    yield fam
 
 
 def queue_class(arguments: dict | None) -> type[Queue]:
@@ -825,10 +842,11 @@ class Stream(Queue):
         return self.publish_entries(entries, len(messages), writer, newest_id)
 
     def publish_entries(
-        self, entries: bytes, count: int, writer: str | None, newest_id: int
+        self, entries: bytes | list[bytes], count: int, writer: str | None, newest_id: int
     ) -> bool:
-        """`publish_batch` of messages already as chunk entries (a publish frame's bytes
-        without its publishing ids: no message is copied one by one)."""
+        """`publish_batch` of messages already as chunk entries (publish frames' bytes
+        without their publishing ids, one or several runs of them: no message is copied one
+        by one)."""
         if self.deleted or self.log is None or not count:
             return False
         extra = b""
@@ -848,10 +866,11 @@ class Stream(Queue):
         return known
 
     def _append(
-        self, exchange_name: str, routing_key: str, header: bytes, body: bytes, fid: int,
-        writer: bytes = b"", batch: int = 0,
+        self, exchange_name: str, routing_key: str, header: bytes, body: bytes | list[bytes],
+        fid: int, writer: bytes = b"", batch: int = 0,
     ) -> bool:  # fmt: skip
-        """One record at the next offset (a batch: `batch` offsets, `body` their entries):
+        """One record at the next offset (a batch: `batch` offsets, `body` their entries,
+        or runs of them joined only into the record):
         written to the log (and, clustered, its copy to the vhost's log), noted in the index
         and the tail; False when the log refused it."""
         log = self.log
@@ -875,9 +894,11 @@ class Stream(Queue):
             flags |= _WRITER
         crc = b""
         checksum = 0
+        runs = body if isinstance(body, list) else (body,)
         if batch:
             flags |= _BATCH
-            checksum = zlib.crc32(body)
+            for run in runs:
+                checksum = zlib.crc32(run, checksum)
             crc = _CRC.pack(checksum)
         payload = b"".join(
             (
@@ -888,9 +909,14 @@ class Stream(Queue):
                 exchange,
                 key,
                 header,
-                body,
+                *runs,
             )
         )
+        stored: bytes | memoryview
+        if isinstance(body, list):  # the entries as they are in the record: no other copy
+            stored = memoryview(payload)[len(payload) - sum(map(len, runs)) :]
+        else:
+            stored = body
         try:
             # A led clustered vhost: a copy in its log first (0 elsewhere).
             self.last_replicated = self.vhost.replicated.replicate_stream(self, payload)
@@ -908,11 +934,13 @@ class Stream(Queue):
         if not tail:
             self._tail_first = off
         if batch:  # one reference per offset: the tail is indexed by offset
-            record = (off, ts, "", batch, None, body, checksum, loc.segment, end)
+            record = (off, ts, "", batch, None, stored, checksum, loc.segment, end)
             tail.extend(itertools.repeat(record, batch))
         else:
-            tail.append((off, ts, exchange_name, routing_key, header, body, fid, loc.segment, end))
-        self._tail_bytes += len(body)
+            tail.append(
+                (off, ts, exchange_name, routing_key, header, stored, fid, loc.segment, end)
+            )
+        self._tail_bytes += len(stored)
         if len(tail) > TAIL_TRIM_AT or self._tail_bytes > TAIL_BYTES:
             popleft = tail.popleft
             while len(tail) > 1 and (len(tail) > TAIL_RECORDS or self._tail_bytes > TAIL_BYTES):
@@ -1333,7 +1361,20 @@ class Stream(Queue):
         sent = 0
         pack = _ENTRY.pack
         conn = sub.conn
+        direct = filt is None and conn.sends_files
         while reader.next < committed and sub.credit > 0 and conn.writable:
+            if direct:
+                span = self._stored_span(reader, committed)
+                if span is not None:  # one stored batch: its entries from file to socket
+                    off, ts, count, checksum, fd, at, length = span
+                    sub.deliver_file(off, ts, fd, at, length, checksum, count)
+                    reader.next = reader.pos_offset = off + count
+                    reader.pos = at + length
+                    sent += count
+                    if sent >= SUB_DISPATCH_BATCH:
+                        self.stats_delivered += sent
+                        return True
+                    continue
             parts: list[bytes] = []
             n = 0
             first = ts = 0
@@ -1597,6 +1638,72 @@ class Stream(Queue):
         k = bisect.bisect_right(self._ix_off, reader.next) - 1
         k = max(k, 0)
         reader.seg, reader.pos = self._ix_seg[k], self._ix_pos[k]
+        reader.pos_offset = -1
+
+    def _stored_span(self, reader: _Reader, committed: int) -> tuple | None:
+        """The batch record at the reader's file position when it starts at `reader.next`,
+        is committed, has no filter value and holds at least SENDFILE_BYTES of entries:
+        (offset, timestamp, count, CRC, fd, file position of its entries, their length),
+        read from its head alone. None: the record-by-record path reads on."""
+        if reader.seg < 0 or reader.next < self.first_offset:
+            return None
+        batch = reader.batch
+        if (
+            batch is not None
+            and batch[0] == reader.next
+            and reader.pos_offset == batch[0] + batch[3]
+        ):
+            # read already (the other path reads one record past a chunk it ends): in memory,
+            # but the copy into the socket is still saved
+            length = len(batch[5])
+            if length < SENDFILE_BYTES or batch[0] + batch[3] > committed:
+                return None
+            self._open_fd(reader)
+            if reader.fd < 0:
+                return None
+            return batch[0], batch[1], batch[3], batch[6], reader.fd, batch[8] - length, length
+        if reader.pos_offset != reader.next:
+            return None
+        pos = reader.pos
+        need = pos - reader.buf_at
+        buf = reader.buf
+        if reader.buf_seg != reader.seg or need < 0 or need + SPAN_HEAD > len(buf):
+            self._open_fd(reader)
+            if reader.fd < 0:
+                return None
+            buf, need = os.pread(reader.fd, SPAN_HEAD, pos), 0
+        if need + HEADER_SIZE + _RECORD.size + _CRC.size > len(buf):
+            return None  # the segment's end (or a record too short): the other path
+        _magic, n, _crc = _HDR.unpack_from(buf, need)
+        at = need + HEADER_SIZE
+        off, ts, flags, _nx, _nk, count = _RECORD.unpack_from(buf, at)
+        if not flags & _BATCH or flags & _FILTERED or off != reader.next or off + count > committed:
+            return None
+        p = at + _RECORD.size
+        if flags & _WRITER:
+            p += _WLEN.size + buf[p] + _PID.size
+        if p + _CRC.size > len(buf):
+            return None
+        (checksum,) = _CRC.unpack_from(buf, p)
+        start = p + _CRC.size - need  # the entries, from the record's head
+        length = HEADER_SIZE + n - start
+        if length < SENDFILE_BYTES:
+            return None
+        self._open_fd(reader)
+        if reader.fd < 0:
+            return None
+        return off, ts, count, checksum, reader.fd, pos + start, length
+
+    def _open_fd(self, reader: _Reader) -> None:
+        """The reader's segment file open (fd -1 when retention removed it)."""
+        if reader.fd_seg != reader.seg:
+            reader.close()
+            path = os.path.join(self.log.directory, f"{reader.seg:08d}.seg")  # type: ignore[union-attr]  # an open stream has its log
+            try:
+                reader.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return
+            reader.fd_seg = reader.seg
 
     def _read_at(self, reader: _Reader) -> tuple | None:
         """Parse the record at (reader.seg, reader.pos) and step past it; None at the end."""
@@ -1613,9 +1720,11 @@ class Stream(Queue):
                     buf, need = reader.buf, 0
                 start = need + HEADER_SIZE
                 reader.pos += HEADER_SIZE + n
-                return _parse(
+                record = _parse(
                     memoryview(buf)[start : start + n], self._intern, reader.seg, reader.pos
                 )
+                reader.pos_offset = record[0] + (record[3] if record[4] is None else 1)
+                return record
             # the end of this segment: on to the next one
             later = [s.id for s in self.segs if s.id > reader.seg]
             if not later:
@@ -1624,15 +1733,10 @@ class Stream(Queue):
         return None
 
     def _fill(self, reader: _Reader, need: int) -> None:
+        self._open_fd(reader)
         if reader.fd_seg != reader.seg:
-            reader.close()
-            path = os.path.join(self.log.directory, f"{reader.seg:08d}.seg")  # type: ignore[union-attr]  # an open stream has its log
-            try:
-                reader.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                reader.buf, reader.buf_seg, reader.buf_at = b"", reader.seg, reader.pos
-                return
-            reader.fd_seg = reader.seg
+            reader.buf, reader.buf_seg, reader.buf_at = b"", reader.seg, reader.pos
+            return
         reader.buf = os.pread(reader.fd, max(READ_AHEAD, need), reader.pos)
         reader.buf_seg, reader.buf_at = reader.seg, reader.pos
 

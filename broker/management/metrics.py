@@ -83,6 +83,10 @@ class Totals:
         self.stream_received = 0
         self.stream_confirmed = 0
         self.stream_delivered = 0
+        # bytes of stored chunks sent from their segment files: by sendfile, and read into
+        # memory first because the socket was full
+        self.stream_file_bytes_sent = 0
+        self.stream_file_bytes_copied = 0
         # of deleted queues, by queue type (RabbitMQ's delivery counters are per type)
         self.retired = {t: dict.fromkeys(QUEUE_COUNTERS, 0) for t in RABBIT_QUEUE_TYPES}
 

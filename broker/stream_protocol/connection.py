@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,7 @@ log = logging.getLogger("roarmq.stream")
 FRAME_MAX = 1_048_576
 HEARTBEAT = 60
 FLUSH_THRESHOLD = 256 << 10
+_IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers one writev takes
 #: A close's answer has this long to arrive before the socket is closed anyway.
 CLOSE_TIMEOUT = 1.0
 
@@ -79,6 +81,7 @@ class StreamConnection(asyncio.Protocol):
         self.permission: Any = None
         self.client_properties: dict[str, str] = {}
         self.publishers: dict[int, Publisher] = {}
+        self.held: dict[Publisher, publishing.Held] = {}  # frames of this read, not yet stored
         self.subscriptions: dict[int, Subscription] = {}
         self.deliver_v2 = False
         self.peer = ("", 0)
@@ -99,6 +102,7 @@ class StreamConnection(asyncio.Protocol):
         self._relay_task: asyncio.Task | None = None
         self._early: list[bytes] = []  # what came after the open, before the relay began
         self.writable = True  # the socket takes more (asyncio's pause/resume_writing)
+        self._socket = -1  # its descriptor, for sendfile (-1: TLS, whose bytes are encrypted)
         self.blocked = False  # not read while a resource alarm is set (after a publish)
         self.update_corr = 0
         # consumer-updates sent, by correlation id: the subscription that waits for its answer
@@ -112,6 +116,9 @@ class StreamConnection(asyncio.Protocol):
         local = transport.get_extra_info("sockname") or ("", 0)
         self.peer, self.local = (peer[0], peer[1]), (local[0], local[1])
         self.name = f"{_host(peer[0])}:{peer[1]} -> {_host(local[0])}:{local[1]}"
+        sock = transport.get_extra_info("socket")
+        if not self.tls and sock is not None:
+            self._socket = sock.fileno()
         self.broker.stream_connections.add(self)
         # a client has until the handshake timeout to open, as over AMQP
         self._timer = self.broker.clock.call_later(10.0, self._handshake_timeout)
@@ -163,10 +170,13 @@ class StreamConnection(asyncio.Protocol):
         if self.state == "relaying":  # a frame cut short after the open: in order, theirs too
             self._early.append(self.splitter.unread())
             self.splitter = FrameSplitter()
+        publishing.release_held(self)
         self.flush()
 
     def _dispatch(self, fields: Fields) -> None:
         key = fields.key
+        if self.held and key != Key.PUBLISH:
+            publishing.release_held(self)  # every other command sees them stored
         handler = HANDLERS[self.state].get(key)
         if handler is None:
             if self.state == "closing":
@@ -199,6 +209,45 @@ class StreamConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         transport.writelines(out)
+
+    @property
+    def sends_files(self) -> bool:
+        """Chunks may go from their segment files straight to the socket (`send_file`)."""
+        return self._socket >= 0
+
+    def send_file(self, head: bytes, fd: int, offset: int, count: int) -> None:
+        """`head`, then `count` bytes of the file `fd` from `offset`: written to the socket
+        directly (what waits in `send`'s list first, then sendfile: the bytes go from the
+        page cache, never copied into this process) while the transport holds nothing
+        unsent, so the order is kept; whatever the socket does not take at once goes
+        through the transport after it (read into memory), as everything does when the
+        transport already holds bytes."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        out = self._out
+        out.append(head)
+        size = self._out_bytes + len(head)
+        self._out, self._out_bytes = [], 0
+        self._dirty = False
+        self.send_oct += size + count
+        wrote = 0
+        if transport.get_write_buffer_size() == 0:
+            try:
+                wrote = os.writev(self._socket, out) if len(out) < _IOV_MAX else 0
+                if wrote == size:
+                    wrote += os.sendfile(self._socket, fd, offset, count)
+            except OSError:  # full (or failing: the transport finds out and closes)
+                pass
+        if wrote < size:
+            transport.writelines(out if wrote == 0 else [b"".join(out)[wrote:]])
+            wrote = size
+        sent = wrote - size
+        totals = self.broker.totals
+        totals.stream_file_bytes_sent += sent
+        if sent < count:
+            totals.stream_file_bytes_copied += count - sent
+            transport.write(os.pread(fd, count - sent, offset + sent))
 
     @property
     def conn(self) -> StreamConnection:
@@ -549,12 +598,6 @@ class StreamConnection(asyncio.Protocol):
                 len(VERSIONS).to_bytes(4, "big") + ours,
             )
         )
-
-    # -- publishing ---------------------------------------------------------------------
-
-    # -- consuming ----------------------------------------------------------------------
-
-    # -- super streams --------------------------------------------------------------------
 
 
 def _host(host: str) -> str:

@@ -81,6 +81,19 @@ class Subscription:
         for part in parts:
             conn.send(part)
 
+    def deliver_file(
+        self, first: int, timestamp_ms: int, fd: int, at: int, size: int, crc: int, n: int
+    ) -> None:
+        """`deliver_chunk` of one stored batch left in its segment file: `size` bytes of
+        entries at `at` in `fd`, sent from the file (`StreamConnection.send_file`)."""
+        self.credit -= 1
+        self.delivered += n
+        self.conn.broker.totals.stream_delivered += n
+        conn = self.conn
+        committed = self.stream.committed - 1 if conn.deliver_v2 else None
+        head = encode_deliver_head(self.id, first, timestamp_ms, size, crc, n, committed=committed)
+        conn.send_file(head, fd, at, size)
+
     def activate(self) -> None:
         """It became its group's active member: ask where to start (consumer-update)."""
         self.active = True

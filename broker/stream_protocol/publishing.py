@@ -1,7 +1,8 @@
 """Publishing over the stream protocol: declared publishers, publish frames into their
-stream (a frame of plain messages as one batch record; a message with a filter value alone;
-ids a named publisher stored already confirmed, not stored again), confirms once durable,
-query-publisher-sequence. Each command is a function of (connection, frame fields)."""
+stream (a publisher's frames of plain messages read together as one batch record; a message
+with a filter value alone; ids a named publisher stored already confirmed, not stored
+again), confirms once durable, query-publisher-sequence. Each command is a function of
+(connection, frame fields)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,18 @@ from roarmq.protocol.stream.codec import (
     published_entries,
 )
 
-from ..core.stream import Stream
+from ..core.stream import CHUNK_RECORDS, Stream
 from .errors import Refused
 
 if TYPE_CHECKING:
     from .connection import StreamConnection
+
+#: A publisher's frames of plain messages read together (one read of its socket) are held
+#: and go into the stream as one batch record of up to this many bytes, as RabbitMQ's osiris
+#: writer makes one chunk of what is pending: a subscription later gets it as stored, and
+#: fewer, larger records cost less to write, to read and to send.
+HOLD_BYTES = 256 << 10
+HOLD_MESSAGES = CHUNK_RECORDS  # (a chunk's entry count is 16 bits on the wire)
 
 
 class Publisher:
@@ -126,8 +134,9 @@ def publish(conn: StreamConnection, f: Fields) -> None:
     block_if_alarmed(conn)
     start = f.pos
     plain = published_entries(f)
-    if plain is not None and publish_plain(conn, *plain):
+    if plain is not None and hold_plain(conn, *plain):
         return
+    release_held(conn)  # (what the general path checks or appends comes after those)
     f.pos = start  # read again, message by message
     pid, messages = published(f)
     pub = conn.publishers.get(pid)
@@ -190,28 +199,71 @@ def publish(conn: StreamConnection, f: Fields) -> None:
         conn.send(encode_publish_error(pid, failed))
 
 
-def publish_plain(conn: StreamConnection, pid: int, ids: list[int], entries: bytes) -> bool:
-    """A frame of plain messages, none already stored: one batch record, as read. False
-    (nothing done) where `_publish`'s general path is needed: an unknown publisher, a
-    deleted stream, an id a named publisher stored already."""
+class Held:
+    """A publisher's plain frames read together, not yet in its stream: their entries,
+    their publishing ids, and the newest of them."""
+
+    __slots__ = ("entries", "ids", "count", "size", "newest")
+
+    def __init__(self) -> None:
+        self.entries: list[bytes] = []
+        self.ids: list[int] = []
+        self.count = self.size = 0
+        self.newest = -1
+
+
+def hold_plain(conn: StreamConnection, pid: int, ids: list[int], entries: bytes) -> bool:
+    """A frame of plain messages, none already stored: held with the publisher's other
+    frames of this read, appended by `release_held`. False (nothing done) where `publish`'s
+    general path is needed: an unknown publisher, a deleted stream, an id a named publisher
+    stored (or holds) already."""
     pub = conn.publishers.get(pid)
     if pub is None or pub.stream.deleted or not ids:
         return False
-    stream = pub.stream
-    reference = pub.reference
-    newest = max(ids)
-    if reference is not None and min(ids) <= stream.writers.get(reference, -1):
-        return False
+    held = conn.held.get(pub)
+    if pub.reference is not None:
+        newest = pub.stream.writers.get(pub.reference, -1)
+        if held is not None:
+            newest = max(newest, held.newest)
+        if min(ids) <= newest:
+            return False
     n = len(ids)
     conn.published += n
     pub.published += n
     conn.broker.totals.stream_received += n
-    if stream.publish_entries(entries, n, reference, newest):
-        seq = pub.expect(ids)
-        stream.confirm_publisher(pub, seq, seq)
-    else:
-        conn.send(encode_publish_error(pid, [(one, Code.INTERNAL_ERROR) for one in ids]))
+    if held is not None and (
+        held.size + len(entries) > HOLD_BYTES or held.count + n > HOLD_MESSAGES
+    ):
+        release_held(conn)
+        held = None
+    if held is None:
+        held = conn.held[pub] = Held()
+    held.entries.append(entries)
+    held.ids += ids
+    held.count += n
+    held.size += len(entries)
+    held.newest = max(held.newest, max(ids))
     return True
+
+
+def release_held(conn: StreamConnection) -> None:
+    """The held frames into their streams, one batch record per publisher, confirmed
+    together once durable. The connection calls it at the end of each read and before any
+    other command, so nothing observes a held frame."""
+    if not conn.held:
+        return
+    held_now, conn.held = conn.held, {}
+    for pub, held in held_now.items():
+        stream = pub.stream
+        if stream.deleted:
+            code = Code.STREAM_DOES_NOT_EXIST
+        elif stream.publish_entries(held.entries, held.count, pub.reference, held.newest):
+            seq = pub.expect(held.ids)
+            stream.confirm_publisher(pub, seq, seq)
+            continue
+        else:
+            code = Code.INTERNAL_ERROR
+        conn.send(encode_publish_error(pub.id, [(one, code) for one in held.ids]))
 
 
 def query_publisher_sequence(conn: StreamConnection, f: Fields) -> None:
