@@ -15,6 +15,7 @@ and exchanges left, which nothing relies on (`_Sweeper`: not fsynced either).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import errno
 import json
@@ -266,18 +267,21 @@ def wal_frames(path: Path) -> tuple[int, int]:
     return max_frame, backfilled
 
 
-class _StoreThread:
-    """A worker thread of the store's own: started by the first `poke`, woken by each,
-    and stopped (`stop`: the work under way is waited for) when the store closes or
-    reopens. `_run` is the subclass's."""
+class _StoreThread(abc.ABC):
+    """A worker thread of the store's own, on an SQLite connection of its own: started by
+    the first `poke`, woken by each, and stopped (`stop`: the work under way is waited for)
+    when the store closes or reopens. What it does is the subclass's `_serve`."""
 
-    #: The thread's name.
+    #: The thread's name, and its connection's `PRAGMA synchronous`.
     name = ""
+    synchronous = "FULL"
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._db: sqlite3.Connection | None = None
 
     def poke(self) -> None:
         if self._thread is None:
@@ -295,7 +299,29 @@ class _StoreThread:
             self._wake.clear()
 
     def _run(self) -> None:
-        raise NotImplementedError
+        try:
+            self._serve()
+        finally:
+            self._drop_connection()
+
+    @abc.abstractmethod
+    def _serve(self) -> None:
+        """The thread's work: wait for pokes (`_wake`) and return once `_stopping`."""
+
+    def _connection(self) -> sqlite3.Connection:
+        """The thread's connection, opened again after a failure dropped it."""
+        if self._db is None:
+            self._db = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False
+            )
+            self._db.execute(f"PRAGMA synchronous={self.synchronous}")
+        return self._db
+
+    def _drop_connection(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
 
 
 class _Checkpoints(_StoreThread):
@@ -310,42 +336,24 @@ class _Checkpoints(_StoreThread):
 
     name = "definitions checkpoints"
 
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = path
-
-    def _run(self) -> None:
-        db: sqlite3.Connection | None = None
-        try:
-            while True:
-                self._wake.wait()
-                self._wake.clear()
-                if self._stopping:
-                    return
-                frames, copied = wal_frames(self.path)
-                if frames - copied < CHECKPOINT_FRAMES:
-                    if frames < CHECKPOINT_FRAMES or copied >= frames:
-                        continue
-                    # A long WAL with a short tail not copied yet: copy it once the writes
-                    # pause (the next write then starts the WAL over), not after each.
-                    if self._wake.wait(CHECKPOINT_QUIET):
-                        continue  # written again meanwhile (or stopping): look again
-                try:
-                    if db is None:
-                        db = sqlite3.connect(
-                            str(self.path), isolation_level=None, check_same_thread=False
-                        )
-                        db.execute("PRAGMA synchronous=FULL")
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error:  # (the next poke tries again, on a new connection)
-                    if db is not None:
-                        with contextlib.suppress(sqlite3.Error):
-                            db.close()
-                    db = None
-        finally:
-            if db is not None:
-                with contextlib.suppress(sqlite3.Error):
-                    db.close()
+    def _serve(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                return
+            frames, copied = wal_frames(self.path)
+            if frames - copied < CHECKPOINT_FRAMES:
+                if frames < CHECKPOINT_FRAMES or copied >= frames:
+                    continue
+                # A long WAL with a short tail not copied yet: copy it once the writes
+                # pause (the next write then starts the WAL over), not after each.
+                if self._wake.wait(CHECKPOINT_QUIET):
+                    continue  # written again meanwhile (or stopping): look again
+            try:
+                self._connection().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error:  # (the next poke tries again, on a new connection)
+                self._drop_connection()
 
 
 class _Sweeper(_StoreThread):
@@ -361,9 +369,10 @@ class _Sweeper(_StoreThread):
     again a second later; a stop leaves the rest to the next start (`restore`)."""
 
     name = "definitions sweep"
+    synchronous = "NORMAL"
 
     def __init__(self, store: DefinitionStore) -> None:
-        super().__init__()
+        super().__init__(store.path)
         self.store = store
         #: Batches swept, and whether the thread is sweeping (for tests and the curious).
         self.batches = 0
@@ -377,19 +386,14 @@ class _Sweeper(_StoreThread):
         super().stop()
         self.busy = False
 
-    def _run(self) -> None:
-        db: sqlite3.Connection | None = None
+    def _serve(self) -> None:
         try:
             while True:
                 self._wake.wait()
                 self._wake.clear()
                 while not self._stopping:
                     try:
-                        if db is None:
-                            db = sqlite3.connect(
-                                str(self.store.path), isolation_level=None, check_same_thread=False
-                            )
-                            db.execute("PRAGMA synchronous=NORMAL")
+                        db = self._connection()
                         with self.store.write_lock:
                             more = self.store.sweep_batch(db)
                         self.batches += 1
@@ -397,10 +401,7 @@ class _Sweeper(_StoreThread):
                         DefinitionsWriteFailed(
                             self.store.path, "delete stored bindings of deleted objects", exc
                         ).log_to(log, "; tried again in 1 s")
-                        if db is not None:
-                            with contextlib.suppress(sqlite3.Error):
-                                db.close()
-                        db = None
+                        self._drop_connection()
                         self._wake.wait(1.0)
                         continue
                     self.store.poke_checkpoints()
@@ -412,9 +413,6 @@ class _Sweeper(_StoreThread):
                     self.busy = False
         finally:
             self.busy = False
-            if db is not None:
-                with contextlib.suppress(sqlite3.Error):
-                    db.close()
 
 
 class DefinitionStore:

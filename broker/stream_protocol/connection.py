@@ -119,6 +119,11 @@ class StreamConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if not self.tls and sock is not None:
             self._socket = sock.fileno()
+            # Subscriptions pause as soon as the transport holds a byte and resume once it
+            # is empty, so each chunk finds it empty and goes by sendfile (`send_file`):
+            # with the default marks a consumer slower than the broker kept some bytes
+            # buffered, and every later chunk was read into memory and copied.
+            transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]  # a stream transport
         self.broker.stream_connections.add(self)
         # a client has until the handshake timeout to open, as over AMQP
         self._timer = self.broker.clock.call_later(10.0, self._handshake_timeout)

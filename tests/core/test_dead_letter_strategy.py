@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 from support.waiting import wait_for
@@ -22,19 +21,6 @@ AT_LEAST_ONCE = {
     "x-dead-letter-strategy": "at-least-once",
     "x-overflow": "reject-publish",
 }
-
-
-@pytest.fixture
-def b(mgmt_broker):
-    return mgmt_broker  # (tests/conftest.py)
-
-
-@pytest.fixture
-def conn(b):
-    connection = pika.BlockingConnection(pika.URLParameters(b.url))
-    yield connection
-    if connection.is_open:
-        connection.close()
 
 
 def reject_one(ch, queue: str, body: bytes) -> None:

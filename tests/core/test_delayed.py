@@ -18,24 +18,6 @@ pytestmark = pytest.mark.timeout(60)
 DELAYED = "x-delayed-message"
 
 
-@pytest.fixture
-def b(mgmt_broker):
-    return mgmt_broker  # (tests/conftest.py)
-
-
-@pytest.fixture
-def conn(b):
-    connection = pika.BlockingConnection(pika.URLParameters(b.url))
-    yield connection
-    if connection.is_open:
-        connection.close()
-
-
-@pytest.fixture
-def ch(conn):
-    return conn.channel()
-
-
 def delayed(ch, name, underlying="direct", **kw):
     ch.exchange_declare(name, DELAYED, arguments={"x-delayed-type": underlying}, **kw)
 

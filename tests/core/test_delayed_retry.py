@@ -17,19 +17,6 @@ pytestmark = pytest.mark.timeout(60)
 MIN_MS, MAX_MS = 300, 700
 
 
-@pytest.fixture
-def b(mgmt_broker):
-    return mgmt_broker  # (tests/conftest.py)
-
-
-@pytest.fixture
-def ch(b):
-    connection = pika.BlockingConnection(pika.URLParameters(b.url))
-    yield connection.channel()
-    if connection.is_open:
-        connection.close()
-
-
 def retrying_queue(ch, name: str, kind: str = "all", **extra) -> None:
     arguments = {
         "x-queue-type": "quorum",

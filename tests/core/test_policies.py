@@ -12,18 +12,6 @@ from roarmq.broker.testing import BrokerThread, ephemeral_config
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def b(mgmt_broker):
-    return mgmt_broker  # (tests/conftest.py)
-
-
-@pytest.fixture
-def ch(b):
-    conn = pika.BlockingConnection(pika.URLParameters(b.url))
-    yield conn.channel()
-    conn.close()
-
-
 def put(b, name, definition, pattern="^p\\.", operator=False, **extra):
     kind = "operator-policies" if operator else "policies"
     body = {"pattern": pattern, "definition": definition, **extra}

@@ -65,12 +65,6 @@ def hold(conn, queue: str, prefetch: int, tag: str) -> list[int]:
     return got
 
 
-@pytest.fixture
-def b(tmp_path):
-    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as broker:
-        yield broker
-
-
 def test_management_rows(b):
     conn = fill(b)
     assert hold(conn, "s", 10, "c1") == list(range(10))
