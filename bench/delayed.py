@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import random
-import sys
 import time
 import urllib.request
 from base64 import b64encode
@@ -37,9 +36,8 @@ from typing import Any
 from lib import REPO, RESULTS
 from lib.amqp_client import Client
 from lib.brokers import monitored_instance
-from lib.machine import machine_info
 from lib.observe import settled_rss
-from lib.output import markdown_table, write_json
+from lib.output import markdown_table, write_results
 from lib.procs import Procs
 
 from roarmq.protocol import spec
@@ -200,10 +198,7 @@ def main() -> int:
         keys = list(row)
         print(markdown_table(keys, [[row[k] for k in keys]]))
         print()
-    command = "python bench/delayed.py " + " ".join(sys.argv[1:])
-    result = {"command": command.strip(), "machine": machine_info(), "results": rows}
-    write_json(args.json, result, indent=1)
-    print(f"wrote {args.json}")
+    write_results(args.json, rows)
     return 0
 
 

@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,9 +40,8 @@ from typing import Any
 from lib import REPO, RESULTS
 from lib.amqp_client import Client
 from lib.brokers import monitored_instance, rabbit_server
-from lib.machine import machine_info
 from lib.observe import RssSampler, settled_rss
-from lib.output import markdown_table, write_json
+from lib.output import markdown_table, write_results
 from lib.procs import Procs
 
 from roarmq.protocol import spec
@@ -252,10 +250,7 @@ def main() -> int:
     finally:
         procs.stop_all()
     print(table(rows))
-    command = "python bench/memory.py " + " ".join(sys.argv[1:])
-    result = {"command": command.strip(), "machine": machine_info(), "results": rows}
-    write_json(args.json, result, indent=1)
-    print(f"wrote {args.json}")
+    write_results(args.json, rows)
     return 0
 
 

@@ -24,6 +24,7 @@ from .amqp.tls import TlsListener, server_context
 from .cluster_hooks import ClusterHooks, SingleNode
 from .config import Config
 from .core.auth import NO_PERMISSION, Authenticator
+from .core.delayed import dormant_schedules
 from .core.persistence import Persistence
 from .core.policy import PolicyError, make_policy
 from .core.stream import close_all as close_streams
@@ -272,6 +273,7 @@ class Broker:
             ack_sync_delay=storage.ack_sync_delay_ms / 1000,
         )
         queues = {}
+        holders: dict[int, Any] = {}  # and what a schedule no exchange has now held
         for vhost in self.vhosts.values():
             vhost.message_store = self.store
             for queue in vhost.queues.values():
@@ -282,7 +284,8 @@ class Broker:
                 assert schedule.store_id is not None  # a durable exchange's: set at creation
                 schedule.use_store(self.store)
                 queues[schedule.store_id] = schedule
-        counts = self.store.recover(queues)
+            holders.update(dormant_schedules(vhost.exchanges.values(), self.store))
+        counts = self.store.recover({**holders, **queues})
         report = self.store.log.recovery
         if report.segments and not self.store.clean_start:
             log.warning(

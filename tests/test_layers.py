@@ -25,6 +25,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "core": ("ops", "routing", "store", "cluster_hooks"),
     "amqp": ("ops", "routing", "store", "core", "cluster_hooks"),
     "stream_protocol": ("ops", "routing", "store", "core", "amqp.tls", "cluster_hooks"),
+    "links": ("ops", "routing", "store", "core", "amqp", "cluster_hooks"),
     "cluster_hooks": (),
     "archive": ("ops",),
     "cluster": ("ops", "routing", "store", "core", "amqp", "cluster_hooks", "replog"),

@@ -313,13 +313,15 @@ def rabbitmq_env(
     mgmt_port: int | None = None,
     schedulers: int | None = None,
     stream_port: int | None = None,
+    plugins: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """The environment that runs a RabbitMQ node of its own: everything under ``base``
     (Erlang cookie, logs, mnesia unless given), loopback ports (AMQP ``port``; fresh ones for
     distribution and epmd), no plugins unless ``mgmt_port`` (the management plugin there);
     ``schedulers``: the Erlang VM's scheduler threads (``+S N:N``; default one per core);
-    ``stream_port``: the stream plugin on that loopback port, advertising 127.0.0.1."""
-    plugins = []
+    ``stream_port``: the stream plugin on that loopback port, advertising 127.0.0.1;
+    ``plugins``: more to enable (rabbitmq_shovel, rabbitmq_federation, ...)."""
+    plugins = list(plugins)
     conf = ""
     if mgmt_port is not None:
         plugins.append("rabbitmq_management")
@@ -368,10 +370,11 @@ def start_rabbitmq(
     attempts: int = 2,
     schedulers: int | None = None,
     streams: bool = False,
+    plugins: tuple[str, ...] = (),
 ) -> Running:
     """RabbitMQ on free loopback ports, ready when it speaks AMQP (and, with
-    ``management``, when its HTTP API answers /api/overview); ``schedulers`` as in
-    ``rabbitmq_env``."""
+    ``management``, when its HTTP API answers /api/overview); ``schedulers`` and
+    ``plugins`` as in ``rabbitmq_env``."""
     server = ensure_rabbitmq()
     for attempt in range(attempts):
         base = tmp / f"rabbit{attempt}"
@@ -386,6 +389,7 @@ def start_rabbitmq(
             mgmt_port=mgmt,
             schedulers=schedulers,
             stream_port=stream_port,
+            plugins=plugins,
         )
         instance = uuid.uuid4().hex
         log = base / "stdout.log"

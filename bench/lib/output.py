@@ -87,6 +87,16 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
 
 
+def write_results(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The usual results file: how the script was run, the machine, its rows."""
+    from .machine import machine_info
+
+    write_json(
+        path, {"command": command_line(), "machine": machine_info(), "results": rows}, indent=1
+    )
+    print(f"wrote {path}")
+
+
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     """A script's arguments for its results file: all but ``json`` (where the file goes),
     paths as text."""

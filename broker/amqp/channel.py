@@ -26,13 +26,13 @@ from roarmq.protocol.errors import (
     REPLY_SUCCESS,
     SoftError,
 )
-from roarmq.protocol.frames import encode_ack, encode_content, encode_deliver
+from roarmq.protocol.frames import ContentHeader, encode_ack, encode_content, encode_deliver
 
 from ..core import trace
 from ..core.delayed import SCHEDULED
 from ..core.exchange import EXCHANGE_TYPES, unknown_exchange_type
 from ..core.message import FLAG_HEADERS, FLAG_REPLY_TO, FLAG_USER_ID, Message, copy_properties
-from ..core.queue import Entry, Queue, enqueue
+from ..core.queue import Entry, Queue, delivery_header, enqueue
 from ..core.queue_arguments import amqp_type_name, check_consumer_arguments, check_server_named
 from ..core.stream import TOUCHED, Stream, check_consume
 from ..core.stream import confirm_after as stream_confirm_after
@@ -364,7 +364,7 @@ class Channel:
                 entry.redelivered,
                 msg.exchange,
                 msg.routing_key,
-                msg.header.raw,
+                delivery_header(entry) if entry.queue.counts_deliveries else msg.header.raw,
                 body,
                 conn.frame_max,
             )
@@ -722,7 +722,10 @@ class Channel:
             routing_key=msg.routing_key,
             message_count=queue.message_count(),
         )
-        self.conn.send(encode_content(self.id, method, msg.header, body, self.conn.frame_max))
+        header = msg.header
+        if queue.counts_deliveries:
+            header = ContentHeader(60, header.body_size, delivery_header(entry))
+        self.conn.send(encode_content(self.id, method, header, body, self.conn.frame_max))
 
     # -- basic class: acks -------------------------------------------------------------
 
@@ -842,9 +845,9 @@ class Channel:
         for entry in self.unacked.values():
             if type(entry.queue) is Stream:  # 3.10: 541; later versions: this 540
                 raise stream_refuses("basic.nack and basic.reject", entry.queue)
-        self._requeue_all()
-        if isinstance(m, spec.BasicRecover):
+        if isinstance(m, spec.BasicRecover):  # before the redeliveries, as RabbitMQ sends it
             self.send_method(spec.BasicRecoverOk())
+        self._requeue_all()
         self._redispatch()
 
     # -- basic class: publish ----------------------------------------------------------

@@ -3,8 +3,8 @@
 Shape (docs/cluster.md, "Replicated messages"):
 
 * The vhost's **replicated log** (`SegmentRecordStore` in ``data/vhosts/<vhost>/log``) is
-  the durable truth on every member. Its payloads are the MessageStore's publish and ack
-  records (P, A; messages.py: no D, below), definition snapshots (J;
+  the durable truth on every member. Its payloads are the MessageStore's publish, ack and
+  returned records (P, A, R; messages.py: no D, below), definition snapshots (J;
   replicated_definitions.py) and the streams' records (S, s).
 * On the leader, `ReplicatedVhostStore` is the `Durability` of an ordinary `MessageStore`
   whose records live in the vhost's log and nowhere else: each record is written once,
@@ -28,11 +28,13 @@ Shape (docs/cluster.md, "Replicated messages"):
 
 * **Checkpoints** keep the replicated log (and so a failover's rebuild) near the size of
   the live data: `checkpoint()` appends an epoch record, the definitions, every live
-  publish record with the acks of the queues that already let it go, and a checkpoint
-  record naming where it began (replog/records.py). Recovery does not care about the
-  order of P and A records, so publishes and acks made while the checkpoint is being
-  written may interleave with it. Once the checkpoint is confirmed, the log is trimmed
-  below its base on the leader, and on each follower once it holds it durably.
+  publish record with the acks of the queues that already let it go and the latest
+  returned record of each queue still holding it, and a checkpoint record naming where
+  it began (replog/records.py). Recovery does not care about the order of P, A and R
+  records (of R it takes the highest count), so publishes and acks made while the
+  checkpoint is being written may interleave with it. Once the checkpoint is confirmed,
+  the log is trimmed below its base on the leader, and on each follower once it holds
+  it durably.
 * **Durable declares wait for the in-sync set** as confirms do: a channel about to answer
   a method that changed the vhost's durable definitions calls `hold_reply`, which appends
   the definitions now and holds the connection's output (and its reading) until that
@@ -57,12 +59,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.stream import DEFAULT_SEGMENT_SIZE, TRACKING_FILE, record_span
 from ..replog.records import SegmentRecordStore, checkpoint_record, epoch_record
-from ..store.messages import MessageStore, Relocate, encode_mark
+from ..store.messages import MessageStore, Relocate, decode_returned, encode_mark
 from ..store.record_tags import (
     ACK_TAG,
     CHECKPOINT_TAG,
     DEFINITIONS_TAG,
     EPOCH_TAG,
+    RETURNED_TAG,
     STREAM_OFFSETS_TAG,
     STREAM_START_TAG,
     STREAM_TAG,
@@ -139,6 +142,9 @@ class ReplicatedVhostStore:
         #: msg_id -> queue ids that acked a message still held by another queue: what a
         #: checkpoint copies besides the publish record.
         self._acks: dict[int, list[int]] = {}
+        #: msg_id -> queue id -> the latest returned record (a quorum queue's delivery
+        #: count and delayed retry) of a message still held: a checkpoint copies it too.
+        self._returns: dict[int, dict[int, bytes]] = {}
         self.streams = streams  # the vhost's streams (a checkpoint copies what they retain)
         self._streams_waiting: set[Stream] = set()
         self.may_confirm = may_confirm
@@ -169,31 +175,51 @@ class ReplicatedVhostStore:
         if not leader.enough_copies():
             raise LogFailed(f"fewer than min_in_sync={leader.min_copies} copies in sync")
 
-    def mark(self, kind: bytes, queue_id: int, msg_id: int) -> None:
-        """An ack is a record of the log; delivered markers are not written: a clustered
-        vhost is only ever recovered from its log after a failover, a move or a restart,
-        never from a clean shutdown of this store, so the recovery marks every message
-        redelivered and no D record would ever be read (they were a third of the log's
-        records: written, fsynced and shipped to every follower for nothing). An ack of a
-        message another queue still holds is remembered for the checkpoints."""
-        if kind != ACK_TAG:
+    def mark(self, record: bytes, queue_id: int, msg_id: int) -> None:
+        """Acks and returned records are records of the log; delivered markers are not
+        written: a clustered vhost is only ever recovered from its log after a failover, a
+        move or a restart, never from a clean shutdown of this store, so the recovery
+        marks every message redelivered and no D record would ever be read (they were a
+        third of the log's records: written, fsynced and shipped to every follower for
+        nothing). What a checkpoint must copy of a message still held is remembered: the
+        acks of the queues that let it go, each queue's latest returned record."""
+        kind = record[:1]
+        if kind != ACK_TAG and kind != RETURNED_TAG:
             return
         try:
-            self.record(encode_mark(ACK_TAG, queue_id, msg_id))
+            self.record(record)
         except LogFailed:  # this leadership's log failed: it confirms nothing more, and
             return  # the next leader delivers the message again (as after a crash)
-        self._acks.setdefault(msg_id, []).append(queue_id)
+        if kind == ACK_TAG:
+            self._acks.setdefault(msg_id, []).append(queue_id)
+            returns = self._returns.get(msg_id)
+            if returns is not None:
+                returns.pop(queue_id, None)
+        else:
+            self._returns.setdefault(msg_id, {})[queue_id] = record
 
     def gone(self, msg_id: int) -> None:
         """Its records go with the next checkpoint's trim; nothing of it is copied."""
         if self._acks:
             self._acks.pop(msg_id, None)
+        if self._returns:
+            self._returns.pop(msg_id, None)
 
     def recovered(self, msg_id: int, marks: list[tuple[int, int, Location]], live: bool) -> None:
-        if live:
-            acks = [qid for kind, qid, _ in marks if kind == ACK_TAG[0]]
-            if acks:
-                self._acks[msg_id] = acks
+        if not live:
+            return
+        acks = [qid for kind, qid, _ in marks if kind == ACK_TAG[0]]
+        if acks:
+            self._acks[msg_id] = acks
+        latest: dict[int, tuple[int, bytes]] = {}  # queue id -> (count, record)
+        for kind, qid, loc in marks:
+            if kind == RETURNED_TAG[0] and qid not in acks:
+                record = bytes(self.store.log.read(loc))
+                count = decode_returned(record)[2]
+                if qid not in latest or count >= latest[qid][0]:
+                    latest[qid] = (count, record)
+        if latest:
+            self._returns[msg_id] = {qid: record for qid, (_, record) in latest.items()}
 
     def relocated(self, old: Location, new: Location, payload: bytes) -> None:
         """Never called: the view neither compacts nor resumes (checkpoints do)."""
@@ -290,6 +316,8 @@ class ReplicatedVhostStore:
                 copied += len(payload)
                 for qid in acks.get(msg_id, ()):
                     self._replicate(encode_mark(ACK_TAG, qid, msg_id))
+                for record in self._returns.get(msg_id, {}).values():
+                    self._replicate(record)
                 if copied >= CHECKPOINT_CHUNK:
                     copied = 0
                     await asyncio.sleep(0)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..cluster_hooks import NOT_REPLICATED
 from ..config import majority
+from ..core.delayed import dormant_schedules
 from ..core.stream import Stream
 from ..replog import wire
 from ..replog.records import SegmentRecordStore
@@ -412,7 +413,9 @@ class VhostReplicas:
             replica_lag_ms=self.config.replica_lag_ms,
         )
         store = self._open_store(vhost, epoch, messages, leader, vhost_obj)
-        self._recover(vhost, store, queues, vhost_obj.stored_schedules())
+        self._recover(
+            vhost, store, queues, vhost_obj.stored_schedules(), list(vhost_obj.exchanges.values())
+        )
         # Ids named below a checkpoint are not given again.
         store.store.next_id = max(store.store.next_id, rebuilt.next_id)
         store.next_queue_id = max(store.next_queue_id, rebuilt.next_queue_id)
@@ -469,9 +472,12 @@ class VhostReplicas:
         store: ReplicatedVhostStore,
         queues: dict[int, Queue],
         schedules: list[Schedule],
+        exchanges: list[Any],
     ) -> None:
         """Fill the vhost's durable queues and its delayed exchanges' schedules from its
-        log (a schedule forgets what an earlier leadership here left in it first)."""
+        log (a schedule forgets what an earlier leadership here left in it first; an
+        exchange a policy no longer makes delayed gets its schedule back for what it
+        held: `dormant_schedules`)."""
         store.next_queue_id = max(queues, default=0) + 1
         holders: dict[int, Queue] = dict(queues)
         for queue in queues.values():
@@ -481,6 +487,8 @@ class VhostReplicas:
             schedule.forget()
             schedule.use_store(store.store)
             holders[schedule.store_id] = schedule
+        for store_id, dormant in dormant_schedules(exchanges, store.store).items():
+            holders.setdefault(store_id, dormant)  # type: ignore[arg-type]  # what recovery asks of a queue
         counts = store.store.recover(holders)
         log.info("vhost %r: recovered %d messages from its log", vhost, counts["messages"])
 

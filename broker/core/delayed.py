@@ -25,14 +25,14 @@ from roarmq.protocol.errors import PRECONDITION_FAILED
 from roarmq.protocol.tables import Int64
 
 from ..errors import channel_error
-from ..routing.delayed import DELAY_HEADER, delay_of
+from ..routing.delayed import DELAY_HEADER, DelayedIndex, delay_of
 from ..store.due_index import DueIndex
 from ..store.segments import SegmentLogError
 from .message import Message, copy_properties
 from .queue import Queue
 
 if TYPE_CHECKING:
-    from ..store.messages import MessageStore
+    from ..store.messages import MessageStore, Returned
     from .exchange import Exchange
 
 log = logging.getLogger("roarmq.delayed")
@@ -129,6 +129,50 @@ class ScheduleStore:
         return getattr(self.store, name)
 
 
+class DormantSchedule:
+    """What a recovery gives the stored messages of a durable exchange's schedule when the
+    exchange has none at this start: one a policy made delayed (LavinMQ's
+    `delayed-message`) that no policy makes delayed now. The first such message wakes the
+    exchange's schedule (delaying nothing new), so what it held is routed when due rather
+    than dropped as a deleted queue's; an exchange with none stays as it is."""
+
+    __slots__ = ("exchange", "store", "store_id", "_schedule")
+
+    def __init__(self, exchange: Exchange, store: MessageStore, store_id: int) -> None:
+        self.exchange = exchange
+        self.store = store
+        self.store_id = store_id
+        self._schedule: Schedule | None = None
+
+    def _woken(self) -> Schedule:
+        schedule = self._schedule
+        if schedule is None:
+            schedule = self._schedule = self.exchange.make_delayed(False, self.store_id)
+            schedule.use_store(self.store)
+        return schedule
+
+    def restore_due(self, msg_id: int, size: int, due_ms: int) -> None:
+        self._woken().restore_due(msg_id, size, due_ms)
+
+    def restore_stored(self, *args: Any) -> None:
+        self._woken().restore_stored(*args)
+
+    def restored(self) -> None:
+        if self._schedule is not None:
+            self._schedule.restored()
+
+
+def dormant_schedules(exchanges: Any, store: MessageStore) -> dict[int, DormantSchedule]:
+    """A DormantSchedule for each durable exchange of `exchanges` without a schedule, by
+    the store id its schedule would have (`schedule_store_id`)."""
+    return {
+        store_id: DormantSchedule(x, store, store_id)
+        for x in exchanges
+        if x.durable and x.name and not isinstance(x.index, DelayedIndex)
+        for store_id in (schedule_store_id(x.vhost.name, x.name),)
+    }
+
+
 class Schedule(Queue):
     """The messages a delayed exchange holds (module doc). A destination of its exchange's
     index, never a queue of the vhost: it has no consumers, takes no policies and is not
@@ -138,14 +182,15 @@ class Schedule(Queue):
     a transient exchange) as objects in a heap, and stored ones as bare ids in a `DueIndex`
     on disk (broker/store/due_index.py), whose memory does not grow with their number."""
 
-    def __init__(self, exchange: Exchange) -> None:
+    def __init__(self, exchange: Exchange, store_id: int | None = None) -> None:
+        """`store_id`: the id its stored messages name (a recovery's), taken as it is."""
         super().__init__(exchange.vhost, f"amq.delayed-{exchange.name}", durable=exchange.durable)
         self.policy = self.operator_policy = None  # policies are for queues a client sees
         self._settle()
         self.exchange = exchange
         self.throttled = SCHEDULED
         if exchange.durable:  # persistent messages are stored as a durable queue's
-            self.store_id = _unshared_store_id(exchange)
+            self.store_id = store_id if store_id is not None else _unshared_store_id(exchange)
             self.use_store(exchange.vhost.message_store)
         self._held: list[tuple[int, int, Message]] = []  # (due ms, publish order, message)
         self._stored: DueIndex | None = None  # made at the first stored message
@@ -250,11 +295,13 @@ class Schedule(Queue):
         expiration_ms: int | None,
         redelivered: bool,
         entered_ms: int | None = None,
+        returned: Returned | None = None,
     ) -> None:
         """A publish record it shared with queues, whose copy of its own did not reach the
         disk (the broker stopped in between): due its delay after it was published if its
         record says when (`entered_ms`: it can expire in one of those queues), else after
-        this start, so late, never early."""
+        this start, so late, never early. (`returned` is a queue's: a schedule delivers
+        to nobody, so none names it.)"""
         assert self.store is not None
         try:
             delay = delay_of(self.store.load(msg_id, 0).headers) or 0

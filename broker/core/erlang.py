@@ -205,3 +205,43 @@ def args_hash(arguments: dict[str, Any]) -> str:
     json = isinstance(arguments, ApiArguments)
     term = _table(arguments, json, sort=True)
     return base64.urlsafe_b64encode(phash2(term).to_bytes(4, "big")).decode().rstrip("=")
+
+
+def format_term(term: Any) -> str:
+    """A term as Erlang's `~p` prints it, where RabbitMQ's error texts show one: `Atom`s
+    bare, `str` as a charlist ("..."), `bytes` as a binary (<<"...">>: a JSON string as
+    RabbitMQ decodes it), tuples {..}, lists [..], dicts as maps (#{K => V}, keys
+    sorted), None as `null` (rabbit_json's), booleans as atoms."""
+    if isinstance(term, Atom):
+        return str(term)
+    if term is None:
+        return "null"
+    if isinstance(term, bool):
+        return "true" if term else "false"
+    if isinstance(term, str):
+        return '"' + term.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(term, bytes):
+        text = term.decode("utf-8", "replace").replace("\\", "\\\\").replace('"', '\\"')
+        return f'<<"{text}">>'
+    if isinstance(term, tuple):
+        return "{" + ",".join(format_term(t) for t in term) + "}"
+    if isinstance(term, list):
+        return "[" + ",".join(format_term(t) for t in term) + "]"
+    if isinstance(term, dict):
+        items = sorted(term.items(), key=lambda kv: str(kv[0]))
+        return "#{" + ",".join(f"{format_term(k)} => {format_term(v)}" for k, v in items) + "}"
+    return repr(term) if isinstance(term, float) else str(term)
+
+
+def binaries(value: Any) -> Any:
+    """A decoded JSON value as RabbitMQ holds it: its strings as binaries (bytes), so
+    `format_term` prints them as `~p` does."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, list):
+        return [binaries(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(binaries(v) for v in value)
+    if isinstance(value, dict):
+        return {k.encode() if isinstance(k, str) else k: binaries(v) for k, v in value.items()}
+    return value

@@ -10,14 +10,20 @@ and their indexes are registered once, in ``broker/routing/__init__.py``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from roarmq.protocol.errors import COMMAND_INVALID, PRECONDITION_FAILED, HardError
+from roarmq.protocol.errors import COMMAND_INVALID, PRECONDITION_FAILED, HardError, SoftError
 
 from ..errors import channel_error, connection_error
 from ..routing import EXCHANGE_TYPES, make_index
-from ..routing.delayed import DelayedIndex, RefusedArguments, UnknownExchangeType
+from ..routing.delayed import (
+    DELAYED_POLICY_KEY,
+    DelayedIndex,
+    RefusedArguments,
+    UnknownExchangeType,
+)
 from .delayed import Schedule
 from .policy import Policy, effective_definition
 
@@ -25,6 +31,8 @@ if TYPE_CHECKING:
     from .vhost import VirtualHost
 
 __all__ = ["EXCHANGE_TYPES", "DefaultExchange", "Exchange", "unknown_exchange_type"]
+
+log = logging.getLogger("roarmq.exchange")
 
 
 def unknown_exchange_type(type_: str) -> HardError:
@@ -116,6 +124,41 @@ class Exchange:
         if not isinstance(alternate, str) and self.policy is not None:
             alternate = self.policy.definition.get("alternate-exchange")
         self.alternate = alternate if isinstance(alternate, str) else None
+        if self.name:
+            self._settle_delayed()
+
+    def _settle_delayed(self) -> None:
+        """LavinMQ's policy key `delayed-message: true` makes the exchange delayed, its
+        type unchanged (as its `x-delayed-exchange` argument does); when no policy asks for
+        it any more, one a policy made stops delaying new messages, and what it holds is
+        still routed when due (its schedule stays: nothing confirmed is dropped)."""
+        wanted = self.policy is not None and self.policy.definition.get(DELAYED_POLICY_KEY) is True
+        index = self.index
+        if isinstance(index, DelayedIndex):
+            if index.by_policy:
+                index.delaying(wanted)
+        elif wanted:
+            try:
+                self.make_delayed(delaying=True)
+            except SoftError as exc:  # its schedule would share another's store id
+                log.warning(
+                    "policy %r cannot make exchange %r delayed: %s",
+                    self.policy.name if self.policy is not None else None,
+                    self.name,
+                    exc.text,
+                    extra={"vhost": self.vhost.name},
+                )
+
+    def make_delayed(self, delaying: bool, store_id: int | None = None) -> Schedule:
+        """Wrap the index in a policy-made DelayedIndex with a schedule of its own (delaying
+        from now on, or not: a recovery's `DormantSchedule`); `store_id`: the one its
+        stored messages already name."""
+        index = DelayedIndex(self.index, self.type, by_policy=True)
+        schedule = Schedule(self, store_id)
+        index.schedule = schedule
+        index.delaying(delaying)
+        self.index = index
+        return schedule
 
     @property
     def effective_policy(self) -> dict:

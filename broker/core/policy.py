@@ -20,7 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .queue_arguments import OPERATOR_KEYS, POLICY_KEYS, Check, Str
+from ..routing.delayed import DELAYED_POLICY_KEY
+from .queue_arguments import OPERATOR_KEYS, POLICY_KEYS, Bool, Check, Str
 
 #: apply-to values: RabbitMQ 3.10's three, and 3.12's queue-type ones.
 APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues")
@@ -29,6 +30,8 @@ APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues")
 #: table's (queue_arguments.POLICY_KEYS).
 EXCHANGE_KEYS: dict[str, tuple[Check, str]] = {
     "alternate-exchange": (Str(), "alternate exchange name"),
+    # LavinMQ's: true makes the exchange delayed, its type unchanged (broker/core/exchange.py)
+    DELAYED_POLICY_KEY: (Bool(), "delayed message setting"),
 }
 _KEYS = frozenset(POLICY_KEYS) | frozenset(EXCHANGE_KEYS)
 

@@ -87,6 +87,7 @@ cdef class Queue:
     cdef public Py_ssize_t persistent
     cdef public Py_ssize_t persistent_bytes
     cdef public object store_id
+    cdef public bint counts_deliveries
     cdef public object memory_limit
     cdef public object _account
     cdef public object _args

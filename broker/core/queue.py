@@ -9,20 +9,23 @@ and dead-lettering happen here because only the queue knows its order.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+
+from roarmq.protocol.properties import with_long_header
 
 from ..store.segments import LogFailed
 from . import queue_arguments, trace
 from .policy import Policy, effective_definition
-from .ready import Cleared, FifoReady, PriorityReady
+from .ready import INLINE_MAX, Cleared, FifoReady, PriorityReady
 
 if TYPE_CHECKING:
     from collections.abc import Collection
 
     from ..amqp.channel import Consumer
     from ..ops.clock import TimerHandle
-    from ..store.messages import MessageStore
+    from ..store.messages import MessageStore, Returned
     from .message import Message
     from .vhost import VirtualHost
 
@@ -125,6 +128,16 @@ class Entry:
         self.marked = False  # a delivered marker is in the message store
 
 
+def delivery_header(entry: Entry) -> bytes:
+    """The raw content header a delivery of `entry` carries: the publisher's, and from a
+    quorum queue (`counts_deliveries`) with `x-delivery-count`, a long, on every delivery
+    (0 on the first; in place of a publisher's own), as RabbitMQ 3.10.8's."""
+    raw = entry.msg.header.raw
+    if entry.queue.counts_deliveries:
+        return with_long_header(raw, "x-delivery-count", entry.delivery_count)
+    return raw
+
+
 class _ConsumerGroup:
     """Consumers of equal x-priority, served round-robin."""
 
@@ -192,6 +205,7 @@ class Queue:
         "persistent_bytes",
         "store",
         "store_id",
+        "counts_deliveries",
         "memory_limit",
         "_account",
         "_reject_overflow",
@@ -244,6 +258,9 @@ class Queue:
             self.arguments, name, vhost.name, durable, exclusive_owner, auto_delete
         )
         self.queue_type = self._args["queue-type"]
+        #: A quorum queue counts each message's deliveries, and every delivery of it says
+        #: how many came before (`x-delivery-count`), as RabbitMQ 3.10.8's do.
+        self.counts_deliveries = self.queue_type == "quorum"
         self.policy, self.operator_policy = vhost.policies_for("queue", name, self.queue_type)
         self._settle()
         self.ready: FifoReady | PriorityReady = (
@@ -634,12 +651,15 @@ class Queue:
         expiration_ms: int | None,
         redelivered: bool,
         entered_ms: int | None = None,
+        returned: Returned | None = None,
     ) -> None:
         """A recovered message (in publish order), queued as its bare id: nothing is read.
         Its TTL counts from when it entered its queues (`entered_ms`, ms since the epoch,
         as its record says), as RabbitMQ's does: what expired while the broker was down
         expires as soon as recovery is over. A record that says nothing (a TTL set on the
-        queue since) counts from now."""
+        queue since) counts from now. `returned`: what its latest returned record says, the
+        delivery count it keeps, and a delayed retry's ready time: one still ahead holds
+        it until then (read now: a held message is an object, as it was before)."""
         self._seq += 1
         ttl = self.message_ttl
         if expiration_ms is not None and (ttl is None or expiration_ms < ttl):
@@ -651,16 +671,50 @@ class Queue:
             if entered_ms is not None:
                 left += entered_ms / 1000.0 - clock.wall()
             expires_at = clock.monotonic() + left
+        count = 0
+        if returned is not None:
+            count = returned.count
+            redelivered = True
+            if returned.ready_at_ms and self._restore_held(
+                msg_id, priority, expires_at, count, returned.ready_at_ms
+            ):
+                self.stored(size)
+                return
+        if expires_at is not None:
             self._timed += 1
-        self.ready.push_stored(self._seq, msg_id, priority, expires_at, redelivered)
+        self.ready.push_stored(self._seq, msg_id, priority, expires_at, redelivered, count)
         self.ready_bytes += size  # bodies are on disk: nothing to account as memory
         self.stored(size)
+
+    def _restore_held(
+        self, msg_id: int, priority: int, expires_at: float | None, count: int, ready_at_ms: int
+    ) -> bool:
+        """A recovered message a delayed retry still holds: back in `_retrying` until its
+        ready time (none if the queue's retry is off now, or the time has passed)."""
+        clock = self.vhost.clock
+        left = ready_at_ms / 1000.0 - clock.wall()
+        if left <= 0 or self.retry_type == "disabled" or self.retry_min is None:
+            return False
+        try:
+            msg = self.store.load(msg_id, INLINE_MAX)  # type: ignore[union-attr]  # stored: a durable queue's
+        except Exception:  # unreadable now: the ready path reads it again and logs it
+            return False
+        msg.priority = priority
+        entry = Entry(msg, self._seq, self)
+        entry.redelivered = True
+        entry.marked = True
+        entry.delivery_count = count
+        entry.expires_at = expires_at
+        heapq.heappush(self._retrying, (clock.monotonic() + left, entry.seq, entry))
+        return True
 
     def restored(self) -> None:
         """Recovery is over: load the first messages and start the expiry timer."""
         self.ready.fill()
         if self._timed:
             self._schedule_expiry()
+        if self._retrying:
+            self._arm_retry()
 
     def reject(self, entry: Entry, requeue: bool) -> None:
         if self.deleted:
@@ -679,37 +733,48 @@ class Queue:
             return
         keep = []
         retrying = self.retry_type != "disabled" and self.retry_min is not None
+        kind = self.retry_type
+        hold = retrying and (kind == "all" or (kind == "failed") == failed)
+        # A quorum queue counts deliveries: 4.3's count, with its delayed retry, only
+        # failed ones (a nack is free); 3.10.8's, without, every return.
+        counts = self.counts_deliveries and (failed or not retrying)
+        stored = self.store  # a durable queue's: its returned records
+        now_ms = math.ceil(self.vhost.clock.wall() * 1000) if hold and stored is not None else 0
         for entry in entries:
             entry.redelivered = True
             entry.consumer = None
-            # 4.3's delivery count, with its delayed retry: failed deliveries only (a
-            # nack is free); 3.10.8's without: every return
-            if (self.delivery_limit is not None or retrying) and (failed or not retrying):
+            if counts:
                 entry.delivery_count += 1
                 limit = self.delivery_limit
                 if limit is not None and entry.delivery_count > limit:
                     self._dead_letter_entry(entry, "delivery_limit")
                     continue
             keep.append(entry)
+            if (counts or hold) and stored is not None and entry.msg.store_id is not None:
+                ready_at_ms = now_ms + self._retry_delay(entry) if hold else 0
+                stored.returned(self, entry.msg.store_id, entry.delivery_count, ready_at_ms)
         if not keep:
             return
-        kind = self.retry_type
-        if retrying and (kind == "all" or (kind == "failed") == failed):
+        if hold:
             self._hold_for_retry(keep)
         else:
             self._back_to_ready(keep)
 
-    def _hold_for_retry(self, entries: list[Entry]) -> None:
-        """Delayed retry: each waits min(retry_min x its delivery count, retry_max) ms
-        (RabbitMQ 4.3's linear back-off; at most 2^32-1 ms), then is ready again where
-        it was. Meanwhile it is neither ready nor unacked (RabbitMQ's "delayed")."""
-        clock = self.vhost.clock
-        now = clock.monotonic()
+    def _retry_delay(self, entry: Entry) -> int:
+        """Delayed retry: min(retry_min x its delivery count, retry_max) ms (RabbitMQ
+        4.3's linear back-off; at most 2^32-1 ms)."""
         cap = self.retry_max if self.retry_max is not None else MAX_RETRY_DELAY_MS
-        base = self.retry_min or 0
+        return min((self.retry_min or 0) * max(1, entry.delivery_count), cap, MAX_RETRY_DELAY_MS)
+
+    def _hold_for_retry(self, entries: list[Entry]) -> None:
+        """Each waits out its delayed retry, then is ready again where it was. Meanwhile
+        it is neither ready nor unacked (RabbitMQ's "delayed"). A durable queue's stored
+        message has its returned record (with when it is ready again) in the store, so
+        the wait survives a restart or a failover (`restore_stored`)."""
+        now = self.vhost.clock.monotonic()
         for entry in entries:
-            delay = min(base * max(1, entry.delivery_count), cap, MAX_RETRY_DELAY_MS)
-            heapq.heappush(self._retrying, (now + delay / 1000.0, entry.seq, entry))
+            due = now + self._retry_delay(entry) / 1000.0
+            heapq.heappush(self._retrying, (due, entry.seq, entry))
         self._arm_retry()
 
     def _arm_retry(self) -> None:

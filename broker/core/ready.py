@@ -134,7 +134,13 @@ class FifoReady:
             self._head.append(entry)
 
     def push_stored(
-        self, seq: int, msg_id: int, priority: int, expires_at: float | None, redelivered: bool
+        self,
+        seq: int,
+        msg_id: int,
+        priority: int,
+        expires_at: float | None,
+        redelivered: bool,
+        delivery_count: int = 0,
     ) -> None:
         """Queue a recovered message by its store id alone (call `fill` when done)."""
         self.n += 1
@@ -143,7 +149,8 @@ class FifoReady:
             bits |= _REDELIVERED | _MARKED
         if expires_at is not None:
             bits |= _EXPIRES
-        self._append_record(seq, expires_at or 0.0, bits, priority, 0, 0, _MSG_ID.pack(msg_id))
+        count = min(delivery_count, 65535)
+        self._append_record(seq, expires_at or 0.0, bits, priority, count, 0, _MSG_ID.pack(msg_id))
 
     def fill(self) -> None:
         """Unpack the first records into an empty head (after `push_stored`)."""
@@ -477,10 +484,16 @@ class PriorityReady:
         return out
 
     def push_stored(
-        self, seq: int, msg_id: int, priority: int, expires_at: float | None, redelivered: bool
+        self,
+        seq: int,
+        msg_id: int,
+        priority: int,
+        expires_at: float | None,
+        redelivered: bool,
+        delivery_count: int = 0,
     ) -> None:
         self._levels[min(priority, self._max)].push_stored(
-            seq, msg_id, priority, expires_at, redelivered
+            seq, msg_id, priority, expires_at, redelivered, delivery_count
         )
         self.n += 1
 

@@ -51,13 +51,13 @@ from pyroaring import BitMap
 
 from roarmq.protocol.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from roarmq.protocol.frames import ContentHeader
+from roarmq.protocol.properties import with_long_header
 from roarmq.protocol.stream.codec import crc32_of_parts
-from roarmq.protocol.tables import Int64
 
 from ..errors import channel_error, connection_error
 from ..store.segments import HEADER_SIZE, MAGIC, Location, SegmentLog, SegmentLogError
 from . import amqp10_map, queue_arguments, trace
-from .message import Message, copy_properties
+from .message import Message
 from .queue import Entry, Queue
 from .queue_arguments import age_seconds
 
@@ -1356,104 +1356,109 @@ class Stream(Queue):
         while it has credit; True when it stopped with more to send (the pass's batch).
         A batch record read from its start goes into the chunk as stored."""
         sub: Any = reader.consumer  # a stream-protocol Subscription
-        filt = reader.filt
-        limit = sub.chunk_bytes
         sent = 0
-        pack = _ENTRY.pack
         conn = sub.conn
-        direct = filt is None and conn.sends_files
+        direct = reader.filt is None and conn.sends_files
         while reader.next < committed and sub.credit > 0 and conn.writable:
-            if direct:
-                span = self._stored_span(reader, committed)
-                if span is not None:  # one stored batch: its entries from file to socket
-                    off, ts, count, checksum, fd, at, length = span
-                    sub.deliver_file(off, ts, fd, at, length, checksum, count)
-                    reader.next = reader.pos_offset = off + count
-                    reader.pos = at + length
-                    sent += count
-                    if sent >= SUB_DISPATCH_BATCH:
-                        self.stats_delivered += sent
-                        return True
-                    continue
-            parts: list[bytes] = []
-            n = 0
-            first = ts = 0
-            size = 0
-            crcs: list[int] | None = None  # a chunk of batches only: each one's stored CRC
-            while reader.next < committed and n < CHUNK_RECORDS and size < limit:
-                if filt is not None and reader.next >= reader.checked:
-                    at = reader.next
-                    self._skip_chunks(reader, committed)
-                    if reader.next >= committed or (n and reader.next != at):
-                        break
-                record = self._record(reader)
-                if record is None or (n and record[1] != ts):
-                    break  # (a chunk has one timestamp: its messages' own, as RabbitMQ's)
-                off = record[0]
-                if record[4] is None:  # a batch record
-                    count = record[3]
-                    if n and reader.next != first + n:
-                        break
-                    if filt is not None and not reader.unfiltered:  # (its messages have none)
-                        if n:
-                            break
-                        reader.next = off + count
-                        continue
-                    if reader.next == off:  # as stored, with the batches after it that fit
-                        stored = record[5]
-                        if n and (crcs is None or size + len(stored) > MERGE_BYTES):
-                            break
-                        if not n:
-                            first, ts, crcs = off, record[1], []
-                        crcs.append(record[6])  # type: ignore[union-attr]  # set just above
-                        parts.append(stored)
-                        n += count
-                        size += len(stored)
-                        reader.next = off + count
-                        continue
-                    if crcs is not None:
-                        break
-                    off = reader.next  # from inside it (a start offset there): one by one
-                    body = reader.message_of(record, off)
-                    fid = -1
-                else:
-                    if crcs is not None:  # batches go in a chunk of their own
-                        break
-                    if n and off != first + n:  # retention moved the reader
-                        reader.next, reader.seg = off, -1
-                        break
-                    fid = record[6]
-                    body = record[5]
-                    header = record[4]
-                    if filt is not None and not (fid in filt if fid >= 0 else reader.unfiltered):
-                        reader.next = off + 1
-                        if n:
-                            break
-                        continue
-                    if header:  # published over AMQP 0-9-1: its AMQP 1.0 form
-                        props = ContentHeader(60, len(body), header).properties
-                        body = amqp10_map.to_amqp10(record[2], record[3], header, props, body)
-                reader.next = off + 1
-                if not n:
-                    first, ts = off, record[1]
-                parts.append(pack(len(body)))
-                parts.append(body)
-                n += 1
-                size += len(body) + 4
-            if not n:
-                break
-            if crcs is None:  # single messages: one piece
-                parts = [b"".join(parts)]
-                crc = zlib.crc32(parts[0])
-            else:  # a chunk of stored batches: its CRC from theirs, its bytes not read again
-                crc = crc32_of_parts(parts, crcs)
-            sub.deliver_chunk(first, ts, parts, size, crc, n)
-            sent += n
+            span = self._stored_span(reader, committed) if direct else None
+            if span is not None:  # one stored batch: its entries from file to socket
+                off, ts, count, checksum, fd, at, length = span
+                sub.deliver_file(off, ts, fd, at, length, checksum, count)
+                reader.next = reader.pos_offset = off + count
+                reader.pos = at + length
+            else:
+                chunk = self._gather_chunk(reader, committed, sub.chunk_bytes)
+                if chunk is None:
+                    break
+                first, ts, parts, size, crc, count = chunk
+                sub.deliver_chunk(first, ts, parts, size, crc, count)
+            sent += count
             if sent >= SUB_DISPATCH_BATCH:
                 self.stats_delivered += sent
                 return True
         self.stats_delivered += sent
         return False
+
+    def _gather_chunk(self, reader: _Reader, committed: int, limit: int) -> tuple | None:
+        """The next chunk for a subscription from `reader.next` (moved past it): first
+        offset, timestamp, parts, size, CRC-32 and message count; None if nothing is
+        ready. Up to CHUNK_RECORDS messages or `limit` bytes of single messages, or stored
+        batches as they are (up to MERGE_BYTES)."""
+        filt = reader.filt
+        pack = _ENTRY.pack
+        parts: list[bytes] = []
+        n = 0
+        first = ts = 0
+        size = 0
+        crcs: list[int] | None = None  # a chunk of batches only: each one's stored CRC
+        while reader.next < committed and n < CHUNK_RECORDS and size < limit:
+            if filt is not None and reader.next >= reader.checked:
+                at = reader.next
+                self._skip_chunks(reader, committed)
+                if reader.next >= committed or (n and reader.next != at):
+                    break
+            record = self._record(reader)
+            if record is None or (n and record[1] != ts):
+                break  # (a chunk has one timestamp: its messages' own, as RabbitMQ's)
+            off = record[0]
+            if record[4] is None:  # a batch record
+                count = record[3]
+                if n and reader.next != first + n:
+                    break
+                if filt is not None and not reader.unfiltered:  # (its messages have none)
+                    if n:
+                        break
+                    reader.next = off + count
+                    continue
+                if reader.next == off:  # as stored, with the batches after it that fit
+                    stored = record[5]
+                    if n and (crcs is None or size + len(stored) > MERGE_BYTES):
+                        break
+                    if not n:
+                        first, ts, crcs = off, record[1], []
+                    crcs.append(record[6])  # type: ignore[union-attr]  # set just above
+                    parts.append(stored)
+                    n += count
+                    size += len(stored)
+                    reader.next = off + count
+                    continue
+                if crcs is not None:
+                    break
+                off = reader.next  # from inside it (a start offset there): one by one
+                body = reader.message_of(record, off)
+                fid = -1
+            else:
+                if crcs is not None:  # batches go in a chunk of their own
+                    break
+                if n and off != first + n:  # retention moved the reader
+                    reader.next, reader.seg = off, -1
+                    break
+                fid = record[6]
+                body = record[5]
+                header = record[4]
+                if filt is not None and not (fid in filt if fid >= 0 else reader.unfiltered):
+                    reader.next = off + 1
+                    if n:
+                        break
+                    continue
+                if header:  # published over AMQP 0-9-1: its AMQP 1.0 form
+                    props = ContentHeader(60, len(body), header).properties
+                    body = amqp10_map.to_amqp10(record[2], record[3], header, props, body)
+            reader.next = off + 1
+            if not n:
+                first, ts = off, record[1]
+            parts.append(pack(len(body)))
+            parts.append(body)
+            n += 1
+            size += len(body) + 4
+        if not n:
+            return None
+        if crcs is None:  # single messages: one piece
+            parts = [b"".join(parts)]
+            crc = zlib.crc32(parts[0])
+        else:  # a chunk of stored batches: its CRC from theirs, its bytes not read again
+            crc = crc32_of_parts(parts, crcs)
+        return first, ts, parts, size, crc, n
 
     def dispatch(self) -> None:
         """Deliver committed records to every consumer with credit."""
@@ -1561,17 +1566,8 @@ class Stream(Queue):
             props, body = amqp10_map.to_amqp091(body)
             raw = props.encode()
         size = len(body)
-        spliced = _with_offset(raw, off)
-        if spliced is not None:
-            msg = Message._rebuilt(
-                exchange, key, ContentHeader(60, size, spliced), body, size, True, 0
-            )
-        else:  # an x-stream-offset header already there, or property-flag continuation
-            props = copy_properties(ContentHeader(60, size, raw).properties)
-            headers = dict(props.headers or {})
-            headers["x-stream-offset"] = Int64(off)  # "l", as the splice writes it
-            props.headers = headers
-            msg = Message(exchange, key, ContentHeader.from_properties(props, 60, size), body)
+        spliced = with_long_header(raw, "x-stream-offset", off)
+        msg = Message._rebuilt(exchange, key, ContentHeader(60, size, spliced), body, size, True, 0)
         if self._ring is not None:
             self._ring_put(off, (off, msg, fid, seg, end), size + RING_SLOT_BYTES)
         return msg
@@ -1811,45 +1807,6 @@ class Stream(Queue):
 
     def iter_ready(self) -> Iterable[Entry]:
         return iter(())
-
-
-_HEADERS_FLAG = 0x2000
-_OFFSET_KEY = b"\x0fx-stream-offset"
-_OFFSET_TYPE = b"l"  # signed 64-bit: RabbitMQ's type for the header, whatever the value
-_U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
-
-
-def _with_offset(raw: bytes, off: int) -> bytes | None:
-    """A raw property list with the `x-stream-offset` header appended to its headers table
-    (the table added if there is none); None where that needs a decode (the header already
-    there, or a continued property-flags word)."""
-    if len(raw) < 2:
-        return None
-    flags = raw[0] << 8 | raw[1]
-    if flags & 1:
-        return None
-    p = 2
-    if flags & 0x8000:  # content-type, content-encoding: shortstrs before the headers
-        p += 1 + raw[p]
-    if flags & 0x4000:
-        p += 1 + raw[p]
-    field = _OFFSET_KEY + _OFFSET_TYPE + _I64.pack(off)  # always "l", as RabbitMQ writes it
-    if flags & _HEADERS_FLAG:
-        (n,) = _U32.unpack_from(raw, p)
-        stop = p + 4 + n
-        if raw.find(b"x-stream-offset", p + 4, stop) >= 0:
-            return None
-        return b"".join((raw[:p], _U32.pack(n + len(field)), raw[p + 4 : stop], field, raw[stop:]))
-    return b"".join(
-        (
-            (flags | _HEADERS_FLAG).to_bytes(2, "big"),
-            raw[2:p],
-            _U32.pack(len(field)),
-            field,
-            raw[p:],
-        )
-    )
 
 
 def _parse(view: memoryview, intern: Any, seg: int = -1, end: int = 0) -> tuple:

@@ -16,6 +16,7 @@ from roarmq.protocol.properties import BasicProperties
 from ..core.erlang import ApiArguments
 from ..core.exchange import Exchange
 from ..core.message import Message
+from ..core.queue import delivery_header
 from .api_query import paged_objects, paged_stream
 from .context import bad_request, broker_of, not_found, rates_of, read_json, vhosts_of
 from .explain import explain
@@ -280,7 +281,11 @@ async def get_messages(request: web.Request) -> web.Response:
         taken.append(entry)
         msg = entry.msg
         data = msg.body if msg.body is not None else (q.store or broker.store).body(msg)
-        out.append(message_row(msg, data, entry.redelivered, q.message_count(), body, truncate))
+        props = msg.properties
+        if q.counts_deliveries:  # a quorum queue's x-delivery-count, as a delivery has it
+            props = ContentHeader(60, 0, delivery_header(entry)).properties
+        left = q.message_count()
+        out.append(message_row(msg, props, data, entry.redelivered, left, body, truncate))
     if ackmode == "ack_requeue_false":
         for entry in taken:
             q.ack(entry)

@@ -183,11 +183,16 @@ def binding_row(vhost: str, source: str, dest: Any, key: str, args: Any) -> dict
 
 
 def message_row(
-    msg: Any, data: bytes, redelivered: bool, left: int, body: dict[str, Any], truncate: int | None
+    msg: Any,
+    props: BasicProperties,
+    data: bytes,
+    redelivered: bool,
+    left: int,
+    body: dict[str, Any],
+    truncate: int | None,
 ) -> dict[str, Any]:
-    """A message as POST /api/queues/{vhost}/{name}/get answers it; `body` is that request's
-    (its `encoding`)."""
-    props = msg.properties
+    """A message as POST /api/queues/{vhost}/{name}/get answers it, with the properties
+    its delivery carries (`props`); `body` is that request's (its `encoding`)."""
     shown = data[:truncate] if truncate is not None else data
     encoding = "string"
     if body.get("encoding") == "base64":

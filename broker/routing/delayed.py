@@ -22,6 +22,8 @@ DELAYED_TYPE_ARGUMENT = "x-delayed-type"
 DELAY_HEADER = "x-delay"
 #: LavinMQ's form: an exchange of any type declared with this argument true is delayed.
 DELAYED_ARGUMENT = "x-delayed-exchange"
+#: LavinMQ's policy key: an exchange a policy with this key true applies to is delayed.
+DELAYED_POLICY_KEY = "delayed-message"
 #: The longest delay the plugin takes (an Erlang timer's limit, 2^32 - 1 ms); a longer
 #: one, like zero or a negative one, routes the message at once.
 MAX_DELAY_MS = 4294967295
@@ -91,23 +93,38 @@ class DelayedIndex:
     Everything but `route` is the underlying index's: bindings are made, listed and
     removed there, so the exchange routes a message that is not delayed (and, once due,
     one that was) exactly as an exchange of its `x-delayed-type` would.
+
+    One a policy made (`by_policy`: LavinMQ's `delayed-message` key) stops delaying when
+    no policy asks for it any more (`delaying(False)`); its schedule stays, so what it
+    holds is still routed when due.
     """
 
-    __slots__ = ("inner", "_scheduled", "delayed_type")
+    __slots__ = ("inner", "_scheduled", "_schedule", "delayed_type", "by_policy")
 
-    def __init__(self, inner: Any, delayed_type: str) -> None:
+    def __init__(self, inner: Any, delayed_type: str, by_policy: bool = False) -> None:
         self.inner = inner
         self.delayed_type = delayed_type
-        self._scheduled: tuple = ()
+        self.by_policy = by_policy
+        self._schedule: Any = None
+        self._scheduled: tuple = ()  # where route sends a delayed message: () when none
 
     @property
     def schedule(self) -> Any:
         """Where delayed messages go (the core attaches it when it makes the exchange)."""
-        return self._scheduled[0] if self._scheduled else None
+        return self._schedule
 
     @schedule.setter
     def schedule(self, destination: Hashable) -> None:
+        self._schedule = destination
         self._scheduled = (destination,)
+
+    def delaying(self, on: bool) -> None:
+        """Whether messages asking for a delay get it from now on."""
+        self._scheduled = (self._schedule,) if on and self._schedule is not None else ()
+
+    @property
+    def delays(self) -> bool:
+        return bool(self._scheduled)
 
     @property
     def IDENTIFIED(self) -> bool:  # noqa: N802  # the index attribute's name

@@ -51,6 +51,7 @@ from .record_tags import (
     DELIVERED_TAG,
     EXPIRING_PUBLISH_TAG,
     PUBLISH_TAG,
+    RETURNED_TAG,
 )
 from .segments import Location, LogFailed, RecoveryReport, SegmentLog
 
@@ -65,6 +66,9 @@ log = logging.getLogger("roarmq.store")
 _P_HEAD = struct.Struct(">cQH")
 _QID = struct.Struct(">I")
 _MARK = struct.Struct(">cIQ")
+#: A returned record: a mark's fields, then the delivery count and the time (ms since the
+#: epoch, 0: none) a delayed retry holds the message until.
+_RETURN = struct.Struct(">cIQIQ")
 #: The head of a W or T record: its kind and a time (ms since the epoch); the publish
 #: record follows.
 _TIMED_HEAD = struct.Struct(">cQ")
@@ -72,6 +76,7 @@ _U32 = struct.Struct(">I")
 #: The kinds' first bytes as replay sees them (an int from a memoryview).
 _PUBLISH, _ACK, _DELIVERED = PUBLISH_TAG[0], ACK_TAG[0], DELIVERED_TAG[0]
 _DELAYED, _EXPIRING = DELAYED_PUBLISH_TAG[0], EXPIRING_PUBLISH_TAG[0]
+_RETURNED = RETURNED_TAG[0]
 #: The kinds of record that hold a message: a publish record, or one after a time.
 PUBLISH_KINDS = (PUBLISH_TAG, DELAYED_PUBLISH_TAG, EXPIRING_PUBLISH_TAG)
 _NONE: frozenset[int] = frozenset()
@@ -116,6 +121,30 @@ def encode_publish(
 def encode_mark(kind: bytes, queue_id: int, msg_id: int) -> bytes:
     """An ack (ACK_TAG) or delivered (DELIVERED_TAG) record."""
     return _MARK.pack(kind, queue_id, msg_id)
+
+
+def encode_returned(queue_id: int, msg_id: int, count: int, ready_at_ms: int) -> bytes:
+    """A returned record (RETURNED_TAG): the queue's delivery count of the message, and
+    when a delayed retry makes it ready again (0: it is ready now)."""
+    return _RETURN.pack(RETURNED_TAG, queue_id, msg_id, count, ready_at_ms)
+
+
+def decode_returned(payload: Any) -> tuple[int, int, int, int]:
+    """queue id, message id, delivery count and ready time of a returned record."""
+    _, queue_id, msg_id, count, ready_at_ms = _RETURN.unpack_from(payload, 0)
+    return queue_id, msg_id, count, ready_at_ms
+
+
+class Returned:
+    """What a message's returned records say of one queue: its delivery count and the time
+    (ms since the epoch) a delayed retry holds it until, 0 if none. A recovery takes the
+    record with the highest count (counts only grow; a compaction may reorder records)."""
+
+    __slots__ = ("count", "ready_at_ms")
+
+    def __init__(self, count: int, ready_at_ms: int) -> None:
+        self.count = count
+        self.ready_at_ms = ready_at_ms
 
 
 def publish_of(payload: bytes) -> bytes:
@@ -398,9 +427,10 @@ class Durability(Protocol):
         """A message is about to be stored: raise LogFailed if it may not be now."""
         ...
 
-    def mark(self, kind: bytes, queue_id: int, msg_id: int) -> None:
-        """A durable queue let go of a stored message (ACK_TAG) or delivered it for the
-        first time (DELIVERED_TAG); called while the store's index still holds it."""
+    def mark(self, record: bytes, queue_id: int, msg_id: int) -> None:
+        """A durable queue let go of a stored message (an ACK_TAG record), delivered it
+        for the first time (DELIVERED_TAG) or took it back counting the delivery
+        (RETURNED_TAG); called while the store's index still holds it."""
         ...
 
     def gone(self, msg_id: int) -> None:
@@ -467,8 +497,8 @@ class SegmentDurability:
     def admit(self) -> None:
         pass
 
-    def mark(self, kind: bytes, queue_id: int, msg_id: int) -> None:
-        self._tombstone(_MARK.pack(kind, queue_id, msg_id), msg_id)
+    def mark(self, record: bytes, queue_id: int, msg_id: int) -> None:
+        self._tombstone(record, msg_id)
 
     def _tombstone(self, record: bytes, msg_id: int) -> None:
         store = self.store
@@ -484,8 +514,8 @@ class SegmentDurability:
             self._pending.append((record, msg_id, seg))
 
     def _write(self, record: bytes, msg_id: int, seg: int) -> None:
-        """Append an ack or delivered record, live until the publish's segment `seg` is
-        gone."""
+        """Append an ack, delivered or returned record, live until the publish's segment
+        `seg` is gone."""
         loc, _ = self.store.log.append(record)
         tombs = self._tombs.get(msg_id)
         if tombs is None:
@@ -661,11 +691,21 @@ class MessageStore:
         return token <= self._synced_upto
 
     def delivered(self, queue: Queue, msg_id: int) -> None:
-        self.durability.mark(DELIVERED_TAG, queue.store_id, msg_id)  # type: ignore[arg-type]  # a durable queue's
+        qid: int = queue.store_id  # type: ignore[assignment]  # a durable queue's
+        self.durability.mark(_MARK.pack(DELIVERED_TAG, qid, msg_id), qid, msg_id)
+
+    def returned(self, queue: Queue, msg_id: int, count: int, ready_at_ms: int) -> None:
+        """A durable quorum queue took the message back counting the delivery (RETURNED_TAG:
+        its count, and `ready_at_ms` if a delayed retry holds it). Nobody waits for it:
+        after a crash before it is durable, the count is the one before."""
+        qid: int = queue.store_id  # type: ignore[assignment]  # (as above)
+        self.durability.mark(encode_returned(qid, msg_id, count, ready_at_ms), qid, msg_id)
+        self._want_sync_soon()
 
     def settled(self, queue: Queue, msg_id: int) -> None:
         """The message left a durable queue (ack, expiry, drop, purge, delete)."""
-        self.durability.mark(ACK_TAG, queue.store_id, msg_id)  # type: ignore[arg-type]  # (as above)
+        qid: int = queue.store_id  # type: ignore[assignment]  # (as above)
+        self.durability.mark(_MARK.pack(ACK_TAG, qid, msg_id), qid, msg_id)
         loc = self.index.unref(msg_id)
         if loc is not None:
             self.log.release(loc)
@@ -794,6 +834,7 @@ class MessageStore:
         index = self.index
         replayed = _Replayed()
         marks: dict[int, list[tuple[int, int, Location]]] = {}
+        returns: dict[int, dict[int, Returned]] = {}  # msg id -> queue id -> the latest
         duplicates = 0
         last_id = 0
         unpack_head, unpack_qid, unpack_u32 = (
@@ -836,6 +877,15 @@ class MessageStore:
                 _, qid, msg_id = _MARK.unpack_from(payload)
                 marks.setdefault(msg_id, []).append((kind, qid, loc))
                 if msg_id > last_id:  # never reuse an id a tombstone on disk names
+                    last_id = msg_id
+            elif kind == _RETURNED and len(payload) == _RETURN.size:
+                qid, msg_id, count, ready_at_ms = decode_returned(payload)
+                marks.setdefault(msg_id, []).append((kind, qid, loc))
+                of_msg = returns.setdefault(msg_id, {})
+                known = of_msg.get(qid)
+                if known is None or count >= known.count:
+                    of_msg[qid] = Returned(count, ready_at_ms)
+                if msg_id > last_id:
                     last_id = msg_id
             elif kind in foreign:
                 self.log.release(loc)  # another owner's record in a shared log
@@ -883,7 +933,16 @@ class MessageStore:
                     queue.restore_due(msg_id, size, due)  # type: ignore[attr-defined]  # (a Schedule)
                 else:
                     redelivered = unclean or qid in delivered
-                    queue.restore_stored(msg_id, size, priority, ttl, redelivered, entered)
+                    back = returns.get(msg_id) if returns else None
+                    queue.restore_stored(
+                        msg_id,
+                        size,
+                        priority,
+                        ttl,
+                        redelivered,
+                        entered,
+                        back.get(qid) if back else None,
+                    )
                 touched[qid] = queue
             restored += 1
         self.next_id = last_id + 1

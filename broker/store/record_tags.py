@@ -15,6 +15,11 @@ PUBLISH_TAG = b"P"
 ACK_TAG = b"A"
 #: A queue delivered a message (redelivered after a crash).
 DELIVERED_TAG = b"D"
+#: A durable quorum queue took a stored message back after a delivery that counts: the
+#: message's delivery count now and, when a delayed retry holds it, the time (ms since the
+#: epoch) it is ready again (0: at once). Both survive restarts and failovers, as a quorum
+#: queue's do in RabbitMQ (its Raft log keeps them).
+RETURNED_TAG = b"R"
 #: A persistent message a delayed exchange holds: its due time, then its publish record.
 DELAYED_PUBLISH_TAG = b"W"
 #: A persistent message that can expire (a TTL of its own or of a queue it reached): when

@@ -70,14 +70,8 @@ class Subscription:
         """`n` messages from offset `first` as one chunk: their entries, `size` bytes in
         `parts` (stored batches, sent as they are: never joined into one copy) whose CRC-32
         is `crc`."""
-        self.credit -= 1
-        self.delivered += n
-        self.conn.broker.totals.stream_delivered += n
         conn = self.conn
-        committed = self.stream.committed - 1 if conn.deliver_v2 else None
-        conn.send(
-            encode_deliver_head(self.id, first, timestamp_ms, size, crc, n, committed=committed)
-        )
+        conn.send(self._chunk_head(first, timestamp_ms, size, crc, n))
         for part in parts:
             conn.send(part)
 
@@ -86,13 +80,17 @@ class Subscription:
     ) -> None:
         """`deliver_chunk` of one stored batch left in its segment file: `size` bytes of
         entries at `at` in `fd`, sent from the file (`StreamConnection.send_file`)."""
+        self.conn.send_file(self._chunk_head(first, timestamp_ms, size, crc, n), fd, at, size)
+
+    def _chunk_head(self, first: int, timestamp_ms: int, size: int, crc: int, n: int) -> bytes:
+        """A chunk about to go: counted against the credit and in the totals; the head of
+        its deliver frame."""
         self.credit -= 1
         self.delivered += n
-        self.conn.broker.totals.stream_delivered += n
         conn = self.conn
+        conn.broker.totals.stream_delivered += n
         committed = self.stream.committed - 1 if conn.deliver_v2 else None
-        head = encode_deliver_head(self.id, first, timestamp_ms, size, crc, n, committed=committed)
-        conn.send_file(head, fd, at, size)
+        return encode_deliver_head(self.id, first, timestamp_ms, size, crc, n, committed=committed)
 
     def activate(self) -> None:
         """It became its group's active member: ask where to start (consumer-update)."""

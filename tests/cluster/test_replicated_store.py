@@ -14,8 +14,8 @@ from roarmq.broker.cluster.replicated_store import ReplicatedVhostStore
 from roarmq.broker.core.message import Message
 from roarmq.broker.replog.records import SegmentRecordStore
 from roarmq.broker.replog.replication import ReplicationLeader
-from roarmq.broker.store.messages import decode_mark
-from roarmq.broker.store.record_tags import ACK_TAG, DEFINITIONS_TAG, PUBLISH_TAG
+from roarmq.broker.store.messages import decode_mark, decode_returned
+from roarmq.broker.store.record_tags import ACK_TAG, DEFINITIONS_TAG, PUBLISH_TAG, RETURNED_TAG
 from roarmq.broker.store.segments import LogFailed
 from roarmq.protocol.frames import ContentHeader
 
@@ -52,6 +52,21 @@ class DurableQueue:
 
     def __init__(self, store_id: int) -> None:
         self.store_id = store_id
+
+
+class RecoveringQueue(DurableQueue):
+    """A durable queue a recovery hands its messages to: what it was told of each."""
+
+    def __init__(self, store_id: int) -> None:
+        super().__init__(store_id)
+        self.restored_with: list[tuple[int, bool, tuple[int, int] | None]] = []
+
+    def restore_stored(self, msg_id, size, priority, ttl, redelivered, entered, returned=None):
+        back = (returned.count, returned.ready_at_ms) if returned is not None else None
+        self.restored_with.append((msg_id, redelivered, back))
+
+    def restored(self) -> None:
+        pass
 
 
 def message(body: bytes) -> Message:
@@ -127,3 +142,46 @@ async def test_records_in_the_log_definitions_first_acks_but_no_delivered_marker
     assert vhost_log.live_bytes() == store.index.bytes > 0
     store.settled(second, msg_id)
     assert len(store.index) == 0 and store.index.bytes == 0 and vhost_log.live_bytes() == 0
+
+
+async def test_a_checkpoint_copies_the_latest_returned_record_and_the_next_leader_reads_it(
+    vhost_log, tmp_path
+):
+    """A quorum queue's delivery count and delayed retry (returned records) are records of
+    the vhost's log: a checkpoint copies each holding queue's latest (a queue that acked
+    the message has none left), so a leader recovering from the log trimmed at the
+    checkpoint still knows them."""
+    store, leader = vhost_log.store, vhost_log.replication
+    first, second = DurableQueue(1), DurableQueue(2)
+    msg = message(b"five")
+    store.persist(msg, [first, second], False)
+    msg_id = msg.store_id
+    store.returned(first, msg_id, 1, 0)
+    store.returned(first, msg_id, 2, 1_700_000_123_456)
+    store.returned(second, msg_id, 1, 0)
+    store.settled(second, msg_id)
+    base = leader.store.last_offset + 1
+    assert await vhost_log.checkpoint()
+    copied = [payload for _, payload in leader.store.read(base, 1 << 30)]
+    returned = [decode_returned(p) for p in copied if p[:1] == RETURNED_TAG]
+    assert returned == [(1, msg_id, 2, 1_700_000_123_456)]
+    trimmed = SegmentRecordStore(tmp_path / "trimmed")  # the log from the checkpoint on
+    trimmed.reset(base)
+    for offset, payload in leader.store.read(base, 1 << 30):
+        trimmed.append(offset, payload)
+    next_leader = ReplicationLeader("/", 8, trimmed, node="n2", min_copies=1)
+    try:
+        next_store = ReplicatedVhostStore(
+            tmp_path / "next",
+            replication=next_leader,
+            may_confirm=lambda: True,
+            snapshot=lambda: {"exchanges": [], "queues": [], "bindings": []},
+            loop=asyncio.get_running_loop(),
+        )
+        queues = {1: RecoveringQueue(1), 2: RecoveringQueue(2)}
+        next_store.store.recover(queues)  # type: ignore[arg-type]  # what recovery reads
+        assert queues[1].restored_with == [(msg_id, True, (2, 1_700_000_123_456))]
+        assert queues[2].restored_with == []
+    finally:
+        await next_leader.stop()
+        trimmed.close()

@@ -419,6 +419,41 @@ def test_lavinmqs_form_an_exchange_declared_with_x_delayed_exchange_true(b, ch):
     assert headers["x-delay"] == -200
 
 
+def test_lavinmqs_policy_key_makes_an_exchange_delayed_while_it_applies(b, ch):
+    """LavinMQ's policy key `delayed-message: true` makes the exchanges it applies to
+    delayed, their type unchanged; when the policy goes, new messages route at once and
+    what the exchange holds still comes when due, never early."""
+    policy = {"pattern": "^px", "apply-to": "exchanges", "definition": {"delayed-message": True}}
+    assert b.api("PUT", "/api/policies/%2F/delay", policy)[0] == 201
+    ch.exchange_declare("px-late", "direct")  # declared under the policy
+    ch.exchange_declare("other", "direct")  # not matched
+    published = time.monotonic()  # before the broker sees the publish: due after this + 0.6
+    for x in ("px-late", "other"):
+        ch.queue_declare(f"q-{x}")
+        ch.queue_bind(f"q-{x}", x, "k")
+        publish(ch, x, "k", b"held", {"x-delay": 600})
+    assert count(ch, "q-other") == 1 and count(ch, "q-px-late") == 0
+    row = b.api("GET", "/api/exchanges/%2F/px-late")[1]
+    assert (row["type"], row["policy"], row["messages_delayed"]) == ("direct", "delay", 1)
+    assert "messages_delayed" not in b.api("GET", "/api/exchanges/%2F/other")[1]
+    assert b.api("DELETE", "/api/policies/%2F/delay")[0] == 204
+    publish(ch, "px-late", "k", b"now", {"x-delay": 600})  # no policy: at once
+    assert [body for body, _ in drain(ch, "q-px-late")] == [b"now"]
+    wait_for(lambda: count(ch, "q-px-late") == 1, timeout=10, step=0.005)
+    assert time.monotonic() >= published + 0.6  # never early
+    ((body, headers),) = drain(ch, "q-px-late")
+    assert body == b"held" and headers["x-delay"] == -600
+    # a policy made afterwards applies to an exchange declared before it
+    policy["pattern"] = "^other$"
+    assert b.api("PUT", "/api/policies/%2F/later", policy)[0] == 201
+    publish(ch, "other", "k", b"later", {"x-delay": 200})
+    assert count(ch, "q-other") == 1  # only the first, undelayed message
+    wait_for(lambda: count(ch, "q-other") == 2, timeout=10)
+    bad = {**policy, "definition": {"delayed-message": "yes"}}
+    status, body = b.api("PUT", "/api/policies/%2F/bad", bad)
+    assert status == 400 and "is not a valid delayed message setting" in body["reason"], body
+
+
 def _colliding_names() -> tuple[str, str]:
     """Two exchange names whose schedules would get the same message store id in "/"."""
     from roarmq.broker.core.delayed import schedule_store_id

@@ -183,3 +183,53 @@ def test_a_failed_fsync_nacks_the_delayed_publish_and_the_confirmed_ones_are_rou
         conn.close()
     finally:
         broker.stop()
+
+
+def test_a_policy_made_delayed_exchange_keeps_what_it_held_after_the_policy_and_a_kill_9(
+    tmp_path,
+):
+    """An exchange LavinMQ's policy key `delayed-message` made delayed stores its
+    persistent messages as any durable delayed exchange; removed, the policy delays nothing
+    new, and after a kill -9 (no policy to make the exchange delayed at the start) what
+    it held is still routed when due: never lost, never early."""
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        ch = connect(broker.port).channel()
+        ch.confirm_delivery()
+        policy = {
+            "pattern": "^px$",
+            "apply-to": "exchanges",
+            "definition": {"delayed-message": True},
+        }
+        assert broker.call("/api/policies/%2F/delay", "PUT", policy)[0] == 201
+        ch.exchange_declare("px", "direct", durable=True)
+        ch.queue_declare("q", durable=True)
+        ch.queue_bind("q", "px", "k")
+        published = time.time()
+        ch.basic_publish("px", "k", b"held", _props(1, 6000))
+        assert broker.api("/api/exchanges/%2F/px")["messages_delayed"] == 1
+        assert broker.call("/api/policies/%2F/delay", "DELETE")[0] == 204
+        ch.basic_publish("px", "k", b"now", _props(2, 6000))  # no policy: at once
+        assert ch.queue_declare("q", durable=True, passive=True).method.message_count == 1
+        broker.kill9()
+        broker.start()
+        ch = connect(broker.port).channel()
+        assert broker.api("/api/exchanges/%2F/px")["messages_delayed"] == 1
+        method, _props_, body = ch.basic_get("q", auto_ack=True)
+        assert body == b"now"
+        got: list[tuple[float, bytes]] = []
+
+        def arrived() -> bool:
+            method, _p, body = ch.basic_get("q", auto_ack=True)
+            if method is not None:
+                got.append((time.time(), body))
+            return bool(got)
+
+        wait_for(arrived, timeout=20, step=0.01, what="the held message")
+        at, body = got[0]
+        assert body == b"held" and at >= published + 6.0
+        # still not delaying: the woken schedule only delivers what it held
+        ch.basic_publish("px", "k", b"after", _props(3, 6000))
+        assert [ch.basic_get("q", auto_ack=True)[2]] == [b"after"]
+    finally:
+        broker.stop()

@@ -1,0 +1,213 @@
+"""Celery's countdown tasks held by the broker: many scheduled over the next hour.
+
+    .venv/bin/python bench/celery_eta.py [--broker roarmq|rabbitmq|both] [--tasks N]
+                                         [--over S] [--json PATH]
+
+A benchmark, not a test. For each broker: a fresh one pinned to CPU 0 (bench/lib/brokers.py's
+``monitored_instance``), one unmodified Celery worker (solo pool, tests/support/celery_app.py's
+app with quorum task queues, so Celery (5.5+) delays its countdown tasks on the broker:
+kombu's 28 levels of TTL'd quorum queues dead-lettering at least once into each other) and
+this process, both on CPU 1. N tasks (default 100,000) are sent at once, with countdowns
+spread evenly over S seconds (default 3,600) in random order; then each is waited for.
+
+Reported per broker: the send rate; how many ran, and each one's lateness (ran minus due,
+both read in the worker: p50, p99, max, and how many ran early); the most messages the
+delay levels held at once and the most the worker held unacknowledged (Celery's ETA tasks
+in the worker's hands: none, when the broker holds them); the broker's and the worker's
+resident memory at the start of sending, at their peak and at the end (flat: the tasks
+wait in the broker's queues, paged out to its disk, not in anyone's memory).
+
+Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from base64 import b64encode
+from pathlib import Path
+from typing import Any
+
+import pika
+from lib import REPO, RESULTS
+from lib.brokers import monitored_instance
+from lib.observe import RssSampler
+from lib.output import markdown_table, write_results
+from lib.procs import Procs, pinned
+
+MiB = 1024 * 1024
+#: The delay levels kombu declares (celery_delayed_0 .. celery_delayed_27).
+LEVELS = 28
+#: Seconds between two looks at the queues while the tasks wait.
+LOOK_EVERY = 5.0
+
+
+def start_worker(procs: Procs, url: str, out: Path, log: Path) -> Any:
+    env = {
+        **os.environ,
+        "ROARMQ_CELERY_BROKER": url,
+        "ROARMQ_CELERY_OUT": str(out),
+        "ROARMQ_CELERY_QUEUE_TYPE": "quorum",
+        "PYTHONPATH": os.pathsep.join((str(REPO / "tests"), os.environ.get("PYTHONPATH", ""))),
+    }
+    argv = [sys.executable, "-m", "celery", "-A", "support.celery_app", "worker"]
+    argv += ["--pool", "solo", "--concurrency", "1", "--loglevel", "warning"]
+    argv += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    with open(log, "ab") as output:
+        return procs.start(
+            pinned(1, argv), instance="celery-eta", env=env, stdout=output, stderr=output
+        )
+
+
+def queue_counts(port: int) -> tuple[int, int]:
+    """(messages in the delay levels, messages ready in the task queue)."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    try:
+        ch = conn.channel()
+        delayed = 0
+        for level in range(LEVELS):
+            ok = ch.queue_declare(f"celery_delayed_{level}", passive=True)
+            delayed += ok.method.message_count
+        ready = ch.queue_declare("celery", passive=True).method.message_count
+    finally:
+        conn.close()
+    return delayed, ready
+
+
+def unacked_of(mgmt: int | None) -> int | None:
+    """The task queue's unacknowledged messages (RoarMQ's API; None without one)."""
+    if mgmt is None:
+        return None
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{mgmt}/api/queues/%2F/celery",
+        headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return int(json.loads(resp.read())["messages_unacknowledged"])
+
+
+def ran(out: Path) -> list[dict[str, Any]]:
+    text = out.read_text() if out.exists() else ""
+    return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
+def wait_until(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, pika.exceptions.AMQPError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+
+
+def run(kind: str, procs: Procs, tasks: int, over: float) -> dict[str, Any]:
+    from celery import Celery
+
+    with (
+        monitored_instance(kind, procs, 0, REPO) as b,
+        tempfile.TemporaryDirectory(prefix="celery-eta-") as tmp,
+    ):
+        url = f"amqp://guest:guest@127.0.0.1:{b.running.port}//"
+        out, log = Path(tmp) / "ran.jsonl", Path(tmp) / "worker.log"
+        worker = start_worker(procs, url, out, log)
+        worker_rss = RssSampler(worker.pid, period=1.0)
+        worker_rss.start()
+        try:
+            # the worker declares the delay levels and its quorum task queue at start
+            wait_until(lambda: queue_counts(b.running.port), 120, "the worker's queues")
+            sender = Celery("roarmq_bench", broker=url)
+            sender.conf.task_default_queue_type = "quorum"
+            sender.conf.task_default_exchange_type = "topic"
+            rng = random.Random(11)
+            # at least 1 s: kombu's delay levels take whole seconds, and refuse 0
+            countdowns = [1 + (over - 1) * (i + 1) / tasks for i in range(tasks)]
+            rng.shuffle(countdowns)
+            broker_start = b.rss.samples[-1][1]
+            worker_start = worker_rss.samples[-1][1] if worker_rss.samples else 0
+            sent_at = time.monotonic()
+            with sender.connection_for_write() as conn:
+                for i, countdown in enumerate(countdowns):
+                    sender.send_task("record", (str(i),), countdown=countdown, connection=conn)
+            send_s = time.monotonic() - sent_at
+            looks: list[tuple[float, int, int, int | None]] = []
+            stop = threading.Event()
+
+            def look() -> None:
+                while not stop.wait(LOOK_EVERY):
+                    try:
+                        delayed, ready = queue_counts(b.running.port)
+                        looks.append((time.monotonic(), delayed, ready, unacked_of(b.mgmt_port)))
+                    except (OSError, pika.exceptions.AMQPError):
+                        continue
+
+            looker = threading.Thread(target=look, daemon=True)
+            looker.start()
+            wait_until(lambda: len(ran(out)) >= tasks, over + 600, "every task to run")
+            stop.set()
+            looker.join(30)
+            runs = ran(out)
+        finally:
+            worker_rss.stop()
+            procs.stop(worker)
+        late = sorted(r["ran"] - r["due"] for r in runs)
+        broker_samples = [rss for _, rss in b.rss.samples]
+        worker_samples = [rss for _, rss in worker_rss.samples] or [0]
+        unacked = [u for *_, u in looks if u is not None]
+        return {
+            "broker": kind,
+            "version": b.running.version,
+            "tasks": tasks,
+            "over_s": over,
+            "send_per_s": round(tasks / send_s),
+            "ran": len(runs),
+            "early": sum(1 for x in late if x < 0),
+            "late_p50_s": round(statistics.median(late), 3),
+            "late_p99_s": round(late[int(len(late) * 0.99)], 3),
+            "late_max_s": round(late[-1], 3),
+            "delay_levels_peak": max((d for _, d, _, _ in looks), default=0),
+            "worker_unacked_peak": max(unacked) if unacked else None,
+            "broker_rss_start_mb": round(broker_start / MiB, 1),
+            "broker_rss_peak_mb": round(max(broker_samples) / MiB, 1),
+            "broker_rss_end_mb": round(broker_samples[-1] / MiB, 1),
+            "worker_rss_start_mb": round(worker_start / MiB, 1),
+            "worker_rss_peak_mb": round(max(worker_samples) / MiB, 1),
+            "worker_rss_end_mb": round(worker_samples[-1] / MiB, 1),
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broker", choices=("roarmq", "rabbitmq", "both"), default="roarmq")
+    parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--over", type=float, default=3600.0, help="seconds (default 3600)")
+    parser.add_argument("--json", type=Path, default=RESULTS / "celery_eta.json")
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {1})  # the sender (this process) beside the worker
+    kinds = ["roarmq", "rabbitmq"] if args.broker == "both" else [args.broker]
+    procs = Procs()
+    rows: list[dict[str, Any]] = []
+    try:
+        for kind in kinds:
+            rows.append(run(kind, procs, args.tasks, args.over))
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        procs.stop_all()
+    keys = list(rows[0])
+    print(markdown_table(keys, [[row[k] for k in keys] for row in rows]))
+    write_results(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
