@@ -56,6 +56,7 @@ cdef class Channel:
     cdef public list _marks
     cdef public object _sweep
 
+    @cython.locals(queue=Queue)
     cpdef deliver(self, Consumer consumer, Entry entry)
     cpdef tuple _hand_out(self, Entry entry, bint no_ack)
     @cython.locals(exchange=Exchange, msg=Message)

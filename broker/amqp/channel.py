@@ -356,6 +356,7 @@ class Channel:
             consumer.unacked += 1
         msg = entry.msg
         conn = self.conn
+        queue = entry.queue  # None: a direct reply-to delivery
         conn.send(
             encode_deliver(
                 self.id,
@@ -364,7 +365,9 @@ class Channel:
                 entry.redelivered,
                 msg.exchange,
                 msg.routing_key,
-                delivery_header(entry) if entry.queue.counts_deliveries else msg.header.raw,
+                delivery_header(entry)
+                if queue is not None and queue.counts_deliveries
+                else msg.header.raw,
                 body,
                 conn.frame_max,
             )

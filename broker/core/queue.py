@@ -133,7 +133,8 @@ def delivery_header(entry: Entry) -> bytes:
     quorum queue (`counts_deliveries`) with `x-delivery-count`, a long, on every delivery
     (0 on the first; in place of a publisher's own), as RabbitMQ 3.10.8's."""
     raw = entry.msg.header.raw
-    if entry.queue.counts_deliveries:
+    queue = entry.queue  # None: a direct reply-to delivery
+    if queue is not None and queue.counts_deliveries:
         return with_long_header(raw, "x-delivery-count", entry.delivery_count)
     return raw
 
