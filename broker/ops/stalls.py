@@ -13,14 +13,18 @@ what overlapped it:
   and `call_soon`s, the message store its writer thread's callbacks, the management API
   its requests);
 - the loop thread's CPU time and run-queue wait over the window (Linux's
-  /proc/thread-self/schedstat) and the process's other threads' CPU time, which tell code
-  that ran (on CPU) from a loop that was not running at all: runnable but its core taken by
-  another process, waiting for the GIL, or blocked (a system call; in a VM, the hypervisor).
+  /proc/thread-self/schedstat), the process's other threads' CPU time, and the steal time
+  of the CPU the loop thread runs on (/proc/stat: in a VM, time the hypervisor gave that
+  virtual CPU's core to someone else, which the guest counts neither as the thread's CPU
+  time nor as a wait for a core), which tell code that ran (on CPU) from a loop that was
+  not running at all: runnable but its core taken by another process, its virtual CPU
+  taken by the hypervisor, waiting for the GIL, or blocked in a system call.
 
 `Stall.explain` is the one rule that turns those into a cause. Nothing here runs per
 message: a tick is a clock read, two CPU clock reads and a 40-byte pread (3.7 us against the
-bare timer's 0.3, so 0.4% of a core more at 1 ms), a collection or a job run two clock
-reads and a few additions.
+bare timer's 0.3, so 0.4% of a core more at 1 ms) and every `STEAL_EVERY` seconds a read
+of /proc/stat (19 us: 0.2% of a core), a collection or a job run two clock reads and a few
+additions.
 """
 
 from __future__ import annotations
@@ -54,7 +58,11 @@ RECENT = 256
 GC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 
 #: What can explain a stall (`Stall.explain`), the `kind` label of roarmq_event_loop_stalls.
-STALL_KINDS = ("gc", "job", "run_queue", "gil", "blocked", "on_cpu")
+STALL_KINDS = ("gc", "job", "run_queue", "steal", "gil", "blocked", "on_cpu")
+#: Seconds between two reads of the CPUs' steal times: a stall's is the steal since the
+#: last read before its window, so it may count up to this much from before the window
+#: (and /proc/stat counts in 10-ms ticks).
+STEAL_EVERY = 0.01
 
 
 def _overlapping(recent: deque[Any], start: float, end: float) -> list[Any]:
@@ -216,6 +224,9 @@ class Stall:
     cpu: float  # the loop thread's CPU seconds in the window
     run_queue: float | None  # seconds it was runnable but not running (None: not known)
     others_cpu: float  # the process's other threads' CPU seconds in the window
+    #: seconds the hypervisor took the loop thread's virtual CPU in (or just before) the
+    #: window (None: not known)
+    steal: float | None = None
     #: per generation that ran: [generation, passes, seconds of them in the window,
     #: the longest pass's whole pause, objects collected]
     gc: list[list[Any]] = field(default_factory=list)
@@ -228,13 +239,15 @@ class Stall:
         """Set `kind` and `cause`. GC passes explain it when they cover half the lag (a pass
         inside a job is the GC's), else one job that does; else, when the loop thread was on
         CPU for most of the window, code nothing here times; else what kept it off CPU: the
-        run queue (another process had the core), other threads (the GIL), or neither
-        (blocked), whichever covers half of that time."""
+        run queue (another process had the core), the hypervisor (steal), other threads
+        (the GIL), or none of them (blocked), whichever covers half of that time."""
         half = self.lag / 2
         ms = 1000
         on = f"loop on CPU {self.cpu * ms:.1f} of {self.window * ms:.1f} ms"
         if self.run_queue is not None and self.run_queue * ms >= 0.5:
             on += f", waiting for a core {self.run_queue * ms:.1f} ms"
+        if self.steal:
+            on += f", its virtual CPU stolen {self.steal * ms:.0f} ms"
         if sum(g[2] for g in self.gc) >= half:
             self.kind = "gc"
             passes = ", ".join(
@@ -256,6 +269,9 @@ class Stall:
         elif self.run_queue is not None and self.run_queue >= off / 2:
             self.kind = "run_queue"
             self.cause = f"another process had the core ({on})"
+        elif self.steal is not None and self.steal >= off / 2:
+            self.kind = "steal"
+            self.cause = f"the hypervisor gave the VM's CPU to someone else ({on})"
         elif self.others_cpu >= off / 2:
             self.kind = "gil"
             self.cause = (
@@ -281,6 +297,7 @@ class Stall:
             "cpu_ms": ms(self.cpu),
             "run_queue_ms": ms(self.run_queue),
             "other_threads_cpu_ms": ms(self.others_cpu),
+            "steal_ms": ms(self.steal),
             "gc": [
                 {
                     "generation": g,
@@ -323,6 +340,38 @@ class ThreadTimes:
             self._fd = None
 
 
+class CpuSteal:
+    """Each CPU's steal time (/proc/stat's eighth column: in a VM, time its virtual CPU was
+    runnable but the hypervisor ran something else), and the CPU the calling thread is on
+    (/proc/thread-self/stat); cumulative, in seconds. Empty where there is no /proc."""
+
+    def __init__(self) -> None:
+        self.tick = 1 / os.sysconf("SC_CLK_TCK")
+
+    def read(self) -> dict[int, float]:
+        """CPU number -> its steal seconds."""
+        try:
+            with open("/proc/stat", "rb") as f:
+                f.readline()  # the sum over all CPUs
+                steal = {}
+                for line in f:
+                    if not line.startswith(b"cpu"):
+                        break
+                    fields = line.split()
+                    steal[int(fields[0][3:])] = int(fields[8]) * self.tick
+                return steal
+        except (OSError, IndexError, ValueError):
+            return {}
+
+    @staticmethod
+    def cpu() -> int | None:
+        try:
+            with open("/proc/thread-self/stat", "rb") as f:
+                return int(f.read().rsplit(b")", 1)[1].split()[36])  # field 39, "processor"
+        except (OSError, IndexError, ValueError):
+            return None
+
+
 class LoopLag:
     """How late the event loop runs a timer due every `interval` seconds: its longest stall,
     and each stall of `threshold` or more with what the loop was doing (module docstring).
@@ -357,6 +406,9 @@ class LoopLag:
         self._cpu = 0.0
         self._run_queue: float | None = 0.0
         self._process_cpu = 0.0
+        self._steal = CpuSteal()
+        self._stolen: dict[int, float] = {}  # each CPU's steal at `_stolen_at`
+        self._stolen_at = float("-inf")
         self._logged_at = float("-inf")
         self._unlogged = 0
 
@@ -371,6 +423,8 @@ class LoopLag:
         self._last = at
         self._cpu, self._run_queue = self._times.read()  # type: ignore[union-attr]  # the probe runs only where the times can be read
         self._process_cpu = time.process_time()
+        if at - self._stolen_at >= STEAL_EVERY:
+            self._stolen, self._stolen_at = self._steal.read(), at
 
     def _tick(self) -> None:
         at = now()
@@ -388,6 +442,11 @@ class LoopLag:
         cpu, run_queue = self._times.read()  # type: ignore[union-attr]  # (as above)
         cpu -= self._cpu
         others = time.process_time() - self._process_cpu - cpu
+        steal = None
+        where = self._steal.cpu()
+        stolen = self._steal.read()
+        if where in stolen and where in self._stolen:
+            steal = stolen[where] - self._stolen[where]
         gcs: dict[int, list[Any]] = {}
         for begun, end, g, collected in self.watch.overlapping(start, at):
             entry = gcs.setdefault(g, [g, 0, 0.0, 0.0, 0])
@@ -409,6 +468,7 @@ class LoopLag:
             cpu=cpu,
             run_queue=None if run_queue is None else run_queue - self._run_queue,  # type: ignore[operator]  # both read by the same probe, or neither
             others_cpu=max(0.0, others),
+            steal=steal,
             gc=sorted(gcs.values()),
             jobs=list(jobs.values()),
         )
@@ -444,4 +504,4 @@ class LoopLag:
             self._times.close()
 
 
-__all__ = ["GC_WATCH", "STALL_KINDS", "GcWatch", "JobTimes", "LoopLag", "Stall", "job_name"]
+__all__ = ["GC_WATCH", "STALL_KINDS", "CpuSteal", "GcWatch", "JobTimes", "LoopLag", "Stall", "job_name"]

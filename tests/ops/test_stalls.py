@@ -5,6 +5,7 @@ that explains a stall, below the socket."""
 from __future__ import annotations
 
 import gc
+import os
 import re
 import time
 
@@ -12,7 +13,7 @@ import pika
 import pytest
 from support.broker_process import BrokerProcess
 
-from roarmq.broker.ops.stalls import JOB_LABELS, GcWatch, JobTimes, Stall, job_name
+from roarmq.broker.ops.stalls import JOB_LABELS, CpuSteal, GcWatch, JobTimes, Stall, job_name
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,6 +67,7 @@ def test_a_large_definitions_import_is_a_stall_named_after_its_request(probed):
         assert stall["cause"].startswith("management POST /api/definitions ran ")
     assert stall["window_ms"] >= stall["lag_ms"]
     assert stall["cpu_ms"] > 0
+    assert stall["steal_ms"] is not None and stall["steal_ms"] >= 0  # Linux has /proc/stat
     jobs = probed.api("GET", STALLS)[1]["jobs"]
     assert any(j["name"] == "management POST /api/definitions" and j["runs"] == 1 for j in jobs)
 
@@ -148,7 +150,7 @@ def test_gc_metrics_of_a_broker_process_grow_as_it_makes_objects(tmp_path):
         )
         assert _metric(after, "roarmq_gc_pause_seconds_sum", generation="0") > 0
         assert _metric(after, "roarmq_gc_pause_max_seconds", generation="0") > 0
-        for kind in ("gc", "job", "run_queue", "gil", "blocked", "on_cpu"):
+        for kind in ("gc", "job", "run_queue", "steal", "gil", "blocked", "on_cpu"):
             _metric(after, "roarmq_event_loop_stalls_total", kind=kind)
     finally:
         broker.stop(grace=30)
@@ -189,10 +191,21 @@ def test_the_rule_that_explains_a_stall():
     assert _stall(0.016, cpu=0.001, run_queue=0.014).kind == "run_queue"
     assert _stall(0.016, cpu=0.001, others_cpu=0.012).kind == "gil"
     assert _stall(0.016, cpu=0.001).kind == "blocked"
+    assert _stall(0.016, cpu=0.001, steal=0.010).kind == "steal"
+    assert _stall(0.016, cpu=0.001, steal=0.010).cause.endswith("stolen 10 ms)")
+    assert _stall(0.016, cpu=0.001, steal=0.0).kind == "blocked"
     # half on CPU, half waiting for a core: off CPU for most of it, and that was the queue
     assert _stall(0.016, cpu=0.008, run_queue=0.008, window=0.0175).kind == "run_queue"
     assert _stall(0.016).kind == "on_cpu"
     assert _stall(0.016, gc=[[0, 3, 0.004, 0.002, 0]]).kind == "on_cpu"  # GC under half
+
+
+def test_steal_is_read_for_the_cpu_the_thread_is_on():
+    steal = CpuSteal()
+    stolen = steal.read()
+    assert set(stolen) == set(range(os.cpu_count() or 0)), stolen
+    assert all(seconds >= 0 for seconds in stolen.values())
+    assert steal.cpu() in stolen
 
 
 def test_job_times_keep_long_runs_and_name_them():
