@@ -18,11 +18,13 @@ what overlapped it:
   virtual CPU's core to someone else, which the guest counts neither as the thread's CPU
   time nor as a wait for a core), which tell code that ran (on CPU) from a loop that was
   not running at all: runnable but its core taken by another process, its virtual CPU
-  taken by the hypervisor, waiting for the GIL, or blocked in a system call.
+  taken by the hypervisor, waiting for the GIL, or blocked: reading a page of its own back
+  from disk (a major page fault, counted per thread by getrusage: the kernel reclaimed a
+  page of code or of a mapped file the loop then touched), or in a system call.
 
 `Stall.explain` is the one rule that turns those into a cause. Nothing here runs per
-message: a tick is a clock read, two CPU clock reads and a 40-byte pread (3.7 us against the
-bare timer's 0.3, so 0.4% of a core more at 1 ms) and every `STEAL_EVERY` seconds a read
+message: a tick is a clock read, two CPU clock reads, a 40-byte pread and a getrusage (4.2 us
+against the bare timer's 0.3, so 0.4% of a core more at 1 ms) and every `STEAL_EVERY` seconds a read
 of /proc/stat (19 us: 0.2% of a core), a collection or a job run two clock reads and a few
 additions.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import resource
 import time
 from bisect import bisect_left
 from collections import deque
@@ -58,7 +61,9 @@ RECENT = 256
 GC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 
 #: What can explain a stall (`Stall.explain`), the `kind` label of roarmq_event_loop_stalls.
-STALL_KINDS = ("gc", "job", "run_queue", "steal", "gil", "blocked", "on_cpu")
+STALL_KINDS = ("gc", "job", "run_queue", "steal", "gil", "page_in", "blocked", "on_cpu")
+#: getrusage's "this thread" (Linux), or None.
+THREAD_USAGE: int | None = getattr(resource, "RUSAGE_THREAD", None)
 #: Seconds between two reads of the CPUs' steal times: a stall's is the steal since the
 #: last read before its window, so it may count up to this much from before the window
 #: (and /proc/stat counts in 10-ms ticks).
@@ -227,6 +232,8 @@ class Stall:
     #: seconds the hypervisor took the loop thread's virtual CPU in (or just before) the
     #: window (None: not known)
     steal: float | None = None
+    #: major page faults of the loop thread in the window (pages read back from disk)
+    page_ins: int = 0
     #: per generation that ran: [generation, passes, seconds of them in the window,
     #: the longest pass's whole pause, objects collected]
     gc: list[list[Any]] = field(default_factory=list)
@@ -240,7 +247,8 @@ class Stall:
         inside a job is the GC's), else one job that does; else, when the loop thread was on
         CPU for most of the window, code nothing here times; else what kept it off CPU: the
         run queue (another process had the core), the hypervisor (steal), other threads
-        (the GIL), or none of them (blocked), whichever covers half of that time."""
+        (the GIL), whichever covers half of that time; else pages of the loop's read back
+        from disk if it took a major fault (page_in), or a system call (blocked)."""
         half = self.lag / 2
         ms = 1000
         on = f"loop on CPU {self.cpu * ms:.1f} of {self.window * ms:.1f} ms"
@@ -248,6 +256,8 @@ class Stall:
             on += f", waiting for a core {self.run_queue * ms:.1f} ms"
         if self.steal:
             on += f", its virtual CPU stolen {self.steal * ms:.0f} ms"
+        if self.page_ins:
+            on += f", {self.page_ins} major page fault{'s' if self.page_ins > 1 else ''}"
         if sum(g[2] for g in self.gc) >= half:
             self.kind = "gc"
             passes = ", ".join(
@@ -277,11 +287,17 @@ class Stall:
             self.cause = (
                 f"the broker's other threads ran {self.others_cpu * ms:.1f} ms: the GIL ({on})"
             )
+        elif self.page_ins:
+            self.kind = "page_in"
+            self.cause = (
+                f"off CPU {off * ms:.1f} ms, reading pages of its own back from disk: the "
+                f"kernel had reclaimed them ({on})"
+            )
         else:
             self.kind = "blocked"
             self.cause = (
-                f"off CPU {off * ms:.1f} ms, not waiting for a core: blocked in a system call, "
-                f"or the VM's CPU was taken ({on})"
+                f"off CPU {off * ms:.1f} ms, not waiting for a core: blocked in a system call "
+                f"({on})"
             )
 
     def as_json(self) -> dict[str, Any]:
@@ -298,6 +314,7 @@ class Stall:
             "run_queue_ms": ms(self.run_queue),
             "other_threads_cpu_ms": ms(self.others_cpu),
             "steal_ms": ms(self.steal),
+            "major_page_faults": self.page_ins,
             "gc": [
                 {
                     "generation": g,
@@ -333,6 +350,11 @@ class ThreadTimes:
         if self._fd is not None:
             return time.thread_time(), int(os.pread(self._fd, 64, 0).split()[1]) / 1e9
         return time.thread_time(), None
+
+    @staticmethod
+    def page_ins() -> int:
+        """The calling thread's major page faults so far (0 where threads are not counted)."""
+        return resource.getrusage(THREAD_USAGE).ru_majflt if THREAD_USAGE is not None else 0
 
     def close(self) -> None:
         if self._fd is not None:
@@ -406,6 +428,7 @@ class LoopLag:
         self._cpu = 0.0
         self._run_queue: float | None = 0.0
         self._process_cpu = 0.0
+        self._page_ins = 0
         self._steal = CpuSteal()
         self._stolen: dict[int, float] = {}  # each CPU's steal at `_stolen_at`
         self._stolen_at = float("-inf")
@@ -423,6 +446,7 @@ class LoopLag:
         self._last = at
         self._cpu, self._run_queue = self._times.read()  # type: ignore[union-attr]  # the probe runs only where the times can be read
         self._process_cpu = time.process_time()
+        self._page_ins = ThreadTimes.page_ins()
         if at - self._stolen_at >= STEAL_EVERY:
             self._stolen, self._stolen_at = self._steal.read(), at
 
@@ -469,6 +493,7 @@ class LoopLag:
             run_queue=None if run_queue is None else run_queue - self._run_queue,  # type: ignore[operator]  # both read by the same probe, or neither
             others_cpu=max(0.0, others),
             steal=steal,
+            page_ins=ThreadTimes.page_ins() - self._page_ins,
             gc=sorted(gcs.values()),
             jobs=list(jobs.values()),
         )
@@ -504,4 +529,13 @@ class LoopLag:
             self._times.close()
 
 
-__all__ = ["GC_WATCH", "STALL_KINDS", "CpuSteal", "GcWatch", "JobTimes", "LoopLag", "Stall", "job_name"]
+__all__ = [
+    "GC_WATCH",
+    "STALL_KINDS",
+    "CpuSteal",
+    "GcWatch",
+    "JobTimes",
+    "LoopLag",
+    "Stall",
+    "job_name",
+]

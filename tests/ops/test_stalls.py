@@ -5,6 +5,7 @@ that explains a stall, below the socket."""
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import re
 import time
@@ -68,6 +69,7 @@ def test_a_large_definitions_import_is_a_stall_named_after_its_request(probed):
     assert stall["window_ms"] >= stall["lag_ms"]
     assert stall["cpu_ms"] > 0
     assert stall["steal_ms"] is not None and stall["steal_ms"] >= 0  # Linux has /proc/stat
+    assert stall["major_page_faults"] >= 0
     jobs = probed.api("GET", STALLS)[1]["jobs"]
     assert any(j["name"] == "management POST /api/definitions" and j["runs"] == 1 for j in jobs)
 
@@ -150,7 +152,7 @@ def test_gc_metrics_of_a_broker_process_grow_as_it_makes_objects(tmp_path):
         )
         assert _metric(after, "roarmq_gc_pause_seconds_sum", generation="0") > 0
         assert _metric(after, "roarmq_gc_pause_max_seconds", generation="0") > 0
-        for kind in ("gc", "job", "run_queue", "steal", "gil", "blocked", "on_cpu"):
+        for kind in ("gc", "job", "run_queue", "steal", "gil", "page_in", "blocked", "on_cpu"):
             _metric(after, "roarmq_event_loop_stalls_total", kind=kind)
     finally:
         broker.stop(grace=30)
@@ -168,6 +170,31 @@ def test_a_stall_is_logged_once_with_its_cause(probed, caplog):
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert re.match(r"event loop stalled \d+\.\d ms: off CPU", lines[0].getMessage())
     assert lines[0].kind == "blocked"
+
+
+def test_a_page_read_back_from_disk_is_told_from_a_system_call(probed, tmp_path):
+    """The loop touches 128 MB of a mapped file whose pages the kernel does not hold (as
+    after the kernel reclaimed pages of the broker's code): off CPU, reading them back."""
+    path = tmp_path / "cold"
+    with open(path, "wb") as f:
+        f.write(os.urandom(128 << 20))
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        pages = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        since = probed.api("GET", STALLS)[1]["recorded"]
+        probed.call(lambda: sum(pages[i] for i in range(0, len(pages), 4096)))
+        stalls = _wait_for_stall(probed, since)
+        pages.close()
+    finally:
+        os.close(fd)
+    stall = max(stalls, key=lambda s: s["lag_ms"])
+    assert stall["major_page_faults"] >= 1, stalls
+    # off CPU reading the pages, unless another process had the core for most of it
+    assert stall["kind"] in ("page_in", "run_queue", "steal"), stall
+    if stall["kind"] == "page_in":
+        assert "reading pages of its own back from disk" in stall["cause"]
 
 
 # -- below the socket -----------------------------------------------------------------
@@ -194,6 +221,9 @@ def test_the_rule_that_explains_a_stall():
     assert _stall(0.016, cpu=0.001, steal=0.010).kind == "steal"
     assert _stall(0.016, cpu=0.001, steal=0.010).cause.endswith("stolen 10 ms)")
     assert _stall(0.016, cpu=0.001, steal=0.0).kind == "blocked"
+    assert _stall(0.016, cpu=0.001, page_ins=2).kind == "page_in"
+    assert "2 major page faults" in _stall(0.016, cpu=0.001, page_ins=2).cause
+    assert _stall(0.016, cpu=0.001, run_queue=0.014, page_ins=1).kind == "run_queue"
     # half on CPU, half waiting for a core: off CPU for most of it, and that was the queue
     assert _stall(0.016, cpu=0.008, run_queue=0.008, window=0.0175).kind == "run_queue"
     assert _stall(0.016).kind == "on_cpu"
