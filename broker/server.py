@@ -23,12 +23,15 @@ from . import __version__
 from .amqp.tls import TlsListener, server_context
 from .cluster_hooks import ClusterHooks, SingleNode
 from .config import Config
-from .core.auth import NO_PERMISSION, Authenticator
+from .core.auth import INTERNAL_USER, NO_PERMISSION, Authenticator
 from .core.delayed import dormant_schedules
+from .core.parameters import ParameterError, Parameters
 from .core.persistence import Persistence
 from .core.policy import PolicyError, make_policy
 from .core.stream import close_all as close_streams
 from .core.vhost import VirtualHost
+from .links.local import connect_local
+from .links.shovels import Shovels
 from .management.metrics import Totals
 from .ops.alarms import CLUSTER, DISK, ResourceMonitor
 from .ops.clock import Clock
@@ -85,6 +88,17 @@ class Broker:
             if name in self.vhosts:
                 self.vhosts[name].metadata.update(metadata)
         self._load_policies()
+        #: Runtime parameters (shovels): their values, and what each component runs.
+        self.parameters = Parameters()
+        self.shovels = Shovels(
+            node=self.node_name,
+            cluster_name=lambda: self.cluster_name,
+            may_use_vhost=self.may_use_vhost,
+            clear=lambda vhost, name: self.cluster.change("clear_parameter", vhost, "shovel", name),
+            connect_local=self._connect_local,
+        )
+        self.parameters.register(self.shovels)
+        self._load_parameters()
         self.totals = (
             Totals()
         )  # broker/management/metrics.py: churn and what deleted objects counted
@@ -197,6 +211,7 @@ class Broker:
         log.log(NOTICE, "RoarMQ %s: %s", __version__, ", ".join(where))
         if self.loop_lag is not None:
             self.loop_lag.start()
+        self.shovels.activate()  # once everything a link's local end needs is up
 
     async def _listen(self, factory: Callable[[], Any]) -> None:
         """The plain listener on every [amqp] address; port 0 picks one free port for all.
@@ -400,6 +415,7 @@ class Broker:
     async def stop(self) -> None:
         open_connections = len(self.connections)
         await self.cluster.stop()  # first: a cluster node's lease is revoked, another leads now
+        await self.shovels.stop_all()  # each link closes its own connections, cleanly
         self.resources.stop()
         if self.loop_lag is not None:
             self.loop_lag.stop()
@@ -486,6 +502,7 @@ class Broker:
             vhost.delete_queue(queue, reason="vhost deleted")
         for schedule in vhost.schedules():  # delayed exchanges' messages go as queues' do
             schedule.on_deleted()
+        self.parameters.vhost_deleted(name)  # (the store dropped them with the vhost)
         self.limits.pop(("vhost", name), None)
         self.reload_auth()
         return True
@@ -568,6 +585,57 @@ class Broker:
             return False
         self.persistence.definitions.delete_policy(vhost, name, operator)
         return host.clear_policy(name, operator)
+
+    # -- runtime parameters (shovels) ------------------------------------------------------
+
+    def _load_parameters(self) -> None:
+        """The stored runtime parameters, checked again (a component's rules may have
+        changed since); shovels start with the broker (`Shovels.activate`)."""
+        for vhost, component, name, value in self.persistence.definitions.parameters():
+            if vhost not in self.vhosts:
+                continue
+            try:
+                checked = self.parameters.check(vhost, component, name, value, INTERNAL_USER.name)
+            except ParameterError as exc:
+                log.error(
+                    "cannot restore runtime parameter",
+                    extra={"component": component, "parameter": name, "error": str(exc)},
+                )
+                continue
+            self.parameters.apply(vhost, component, name, value, checked)
+
+    def set_parameter(
+        self, vhost: str, component: str, name: str, value: Any, user: str = INTERNAL_USER.name
+    ) -> bool:
+        """Set a runtime parameter as `user` (ParameterError if RabbitMQ would refuse it,
+        KeyError for an unknown vhost); True if new. Stored first: a refusal or a failed
+        write changes nothing."""
+        if vhost not in self.vhosts:
+            raise KeyError(vhost)
+        checked = self.parameters.check(vhost, component, name, value, user)
+        if self.parameters.values.get((vhost, component, name)) != value:
+            self.persistence.definitions.put_parameter(vhost, component, name, value)
+        return self.parameters.apply(vhost, component, name, value, checked)
+
+    def clear_parameter(self, vhost: str, component: str, name: str) -> bool:
+        if (vhost, component, name) not in self.parameters.values:
+            return False
+        self.persistence.definitions.delete_parameter(vhost, component, name)
+        return self.parameters.remove(vhost, component, name)
+
+    def may_use_vhost(self, user: str, vhost: str) -> bool:
+        """Whether `user` may reach `vhost` (a local link URI's check; the broker itself,
+        restoring what it stored, may)."""
+        if user == INTERNAL_USER.name:
+            return True
+        found = self.auth.users.get(user)
+        return found is not None and vhost in found.permissions
+
+    async def _connect_local(self, uri: Any, name: str) -> Any:
+        """A link's connection to this broker (`amqp://` with no host)."""
+        from .amqp.connection import Connection
+
+        return await connect_local(lambda: Connection(self), INTERNAL_USER, uri, name)
 
     # -- limits (rabbitmqctl set_vhost_limits / set_user_limits) ---------------------------
 

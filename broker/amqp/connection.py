@@ -237,7 +237,10 @@ class Connection:
         if ssl_object is not None:  # amqps: made once the TLS handshake is done
             self.tls = session_of(ssl_object, self.broker.config.amqp.tls)
         self.flow.attach(self.transport)  # type: ignore[arg-type]  # (set above)
-        self.broker.connection_opened(self)
+        if transport.get_extra_info("internal_user") is None:
+            # (the broker's own connection to itself, broker/links/local.py, is its
+            # link's: neither listed, nor counted against limits, nor closed by others)
+            self.broker.connection_opened(self)
         self._timer = self.broker.clock.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -585,6 +588,10 @@ class Connection:
         caps = self.client_properties.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
         peer_host = self.peer[0] if self.peer else None
+        internal = self.transport.get_extra_info("internal_user")  # type: ignore[union-attr]  # a connection's transport is set once made
+        if internal is not None:  # the broker's own connection: no login (INTERNAL_USER)
+            self.user, self.auth_mechanism = internal, m.mechanism
+            return self._tune()
         try:
             tls = self.tls
             if m.mechanism not in self._mechanisms():
@@ -610,6 +617,9 @@ class Connection:
                 "For details see the broker logfile."
             )
             return self._refuse_login(HardError(ACCESS_REFUSED, text), m.mechanism, str(exc))
+        self._tune()
+
+    def _tune(self) -> None:
         self._enter(AWAIT_TUNE_OK)
         limits = self.broker.config.limits
         self.send_method(

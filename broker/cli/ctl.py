@@ -113,6 +113,8 @@ class Api:
             if len(rest) > 1:
                 return f"no {VHOST_SCOPED[kind]} '{rest[1]}' in vhost '{vhost}'"
             return f"no vhost '{vhost}'"
+        if kind == "parameters" and len(rest) == 3:
+            return f"Parameter does not exist: {rest[0]} '{rest[2]}' in vhost '{rest[1]}'"
         if kind == "users" and rest:
             return f'User "{rest[0]}" does not exist'
         if kind == "user-limits" and rest:
@@ -208,6 +210,7 @@ LISTS: dict[str, tuple[str, list[str]]] = {
         "/api/policies/{vhost}",
         ["vhost", "name", "pattern", "apply-to", "definition", "priority"],
     ),
+    "shovel_status": ("/api/shovels", ["name", "vhost", "type", "state", "src_uri", "dest_uri"]),
 }
 
 
@@ -298,6 +301,36 @@ def set_policy(api: Api, a: argparse.Namespace) -> str:
 def clear_policy(api: Api, a: argparse.Namespace) -> str:
     api.call("DELETE", f"/api/policies/{q(a.vhost)}/{q(a.name)}")
     return f'Clearing policy "{a.name}" on vhost "{a.vhost}" ...'
+
+
+def set_parameter(api: Api, a: argparse.Namespace) -> str:
+    try:
+        value = json.loads(a.value)
+    except ValueError:
+        raise CtlError(f"the value is not JSON: {a.value}", 2) from None
+    path = f"/api/parameters/{q(a.component)}/{q(a.vhost)}/{q(a.name)}"
+    api.call("PUT", path, {"value": value})
+    return f'Setting runtime parameter "{a.name}" for component "{a.component}" to "{a.value}" ...'
+
+
+def clear_parameter(api: Api, a: argparse.Namespace) -> str:
+    api.call("DELETE", f"/api/parameters/{q(a.component)}/{q(a.vhost)}/{q(a.name)}")
+    return f'Clearing runtime parameter "{a.name}" for component "{a.component}" on vhost "{a.vhost}" ...'
+
+
+def list_parameters(api: Api, a: argparse.Namespace) -> str:
+    rows = [r for r in api.call("GET", "/api/parameters") if r["vhost"] == a.vhost]
+    return render(rows, a.columns or ["component", "name", "value"], a.format)
+
+
+def restart_shovel(api: Api, a: argparse.Namespace) -> str:
+    api.call("DELETE", f"/api/shovels/vhost/{q(a.vhost)}/{q(a.name)}/restart")
+    return f"Restarting dynamic Shovel {a.name} in virtual host {a.vhost}"
+
+
+def delete_shovel(api: Api, a: argparse.Namespace) -> str:
+    api.call("DELETE", f"/api/shovels/vhost/{q(a.vhost)}/{q(a.name)}")
+    return f"Deleting shovel {a.name} in vhost {a.vhost}"
 
 
 def _limits(text: str) -> dict[str, Any]:
@@ -681,6 +714,20 @@ def _parser() -> argparse.ArgumentParser:
     for arg in ("name", "pattern", "definition"):
         c.add_argument(arg)
     command("clear_policy", clear_policy, "remove a policy", vhost=True).add_argument("name")
+    c = command("set_parameter", set_parameter, "set a runtime parameter (JSON)", vhost=True)
+    for arg in ("component", "name", "value"):
+        c.add_argument(arg)
+    c = command("clear_parameter", clear_parameter, "remove a runtime parameter", vhost=True)
+    c.add_argument("component")
+    c.add_argument("name")
+    c = command("list_parameters", list_parameters, "a vhost's runtime parameters", vhost=True)
+    c.add_argument("columns", nargs="*")
+    command(
+        "restart_shovel", restart_shovel, "start a dynamic shovel's session over", vhost=True
+    ).add_argument("name")
+    command(
+        "delete_shovel", delete_shovel, "delete a dynamic shovel (its parameter)", vhost=True
+    ).add_argument("name")
     command(
         "set_vhost_limits", set_vhost_limits, "set vhost limits (JSON)", vhost=True
     ).add_argument("definition")

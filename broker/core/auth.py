@@ -94,6 +94,19 @@ class User:
     permissions: dict[str, Permission]
 
 
+class _EveryVhost(dict):
+    """Full permissions on whatever vhost is asked for."""
+
+    def get(self, vhost: str, default: Any = None) -> Permission:
+        return Permission(_regex(".*"), _regex(".*"), _regex(".*"))
+
+
+#: Who the broker's own connections to itself log in as (a shovel's or federation link's
+#: `amqp://` with no host): trusted, every vhost, every permission, with no password. As
+#: RabbitMQ's direct connections, which its dummy auth backend's user "none" makes.
+INTERNAL_USER = User("none", "", (), False, _EveryVhost())
+
+
 def hash_password(password: str) -> str:
     """Salted SHA-256, RabbitMQ's default scheme: base64(salt(4 bytes) + sha256(salt + password))."""
     salt = os.urandom(4)

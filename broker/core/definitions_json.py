@@ -185,15 +185,7 @@ def export_definitions(broker: Broker) -> dict[str, Any]:
         "permissions": permissions,
         "topic_permissions": topic_permission_rows(broker),
         "policies": [p.row() for v in broker.vhosts.values() for p in v.policies.values()],
-        "parameters": [
-            {
-                "value": row["value"],
-                "vhost": row["vhost"],
-                "component": "vhost-limits",
-                "name": "limits",
-            }
-            for row in limit_rows(broker, "vhost")
-        ],
+        "parameters": parameter_rows(broker),
         "exchanges": exchanges,
         "queues": queues,
         "bindings": bindings,
@@ -248,6 +240,21 @@ def tags_of(user: dict[str, Any]) -> tuple[str, ...]:
     return tuple(t for t in (tags.split(",") if isinstance(tags, str) else tags) if t)
 
 
+def parameter_rows(broker: Broker) -> list[dict[str, Any]]:
+    """Every runtime parameter as GET /api/parameters and definitions list them: the vhost
+    limits (component `vhost-limits`, as RabbitMQ keeps them) and the components' own."""
+    limits = [
+        {
+            "value": row["value"],
+            "vhost": row["vhost"],
+            "component": "vhost-limits",
+            "name": "limits",
+        }
+        for row in limit_rows(broker, "vhost")
+    ]
+    return [*limits, *broker.parameters.rows()]
+
+
 def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
     for v in doc.get("vhosts", []):
         has_meta = any(k in v for k in ("description", "tags", "metadata", "default_queue_type"))
@@ -275,6 +282,11 @@ def import_definitions(broker: Broker, doc: dict[str, Any]) -> None:
         )
     for p in doc.get("policies", []):
         broker.set_policy(p.get("vhost", "/"), p["name"], p)
+    for param in doc.get("parameters", []):
+        if param.get("component") != "vhost-limits":
+            broker.set_parameter(
+                param.get("vhost", "/"), param["component"], param["name"], param.get("value")
+            )
     for x in doc.get("exchanges", []):
         vhost = broker.vhosts[x.get("vhost", "/")]
         vhost.declare_exchange(

@@ -395,7 +395,7 @@ class Shovel:
         d = self.definition
         row: dict[str, Any] = {
             "node": self.node,
-            "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.changed_at)),
+            "timestamp": status_time(self.changed_at),
             "name": self.name,
             "vhost": self.vhost,
             "type": "dynamic",
@@ -425,6 +425,13 @@ class Shovel:
             if value is not None:
                 row[key] = value
         return row
+
+
+def status_time(at: float) -> str:
+    """A status row's `timestamp` as RabbitMQ's shovel and federation plugins write it: local
+    time, the hour not padded ("2026-11-29 8:47:35")."""
+    t = time.localtime(at)
+    return f"{t.tm_year}-{t.tm_mon:02d}-{t.tm_mday:02d} {t.tm_hour}:{t.tm_min:02d}:{t.tm_sec:02d}"
 
 
 def _reason_of(exc: BaseException) -> str:

@@ -234,6 +234,30 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
+def _shovel_families(b: Any) -> Iterator[Any]:
+    """Dynamic shovels (broker/links/shovels.py): how many in each state, messages moved
+    and sessions started again, all shovels of this node together."""
+    states = GaugeMetricFamily(
+        "roarmq_shovels", "Dynamic shovels running on this node, by state", labels=["state"]
+    )
+    counts = {"starting": 0, "running": 0, "terminated": 0}
+    for row in b.shovels.rows():
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    for state, n in counts.items():
+        states.add_metric([state], n)
+    yield states
+    yield CounterMetricFamily(
+        "roarmq_shovel_messages_moved",
+        "Messages the shovels published to their destinations",
+        value=b.shovels.moved(),
+    )
+    yield CounterMetricFamily(
+        "roarmq_shovel_reconnects",
+        "Shovel sessions started again after a failure (each after reconnect-delay)",
+        value=b.shovels.reconnects(),
+    )
+
+
 def _by_protocol(kind: type, name: str, doc: str, value: float, stream: float | None = None) -> Any:
     """One of RabbitMQ's global families: its `protocol="amqp091"` series, and the stream
     protocol's (`protocol="stream"`) where it counts that too."""
@@ -499,6 +523,7 @@ class RoarCollector(_Collector):
                 stalls.add_metric([kind], b.loop_lag.by_kind.get(kind, 0))
             yield stalls
         yield from _gc_families()
+        yield from _shovel_families(b)
         if not self.per_object:
             return
         ready = GaugeMetricFamily(

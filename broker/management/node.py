@@ -16,11 +16,11 @@ from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
 
 from .. import __version__
-from ..core.definitions_json import RABBITMQ_API_VERSION, export_definitions
+from ..core.definitions_json import RABBITMQ_API_VERSION
 from ..core.message import Message
 from ..ops.stalls import GC_WATCH
 from ..routing import EXCHANGE_TYPES
-from .context import SERVER, bad_request, broker_of, not_found, rates_of, sees_vhost, vhosts_of
+from .context import SERVER, bad_request, broker_of, not_found, rates_of, vhosts_of
 from .metrics import churn_counts, global_counts
 
 
@@ -236,20 +236,6 @@ async def protocol_listener(request: web.Request) -> web.Response:
 
 async def extensions(request: web.Request) -> web.Response:
     return web.json_response([])
-
-
-async def parameters(request: web.Request) -> web.Response:
-    """Runtime parameters: RoarMQ's only component is vhost-limits (as RabbitMQ lists it)."""
-    component = request.match_info.get("component")
-    vhost = request.match_info.get("vhost")
-    rows = [
-        p
-        for p in export_definitions(broker_of(request))["parameters"]
-        if (component is None or p["component"] == component)
-        and (vhost is None or p["vhost"] == vhost)
-        and sees_vhost(request, p["vhost"])
-    ]
-    return web.json_response(rows)
 
 
 async def global_parameters(request: web.Request) -> web.Response:

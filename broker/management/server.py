@@ -18,7 +18,18 @@ from prometheus_client import CollectorRegistry
 from ..amqp.tls import server_context
 from ..errors import MetadataUnavailable
 from ..store.definitions import DefinitionsWriteFailed
-from . import access, clients, cluster, console, definitions, history, node, objects, streams
+from . import (
+    access,
+    clients,
+    cluster,
+    console,
+    definitions,
+    history,
+    links,
+    node,
+    objects,
+    streams,
+)
 from .api_query import list_query
 from .context import SERVER, USER, broker_of, not_authorised, not_found
 from .metrics import RabbitCollector, RoarCollector
@@ -56,10 +67,15 @@ ADMIN_ONLY = (
 )
 
 #: Reads that need the monitoring tag (or administrator): RabbitMQ's "Not monitor user".
-MONITORING_ONLY = ("/api/nodes",)
+MONITORING_ONLY = ("/api/nodes", "/api/shovels")
 
 #: Writes that need the policymaker tag (or administrator).
-POLICYMAKER_ONLY = (("PUT", "/api/policies"), ("DELETE", "/api/policies"))
+POLICYMAKER_ONLY = (
+    ("PUT", "/api/policies"),
+    ("DELETE", "/api/policies"),
+    ("PUT", "/api/parameters"),
+    ("DELETE", "/api/parameters"),
+)
 
 
 def _needs_administrator(method: str, path: str) -> bool:
@@ -270,9 +286,17 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/health/checks/protocol-listener/{protocol}", node.protocol_listener)
     router.add_get("/api/extensions", node.extensions)
     router.add_get("/api/definitions/{vhost}", definitions.vhost_definitions)
-    router.add_get("/api/parameters", node.parameters)
-    router.add_get("/api/parameters/{component}", node.parameters)
-    router.add_get("/api/parameters/{component}/{vhost}", node.parameters)
+    router.add_get("/api/parameters", links.parameters)
+    router.add_get("/api/parameters/{component}", links.parameters)
+    router.add_get("/api/parameters/{component}/{vhost}", links.parameters)
+    router.add_get("/api/parameters/{component}/{vhost}/{name}", links.parameter)
+    router.add_put("/api/parameters/{component}/{vhost}/{name}", links.put_parameter)
+    router.add_delete("/api/parameters/{component}/{vhost}/{name}", links.delete_parameter)
+    router.add_get("/api/shovels", links.shovels)
+    router.add_get("/api/shovels/{vhost}", links.shovels)
+    router.add_get("/api/shovels/vhost/{vhost}/{name}", links.shovels)
+    router.add_delete("/api/shovels/vhost/{vhost}/{name}", links.delete_shovel)
+    router.add_delete("/api/shovels/vhost/{vhost}/{name}/restart", links.delete_shovel)
     router.add_get("/api/global-parameters", node.global_parameters)
     router.add_get("/api/cluster-name", access.cluster_name)
     router.add_put("/api/cluster-name", access.put_cluster_name)

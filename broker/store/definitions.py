@@ -53,6 +53,10 @@ CREATE TABLE IF NOT EXISTS policies (
     vhost TEXT NOT NULL, name TEXT NOT NULL, operator INTEGER NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (vhost, name, operator)
 );
+CREATE TABLE IF NOT EXISTS parameters (
+    vhost TEXT NOT NULL, component TEXT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (vhost, component, name)
+);
 CREATE TABLE IF NOT EXISTS limits (
     kind TEXT NOT NULL, owner TEXT NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
     PRIMARY KEY (kind, owner, name)
@@ -623,7 +627,7 @@ class DefinitionStore:
                 "permissions",
                 "topic_permissions",
             )
-            for table in (*tables, "policies"):
+            for table in (*tables, "policies", "parameters"):
                 self._run(f"DELETE FROM {table} WHERE vhost = ?", name)
             self._run("DELETE FROM limits WHERE kind = 'vhost' AND owner = ?", name)
             self._run("DELETE FROM vhosts WHERE name = ?", name)
@@ -741,6 +745,36 @@ class DefinitionStore:
             (vhost, name, bool(op), json.loads(body))
             for vhost, name, op, body in self._run(
                 "SELECT vhost, name, operator, body FROM policies ORDER BY 1, 2, 3"
+            )
+        ]
+
+    def put_parameter(self, vhost: str, component: str, name: str, value: Any) -> None:
+        """A runtime parameter's value (shovel, federation-upstream, ...), in JSON."""
+        with self.writing(f"store {component} parameter '{name}' in vhost '{vhost}'"):
+            self._run(
+                "INSERT OR REPLACE INTO parameters (vhost, component, name, value) "
+                "VALUES (?, ?, ?, ?)",
+                vhost,
+                component,
+                name,
+                json.dumps(value, sort_keys=True),
+            )
+
+    def delete_parameter(self, vhost: str, component: str, name: str) -> None:
+        with self.writing(f"delete {component} parameter '{name}' in vhost '{vhost}'"):
+            self._run(
+                "DELETE FROM parameters WHERE vhost = ? AND component = ? AND name = ?",
+                vhost,
+                component,
+                name,
+            )
+
+    def parameters(self) -> list[tuple[str, str, str, Any]]:
+        """(vhost, component, name, value) of every stored runtime parameter."""
+        return [
+            (vhost, component, name, json.loads(value))
+            for vhost, component, name, value in self._run(
+                "SELECT vhost, component, name, value FROM parameters ORDER BY 1, 2, 3"
             )
         ]
 

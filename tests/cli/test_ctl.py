@@ -4,6 +4,7 @@ the API endpoints behind them (route explain included)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pika
 import pytest
@@ -172,3 +173,32 @@ def test_limits_commands(b, capsys):
     code, _, err = ctl(b, capsys, "set_vhost_limits", "-p", "/", "nope")
     assert code == 2 and "JSON object" in err
     assert b.api("GET", "/api/vhosts/%2F")[1]["name"] == "/"
+
+
+def test_shovel_commands(b, capsys):
+    ch = pika.BlockingConnection(pika.URLParameters(b.url)).channel()
+    ch.queue_declare("src", durable=True)
+    value = json.dumps(
+        {"src-uri": "amqp://", "src-queue": "src", "dest-uri": "amqp://", "dest-queue": "dst"}
+    )
+    code, out, _ = ctl(b, capsys, "set_parameter", "shovel", "move", value)
+    assert code == 0 and 'Setting runtime parameter "move" for component "shovel"' in out
+    code, out, _ = ctl(b, capsys, "--format", "json", "list_parameters", "component", "name")
+    assert json.loads(out) == [{"component": "shovel", "name": "move"}]
+    code, out, err = ctl(b, capsys, "set_parameter", "shovel", "bad", '{"src-uri": "amqp://"}')
+    assert code != 0 and "Must specify 'src-exchange' or 'src-queue'" in err
+    ch.basic_publish("", "src", b"x", pika.BasicProperties(delivery_mode=2))
+    for _ in range(100):
+        code, out, _ = ctl(b, capsys, "--format", "json", "shovel_status", "name", "state")
+        if json.loads(out) == [{"name": "move", "state": "running"}]:
+            break
+        time.sleep(0.05)
+    assert json.loads(out) == [{"name": "move", "state": "running"}]
+    assert ctl(b, capsys, "restart_shovel", "move")[0] == 0
+    assert ctl(b, capsys, "clear_parameter", "shovel", "move")[0] == 0
+    code, _, err = ctl(b, capsys, "clear_parameter", "shovel", "move")
+    assert code != 0 and "Parameter does not exist" in err
+    assert ctl(b, capsys, "set_parameter", "shovel", "again", value)[0] == 0
+    assert ctl(b, capsys, "delete_shovel", "again")[0] == 0
+    code, out, _ = ctl(b, capsys, "--format", "json", "list_parameters")
+    assert json.loads(out) == []

@@ -1,0 +1,144 @@
+"""The `shovel` component of runtime parameters: a `Shovel` per parameter, started when
+one is set (again, with the new definition, when it changes), stopped when it is
+cleared; a shovel whose `src-delete-after` is reached clears its own parameter, as
+RabbitMQ's does. `rows` is GET /api/shovels.
+
+Shovels run once the broker has started (`activate`): a parameter restored from the store
+at start waits for the listeners and the message store, as a client would. A URI with no
+host is this broker, reached through `connect_local` (broker/links/local.py); any other
+through the network."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .client import AmqpClient
+from .shovel import Connect, Shovel, connect_network
+from .shovel_definition import ShovelDefinition, check_shovel
+from .uri import AmqpUri
+
+log = logging.getLogger("roarmq.shovel")
+
+
+class Shovels:
+    """The shovels of a broker (a runtime-parameter `Component`)."""
+
+    name = "shovel"
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        cluster_name: Callable[[], str],
+        may_use_vhost: Callable[[str, str], bool],
+        clear: Callable[[str, str], Awaitable[object]],
+        connect_local: Connect,
+        connect_remote: Connect = connect_network,
+    ) -> None:
+        """`may_use_vhost(user, vhost)`: a local URI's check; `clear(vhost, name)`: remove
+        a parameter, where parameters live (a finished shovel's)."""
+        self.node = node
+        self.cluster_name = cluster_name
+        self.may_use_vhost = may_use_vhost
+        self._clear = clear
+        self._connect_local = connect_local
+        self._connect_remote = connect_remote
+        self.running: dict[tuple[str, str], Shovel] = {}
+        self.active = False
+        #: Messages moved and sessions started again by shovels since removed (the
+        #: Prometheus counters go on counting across a shovel's removal).
+        self.moved_before = 0
+        self.reconnects_before = 0
+        self._stopping: set[asyncio.Task[Any]] = set()
+
+    async def connect(self, uri: AmqpUri, name: str) -> AmqpClient:
+        if uri.local:
+            return await self._connect_local(uri, name)
+        return await self._connect_remote(uri, name)
+
+    def check(self, vhost: str, name: str, value: Any, user: str) -> ShovelDefinition:
+        return check_shovel(
+            name, value, user=user, may_use_vhost=lambda v: self.may_use_vhost(user, v)
+        )
+
+    def set(self, vhost: str, name: str, checked: ShovelDefinition) -> None:
+        self._stop((vhost, name))
+        shovel = Shovel(
+            vhost,
+            name,
+            checked,
+            cluster_name=self.cluster_name(),
+            node=self.node,
+            connect=self.connect,
+            on_finished=lambda: self._finished(vhost, name),
+        )
+        self.running[(vhost, name)] = shovel
+        if self.active:
+            shovel.start()
+
+    def clear(self, vhost: str, name: str) -> None:
+        self._stop((vhost, name))
+
+    def activate(self) -> None:
+        """The broker has started: every shovel set so far starts, and those set from now
+        on at once."""
+        self.active = True
+        for shovel in self.running.values():
+            shovel.start()
+
+    def _finished(self, vhost: str, name: str) -> None:
+        """`src-delete-after` reached: its parameter goes (where parameters live: on a
+        cluster, etcd, hence a coroutine); if that fails, the shovel stops all the same."""
+        self._stop((vhost, name))
+        task = asyncio.ensure_future(self._clear(vhost, name))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        task.add_done_callback(lambda t: self._not_cleared(t, vhost, name))
+
+    @staticmethod
+    def _not_cleared(task: asyncio.Future[Any], vhost: str, name: str) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "shovel %r in vhost %r finished; its parameter could not be removed: %s",
+                name,
+                vhost,
+                task.exception(),
+            )
+
+    def _stop(self, key: tuple[str, str]) -> None:
+        shovel = self.running.pop(key, None)
+        if shovel is None:
+            return
+        self.moved_before += shovel.moved
+        self.reconnects_before += shovel.reconnects
+        task = asyncio.ensure_future(shovel.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def restart(self, vhost: str, name: str) -> bool:
+        shovel = self.running.get((vhost, name))
+        if shovel is None:
+            return False
+        await shovel.restart()
+        return True
+
+    async def stop_all(self) -> None:
+        self.active = False
+        for key in list(self.running):
+            self._stop(key)
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
+
+    def rows(self, vhost: str | None = None) -> list[dict[str, Any]]:
+        return [
+            s.row() for (v, _), s in sorted(self.running.items()) if vhost is None or v == vhost
+        ]
+
+    def moved(self) -> int:
+        return self.moved_before + sum(s.moved for s in self.running.values())
+
+    def reconnects(self) -> int:
+        return self.reconnects_before + sum(s.reconnects for s in self.running.values())
