@@ -96,6 +96,7 @@ class Broker:
             may_use_vhost=self.may_use_vhost,
             clear=lambda vhost, name: self.cluster.change("clear_parameter", vhost, "shovel", name),
             connect_local=self._connect_local,
+            serves=lambda vhost: self.cluster.refusal(vhost) is None,
         )
         self.parameters.register(self.shovels)
         self._load_parameters()
@@ -622,6 +623,11 @@ class Broker:
             return False
         self.persistence.definitions.delete_parameter(vhost, component, name)
         return self.parameters.remove(vhost, component, name)
+
+    def vhost_served(self, vhost: str) -> None:
+        """Whether this node serves `vhost` changed (a cluster node won or lost its
+        leadership): its links run where it is served."""
+        self.shovels.reconsider(vhost)
 
     def may_use_vhost(self, user: str, vhost: str) -> bool:
         """Whether `user` may reach `vhost` (a local link URI's check; the broker itself,

@@ -12,6 +12,7 @@ global parameters -- lives under `/{name}/meta/` as JSON, one key per item:
     policies/{vhost}/{name}                   the policy's row (GET /api/policies)
     operator_policies/{vhost}/{name}          the same
     global_parameters/{name}                  any JSON (cluster_name)
+    parameters/{vhost}/{component}/{name}     a runtime parameter's value (shovel, ...)
     seeded                                    {"node"}: who copied its local users in
 
 with each segment percent-encoded. `Metadata` is that key scheme over a `PrefixCache` (a
@@ -280,6 +281,8 @@ class OperatorMetadata:
             for policy in vhost.operator_policies.values():
                 row = policy.row()
                 ops.append(_put(m, "operator_policies", vhost.name, policy.name, value=row))
+        for (vhost_name, component, name), value in b.parameters.values.items():
+            ops.append(_put(m, "parameters", vhost_name, component, name, value=value))
         if "cluster_name" in store.settings():
             ops.append(_put(m, "global_parameters", "cluster_name", value=b.cluster_name))
         # The vhosts first: the seeding txn (with the `seeded` marker) carries them, so a
@@ -423,6 +426,19 @@ class OperatorMetadata:
             for vhost, name in set(have_policies) - set(want_policies):
                 deletes.append(lambda h=vhost, n=name, o=operator: b.clear_policy(h, n, o))
 
+        want_parameters = {
+            path: v
+            for path, v in m.items("parameters").items()
+            if len(path) == 3 and path[0] in b.vhosts  # the others: when the vhost comes
+        }
+        for (vhost, component, name), value in want_parameters.items():
+            if b.parameters.values.get((vhost, component, name)) != value:
+                puts.append(
+                    lambda h=vhost, c=component, n=name, v=value: self._set_parameter(h, c, n, v)
+                )
+        for vhost, component, name in set(b.parameters.values) - set(want_parameters):
+            deletes.append(lambda h=vhost, c=component, n=name: b.clear_parameter(h, c, n))
+
         for path, v in m.items("vhosts").items():
             here = b.vhosts.get(path[0]) if len(path) == 1 else None
             if (
@@ -436,6 +452,22 @@ class OperatorMetadata:
         if isinstance(name, str) and name and name != b.cluster_name:
             puts.append(lambda n=name: b.set_cluster_name(n))
         return puts + deletes
+
+    def _set_parameter(self, vhost: str, component: str, name: str, value: Any) -> None:
+        """etcd's value, checked when it was written there: one this node cannot take (a
+        component it does not know) is logged, never retried in a loop."""
+        from ..core.parameters import ParameterError
+
+        try:
+            self.broker.set_parameter(vhost, component, name, value)
+        except ParameterError as exc:
+            log.error(
+                "operator metadata: cannot apply %s parameter %r of vhost %r: %s",
+                component,
+                name,
+                vhost,
+                exc,
+            )
 
     def _set_policy(self, vhost: str, name: str, row: dict[str, Any], operator: bool) -> None:
         from ..core.policy import PolicyError
@@ -560,6 +592,29 @@ class OperatorMetadata:
             await self._write([op], f"delete policy '{name}' in vhost '{vhost}'")
         return existed
 
+    async def set_parameter(
+        self, vhost: str, component: str, name: str, value: Any, user: str = "none"
+    ) -> bool:
+        """Checked here (ParameterError, as the Broker's), then kept in etcd; True if new.
+        Every node applies it; a shovel runs where its vhost is served."""
+        if not self.has_vhost(vhost):
+            raise KeyError(vhost)
+        self.broker.parameters.check(vhost, component, name, value, user)
+        new = self.meta.get("parameters", vhost, component, name) is None
+        op = _put(self.meta, "parameters", vhost, component, name, value=value)
+        await self._write([op], f"store {component} parameter '{name}' in vhost '{vhost}'")
+        return new
+
+    async def clear_parameter(self, vhost: str, component: str, name: str) -> bool:
+        existed = (
+            self.meta.get("parameters", vhost, component, name) is not None
+            or (vhost, component, name) in self.broker.parameters.values
+        )
+        if existed:
+            op = delete_op(self.meta.key("parameters", vhost, component, name))
+            await self._write([op], f"delete {component} parameter '{name}' in vhost '{vhost}'")
+        return existed
+
     async def set_limit(self, kind: str, owner: str, name: str, value: int) -> None:
         op = _put(self.meta, "limits", kind, owner, name, value=value)
         await self._write([op], f"store {kind} limit '{name}' of '{owner}'")
@@ -604,6 +659,7 @@ class OperatorMetadata:
                 ("topic_permissions", (name,)),
                 ("policies", (name,)),
                 ("operator_policies", (name,)),
+                ("parameters", (name,)),
                 ("limits", ("vhost", name)),
             )
         ]
@@ -651,6 +707,13 @@ class OperatorMetadata:
         for param in doc.get("parameters", []):
             if param.get("component") == "vhost-limits":
                 limits("vhost", param["vhost"], param.get("value"))
+                continue
+            vhost = param.get("vhost", "/")
+            if vhost not in named and not self.has_vhost(vhost):
+                raise KeyError(vhost)
+            component, name, value = param["component"], param["name"], param.get("value")
+            self.broker.parameters.check(vhost, component, name, value, "none")
+            ops.append(_put(m, "parameters", vhost, component, name, value=value))
         for p in doc.get("permissions", []):
             value = {k: p.get(k, ".*") for k in ("configure", "write", "read")}
             ops.append(_put(m, "permissions", p["vhost"], p["user"], value=value))

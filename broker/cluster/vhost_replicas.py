@@ -442,6 +442,7 @@ class VhostReplicas:
         self.stores[vhost] = store
         self.serving.add(vhost)
         store.definitions_changed()  # this epoch's log starts with the definitions
+        self.node.broker.vhost_served(vhost)  # its shovels run here now
         log.info(
             "vhost %r: leading at epoch %d from its replicated log (offsets %d..%d)",
             vhost,
@@ -504,6 +505,7 @@ class VhostReplicas:
 
     async def _demote(self, vhost: str) -> None:
         self.serving.discard(vhost)
+        self.node.broker.vhost_served(vhost)  # its shovels stop here
         leader = self.leaders.pop(vhost, None)
         store = self.stores.pop(vhost, None)
         if leader is not None:

@@ -129,7 +129,13 @@ class Shovel:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
 
+    @property
+    def started(self) -> bool:
+        """Running here: in a session, or waiting to start one."""
+        return self._task is not None
+
     async def stop(self) -> None:
+        """End the session under way (its connections closed as the task unwinds)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -137,7 +143,6 @@ class Shovel:
                 await task
             except asyncio.CancelledError:
                 pass
-        await self._close_clients()
 
     async def restart(self) -> None:
         await self.stop()

@@ -4,7 +4,10 @@ cleared; a shovel whose `src-delete-after` is reached clears its own parameter, 
 RabbitMQ's does. `rows` is GET /api/shovels.
 
 Shovels run once the broker has started (`activate`): a parameter restored from the store
-at start waits for the listeners and the message store, as a client would. A URI with no
+at start waits for the listeners and the message store, as a client would. On a cluster
+every node knows every shovel (its parameter is operator metadata, in etcd), and one runs
+only where its vhost is served, on the vhost's leader (`serves`): each change of who
+serves a vhost is told to `reconsider`, so a shovel moves with a failover. A URI with no
 host is this broker, reached through `connect_local` (broker/links/local.py); any other
 through the network."""
 
@@ -36,6 +39,7 @@ class Shovels:
         may_use_vhost: Callable[[str, str], bool],
         clear: Callable[[str, str], Awaitable[object]],
         connect_local: Connect,
+        serves: Callable[[str], bool] = lambda vhost: True,
         connect_remote: Connect = connect_network,
     ) -> None:
         """`may_use_vhost(user, vhost)`: a local URI's check; `clear(vhost, name)`: remove
@@ -46,6 +50,8 @@ class Shovels:
         self._clear = clear
         self._connect_local = connect_local
         self._connect_remote = connect_remote
+        self.serves = serves
+        #: Every shovel set, running here or not (`Shovel.started`).
         self.running: dict[tuple[str, str], Shovel] = {}
         self.active = False
         #: Messages moved and sessions started again by shovels since removed (the
@@ -76,7 +82,7 @@ class Shovels:
             on_finished=lambda: self._finished(vhost, name),
         )
         self.running[(vhost, name)] = shovel
-        if self.active:
+        if self.active and self.serves(vhost):
             shovel.start()
 
     def clear(self, vhost: str, name: str) -> None:
@@ -86,8 +92,22 @@ class Shovels:
         """The broker has started: every shovel set so far starts, and those set from now
         on at once."""
         self.active = True
-        for shovel in self.running.values():
-            shovel.start()
+        for (vhost, _), shovel in self.running.items():
+            if self.serves(vhost):
+                shovel.start()
+
+    def reconsider(self, vhost: str) -> None:
+        """Who serves `vhost` changed: its shovels start here if this node serves it now,
+        and stop if it no longer does (a deposed leader's end it; the new leader's go on
+        from what the source still holds)."""
+        here = self.active and self.serves(vhost)
+        for (v, _), shovel in self.running.items():
+            if v != vhost or shovel.started == here:
+                continue
+            if here:
+                shovel.start()
+            else:
+                self._halt(shovel)
 
     def _finished(self, vhost: str, name: str) -> None:
         """`src-delete-after` reached: its parameter goes (where parameters live: on a
@@ -114,6 +134,9 @@ class Shovels:
             return
         self.moved_before += shovel.moved
         self.reconnects_before += shovel.reconnects
+        self._halt(shovel)
+
+    def _halt(self, shovel: Shovel) -> None:
         task = asyncio.ensure_future(shovel.stop())
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
@@ -133,8 +156,11 @@ class Shovels:
             await asyncio.gather(*self._stopping, return_exceptions=True)
 
     def rows(self, vhost: str | None = None) -> list[dict[str, Any]]:
+        """The shovels running on this node (RabbitMQ's nodes each report their own)."""
         return [
-            s.row() for (v, _), s in sorted(self.running.items()) if vhost is None or v == vhost
+            s.row()
+            for (v, _), s in sorted(self.running.items())
+            if s.started and (vhost is None or v == vhost)
         ]
 
     def moved(self) -> int:
