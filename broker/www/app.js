@@ -694,6 +694,51 @@ const pages = {
       }
     });
   },
+  async shovels() {
+    // RabbitMQ's dynamic shovels: the parameters (component "shovel") and, per shovel, the
+    // status row of the node running it; passwords appear in neither list's URIs.
+    const vhosts = await vhostOptions();
+    $("#view").innerHTML = `<h2>Shovels</h2><div id="live"></div>
+      <form class="card" id="add-shovel"><h3>Add / update a shovel</h3>
+        <label>Virtual host <select name="vhost">${vhosts}</select></label><label>Name <input name="name" required></label>
+        <label>Source URI <input name="srcuri" value="amqp://" required></label>
+        <label>Source <select name="srckind"><option value="queue">Queue</option><option value="exchange">Exchange</option></select></label>
+        <label>Source name <input name="src"></label><label>Source routing key <input name="srckey" placeholder="(exchange only)"></label>
+        <label>Destination URI <input name="desturi" value="amqp://" required></label>
+        <label>Destination <select name="destkind"><option value="queue">Queue</option><option value="exchange">Exchange</option></select></label>
+        <label>Destination name <input name="dest"></label><label>Destination routing key <input name="destkey" placeholder="(exchange only)"></label>
+        <label>Acknowledgement <select name="ack"><option>on-confirm</option><option>on-publish</option><option>no-ack</option></select></label>
+        <label>Prefetch <input name="prefetch" type="number" value="1000"></label>
+        <label>Delete after <select name="after"><option>never</option><option>queue-length</option></select></label>
+        <label>Reconnect delay (s) <input name="delay" type="number" value="5"></label>
+        <button>Add / update shovel</button></form>`;
+    $("#add-shovel").onsubmit = submit(async f => {
+      const value = { "src-uri": f.srcuri.value, "dest-uri": f.desturi.value, "ack-mode": f.ack.value,
+        "src-prefetch-count": Number(f.prefetch.value), "src-delete-after": f.after.value, "reconnect-delay": Number(f.delay.value) };
+      value[`src-${f.srckind.value}`] = f.src.value;
+      if (f.srckind.value === "exchange") value["src-exchange-key"] = f.srckey.value || "#";
+      if (f.dest.value) value[`dest-${f.destkind.value}`] = f.dest.value;
+      if (f.destkind.value === "exchange" && f.destkey.value) value["dest-exchange-key"] = f.destkey.value;
+      return api("PUT", `/parameters/shovel/${enc(f.vhost.value)}/${enc(f.name.value)}`, { value });
+    });
+    return live(() => Promise.all([api("GET", "/parameters/shovel"), api("GET", "/shovels")]), (box, [params, rows]) => {
+      const status = Object.fromEntries(rows.map(r => [`${r.vhost}\u0000${r.name}`, r]));
+      const shown = params.filter(p => !state.vhost || p.vhost === state.vhost).map(p => ({ ...p, status: status[`${p.vhost}\u0000${p.name}`] }));
+      box.innerHTML = `<div class="card" id="shovel-rows">${table(shown, [
+        { key: "vhost", title: "Virtual host" }, { key: "name", title: "Name" },
+        { key: "state", title: "State", html: r => r.status ? esc(r.status.state) + (r.status.reason ? ` <span class="muted">${esc(r.status.reason)}</span>` : "") : `<span class="muted">(not on this node)</span>` },
+        { key: "src", title: "Source", value: r => (r.status && r.status.src_uri) || "" },
+        { key: "from", title: "From", value: r => r.value["src-queue"] !== undefined ? `queue ${r.value["src-queue"]}` : `exchange ${r.value["src-exchange"]}` },
+        { key: "dest", title: "Destination", value: r => (r.status && r.status.dest_uri) || "" },
+        { key: "to", title: "To", value: r => r.value["dest-queue"] !== undefined ? `queue ${r.value["dest-queue"]}` : `exchange ${r.value["dest-exchange"] || "(the message's)"}` },
+        { key: "x", title: "", html: r => `<button class="restart-shovel" data-vhost="${esc(r.vhost)}" data-name="${esc(r.name)}">Restart</button> <button class="del-shovel" data-vhost="${esc(r.vhost)}" data-name="${esc(r.name)}">Delete</button>` },
+      ])}</div>`;
+      for (const b of $$(".restart-shovel", box)) b.onclick = async () => { await api("DELETE", `/shovels/vhost/${enc(b.dataset.vhost)}/${enc(b.dataset.name)}/restart`); await state.update(); };
+      for (const b of $$(".del-shovel", box)) {
+        dangerous(b, `Delete shovel ${b.dataset.name}?`, async () => { await api("DELETE", `/parameters/shovel/${enc(b.dataset.vhost)}/${enc(b.dataset.name)}`); await state.update(); });
+      }
+    });
+  },
   async definitions() {
     $("#view").innerHTML = `<h2>Definitions</h2><div class="card"><h3>Export</h3><button id="download">Download definitions.json</button></div>
       <form class="card" id="upload"><h3>Import</h3><input type="file" name="file" accept=".json" required> <button>Upload</button></form>`;

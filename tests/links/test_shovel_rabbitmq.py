@@ -8,6 +8,7 @@ from __future__ import annotations
 import pika
 import pytest
 from support.broker_process import BrokerProcess
+from support.queues import ready
 from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -18,17 +19,6 @@ MESSAGES = 2000
 
 def connect(port: int) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
-
-
-def ready(port: int, queue: str) -> int:
-    """The queue's ready messages (-1 while there is none), on a connection of its own."""
-    conn = connect(port)
-    try:
-        return conn.channel().queue_declare(queue, passive=True).method.message_count
-    except pika.exceptions.ChannelClosedByBroker:
-        return -1
-    finally:
-        conn.close()
 
 
 def drain(port: int, queue: str) -> list[bytes]:

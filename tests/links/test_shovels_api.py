@@ -13,6 +13,7 @@ import time
 import pika
 import pytest
 from support.broker_process import BrokerProcess
+from support.queues import ready
 from support.waiting import until
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
@@ -25,18 +26,6 @@ LOCAL = {"src-uri": "amqp://", "src-queue": "src", "dest-uri": "amqp://", "dest-
 
 def channel(port: int):
     return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port)).channel()
-
-
-def count(port: int, queue: str) -> int:
-    """The queue's ready messages (-1 while there is no such queue), on a connection of its
-    own (a passive declare of a missing queue closes the channel)."""
-    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
-    try:
-        return conn.channel().queue_declare(queue, passive=True).method.message_count
-    except pika.exceptions.ChannelClosedByBroker:
-        return -1
-    finally:
-        conn.close()
 
 
 def put(b, name: str, value, vhost: str = "%2F"):
@@ -52,8 +41,8 @@ def test_a_local_shovel_moves_every_message_and_shows_as_rabbitmq_shows_it(mgmt_
     value = {**LOCAL, "dest-add-forward-headers": True}
     assert put(b, "move", value) == (201, None)
     assert put(b, "move", value) == (204, None)  # the same again: an update
-    assert until(lambda: count(b.port, "dst") == 300, 20), count(b.port, "dst")
-    assert count(b.port, "src") == 0
+    assert until(lambda: ready(b.port, "dst") == 300, 20), ready(b.port, "dst")
+    assert ready(b.port, "src") == 0
     status, rows = b.api("GET", "/api/shovels")
     assert status == 200
     (row,) = rows
@@ -89,7 +78,7 @@ def test_a_local_shovel_moves_every_message_and_shows_as_rabbitmq_shows_it(mgmt_
     assert 'roarmq_shovels{state="running"} 1.0' in metrics
     # moving goes on while it runs (299 left after the get, and this one)
     ch.basic_publish("", "src", b"late", PERSISTENT)
-    assert until(lambda: count(b.port, "dst") == 300, 10)
+    assert until(lambda: ready(b.port, "dst") == 300, 10)
     assert b.api("DELETE", "/api/shovels/vhost/%2F/move/restart") == (204, None)
     assert b.api("DELETE", "/api/shovels/vhost/%2F/nope/restart")[0] == 404
     assert b.api("DELETE", "/api/parameters/shovel/%2F/move") == (204, None)
@@ -173,10 +162,10 @@ def test_src_delete_after_queue_length_moves_what_was_there_and_removes_itself(m
     assert put(b, "once", {**LOCAL, "src-delete-after": "queue-length"})[0] == 201
     assert until(lambda: b.api("GET", "/api/parameters/shovel")[1] == [], 10)
     assert b.api("GET", "/api/shovels") == (200, [])
-    assert count(b.port, "dst") == 3 and count(b.port, "src") == 0
+    assert ready(b.port, "dst") == 3 and ready(b.port, "src") == 0
     ch.basic_publish("", "src", b"after", PERSISTENT)
     time.sleep(0.3)
-    assert count(b.port, "src") == 1  # nobody moves it now
+    assert ready(b.port, "src") == 1  # nobody moves it now
 
 
 def test_an_unreachable_end_shows_its_reason_and_no_password_anywhere(mgmt_broker, caplog):
@@ -207,7 +196,7 @@ def test_a_shovel_survives_kill_9_and_goes_on_moving(tmp_path):
         assert broker.call("/api/parameters/shovel/%2F/move", "PUT", {"value": LOCAL})[0] == 201
         for i in range(50):
             ch.basic_publish("", "src", b"a%d" % i, PERSISTENT)
-        assert until(lambda: count(broker.port, "dst") == 50, 20)
+        assert until(lambda: ready(broker.port, "dst") == 50, 20)
         broker.kill9()
         broker.start()
         ch = channel(broker.port)
@@ -217,8 +206,8 @@ def test_a_shovel_survives_kill_9_and_goes_on_moving(tmp_path):
             ch.basic_publish("", "src", b"b%d" % i, PERSISTENT)
         # on-confirm is at least once, as RabbitMQ documents it: a message the destination
         # confirmed whose ack at the source the kill took is moved again; none is lost
-        assert until(lambda: count(broker.port, "src") == 0, 20), count(broker.port, "src")
-        assert until(lambda: count(broker.port, "dst") >= 100, 20), count(broker.port, "dst")
+        assert until(lambda: ready(broker.port, "src") == 0, 20), ready(broker.port, "src")
+        assert until(lambda: ready(broker.port, "dst") >= 100, 20), ready(broker.port, "dst")
         bodies = []
         while (got := ch.basic_get("dst", auto_ack=True))[0] is not None:
             bodies.append(got[2])
@@ -244,4 +233,41 @@ def test_definitions_carry_shovels_from_one_broker_to_another(mgmt_broker, tmp_p
         ch = channel(b.port)
         ch.queue_declare("src", durable=True)
         ch.basic_publish("", "src", b"x", PERSISTENT)
-        assert until(lambda: count(b.port, "dst") == 1, 10)
+        assert until(lambda: ready(b.port, "dst") == 1, 10)
+
+
+def test_a_shovel_reconnects_after_its_source_broker_is_killed_and_restarted(mgmt_broker, tmp_path):
+    source = BrokerProcess(tmp_path / "source").start()
+    try:
+        ch = channel(source.port)
+        ch.confirm_delivery()
+        ch.queue_declare("src", durable=True)
+        value = {
+            **LOCAL,
+            "src-uri": f"amqp://guest:guest@127.0.0.1:{source.port}",
+            "reconnect-delay": 1,
+        }
+        assert put(mgmt_broker, "remote", value)[0] == 201
+        for i in range(20):
+            ch.basic_publish("", "src", b"a%d" % i, PERSISTENT)
+        assert until(lambda: ready(mgmt_broker.port, "dst") == 20, 20)
+        source.kill9()
+
+        def state():
+            rows = mgmt_broker.api("GET", "/api/shovels")[1]
+            return rows[0]["state"] if rows else None
+
+        assert until(lambda: state() == "terminated", 10), state()
+        source.start()
+        assert until(lambda: state() == "running", 20), state()
+        ch = channel(source.port)
+        ch.confirm_delivery()
+        for i in range(20):
+            ch.basic_publish("", "src", b"b%d" % i, PERSISTENT)
+        assert until(lambda: ready(source.port, "src") == 0, 20)
+        assert until(lambda: ready(mgmt_broker.port, "dst") >= 40, 20), ready(
+            mgmt_broker.port, "dst"
+        )
+        assert mgmt_broker.broker.shovels.reconnects() >= 1
+    finally:
+        source.stop()

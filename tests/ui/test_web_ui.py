@@ -678,3 +678,35 @@ def test_a_delayed_exchange_shows_what_it_holds_and_the_next_due_time(browser, t
         shown = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(due / 1000))
         assert row_of(browser, "#rows", "later")["Delayed (next due)"] == f"2 ({shown})"
         assert row_of(browser, "#rows", "amq.direct")["Delayed (next due)"] == ""
+
+
+def test_the_shovels_page_adds_shows_and_deletes_a_shovel(browser, tmp_path):
+    """A shovel added from the Shovels page is the parameter RabbitMQ's form would make; its
+    row shows it running; Delete (confirmed) removes it."""
+    from selenium.webdriver.common.by import By
+
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b:
+        b.api("PUT", "/api/queues/%2F/ui-src", {"durable": True})
+        log_in(browser, b.mgmt_url)
+        browser.get(b.mgmt_url + "/#/shovels")
+        form = in_browser(lambda: browser.find_element(By.ID, "add-shovel"))
+        fill(form, name="ui-move", src="ui-src", dest="ui-dst", delay="1")
+        form.find_element(By.TAG_NAME, "button").click()
+        in_browser(lambda: "running" in text_of(browser, "#shovel-rows table"))
+        value = b.api("GET", "/api/parameters/shovel/%2F/ui-move")[1]["value"]
+        assert value == {
+            "src-uri": "amqp://",
+            "src-queue": "ui-src",
+            "dest-uri": "amqp://",
+            "dest-queue": "ui-dst",
+            "ack-mode": "on-confirm",
+            "src-prefetch-count": 1000,
+            "src-delete-after": "never",
+            "reconnect-delay": 1,
+        }
+        assert "queue ui-src" in text_of(browser, "#shovel-rows table")
+        shot(browser, "shovels")
+        browser.find_element(By.CSS_SELECTOR, '.del-shovel[data-name="ui-move"]').click()
+        accept(browser, "Delete shovel ui-move?")
+        in_browser(lambda: "ui-move" not in text_of(browser, "#shovel-rows"))
+        assert b.api("GET", "/api/shovels")[1] == []
