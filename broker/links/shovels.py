@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .client import AmqpClient
-from .shovel import Connect, Shovel, connect_network
+from .relay import Connect, connect_network
+from .shovel import Shovel
 from .shovel_definition import ShovelDefinition, check_shovel
 from .uri import AmqpUri
 
