@@ -30,6 +30,7 @@ from .core.persistence import Persistence
 from .core.policy import PolicyError, make_policy
 from .core.stream import close_all as close_streams
 from .core.vhost import VirtualHost
+from .links.federation import Federation
 from .links.local import connect_local
 from .links.shovels import Shovels
 from .management.metrics import Totals
@@ -99,6 +100,15 @@ class Broker:
             serves=lambda vhost: self.cluster.refusal(vhost) is None,
         )
         self.parameters.register(self.shovels)
+        self.federation = Federation(
+            node=self.node_name,
+            cluster_name=lambda: self.cluster_name,
+            vhosts=lambda: self.vhosts,
+            serves=lambda vhost: self.cluster.refusal(vhost) is None,
+            connect_local=self._connect_local,
+        )
+        for component in self.federation.components():
+            self.parameters.register(component)
         self._load_parameters()
         self.totals = (
             Totals()
@@ -213,6 +223,7 @@ class Broker:
         if self.loop_lag is not None:
             self.loop_lag.start()
         self.shovels.activate()  # once everything a link's local end needs is up
+        self.federation.activate()
 
     async def _listen(self, factory: Callable[[], Any]) -> None:
         """The plain listener on every [amqp] address; port 0 picks one free port for all.
@@ -417,6 +428,7 @@ class Broker:
         open_connections = len(self.connections)
         await self.cluster.stop()  # first: a cluster node's lease is revoked, another leads now
         await self.shovels.stop_all()  # each link closes its own connections, cleanly
+        await self.federation.stop_all()
         self.resources.stop()
         if self.loop_lag is not None:
             self.loop_lag.stop()
@@ -578,6 +590,7 @@ class Broker:
         new = name not in (host.operator_policies if operator else host.policies)
         self.persistence.definitions.put_policy(vhost, name, operator, policy.row())
         host.set_policy(policy)
+        self.federation.changed()  # a policy may federate exchanges and queues
         return new
 
     def clear_policy(self, vhost: str, name: str, operator: bool = False) -> bool:
@@ -585,7 +598,9 @@ class Broker:
         if host is None or name not in (host.operator_policies if operator else host.policies):
             return False
         self.persistence.definitions.delete_policy(vhost, name, operator)
-        return host.clear_policy(name, operator)
+        cleared = host.clear_policy(name, operator)
+        self.federation.changed()
+        return cleared
 
     # -- runtime parameters (shovels) ------------------------------------------------------
 
@@ -628,6 +643,7 @@ class Broker:
         """Whether this node serves `vhost` changed (a cluster node won or lost its
         leadership): its links run where it is served."""
         self.shovels.reconsider(vhost)
+        self.federation.changed()
 
     def may_use_vhost(self, user: str, vhost: str) -> bool:
         """Whether `user` may reach `vhost` (a local link URI's check; the broker itself,

@@ -211,6 +211,10 @@ LISTS: dict[str, tuple[str, list[str]]] = {
         ["vhost", "name", "pattern", "apply-to", "definition", "priority"],
     ),
     "shovel_status": ("/api/shovels", ["name", "vhost", "type", "state", "src_uri", "dest_uri"]),
+    "federation_status": (
+        "/api/federation-links",
+        ["vhost", "type", "exchange", "queue", "upstream", "status", "error", "id"],
+    ),
 }
 
 
@@ -326,6 +330,18 @@ def list_parameters(api: Api, a: argparse.Namespace) -> str:
 def restart_shovel(api: Api, a: argparse.Namespace) -> str:
     api.call("DELETE", f"/api/shovels/vhost/{q(a.vhost)}/{q(a.name)}/restart")
     return f"Restarting dynamic Shovel {a.name} in virtual host {a.vhost}"
+
+
+def restart_federation_link(api: Api, a: argparse.Namespace) -> str:
+    rows = [r for r in api.call("GET", "/api/federation-links") if r["id"] == a.link_id]
+    if not rows:
+        raise CtlError(f"no federation link '{a.link_id}' (federation_status shows their ids)")
+    row = rows[0]
+    api.call(
+        "DELETE",
+        f"/api/federation-links/vhost/{q(row['vhost'])}/{q(a.link_id)}/{q(row['node'])}/restart",
+    )
+    return f"Restarting federation link {a.link_id} ..."
 
 
 def delete_shovel(api: Api, a: argparse.Namespace) -> str:
@@ -728,6 +744,11 @@ def _parser() -> argparse.ArgumentParser:
     command(
         "delete_shovel", delete_shovel, "delete a dynamic shovel (its parameter)", vhost=True
     ).add_argument("name")
+    command(
+        "restart_federation_link",
+        restart_federation_link,
+        "start a federation link's session over",
+    ).add_argument("link_id")
     command(
         "set_vhost_limits", set_vhost_limits, "set vhost limits (JSON)", vhost=True
     ).add_argument("definition")

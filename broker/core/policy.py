@@ -33,7 +33,13 @@ EXCHANGE_KEYS: dict[str, tuple[Check, str]] = {
     # LavinMQ's: true makes the exchange delayed, its type unchanged (broker/core/exchange.py)
     DELAYED_POLICY_KEY: (Bool(), "delayed message setting"),
 }
-_KEYS = frozenset(POLICY_KEYS) | frozenset(EXCHANGE_KEYS)
+#: Policy keys of exchanges and queues alike: federation's (broker/links/federation.py),
+#: as rabbit_federation_parameters checks them; one or the other, never both.
+FEDERATION_KEYS: dict[str, tuple[Check, str]] = {
+    "federation-upstream-set": (Str(), "federation upstream set name"),
+    "federation-upstream": (Str(), "federation upstream name"),
+}
+_KEYS = frozenset(POLICY_KEYS) | frozenset(EXCHANGE_KEYS) | frozenset(FEDERATION_KEYS)
 
 
 class PolicyError(ValueError):
@@ -57,7 +63,7 @@ def _validate(key: str, value: Any) -> None:
         row = POLICY_KEYS[key]
         check, noun = row.check, row.noun
     else:
-        check, noun = EXCHANGE_KEYS[key]
+        check, noun = EXCHANGE_KEYS.get(key) or FEDERATION_KEYS[key]
     if not check.accepts(value):
         raise PolicyError(f"{_erl(value)} is not a valid {noun}")
 
@@ -128,6 +134,8 @@ def make_policy(vhost: str, name: str, body: dict[str, Any], operator: bool = Fa
         raise PolicyError(f"[{terms}] are not recognised policy settings")
     for key, value in definition.items():
         _validate(key, value)
+    if all(key in definition for key in FEDERATION_KEYS):
+        raise PolicyError("cannot specify federation-upstream and federation-upstream-set together")
     return Policy(vhost, name, pattern, apply_to, priority, dict(definition), operator)
 
 

@@ -558,13 +558,22 @@ class VirtualHost:
         except DefinitionsWriteFailed:
             source.unbind(key, dest, arguments)
             raise
+        self._bindings_changed(source)
 
     def _unbind(self, source: Exchange, dest: Any, key: str, arguments: dict | None) -> None:
         """Delete the stored binding, then the one in memory: deleting a binding that
         is not stored (or not there at all) changes nothing on disk."""
         self.broker.persistence.binding_removed(source, dest, key, arguments)
         if source.unbind(key, dest, arguments):
+            self._bindings_changed(source)
             self._maybe_auto_delete(source)
+
+    def _bindings_changed(self, source: Exchange) -> None:
+        """A federated exchange's links make its bindings on their upstreams too; only an
+        exchange a policy applies to can be one, and only while links exist."""
+        federation = self.broker.federation
+        if source.policy is not None and federation.links:
+            federation.bindings_changed(self.name, source.name)
 
     # -- routing --------------------------------------------------------------------
 

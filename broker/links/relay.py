@@ -215,10 +215,18 @@ class Relay(abc.ABC):
 
     @abc.abstractmethod
     def _target(
-        self, exchange: str, routing_key: str, header: ContentHeader
+        self, exchange: str, routing_key: str, redelivered: bool, header: ContentHeader
     ) -> tuple[str, str, ContentHeader] | None:
         """Where a message consumed from `exchange` with `routing_key` goes: (exchange,
         routing key, content header) at the destination, or None to drop it."""
+
+    async def _consume(self, channel: ClientChannel, queue: str) -> None:
+        """Start consuming `queue` on the source's channel (a queue link waits for its
+        downstream's demand first: it overrides this)."""
+        consume = spec.BasicConsume(
+            queue=queue, no_ack=self.ack_mode == "no-ack", arguments=self._consumer_arguments
+        )
+        await channel.call(consume)
 
     async def _session(self) -> None:
         self._set_state("starting")
@@ -247,8 +255,7 @@ class Relay(abc.ABC):
             LinkClosed(0, "the source cancelled the consumer")
         )
         dest_ch.on_cancel = src_ch.on_cancel
-        consume = spec.BasicConsume(queue=queue, no_ack=no_ack, arguments=self._consumer_arguments)
-        await src_ch.call(consume)
+        await self._consume(src_ch, queue)
         self._set_state("running")
         log.info("%s %r in vhost %r is running", self.kind, self.name, self.vhost)
         watched = [src.closed, dest.closed, src_ch.closed, dest_ch.closed]
@@ -260,6 +267,7 @@ class Relay(abc.ABC):
         done = self._done
         if done is not None and not done.done():
             done.set_exception(why)
+            done.exception()  # (retrieved: a session that already ended awaits it no more)
 
     def _pause_source(self, reason: str, on: bool) -> None:
         """Stop (or go on) reading the source's socket while the destination cannot take
@@ -283,7 +291,7 @@ class Relay(abc.ABC):
         self,
         _consumer: str,
         tag: int,
-        _redelivered: bool,
+        redelivered: bool,
         exchange: str,
         routing_key: str,
         header: ContentHeader,
@@ -295,7 +303,7 @@ class Relay(abc.ABC):
         if src_ch is None or dest_ch is None:
             return
         no_ack = self.ack_mode == "no-ack"
-        target = self._target(exchange, routing_key, header)
+        target = self._target(exchange, routing_key, redelivered, header)
         if target is None:  # dropped: done with at the source at once
             if not no_ack:
                 src_ch.send(spec.BasicAck(delivery_tag=tag))

@@ -96,7 +96,7 @@ class Shovel(Relay):
         return src, src_ch, dest, queue, remaining
 
     def _target(
-        self, exchange: str, routing_key: str, header: ContentHeader
+        self, exchange: str, routing_key: str, redelivered: bool, header: ContentHeader
     ) -> tuple[str, str, ContentHeader]:
         d = self.definition
         if d.dest_queue is not None:

@@ -135,3 +135,29 @@ async def delete_shovel(request: web.Request) -> web.Response:
     else:
         await change(broker, "clear_parameter", vhost, "shovel", name)
     return web.Response(status=204)
+
+
+# -- federation -------------------------------------------------------------------------
+
+
+async def federation_links(request: web.Request) -> web.Response:
+    """GET /api/federation-links[/{vhost}][/state/down]: each link's status row on this
+    node (rabbit_federation_status's fields), /state/down only those neither running nor
+    starting."""
+    vhost = request.match_info.get("vhost")
+    if vhost is not None:
+        vhosts_of(request)
+    down = request.path.rstrip("/").endswith("/state/down")
+    rows = broker_of(request).federation.rows(vhost, down=down)
+    return web.json_response([r for r in rows if sees_vhost(request, r["vhost"])])
+
+
+async def restart_federation_link(request: web.Request) -> web.Response:
+    """DELETE /api/federation-links/vhost/{vhost}/{id}/{node}/restart."""
+    vhost = vhosts_of(request)[0].name
+    broker = broker_of(request)
+    if request.match_info["node"] != broker.node_name:
+        raise not_found()
+    if not await broker.federation.restart(vhost, request.match_info["id"]):
+        raise not_found()
+    return web.Response(status=204)

@@ -258,6 +258,25 @@ def _shovel_families(b: Any) -> Iterator[Any]:
     )
 
 
+def _federation_families(b: Any) -> Iterator[Any]:
+    """Federation links (broker/links/federation.py) of this node by status, and messages
+    they moved."""
+    links = GaugeMetricFamily(
+        "roarmq_federation_links", "Federation links on this node, by status", labels=["status"]
+    )
+    counts = {"starting": 0, "running": 0, "error": 0}
+    for row in b.federation.rows():
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    for status, n in counts.items():
+        links.add_metric([status], n)
+    yield links
+    yield CounterMetricFamily(
+        "roarmq_federation_messages_moved",
+        "Messages the federation links published downstream",
+        value=b.federation.moved(),
+    )
+
+
 def _by_protocol(kind: type, name: str, doc: str, value: float, stream: float | None = None) -> Any:
     """One of RabbitMQ's global families: its `protocol="amqp091"` series, and the stream
     protocol's (`protocol="stream"`) where it counts that too."""
@@ -524,6 +543,7 @@ class RoarCollector(_Collector):
             yield stalls
         yield from _gc_families()
         yield from _shovel_families(b)
+        yield from _federation_families(b)
         if not self.per_object:
             return
         ready = GaugeMetricFamily(

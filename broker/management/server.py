@@ -67,7 +67,7 @@ ADMIN_ONLY = (
 )
 
 #: Reads that need the monitoring tag (or administrator): RabbitMQ's "Not monitor user".
-MONITORING_ONLY = ("/api/nodes", "/api/shovels")
+MONITORING_ONLY = ("/api/nodes", "/api/shovels", "/api/federation-links")
 
 #: Writes that need the policymaker tag (or administrator).
 POLICYMAKER_ONLY = (
@@ -297,6 +297,14 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/shovels/vhost/{vhost}/{name}", links.shovels)
     router.add_delete("/api/shovels/vhost/{vhost}/{name}", links.delete_shovel)
     router.add_delete("/api/shovels/vhost/{vhost}/{name}/restart", links.delete_shovel)
+    router.add_get("/api/federation-links", links.federation_links)
+    router.add_get("/api/federation-links/state/down", links.federation_links)
+    router.add_get("/api/federation-links/state/down/", links.federation_links)
+    router.add_get("/api/federation-links/{vhost}", links.federation_links)
+    router.add_get("/api/federation-links/{vhost}/state/down", links.federation_links)
+    router.add_delete(
+        "/api/federation-links/vhost/{vhost}/{id}/{node}/restart", links.restart_federation_link
+    )
     router.add_get("/api/global-parameters", node.global_parameters)
     router.add_get("/api/cluster-name", access.cluster_name)
     router.add_put("/api/cluster-name", access.put_cluster_name)

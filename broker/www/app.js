@@ -739,6 +739,44 @@ const pages = {
       }
     });
   },
+  async federation() {
+    // RabbitMQ's federation: upstreams (component "federation-upstream") and the links the
+    // policies with federation-upstream(-set) make, each with its status.
+    const vhosts = await vhostOptions();
+    $("#view").innerHTML = `<h2>Federation</h2><div id="live"></div>
+      <form class="card" id="add-upstream"><h3>Add / update an upstream</h3>
+        <label>Virtual host <select name="vhost">${vhosts}</select></label><label>Name <input name="name" required></label>
+        <label>URI <input name="uri" required placeholder="amqp://user:password@host"></label>
+        <label>Exchange <input name="exchange" placeholder="(the federated one's name)"></label>
+        <label>Max hops <input name="hops" type="number" value="1"></label>
+        <label>Expires (ms) <input name="expires" type="number"></label>
+        <button>Add / update upstream</button></form>
+      <p class="muted">A policy with <code>federation-upstream-set</code> (a set's name, or <code>all</code>) or
+        <code>federation-upstream</code> federates the exchanges or queues it matches (Policies page).</p>`;
+    $("#add-upstream").onsubmit = submit(async f => {
+      const value = { uri: f.uri.value, "max-hops": Number(f.hops.value) };
+      if (f.exchange.value) value.exchange = f.exchange.value;
+      if (f.expires.value) value.expires = Number(f.expires.value);
+      return api("PUT", `/parameters/federation-upstream/${enc(f.vhost.value)}/${enc(f.name.value)}`, { value });
+    });
+    return live(() => Promise.all([api("GET", "/parameters/federation-upstream"), api("GET", "/federation-links")]), (box, [ups, links]) => {
+      const mine = rows => rows.filter(r => !state.vhost || r.vhost === state.vhost);
+      box.innerHTML = `<div class="card" id="upstream-rows"><h3>Upstreams</h3>${table(mine(ups), [
+        { key: "vhost", title: "Virtual host" }, { key: "name", title: "Name" },
+        { key: "uri", title: "URI", value: r => [].concat(r.value.uri).map(u => u.replace(/\/\/[^@/]*@/, "//")).join(", ") },
+        { key: "x", title: "", html: r => `<button class="del-upstream" data-vhost="${esc(r.vhost)}" data-name="${esc(r.name)}">Delete</button>` },
+      ])}</div><div class="card" id="link-rows"><h3>Links</h3>${table(mine(links), [
+        { key: "vhost", title: "Virtual host" }, { key: "type", title: "Type" },
+        { key: "name", title: "Federated", value: r => r.exchange || r.queue },
+        { key: "upstream", title: "Upstream" },
+        { key: "status", title: "Status", html: r => esc(r.status) + (r.error ? ` <span class="muted">${esc(r.error)}</span>` : "") },
+        { key: "uri", title: "URI" }, { key: "timestamp", title: "Since" },
+      ])}</div>`;
+      for (const b of $$(".del-upstream", box)) {
+        dangerous(b, `Delete upstream ${b.dataset.name}?`, async () => { await api("DELETE", `/parameters/federation-upstream/${enc(b.dataset.vhost)}/${enc(b.dataset.name)}`); await state.update(); });
+      }
+    });
+  },
   async definitions() {
     $("#view").innerHTML = `<h2>Definitions</h2><div class="card"><h3>Export</h3><button id="download">Download definitions.json</button></div>
       <form class="card" id="upload"><h3>Import</h3><input type="file" name="file" accept=".json" required> <button>Upload</button></form>`;

@@ -202,3 +202,29 @@ def test_shovel_commands(b, capsys):
     assert ctl(b, capsys, "delete_shovel", "again")[0] == 0
     code, out, _ = ctl(b, capsys, "--format", "json", "list_parameters")
     assert json.loads(out) == []
+
+
+def test_federation_status_and_restart(b, capsys, tmp_path):
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "up"))) as up:
+        value = json.dumps({"uri": f"amqp://guest:guest@127.0.0.1:{up.port}"})
+        assert ctl(b, capsys, "set_parameter", "federation-upstream", "origin", value)[0] == 0
+        definition = '{"federation-upstream-set": "all"}'
+        assert (
+            ctl(b, capsys, "set_policy", "--apply-to", "exchanges", "fed", "^fed", definition)[0]
+            == 0
+        )
+        pika.BlockingConnection(pika.URLParameters(b.url)).channel().exchange_declare(
+            "fed.x", "fanout"
+        )
+        for _ in range(100):
+            code, out, _ = ctl(b, capsys, "--format", "json", "federation_status")
+            rows = json.loads(out)
+            if rows and rows[0]["status"] == "running":
+                break
+            time.sleep(0.05)
+        (row,) = rows
+        assert (row["type"], row["exchange"], row["upstream"]) == ("exchange", "fed.x", "origin")
+        assert ctl(b, capsys, "restart_federation_link", row["id"])[0] == 0
+        code, _, err = ctl(b, capsys, "restart_federation_link", "00000000")
+        assert code != 0 and "no federation link '00000000'" in err
+        assert ctl(b, capsys, "clear_policy", "fed")[0] == 0

@@ -32,6 +32,7 @@ class RabbitNode:
     port: int
     version: str
     stream_port: int | None = None  # with its rabbitmq_stream plugin, when asked for
+    mgmt_port: int | None = None  # with its management plugin, when asked for
 
     @property
     def url(self) -> str:
@@ -40,10 +41,16 @@ class RabbitNode:
 
 @contextlib.contextmanager
 def rabbitmq_node(
-    tmp: Path, *, version: str = VERSION, streams: bool = False
+    tmp: Path,
+    *,
+    version: str = VERSION,
+    streams: bool = False,
+    management: bool = False,
+    plugins: tuple[str, ...] = (),
 ) -> Iterator[RabbitNode]:
     """A running RabbitMQ node, stopped (its whole process group) on exit; `streams`: with
-    its stream plugin on a port of its own (`stream_port`)."""
+    its stream plugin on a port of its own (`stream_port`); `management`: its HTTP API
+    (`mgmt_port`); `plugins`: more plugins enabled."""
     if str(BENCH) not in sys.path:
         sys.path.append(str(BENCH))  # after everything else: bench's scripts shadow nothing
     from lib.brokers import rabbit_server, start_rabbitmq, stop_broker
@@ -52,10 +59,17 @@ def rabbitmq_node(
     if rabbit_server() is None:
         missing("rabbitmq-server is not installed", "ROARMQ_EXPECT_PACKAGES")
     procs = Procs()
-    running = start_rabbitmq(procs, tmp, nodename=f"roartest{os.getpid()}", streams=streams)
+    running = start_rabbitmq(
+        procs,
+        tmp,
+        nodename=f"roartest{os.getpid()}",
+        streams=streams,
+        management=management,
+        plugins=plugins,
+    )
     try:
         if running.version != version:
             pytest.skip(f"RabbitMQ {running.version} here; the expectations are {version}'s")
-        yield RabbitNode(running.port, running.version, running.stream_port)
+        yield RabbitNode(running.port, running.version, running.stream_port, running.mgmt_port)
     finally:
         stop_broker(procs, running)

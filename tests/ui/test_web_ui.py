@@ -710,3 +710,32 @@ def test_the_shovels_page_adds_shows_and_deletes_a_shovel(browser, tmp_path):
         accept(browser, "Delete shovel ui-move?")
         in_browser(lambda: "ui-move" not in text_of(browser, "#shovel-rows"))
         assert b.api("GET", "/api/shovels")[1] == []
+
+
+def test_the_federation_page_adds_an_upstream_and_shows_its_link(browser, tmp_path):
+    """An upstream added from the Federation page is RabbitMQ's parameter; with a policy,
+    the link it makes shows, here with the upstream's login refusal; the URI's password is
+    shown nowhere on the page."""
+    from selenium.webdriver.common.by import By
+
+    with (
+        BrokerThread(ephemeral_config(data_dir=str(tmp_path / "up"))) as up,
+        BrokerThread(ephemeral_config(data_dir=str(tmp_path / "d")), management=True) as b,
+    ):
+        log_in(browser, b.mgmt_url)
+        browser.get(b.mgmt_url + "/#/federation")
+        form = in_browser(lambda: browser.find_element(By.ID, "add-upstream"))
+        fill(form, name="origin", uri=f"amqp://guest:s3cret@127.0.0.1:{up.port}")
+        form.find_element(By.TAG_NAME, "button").click()
+        in_browser(lambda: "origin" in text_of(browser, "#upstream-rows table"))
+        value = b.api("GET", "/api/parameters/federation-upstream/%2F/origin")[1]["value"]
+        assert value == {"uri": f"amqp://guest:s3cret@127.0.0.1:{up.port}", "max-hops": 1}
+        policy = {"pattern": "^ui", "definition": {"federation-upstream": "origin"}}
+        assert b.api("PUT", "/api/policies/%2F/ui", policy)[0] == 201
+        b.api("PUT", "/api/exchanges/%2F/ui.x", {"type": "fanout", "durable": True})
+        # guest's password is not s3cret there: the link shows the upstream's refusal
+        in_browser(lambda: "ACCESS_REFUSED" in text_of(browser, "#link-rows table"))
+        assert "ui.x" in text_of(browser, "#link-rows table")
+        assert "error" in text_of(browser, "#link-rows table")
+        assert "s3cret" not in text_of(browser, "#view")
+        shot(browser, "federation")
