@@ -47,7 +47,7 @@ from typing import Any
 from urllib.parse import quote
 
 from roarmq.protocol import spec
-from roarmq.protocol.errors import COMMAND_INVALID, NOT_FOUND
+from roarmq.protocol.errors import ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND
 from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
 
@@ -165,6 +165,17 @@ class FederationLink(Relay):
         if not self.upstream.trust_user_id:
             props.user_id = None  # RabbitMQ's: a user id is the upstream's to vouch for
         return ContentHeader.from_properties(props, 60, header.body_size)
+
+    def describe(self, exc: BaseException) -> str:
+        """As RabbitMQ's federation status prints its errors (`econnrefused`, a refused
+        login's `{auth_failure,...}`); others in our words."""
+        if isinstance(exc, ConnectionRefusedError):
+            return "econnrefused"
+        if isinstance(exc, TimeoutError):
+            return "timeout"
+        if isinstance(exc, LinkClosed) and exc.reply_code == ACCESS_REFUSED and exc.by_server:
+            return f'{{auth_failure,"{exc.reply_text}"}}'
+        return super().describe(exc)
 
     def _set_state(self, state: str, reason: str | None = None) -> None:
         super()._set_state(state, reason)
@@ -415,6 +426,8 @@ class ExchangeLink(FederationLink):
 
     async def remove(self) -> None:
         await self.stop()
+        if self.upstream.resource_cleanup_mode == "never":
+            return
         await self._cleanup(
             [spec.QueueDelete(queue=self.queue)]
             + [spec.ExchangeDelete(exchange=f"{self.queue} {s}") for s in "AB"]

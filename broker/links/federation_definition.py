@@ -70,6 +70,8 @@ class Upstream:
     message_ttl: int | None = None
     trust_user_id: bool = False
     ack_mode: str = "on-confirm"
+    #: "never": a link that goes leaves its queue and exchanges on the upstream
+    resource_cleanup_mode: str = "default"
 
     @classmethod
     def read(cls, name: str, uris: tuple[AmqpUri, ...], settings: dict[str, Any]) -> Upstream:
@@ -87,6 +89,7 @@ class Upstream:
             message_ttl=int(s["message-ttl"]) if "message-ttl" in s else None,
             trust_user_id=bool(s.get("trust-user-id", False)),
             ack_mode=s.get("ack-mode", "on-confirm"),
+            resource_cleanup_mode=s.get("resource-cleanup-mode", "default"),
         )
 
 

@@ -161,7 +161,7 @@ class Relay(abc.ABC):
                 self.on_finished()
                 return
             except SESSION_ERRORS as exc:
-                reason = reason_of(exc)
+                reason = self.describe(exc)
                 log.warning(
                     "%s %r in vhost %r terminated: %s", self.kind, self.name, self.vhost, reason
                 )
@@ -172,6 +172,11 @@ class Relay(abc.ABC):
                 return
             await asyncio.sleep(self.reconnect_delay)
             self.reconnects += 1
+
+    def describe(self, exc: BaseException) -> str:
+        """Why a session ended, as the API shows it (RabbitMQ's shovel and federation word
+        it differently: each relay kind its own)."""
+        return reason_of(exc)
 
     async def connect_any(self, uris: tuple[AmqpUri, ...]) -> AmqpClient:
         """One of `uris` at random, the others if it fails (RabbitMQ's order); closed with

@@ -234,47 +234,47 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def _shovel_families(b: Any) -> Iterator[Any]:
-    """Dynamic shovels (broker/links/shovels.py): how many in each state, messages moved
-    and sessions started again, all shovels of this node together."""
-    states = GaugeMetricFamily(
-        "roarmq_shovels", "Dynamic shovels running on this node, by state", labels=["state"]
-    )
-    counts = {"starting": 0, "running": 0, "terminated": 0}
-    for row in b.shovels.rows():
-        counts[row["state"]] = counts.get(row["state"], 0) + 1
-    for state, n in counts.items():
-        states.add_metric([state], n)
-    yield states
-    yield CounterMetricFamily(
-        "roarmq_shovel_messages_moved",
+#: The relays of broker/links/ in /metrics: (prefix, what, the broker's attribute, the row
+#: field of their state and its values, what "moved" means for them).
+LINK_FAMILIES = (
+    (
+        "roarmq_shovel",
+        "Dynamic shovels",
+        "shovels",
+        ("state", ("starting", "running", "terminated")),
         "Messages the shovels published to their destinations",
-        value=b.shovels.moved(),
-    )
-    yield CounterMetricFamily(
-        "roarmq_shovel_reconnects",
-        "Shovel sessions started again after a failure (each after reconnect-delay)",
-        value=b.shovels.reconnects(),
-    )
-
-
-def _federation_families(b: Any) -> Iterator[Any]:
-    """Federation links (broker/links/federation.py) of this node by status, and messages
-    they moved."""
-    links = GaugeMetricFamily(
-        "roarmq_federation_links", "Federation links on this node, by status", labels=["status"]
-    )
-    counts = {"starting": 0, "running": 0, "error": 0}
-    for row in b.federation.rows():
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    for status, n in counts.items():
-        links.add_metric([status], n)
-    yield links
-    yield CounterMetricFamily(
-        "roarmq_federation_messages_moved",
+    ),
+    (
+        "roarmq_federation_link",
+        "Federation links",
+        "federation",
+        ("status", ("starting", "running", "error")),
         "Messages the federation links published downstream",
-        value=b.federation.moved(),
-    )
+    ),
+)
+
+
+def _link_families(b: Any) -> Iterator[Any]:
+    """Shovels and federation links on this node: how many in each state (`roarmq_shovels`,
+    `roarmq_federation_links`), messages moved and sessions started again after a failure
+    (each after its reconnect-delay), all of a kind together."""
+    for prefix, what, attribute, (field, states), moved in LINK_FAMILIES:
+        relays = getattr(b, attribute)
+        family = GaugeMetricFamily(
+            prefix + "s", f"{what} running on this node, by {field}", labels=[field]
+        )
+        counts = dict.fromkeys(states, 0)
+        for row in relays.rows():
+            counts[row[field]] = counts.get(row[field], 0) + 1
+        for state, n in counts.items():
+            family.add_metric([state], n)
+        yield family
+        yield CounterMetricFamily(prefix + "_messages_moved", moved, value=relays.moved())
+        yield CounterMetricFamily(
+            prefix + "_reconnects",
+            f"{what}: sessions started again after a failure",
+            value=relays.reconnects(),
+        )
 
 
 def _by_protocol(kind: type, name: str, doc: str, value: float, stream: float | None = None) -> Any:
@@ -542,8 +542,7 @@ class RoarCollector(_Collector):
                 stalls.add_metric([kind], b.loop_lag.by_kind.get(kind, 0))
             yield stalls
         yield from _gc_families()
-        yield from _shovel_families(b)
-        yield from _federation_families(b)
+        yield from _link_families(b)
         if not self.per_object:
             return
         ready = GaugeMetricFamily(

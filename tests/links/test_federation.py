@@ -8,6 +8,7 @@ consumers; and refusals in RabbitMQ's words."""
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import pika
 import pytest
@@ -105,6 +106,9 @@ def test_an_exchange_receives_what_its_upstream_gets_and_bindings_follow(pair):
         ]
     }
     assert ready(up.port, link_queue) == 0  # the unbound key never left the upstream
+    metrics = urllib.request.urlopen(down.mgmt_url + "/metrics", timeout=10).read().decode()
+    assert 'roarmq_federation_links{status="running"} 1.0' in metrics
+    assert "roarmq_federation_link_messages_moved_total 10.0" in metrics
     ch.queue_bind("mine", "fed.x", "z.*")  # a new binding is made upstream too
     time.sleep(0.5)
     upstream.basic_publish("fed.x", "z.c", b"bound now")
@@ -195,3 +199,36 @@ def test_a_policy_naming_an_upstream_and_a_set_is_refused(mgmt_broker):
         "PUT", "/api/policies/%2F/bad", {"pattern": "^x", "definition": {"federation-upstream": 5}}
     )
     assert status == 400 and "5 is not a valid federation upstream name" in body["reason"]
+
+
+def test_an_upstream_that_is_not_there_or_refuses_the_login_shows_why(mgmt_broker, tmp_path):
+    """The link's error as RabbitMQ 3.10.8's status shows it (probed: `econnrefused`)."""
+    b = mgmt_broker
+    value = {"uri": "amqp://guest:guest@127.0.0.1:1", "reconnect-delay": 1}
+    assert b.api("PUT", "/api/parameters/federation-upstream/%2F/gone", {"value": value})[0] == 201
+    policy = {"pattern": "^fed", "definition": {"federation-upstream": "gone"}}
+    assert b.api("PUT", "/api/policies/%2F/fed", policy)[0] == 201
+    b.api("PUT", "/api/exchanges/%2F/fed.x", {"type": "fanout"})
+
+    def errored():
+        rows = b.api("GET", "/api/federation-links/%2F/state/down")[1]
+        return rows[0] if rows and rows[0]["status"] == "error" else None
+
+    row = until(errored, 10)
+    assert row and row["error"] == "econnrefused", b.api("GET", "/api/federation-links")
+    assert row["uri"] == "amqp://127.0.0.1:1"
+    with BrokerThread(ephemeral_config(data_dir=str(tmp_path / "up"))) as up:
+        value = {"uri": f"amqp://guest:wrong@127.0.0.1:{up.port}", "reconnect-delay": 1}
+        b.api("PUT", "/api/parameters/federation-upstream/%2F/gone", {"value": value})
+
+        def refused():
+            found = errored()
+            return found if found and "auth_failure" in found["error"] else None
+
+        row = until(refused, 10)
+        assert row, b.api("GET", "/api/federation-links")
+        assert row["error"] == (
+            '{auth_failure,"ACCESS_REFUSED - Login was refused using authentication '
+            'mechanism PLAIN. For details see the broker logfile."}'
+        )
+        assert "wrong" not in str(b.api("GET", "/api/federation-links")[1])
