@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import signal
 
+import pika
 import pytest
+from support.broker_process import BrokerProcess
 from support.cluster_nodes import (
     by_name,
     connect,
@@ -18,6 +20,7 @@ from support.cluster_nodes import (
     the_leader,
     three_nodes,
 )
+from support.queues import ready as ready_at
 from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
@@ -72,3 +75,39 @@ def test_a_shovel_runs_on_the_leader_and_moves_on_with_a_failover(cluster):
     assert until(lambda: ready(new, "dst") == 1, 20)
     assert by_name(cluster, new.name).call("/api/parameters/shovel/%2F/move", "DELETE")[0] == 204
     assert until(lambda: running_on(survivors) == [], 10)
+
+
+def test_a_shovel_reaches_a_roarmq_cluster_through_any_node_and_through_its_failover(
+    cluster, tmp_path
+):
+    """The cluster as a shovel's source, reached by a broker outside it through the URIs of
+    its three nodes (any of them hands the connection to the leader): when the leader dies
+    the shovel reconnects and goes on, and every confirmed message is moved."""
+    leader = the_leader(cluster)
+    outside = BrokerProcess(tmp_path / "outside").start()
+    try:
+        value = {
+            "src-uri": [f"amqp://guest:guest@127.0.0.1:{n.port}" for n in cluster],
+            "src-queue": "src",
+            "src-prefetch-count": 20,
+            "dest-uri": "amqp://",
+            "dest-queue": "moved",
+            "reconnect-delay": 1,
+        }
+        assert outside.call("/api/parameters/shovel/%2F/in", "PUT", {"value": value})[0] == 201
+        first = publish_confirmed(leader, "src", [b"a%d" % i for i in range(200)])
+        assert until(lambda: ready_at(outside.port, "moved") >= 100, 30)
+        new = fail_over(cluster, leader)
+        second = publish_confirmed(new, "src", [b"b%d" % i for i in range(200)])
+        assert until(lambda: ready(new, "src") == 0, 40), ready(new, "src")
+        assert until(lambda: ready_at(outside.port, "moved") >= 400, 20)
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", outside.port))
+        ch = conn.channel()
+        bodies = []
+        while (got := ch.basic_get("moved", auto_ack=True))[0] is not None:
+            bodies.append(got[2])
+        conn.close()
+        assert set(first + second) <= set(bodies)
+        assert outside.api("/api/shovels")[0]["state"] == "running"
+    finally:
+        outside.stop()
