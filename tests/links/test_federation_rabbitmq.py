@@ -1,9 +1,9 @@
 """Federation with RabbitMQ 3.10.8 at the other end: RoarMQ federates an exchange and a
-queue from RabbitMQ (the upstream needs nothing but AMQP 0-9-1: RabbitMQ without its
-federation plugin has no x-federation-upstream type, so the link falls back to a fanout
-and checks hops itself, as RabbitMQ's does), and RabbitMQ, with its federation plugin,
-federates an exchange from RoarMQ (RoarMQ takes the declarations, bindings and
-`x-bound-from` arguments RabbitMQ's link makes)."""
+queue from RabbitMQ (whose federation plugin gives the link RabbitMQ's
+x-federation-upstream exchange type there; against a RoarMQ upstream, which has no such
+type, the link falls back to a fanout and checks hops itself: tests/links/test_federation.py),
+and RabbitMQ federates an exchange from RoarMQ (RoarMQ takes the declarations, bindings
+and `x-bound-from` arguments RabbitMQ's link makes, and its fallback to a fanout)."""
 
 from __future__ import annotations
 
@@ -15,22 +15,11 @@ import urllib.request
 import pika
 import pytest
 from support.queues import ready
-from support.rabbitmq import rabbitmq_node
 from support.waiting import until
 
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module")
-def rabbit(tmp_path_factory):
-    """RabbitMQ 3.10.8 with its management and federation plugins."""
-    plugins = ("rabbitmq_federation", "rabbitmq_federation_management")
-    with rabbitmq_node(
-        tmp_path_factory.mktemp("rabbitmq"), management=True, plugins=plugins
-    ) as node:
-        yield node
 
 
 @pytest.fixture
@@ -64,8 +53,8 @@ def running_links(api):
     return rows if rows and all(r["status"] == "running" for r in rows) else None
 
 
-def test_roarmq_federates_an_exchange_and_a_queue_from_rabbitmq(rabbit, roar):
-    uri = f"amqp://guest:guest@127.0.0.1:{rabbit.port}"
+def test_roarmq_federates_an_exchange_and_a_queue_from_rabbitmq(rabbitmq, roar):
+    uri = f"amqp://guest:guest@127.0.0.1:{rabbitmq.port}"
     value = {"value": {"uri": uri}}
     assert roar.api("PUT", "/api/parameters/federation-upstream/%2F/rabbit", value)[0] == 201
     for name, apply_to in (("^from-rabbit", "exchanges"), ("^jobs$", "queues")):
@@ -79,7 +68,7 @@ def test_roarmq_federates_an_exchange_and_a_queue_from_rabbitmq(rabbit, roar):
     ch.exchange_declare("from-rabbit", "direct", durable=True)
     ch.queue_declare("here")
     ch.queue_bind("here", "from-rabbit", "k")
-    upstream = channel(rabbit.port)
+    upstream = channel(rabbitmq.port)
     upstream.queue_declare("jobs", durable=True)
     for i in range(30):
         upstream.basic_publish("", "jobs", b"j%d" % i)
@@ -94,33 +83,35 @@ def test_roarmq_federates_an_exchange_and_a_queue_from_rabbitmq(rabbit, roar):
     assert until(lambda: ready(roar.port, "here") == 20, 15), ready(roar.port, "here")
     _m, props, body = ch.basic_get("here", auto_ack=True)
     (entry,) = props.headers["x-received-from"]
-    assert entry["cluster-name"] == rabbit_api(rabbit, "GET", "/api/cluster-name")["name"]
-    assert entry["uri"] == f"amqp://127.0.0.1:{rabbit.port}" and entry["exchange"] == "from-rabbit"
-    assert ready(rabbit.port, "jobs") == 30  # no consumer here yet: the queue link waits
+    assert entry["cluster-name"] == rabbit_api(rabbitmq, "GET", "/api/cluster-name")["name"]
+    assert (
+        entry["uri"] == f"amqp://127.0.0.1:{rabbitmq.port}" and entry["exchange"] == "from-rabbit"
+    )
+    assert ready(rabbitmq.port, "jobs") == 30  # no consumer here yet: the queue link waits
     got = []
     ch.basic_consume("jobs", lambda c, m, p, b: got.append(b), auto_ack=True)
     until(lambda: ch.connection.process_data_events(0.05) or len(got) == 30, 20)
     assert sorted(got) == sorted(b"j%d" % i for i in range(30))
 
 
-def test_rabbitmq_federates_an_exchange_from_roarmq(rabbit, roar):
+def test_rabbitmq_federates_an_exchange_from_roarmq(rabbitmq, roar):
     uri = f"amqp://guest:guest@127.0.0.1:{roar.port}"
     rabbit_api(
-        rabbit, "PUT", "/api/parameters/federation-upstream/%2F/roar", {"value": {"uri": uri}}
+        rabbitmq, "PUT", "/api/parameters/federation-upstream/%2F/roar", {"value": {"uri": uri}}
     )
     policy = {
         "pattern": "^from-roar",
         "apply-to": "exchanges",
         "definition": {"federation-upstream": "roar"},
     }
-    rabbit_api(rabbit, "PUT", "/api/policies/%2F/from-roar", policy)
-    down = channel(rabbit.port)
+    rabbit_api(rabbitmq, "PUT", "/api/policies/%2F/from-roar", policy)
+    down = channel(rabbitmq.port)
     down.exchange_declare("from-roar", "topic", durable=True)
     down.queue_declare("there")
     down.queue_bind("there", "from-roar", "t.#")
 
     def links():
-        return rabbit_api(rabbit, "GET", "/api/federation-links/%2F")
+        return rabbit_api(rabbitmq, "GET", "/api/federation-links/%2F")
 
     rows = until(lambda: running_links(links), 30)
     assert rows, links()
@@ -130,8 +121,8 @@ def test_rabbitmq_federates_an_exchange_from_roarmq(rabbit, roar):
     for i in range(20):
         up.basic_publish("from-roar", "t.x", b"r%d" % i)
     up.basic_publish("from-roar", "u.x", b"not bound there")
-    assert until(lambda: ready(rabbit.port, "there") == 20, 15), ready(rabbit.port, "there")
+    assert until(lambda: ready(rabbitmq.port, "there") == 20, 15), ready(rabbitmq.port, "there")
     _m, props, _b = down.basic_get("there", auto_ack=True)
     (entry,) = props.headers["x-received-from"]
     assert entry["cluster-name"] == "roar-cluster"
-    rabbit_api(rabbit, "DELETE", "/api/policies/%2F/from-roar")
+    rabbit_api(rabbitmq, "DELETE", "/api/policies/%2F/from-roar")
