@@ -271,3 +271,24 @@ def test_a_shovel_reconnects_after_its_source_broker_is_killed_and_restarted(mgm
         assert mgmt_broker.broker.shovels.reconnects() >= 1
     finally:
         source.stop()
+
+
+def test_on_confirm_never_acks_at_the_source_what_the_destination_refused(mgmt_broker):
+    """A destination queue full with reject-publish nacks what it cannot take: the source
+    keeps it (requeued, tried again), never acked; once there is room it moves."""
+    b = mgmt_broker
+    ch = channel(b.port)
+    ch.queue_declare("src", durable=True)
+    full = {"x-max-length": 10, "x-overflow": "reject-publish"}
+    ch.queue_declare("dst", durable=True, arguments=full)
+    for i in range(50):
+        ch.basic_publish("", "src", b"m%d" % i, PERSISTENT)
+    assert put(b, "bounded", {**LOCAL, "src-prefetch-count": 5})[0] == 201
+    assert until(lambda: ready(b.port, "dst") == 10, 10)
+    time.sleep(0.5)
+    # the 40 refused are still the source's: ready, or delivered to the shovel and not acked
+    status, row = b.api("GET", "/api/queues/%2F/src")
+    assert status == 200 and row["messages"] == 40, row["messages"]
+    ch.queue_purge("dst")  # room for ten more: they move, the other thirty stay
+    assert until(lambda: b.api("GET", "/api/queues/%2F/src")[1]["messages"] == 30, 10)
+    assert ready(b.port, "dst") == 10
