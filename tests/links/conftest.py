@@ -1,6 +1,7 @@
 """One RabbitMQ 3.10.8 node for the tests of broker/links (a worker's, for the package):
-with its management and federation plugins, as the federation tests need it to federate
-from RoarMQ; the others use it as any RabbitMQ. Their queues and exchanges have names
+with its management, shovel and federation plugins, as the parity tests compare its
+answers with ours and the federation tests have it federate from RoarMQ; the others use
+it as any RabbitMQ. Their queues and exchanges have names
 of their own, so one node serves them all (a node's start is ~5 s)."""
 
 from __future__ import annotations
@@ -8,7 +9,12 @@ from __future__ import annotations
 import pytest
 from support.rabbitmq import rabbitmq_node
 
-PLUGINS = ("rabbitmq_federation", "rabbitmq_federation_management")
+PLUGINS = (
+    "rabbitmq_shovel",
+    "rabbitmq_shovel_management",
+    "rabbitmq_federation",
+    "rabbitmq_federation_management",
+)
 
 
 @pytest.fixture(scope="package")
