@@ -120,6 +120,7 @@ class Running:
     log: Path
     mgmt_port: int | None = None  # the management HTTP API, when it was asked for
     stream_port: int | None = None  # the stream protocol, when it was asked for
+    env: dict[str, str] | None = None  # a RabbitMQ node's: what its rabbitmqctl needs
 
 
 def wait_ready(proc: subprocess.Popen, port_of: Any, log: Path, timeout: float) -> tuple[int, dict]:
@@ -408,6 +409,7 @@ def start_rabbitmq(
         port, props = started
         running = Running("rabbitmq", port, str(props.get("version", "?")), proc, instance, log)
         running.stream_port = stream_port
+        running.env = env
         if mgmt is not None:
             running.mgmt_port = mgmt
             try:
@@ -417,6 +419,23 @@ def start_rabbitmq(
                 raise
         return running
     raise AssertionError("unreachable")
+
+
+def rabbitmqctl(running: Running, *args: str, timeout: float = 60) -> str:
+    """`rabbitmqctl ARGS` against a node `start_rabbitmq` started (its cookie, epmd and
+    name); its output, CalledProcessError if it fails."""
+    assert running.env is not None, "not a RabbitMQ node of start_rabbitmq's"
+    ctl = str(Path(ensure_rabbitmq()).with_name("rabbitmqctl"))
+    node = running.env["RABBITMQ_NODENAME"]
+    done = subprocess.run(
+        [ctl, "-n", node, *args],
+        env=running.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    return done.stdout
 
 
 def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:

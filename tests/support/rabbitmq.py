@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from machine import missing
@@ -33,6 +34,13 @@ class RabbitNode:
     version: str
     stream_port: int | None = None  # with its rabbitmq_stream plugin, when asked for
     mgmt_port: int | None = None  # with its management plugin, when asked for
+    running: Any = None  # bench/lib/brokers.py's Running: what `ctl` needs
+
+    def ctl(self, *args: str) -> str:
+        """`rabbitmqctl ARGS` against this node (stop_app, start_app, ...)."""
+        from lib.brokers import rabbitmqctl
+
+        return rabbitmqctl(self.running, *args)
 
     @property
     def url(self) -> str:
@@ -70,6 +78,8 @@ def rabbitmq_node(
     try:
         if running.version != version:
             pytest.skip(f"RabbitMQ {running.version} here; the expectations are {version}'s")
-        yield RabbitNode(running.port, running.version, running.stream_port, running.mgmt_port)
+        yield RabbitNode(
+            running.port, running.version, running.stream_port, running.mgmt_port, running
+        )
     finally:
         stop_broker(procs, running)
