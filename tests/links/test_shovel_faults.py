@@ -18,42 +18,9 @@ from support.queues import ready
 from support.rabbitmq import rabbitmq_node
 from support.waiting import until
 
-from roarmq.broker.links.client import AmqpClient
-from roarmq.broker.links.uri import parse_uri
-from roarmq.protocol import spec
-from roarmq.protocol.frames import ContentHeader
-from roarmq.protocol.properties import BasicProperties
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 MESSAGES = 50_000
-
-
-async def publish_confirmed(url: str, queue: str, count: int) -> None:
-    """`count` persistent messages, pipelined, each confirmed by the broker (a nack fails)."""
-    client = await AmqpClient.connect(parse_uri(url))
-    ch = await client.channel()
-    await ch.call(spec.QueueDeclare(queue=queue, durable=True))
-    confirmed = asyncio.get_running_loop().create_future()
-    acked = 0
-
-    def on_confirm(tag: int, multiple: bool, ack: bool) -> None:
-        nonlocal acked
-        assert ack, f"publish {tag} nacked"
-        acked = tag if multiple else acked + 1
-        if acked >= count and not confirmed.done():
-            confirmed.set_result(None)
-
-    ch.on_confirm = on_confirm
-    await ch.confirm_select()
-    persistent = BasicProperties(delivery_mode=2)
-    for i in range(count):
-        body = b"m%d" % i
-        ch.publish("", queue, ContentHeader.from_properties(persistent, 60, len(body)), body)
-        if i % 1000 == 999:
-            await asyncio.sleep(0)  # let the confirms in
-    await asyncio.wait_for(confirmed, 120)
-    await client.close()
 
 
 def shovel_state(roar) -> str | None:
@@ -66,7 +33,9 @@ def shovel_state(roar) -> str | None:
 
 def test_fifty_thousand_move_through_a_kill_9_of_roarmq_and_a_stopped_rabbitmq(tmp_path):
     with rabbitmq_node(tmp_path / "rabbit") as rabbit:
-        asyncio.run(publish_confirmed(rabbit.url, "bulk", MESSAGES))
+        from lib.preload import preload  # (bench/lib: on the path once a node runs)
+
+        asyncio.run(preload(rabbit.url, "bulk", MESSAGES))
         assert ready(rabbit.port, "bulk") == MESSAGES
         roar = BrokerProcess(tmp_path / "roar").start()
         try:
