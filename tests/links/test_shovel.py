@@ -143,7 +143,10 @@ async def test_an_unreachable_end_is_terminated_with_the_reason_and_retried():
     shovel = Shovel("/", "nowhere", definition, cluster_name="c1", node="n1")
     shovel.start()
     try:
-        assert await until_async(lambda: shovel.reconnects >= 2, 10, 0.02)
+        # (between two attempts: each attempt shows "starting" while it connects)
+        assert await until_async(
+            lambda: shovel.reconnects >= 2 and shovel.state == "terminated", 10, 0.02
+        )
         row = shovel.row()
         assert row["state"] == "terminated"
         assert "ECONNREFUSED" in row["reason"] and "secret" not in str(row)
