@@ -126,3 +126,4 @@ def test_rabbitmq_federates_an_exchange_from_roarmq(rabbitmq, roar):
     (entry,) = props.headers["x-received-from"]
     assert entry["cluster-name"] == "roar-cluster"
     rabbit_api(rabbitmq, "DELETE", "/api/policies/%2F/from-roar")
+    rabbit_api(rabbitmq, "DELETE", "/api/parameters/federation-upstream/%2F/roar")
