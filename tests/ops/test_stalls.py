@@ -173,16 +173,19 @@ def test_a_stall_is_logged_once_with_its_cause(probed, caplog):
 
 
 def test_a_page_read_back_from_disk_is_told_from_a_system_call(probed, tmp_path):
-    """The loop touches 128 MB of a mapped file whose pages the kernel does not hold (as
-    after the kernel reclaimed pages of the broker's code): off CPU, reading them back."""
+    """The loop touches 16 MB of a mapped file whose pages the kernel does not hold (as
+    after the kernel reclaimed pages of the broker's code), one page at a time (no
+    read-ahead: each a major fault that waits for the disk): off CPU, reading them back.
+    (With read-ahead, 128 MB were once mostly the kernel's copying: on CPU, rightly.)"""
     path = tmp_path / "cold"
     with open(path, "wb") as f:
-        f.write(os.urandom(128 << 20))
+        f.write(os.urandom(16 << 20))
         os.fsync(f.fileno())
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         pages = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        pages.madvise(mmap.MADV_RANDOM)
         since = probed.api("GET", STALLS)[1]["recorded"]
         probed.call(lambda: sum(pages[i] for i in range(0, len(pages), 4096)))
         stalls = _wait_for_stall(probed, since)
@@ -190,9 +193,13 @@ def test_a_page_read_back_from_disk_is_told_from_a_system_call(probed, tmp_path)
     finally:
         os.close(fd)
     stall = max(stalls, key=lambda s: s["lag_ms"])
-    assert stall["major_page_faults"] >= 1, stalls
-    # off CPU reading the pages, unless another process had the core for most of it
-    assert stall["kind"] in ("page_in", "run_queue", "steal"), stall
+    assert stall["major_page_faults"] >= 100, stalls
+    assert f"{stall['major_page_faults']} major page faults" in stall["cause"], stall
+    # Off CPU reading the pages, if the disk was what took the time (here each read took
+    # 36 us and the kernel 26 us of CPU a fault: page_in by a little), else on CPU in the
+    # kernel's fault handling, or waiting for a core: what the rule (unit-tested below)
+    # says of the split; never a system call's "blocked".
+    assert stall["kind"] in ("page_in", "on_cpu", "run_queue", "steal"), stall
     if stall["kind"] == "page_in":
         assert "reading pages of its own back from disk" in stall["cause"]
 
