@@ -191,9 +191,10 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-links-") as tmp:
         rabbit_run = start_rabbitmq(procs, Path(tmp) / "rabbit", management=True, plugins=PLUGINS)
-        (Path(tmp) / "roar").mkdir()
-        roar_run = start_roarmq(procs, Path(tmp) / "roar", management=True)
+        roar_run = None
         try:
+            (Path(tmp) / "roar").mkdir()
+            roar_run = start_roarmq(procs, Path(tmp) / "roar", management=True)
             assert roar_run.mgmt_port is not None and rabbit_run.mgmt_port is not None
             rabbit = Broker("rabbitmq", rabbit_run.port, rabbit_run.mgmt_port)
             roar = Broker("roarmq", roar_run.port, roar_run.mgmt_port)
@@ -210,7 +211,8 @@ def main() -> int:
                 rows.append(federation_lag(down, up, args.rate, args.seconds))
                 print(json.dumps(rows[-1]), flush=True)
         finally:
-            stop_broker(procs, roar_run)
+            if roar_run is not None:
+                stop_broker(procs, roar_run)
             stop_broker(procs, rabbit_run)
             procs.stop_all()
     keys = sorted({k for row in rows for k in row}, key=lambda k: (k != "test", k))
