@@ -32,6 +32,7 @@ from .core.stream import close_all as close_streams
 from .core.vhost import VirtualHost
 from .links.federation import Federation
 from .links.local import connect_local
+from .links.relay import connect_network
 from .links.shovels import Shovels
 from .management.metrics import Totals
 from .ops.alarms import CLUSTER, DISK, ResourceMonitor
@@ -96,7 +97,7 @@ class Broker:
             cluster_name=lambda: self.cluster_name,
             may_use_vhost=self.may_use_vhost,
             clear=lambda vhost, name: self.cluster.change("clear_parameter", vhost, "shovel", name),
-            connect_local=self._connect_local,
+            connect=self._connect_link,
             serves=lambda vhost: self.cluster.refusal(vhost) is None,
         )
         self.parameters.register(self.shovels)
@@ -105,7 +106,7 @@ class Broker:
             cluster_name=lambda: self.cluster_name,
             vhosts=lambda: self.vhosts,
             serves=lambda vhost: self.cluster.refusal(vhost) is None,
-            connect_local=self._connect_local,
+            connect=self._connect_link,
         )
         for component in self.federation.components():
             self.parameters.register(component)
@@ -653,11 +654,14 @@ class Broker:
         found = self.auth.users.get(user)
         return found is not None and vhost in found.permissions
 
-    async def _connect_local(self, uri: Any, name: str) -> Any:
-        """A link's connection to this broker (`amqp://` with no host)."""
+    async def _connect_link(self, uri: Any, name: str) -> Any:
+        """A shovel's or federation link's connection: to this broker for a URI with no
+        host (`amqp://`, no socket), else over the network."""
         from .amqp.connection import Connection
 
-        return await connect_local(lambda: Connection(self), INTERNAL_USER, uri, name)
+        if uri.local:
+            return await connect_local(lambda: Connection(self), INTERNAL_USER, uri, name)
+        return await connect_network(uri, name)
 
     # -- limits (rabbitmqctl set_vhost_limits / set_user_limits) ---------------------------
 

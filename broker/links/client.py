@@ -283,13 +283,23 @@ class AmqpClient(asyncio.Protocol):
                 ),
                 timeout,
             )
-            await asyncio.wait_for(asyncio.shield(client.opened), timeout)
         except BaseException:
             client.abort("could not open the connection")
-            if client.closed.done() and client.closed.result().by_server:
-                raise client.closed.result() from None
             raise
+        await client.wait_opened(timeout)
         return client
+
+    async def wait_opened(self, timeout: float) -> None:
+        """Until the handshake is over and the vhost open; if it fails or takes longer than
+        `timeout`, the connection is aborted and the server's own reason raised when it gave
+        one (a refused login's 403, an unknown vhost's 530)."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.opened), timeout)
+        except BaseException:
+            self.abort("could not open the connection")
+            if self.closed.done() and self.closed.result().by_server:
+                raise self.closed.result() from None
+            raise
 
     async def channel(self) -> ClientChannel:
         """A new open channel."""

@@ -54,7 +54,7 @@ from roarmq.protocol.properties import BasicProperties
 from ..core.erlang import Atom, phash2
 from .client import AmqpClient, ClientChannel, LinkClosed
 from .federation_definition import Upstream, check_upstream, check_upstream_set
-from .relay import Connect, Relay, connect_network, ensure_queue, status_time
+from .relay import Connect, Relay, ensure_queue, status_time
 from .uri import AmqpUri, parse_uri
 
 log = logging.getLogger("roarmq.federation")
@@ -512,40 +512,29 @@ class QueueLink(FederationLink):
 # -- the parameters and the links they make --------------------------------------------
 
 
-class _UpstreamComponent:
-    """The `federation-upstream` component of runtime parameters."""
+class _FederationComponent:
+    """A component of federation's runtime parameters (`federation-upstream`,
+    `federation-upstream-set`): its checked values kept in one of the Federation's tables,
+    and each change looked at at once."""
 
-    name = "federation-upstream"
-
-    def __init__(self, federation: Federation) -> None:
-        self.federation = federation
+    def __init__(
+        self,
+        name: str,
+        check: Callable[[str, Any], Any],
+        table: dict[tuple[str, str], Any],
+        federation: Federation,
+    ) -> None:
+        self.name, self._check, self._table, self.federation = name, check, table, federation
 
     def check(self, vhost: str, name: str, value: Any, user: str) -> Any:
-        return check_upstream(name, value)
+        return self._check(name, value)
 
     def set(self, vhost: str, name: str, checked: Any) -> None:
-        self.federation.upstreams[(vhost, name)] = checked
+        self._table[(vhost, name)] = checked
         self.federation.changed()
 
     def clear(self, vhost: str, name: str) -> None:
-        self.federation.upstreams.pop((vhost, name), None)
-        self.federation.changed()
-
-
-class _UpstreamSetComponent(_UpstreamComponent):
-    """The `federation-upstream-set` component."""
-
-    name = "federation-upstream-set"
-
-    def check(self, vhost: str, name: str, value: Any, user: str) -> Any:
-        return check_upstream_set(name, value)
-
-    def set(self, vhost: str, name: str, checked: Any) -> None:
-        self.federation.sets[(vhost, name)] = checked
-        self.federation.changed()
-
-    def clear(self, vhost: str, name: str) -> None:
-        self.federation.sets.pop((vhost, name), None)
+        self._table.pop((vhost, name), None)
         self.federation.changed()
 
 
@@ -562,15 +551,13 @@ class Federation:
         cluster_name: Callable[[], str],
         vhosts: Callable[[], dict[str, Any]],
         serves: Callable[[str], bool],
-        connect_local: Connect,
-        connect_remote: Connect = connect_network,
+        connect: Connect,
     ) -> None:
         self.node = node
         self.cluster_name = cluster_name
         self.vhosts = vhosts
         self.serves = serves
-        self._connect_local = connect_local
-        self._connect_remote = connect_remote
+        self.connect = connect
         self.upstreams: dict[tuple[str, str], tuple[tuple[AmqpUri, ...], dict[str, Any]]] = {}
         self.sets: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
         self.links: dict[LinkKey, FederationLink] = {}
@@ -582,12 +569,10 @@ class Federation:
         self._removing: set[asyncio.Task[Any]] = set()
 
     def components(self) -> list[Any]:
-        return [_UpstreamComponent(self), _UpstreamSetComponent(self)]
-
-    async def connect(self, uri: AmqpUri, name: str) -> AmqpClient:
-        if uri.local:
-            return await self._connect_local(uri, name)
-        return await self._connect_remote(uri, name)
+        return [
+            _FederationComponent("federation-upstream", check_upstream, self.upstreams, self),
+            _FederationComponent("federation-upstream-set", check_upstream_set, self.sets, self),
+        ]
 
     # -- when to look again --------------------------------------------------------------
 

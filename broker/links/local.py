@@ -170,11 +170,5 @@ async def connect_local(
     server_side.set_protocol(server)
     server.connection_made(server_side)
     client.connection_made(client_side)
-    try:
-        await asyncio.wait_for(asyncio.shield(client.opened), uri.connection_timeout_ms / 1000)
-    except BaseException:
-        client.abort("could not open the local connection")
-        if client.closed.done() and client.closed.result().by_server:
-            raise client.closed.result() from None
-        raise
+    await client.wait_opened(uri.connection_timeout_ms / 1000)
     return client

@@ -7,9 +7,9 @@ Shovels run once the broker has started (`activate`): a parameter restored from 
 at start waits for the listeners and the message store, as a client would. On a cluster
 every node knows every shovel (its parameter is operator metadata, in etcd), and one runs
 only where its vhost is served, on the vhost's leader (`serves`): each change of who
-serves a vhost is told to `reconsider`, so a shovel moves with a failover. A URI with no
-host is this broker, reached through `connect_local` (broker/links/local.py); any other
-through the network."""
+serves a vhost is told to `reconsider`, so a shovel moves with a failover. `connect` makes
+its connections (the broker's reaches a URI with no host without a socket:
+broker/links/local.py)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .client import AmqpClient
-from .relay import Connect, connect_network
+from .relay import Connect
 from .shovel import Shovel
 from .shovel_definition import ShovelDefinition, check_shovel
-from .uri import AmqpUri
 
 log = logging.getLogger("roarmq.shovel")
 
@@ -39,9 +37,8 @@ class Shovels:
         cluster_name: Callable[[], str],
         may_use_vhost: Callable[[str, str], bool],
         clear: Callable[[str, str], Awaitable[object]],
-        connect_local: Connect,
+        connect: Connect,
         serves: Callable[[str], bool] = lambda vhost: True,
-        connect_remote: Connect = connect_network,
     ) -> None:
         """`may_use_vhost(user, vhost)`: a local URI's check; `clear(vhost, name)`: remove
         a parameter, where parameters live (a finished shovel's)."""
@@ -49,8 +46,7 @@ class Shovels:
         self.cluster_name = cluster_name
         self.may_use_vhost = may_use_vhost
         self._clear = clear
-        self._connect_local = connect_local
-        self._connect_remote = connect_remote
+        self.connect = connect
         self.serves = serves
         #: Every shovel set, running here or not (`Shovel.started`).
         self.running: dict[tuple[str, str], Shovel] = {}
@@ -60,11 +56,6 @@ class Shovels:
         self.moved_before = 0
         self.reconnects_before = 0
         self._stopping: set[asyncio.Task[Any]] = set()
-
-    async def connect(self, uri: AmqpUri, name: str) -> AmqpClient:
-        if uri.local:
-            return await self._connect_local(uri, name)
-        return await self._connect_remote(uri, name)
 
     def check(self, vhost: str, name: str, value: Any, user: str) -> ShovelDefinition:
         return check_shovel(
