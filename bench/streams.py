@@ -50,7 +50,7 @@ from lib import RESULTS, stream_load
 from lib.amqp_load import CHANNEL, connect
 from lib.brokers import STARTERS, Running, broker_instance, stop_broker
 from lib.machine import machine_info
-from lib.management_api import api
+from lib.management_api import api, metric
 from lib.observe import group_rss
 from lib.output import write_json
 from lib.procs import Procs
@@ -164,6 +164,19 @@ def skipped(broker: Running) -> int | None:
     return (row or {}).get("filter_chunks_skipped")
 
 
+def file_bytes(broker: Running) -> tuple[float, float] | None:
+    """RoarMQ's chunk bytes sent so far from their files by sendfile, and read into memory
+    instead (a socket that did not take them at once): how much of a consume row took the
+    zero-copy path."""
+    if broker.kind != "roarmq" or not broker.mgmt_port:
+        return None
+    family = "roarmq_stream_chunk_file_bytes_total"
+    return (
+        metric(broker.mgmt_port, family, 'how="sendfile"'),
+        metric(broker.mgmt_port, family, 'how="read"'),
+    )
+
+
 def rss(broker: Running) -> int:
     return group_rss(broker.proc.pid)
 
@@ -190,7 +203,13 @@ async def run(broker: Running, n: int, rows: set[str]) -> dict[str, Any]:
         await stream_load.create_stream(broker.stream_port, "bench.sp")
         seconds = await stream_load.publish(broker.stream_port, "bench.sp", n)
         out["stream_publish"] = {"msg_per_s": n / seconds}
+        before = file_bytes(broker)
         out["stream_consume"] = await stream_load.consume_steady(broker.stream_port, "bench.sp", n)
+        after = file_bytes(broker)
+        if before and after:
+            sent, copied = after[0] - before[0], after[1] - before[1]
+            moved = sent + copied
+            out["stream_consume"]["sendfile_share"] = sent / moved if moved else None
     out["rss_retained"] = rss(broker)
     return out
 
@@ -261,6 +280,14 @@ def table(results: list[dict[str, Any]], n: int) -> str:
         lambda r: (
             f"{get(r, 'stream_consume', 'slowest_pass_msg_per_s')} / "
             f"{get(r, 'stream_consume', 'fastest_pass_msg_per_s')}"
+        ),
+    )
+    row(
+        "stream protocol: consume, chunk bytes sent by sendfile (%)",
+        lambda r: (
+            "n/a"
+            if r.get("stream_consume", {}).get("sendfile_share") is None
+            else f"{100 * r['stream_consume']['sendfile_share']:.1f}"
         ),
     )
     row("RSS idle (MiB)", lambda r: f"{r['rss_idle'] / 2**20:,.0f}")

@@ -1,12 +1,14 @@
 """A broker's management HTTP API on loopback, as guest (an administrator on loopback).
 
 One call (``api``) for the scripts and the cluster helpers that ask a RoarMQ node for its
-vhosts, its stall log or a stream's counters, and set up vhosts on a cluster.
+vhosts, its stall log or a stream's counters, and set up vhosts on a cluster; ``metric``
+reads one sample of its Prometheus ``/metrics``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from typing import Any
 
@@ -26,3 +28,16 @@ def api(port: int, method: str, path: str, body: Any = None, timeout: float = 10
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         raw = resp.read()
     return json.loads(raw) if raw.strip() else None
+
+
+def metric(port: int, name: str, labels: str = "", timeout: float = 10) -> float:
+    """One sample of the node's `/metrics` (`labels` as printed, e.g. `how="sendfile"`);
+    0.0 when the node does not print it."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": AUTH}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        text = resp.read().decode()
+    sample = re.escape(name + (f"{{{labels}}}" if labels else ""))
+    found = re.search(rf"^{sample} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0

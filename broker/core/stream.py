@@ -52,7 +52,7 @@ from pyroaring import BitMap
 from roarmq.protocol.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import with_long_header
-from roarmq.protocol.stream.codec import crc32_of_parts
+from roarmq.protocol.stream.codec import combined_crc32, crc32_of_parts
 
 from ..errors import channel_error, connection_error
 from ..store.segments import HEADER_SIZE, MAGIC, Location, SegmentLog, SegmentLogError
@@ -111,6 +111,11 @@ SUB_DISPATCH_BATCH = 50_000  # messages to a subscription per dispatch pass befo
 #: from its segment file to the socket (sendfile: no copy in this process), as RabbitMQ
 #: sends its chunks; smaller ones are read and merged into chunks of up to MERGE_BYTES.
 SENDFILE_BYTES = 64 << 10
+#: Bytes of consecutive stored batches of one segment sent from the file as one chunk: a
+#: consumer's credit is counted in chunks, so chunks of one batch each (a publisher's read,
+#: ~170 KiB at full speed) would leave it waiting on credit round trips wherever its core
+#: or the broker's is shared; RabbitMQ's chunks at that rate are ~650 KB.
+FILE_CHUNK_BYTES = 1 << 20
 SPAN_HEAD = 512  # bytes read to learn a record's head (its fields and the writer's name)
 DEFAULT_SEGMENT_SIZE = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
 #: x-max-age's timer (`Stream._plan_retention`): at the oldest segment's expiry, but never
@@ -1360,12 +1365,10 @@ class Stream(Queue):
         conn = sub.conn
         direct = reader.filt is None and conn.sends_files
         while reader.next < committed and sub.credit > 0 and conn.writable:
-            span = self._stored_span(reader, committed) if direct else None
-            if span is not None:  # one stored batch: its entries from file to socket
-                off, ts, count, checksum, fd, at, length = span
-                sub.deliver_file(off, ts, fd, at, length, checksum, count)
-                reader.next = reader.pos_offset = off + count
-                reader.pos = at + length
+            spans = self._stored_spans(reader, committed) if direct else None
+            if spans is not None:  # stored batches: their entries from file to socket
+                off, ts, count, checksum, fd, runs, length = spans
+                sub.deliver_file(off, ts, fd, runs, length, checksum, count)
             else:
                 chunk = self._gather_chunk(reader, committed, sub.chunk_bytes)
                 if chunk is None:
@@ -1635,6 +1638,48 @@ class Stream(Queue):
         k = max(k, 0)
         reader.seg, reader.pos = self._ix_seg[k], self._ix_pos[k]
         reader.pos_offset = -1
+
+    def _stored_spans(self, reader: _Reader, committed: int) -> tuple | None:
+        """Consecutive stored batches from `reader.next` in one segment file (each as
+        `_stored_span` takes it), up to CHUNK_RECORDS messages and FILE_CHUNK_BYTES, the
+        reader moved past them: (first offset, the first batch's timestamp, count, CRC-32
+        of them all, fd, [(file position, length)], total length). The first batch's
+        timestamp, so a message is never shown a later one than a timestamp offset
+        specification finds it by. None: the record-by-record path reads on."""
+        span = self._stored_span(reader, committed)
+        if span is None:
+            return None
+        first, ts, count, checksum, fd, at, length = span
+        runs = [(at, length)]
+        crcs, lengths = [checksum], [length]
+        total = length
+        while True:
+            reader.next = reader.pos_offset = first + count
+            reader.pos = runs[-1][0] + runs[-1][1]
+            if count >= CHUNK_RECORDS or total >= FILE_CHUNK_BYTES:
+                break
+            more = self._stored_span(reader, committed)
+            if (
+                more is None
+                or more[4] != fd
+                or count + more[2] > CHUNK_RECORDS
+                or total + more[6] > FILE_CHUNK_BYTES
+            ):
+                break
+            runs.append((more[5], more[6]))
+            crcs.append(more[3])
+            lengths.append(more[6])
+            count += more[2]
+            total += more[6]
+        if len(runs) > 1:
+            combined = combined_crc32(crcs, lengths)
+            if combined is None:  # no libz to combine with: one batch a chunk
+                runs, count, total = runs[:1], span[2], length
+                reader.next = reader.pos_offset = first + count
+                reader.pos = at + length
+            else:
+                checksum = combined
+        return first, ts, count, checksum, fd, runs, total
 
     def _stored_span(self, reader: _Reader, committed: int) -> tuple | None:
         """The batch record at the reader's file position when it starts at `reader.next`,

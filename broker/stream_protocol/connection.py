@@ -220,12 +220,12 @@ class StreamConnection(asyncio.Protocol):
         """Chunks may go from their segment files straight to the socket (`send_file`)."""
         return self._socket >= 0
 
-    def send_file(self, head: bytes, fd: int, offset: int, count: int) -> None:
-        """`head`, then `count` bytes of the file `fd` from `offset`: written to the socket
-        directly (what waits in `send`'s list first, then sendfile: the bytes go from the
-        page cache, never copied into this process) while the transport holds nothing
-        unsent, so the order is kept; whatever the socket does not take at once goes
-        through the transport after it (read into memory), as everything does when the
+    def send_file(self, head: bytes, fd: int, runs: list[tuple[int, int]]) -> None:
+        """`head`, then the file `fd`'s `runs` (position, length): written to the socket
+        directly (what waits in `send`'s list first, then sendfile for each run: the bytes
+        go from the page cache, never copied into this process) while the transport holds
+        nothing unsent, so the order is kept; whatever the socket does not take at once
+        goes through the transport after it (read into memory), as everything does when the
         transport already holds bytes."""
         transport = self.transport
         if transport is None or transport.is_closing():
@@ -235,24 +235,34 @@ class StreamConnection(asyncio.Protocol):
         size = self._out_bytes + len(head)
         self._out, self._out_bytes = [], 0
         self._dirty = False
+        count = sum(length for _at, length in runs)
         self.send_oct += size + count
         wrote = 0
+        done = 0  # runs sent whole
+        sent = 0  # bytes of the file sent
         if transport.get_write_buffer_size() == 0:
             try:
                 wrote = os.writev(self._socket, out) if len(out) < _IOV_MAX else 0
                 if wrote == size:
-                    wrote += os.sendfile(self._socket, fd, offset, count)
+                    for at, length in runs:
+                        moved = os.sendfile(self._socket, fd, at, length)
+                        sent += moved
+                        if moved < length:
+                            break
+                        done += 1
             except OSError:  # full (or failing: the transport finds out and closes)
                 pass
         if wrote < size:
             transport.writelines(out if wrote == 0 else [b"".join(out)[wrote:]])
-            wrote = size
-        sent = wrote - size
         totals = self.broker.totals
         totals.stream_file_bytes_sent += sent
         if sent < count:
             totals.stream_file_bytes_copied += count - sent
-            transport.write(os.pread(fd, count - sent, offset + sent))
+            skip = sent - sum(length for _at, length in runs[:done])  # of the run cut short
+            transport.writelines(
+                [os.pread(fd, length - skip, at + skip) if i == 0 else os.pread(fd, length, at)
+                 for i, (at, length) in enumerate(runs[done:])]
+            )  # fmt: skip
 
     @property
     def conn(self) -> StreamConnection:

@@ -76,11 +76,19 @@ class Subscription:
             conn.send(part)
 
     def deliver_file(
-        self, first: int, timestamp_ms: int, fd: int, at: int, size: int, crc: int, n: int
+        self,
+        first: int,
+        timestamp_ms: int,
+        fd: int,
+        runs: list[tuple[int, int]],
+        size: int,
+        crc: int,
+        n: int,
     ) -> None:
-        """`deliver_chunk` of one stored batch left in its segment file: `size` bytes of
-        entries at `at` in `fd`, sent from the file (`StreamConnection.send_file`)."""
-        self.conn.send_file(self._chunk_head(first, timestamp_ms, size, crc, n), fd, at, size)
+        """`deliver_chunk` of stored batches left in their segment file: `size` bytes of
+        entries in `runs` of `fd` (file position, length), sent from the file
+        (`StreamConnection.send_file`)."""
+        self.conn.send_file(self._chunk_head(first, timestamp_ms, size, crc, n), fd, runs)
 
     def _chunk_head(self, first: int, timestamp_ms: int, size: int, crc: int, n: int) -> bytes:
         """A chunk about to go: counted against the credit and in the totals; the head of

@@ -510,6 +510,18 @@ def crc32_of_parts(parts: Sequence[bytes], crcs: Sequence[int]) -> int:
     return crc
 
 
+def combined_crc32(crcs: Sequence[int], lengths: Sequence[int]) -> int | None:
+    """The CRC-32 of consecutive runs of bytes from each run's own CRC-32 and length, without
+    their bytes (runs left in a file); None where libz cannot be loaded."""
+    if _COMBINE is None:
+        return None
+    combine = _COMBINE
+    crc = crcs[0]
+    for i in range(1, len(crcs)):
+        crc = combine(crc, crcs[i], lengths[i])
+    return crc
+
+
 def encode_deliver_head(
     subscription: int,
     first_offset: int,
