@@ -52,10 +52,14 @@ from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import BasicProperties
 
 from ..core.erlang import Atom, phash2
+from ..ops.tasks import cancel_and_wait
 from .client import AmqpClient, ClientChannel, LinkClosed
 from .federation_definition import Upstream, check_upstream, check_upstream_set
 from .relay import Connect, Relay, ensure_queue, status_time
 from .uri import AmqpUri, parse_uri
+
+#: How long a broker's stop waits for removed links still deleting what they made upstream.
+STOP_GRACE_SECONDS = 2.0
 
 log = logging.getLogger("roarmq.federation")
 
@@ -677,8 +681,15 @@ class Federation:
         for link in links:
             self.moved_before += link.moved
         await asyncio.gather(*(link.stop() for link in links), return_exceptions=True)
+        # removed links still deleting what they made upstream: given STOP_GRACE_SECONDS,
+        # then stopped where they are (an upstream that does not answer would otherwise
+        # hold the broker's stop for the links' call timeout, or for good)
         if self._removing:
-            await asyncio.gather(*self._removing, return_exceptions=True)
+            await asyncio.wait(set(self._removing), timeout=STOP_GRACE_SECONDS)
+        await asyncio.gather(
+            *(cancel_and_wait(task, Exception) for task in list(self._removing)),
+            return_exceptions=True,
+        )
 
     # -- what the API shows ----------------------------------------------------------------
 

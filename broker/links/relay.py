@@ -37,6 +37,7 @@ from roarmq.protocol import spec
 from roarmq.protocol.errors import NOT_FOUND
 from roarmq.protocol.frames import ContentHeader
 
+from ..ops.tasks import cancel_and_wait
 from .client import AmqpClient, ClientChannel, LinkClosed
 from .uri import AmqpUri
 
@@ -131,11 +132,7 @@ class Relay(abc.ABC):
         """End the session under way (its connections closed as the task unwinds)."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(task)
 
     async def restart(self) -> None:
         await self.stop()
@@ -145,7 +142,8 @@ class Relay(abc.ABC):
         self.state, self.reason, self.changed_at = state, reason, time.time()
 
     async def _run(self) -> None:
-        while True:
+        me = asyncio.current_task()
+        while self._task is me:  # (a stop that this task's cancellation missed ends it here)
             try:
                 await self._session()
             except asyncio.CancelledError:
@@ -168,7 +166,7 @@ class Relay(abc.ABC):
                 self._set_state("terminated", reason)
             finally:
                 await self._close_clients()
-            if self.reconnect_delay <= 0:
+            if self.reconnect_delay <= 0 or self._task is not me:
                 return
             await asyncio.sleep(self.reconnect_delay)
             self.reconnects += 1

@@ -63,3 +63,24 @@ async def test_the_childs_own_cancellation_and_ignored_errors_are_dropped():
     await asyncio.sleep(0)
     with pytest.raises(ConnectionResetError):
         await cancel_and_wait(failing)
+
+
+async def test_a_task_that_loses_its_cancellation_is_cancelled_again(monkeypatch):
+    """Python 3.11's `asyncio.wait_for` returns its awaitable's result instead of the
+    cancellation when both arrive in one loop turn: the task goes on. It is cancelled again
+    until it ends, instead of its owner waiting for good."""
+    monkeypatch.setattr("roarmq.broker.ops.tasks.RECANCEL_SECONDS", 0.1)
+    reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    sessions: list[str] = []
+
+    async def relay() -> None:
+        while True:  # a link's sessions, one after another
+            sessions.append(await asyncio.wait_for(reply, 30))
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(relay())
+    await asyncio.sleep(0)
+    reply.set_result("the peer closed")  # the awaitable finishes ...
+    await cancel_and_wait(task)  # ... in the same turn as the cancel
+    assert sessions == ["the peer closed"]  # the first cancel was lost: it went on
+    assert task.cancelled()
