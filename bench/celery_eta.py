@@ -16,11 +16,16 @@ many ran early); the most messages the
 delay levels held at once and the most the worker held unacknowledged (Celery's ETA tasks
 in the worker's hands: none, when the broker holds them); the broker's and the worker's
 resident memory at the start of sending, at their peak and at the end (flat: the tasks
-wait in the broker's queues, paged out to its disk, not in anyone's memory).
+wait in the broker's queues, paged out to its disk, not in anyone's memory). The JSON also
+keeps every look at the queues (each LOOK_EVERY seconds: the delay levels, ready,
+unacknowledged, and how many had run), so a worker that falls behind shows when.
 
 `--stall-at S --stall-for D`: S seconds after the sending ends, the broker's processes are
 stopped (SIGSTOP) for D seconds, as a broker's pause under load would be: whether the
 worker catches up afterwards (tasks due during the pause run late; the ones after?).
+
+`--load-at S --load-for D`: S seconds after the sending ends, one busy loop per core for D
+seconds beside the broker and the worker, as a machine busy with other work would be.
 
 Prints a table, writes JSON.
 """
@@ -33,6 +38,7 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -134,8 +140,31 @@ def pause_broker(pid: int, at: float, length: float) -> threading.Thread:
     return thread
 
 
+def load_machine(at: float, length: float) -> threading.Thread:
+    """One busy loop per core from monotonic time `at` for `length` seconds (processes of
+    their own, unpinned: the scheduler shares them out as it would other work)."""
+
+    def load() -> None:
+        time.sleep(max(0.0, at - time.monotonic()))
+        loops = [
+            subprocess.Popen(["timeout", str(length), "sh", "-c", "while :; do :; done"])
+            for _ in range(os.cpu_count() or 1)
+        ]
+        for busy in loops:
+            busy.wait()
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    return thread
+
+
 def run(
-    kind: str, procs: Procs, tasks: int, over: float, stall: tuple[float, float] | None = None
+    kind: str,
+    procs: Procs,
+    tasks: int,
+    over: float,
+    stall: tuple[float, float] | None = None,
+    load: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     from celery import Celery
 
@@ -167,14 +196,17 @@ def run(
             send_s = time.monotonic() - sent_at
             if stall is not None:
                 pause_broker(b.running.proc.pid, time.monotonic() + stall[0], stall[1])
-            looks: list[tuple[float, int, int, int | None]] = []
+            if load is not None:
+                load_machine(time.monotonic() + load[0], load[1])
+            looks: list[tuple[float, int, int, int | None, int]] = []
             stop = threading.Event()
 
             def look() -> None:
                 while not stop.wait(LOOK_EVERY):
                     try:
                         delayed, ready = queue_counts(b.running.port)
-                        looks.append((time.monotonic(), delayed, ready, unacked_of(b.mgmt_port)))
+                        unacked = unacked_of(b.mgmt_port)
+                        looks.append((time.monotonic(), delayed, ready, unacked, len(ran(out))))
                     except (OSError, pika.exceptions.AMQPError):
                         continue
 
@@ -194,7 +226,7 @@ def run(
         late = sorted(r["ran"] - r["due"] for r in runs) or [float("nan")]
         broker_samples = [rss for _, rss in b.rss.samples]
         worker_samples = [rss for _, rss in worker_rss.samples] or [0]
-        unacked = [u for *_, u in looks if u is not None]
+        unacked = [u for _, _, _, u, _ in looks if u is not None]
         return {
             "broker": kind,
             "version": b.running.version,
@@ -207,7 +239,8 @@ def run(
             "late_p99_s": round(late[int(len(late) * 0.99)], 3),
             "late_max_s": round(late[-1], 3),
             "stall": f"{stall[1]:g} s at +{stall[0]:g} s" if stall else "-",
-            "delay_levels_peak": max((d for _, d, _, _ in looks), default=0),
+            "load": f"{load[1]:g} s at +{load[0]:g} s" if load else "-",
+            "delay_levels_peak": max((d for _, d, _, _, _ in looks), default=0),
             "worker_unacked_peak": max(unacked) if unacked else None,
             "broker_rss_start_mb": round(broker_start / MiB, 1),
             "broker_rss_peak_mb": round(max(broker_samples) / MiB, 1),
@@ -215,6 +248,8 @@ def run(
             "worker_rss_start_mb": round(worker_start / MiB, 1),
             "worker_rss_peak_mb": round(max(worker_samples) / MiB, 1),
             "worker_rss_end_mb": round(worker_samples[-1] / MiB, 1),
+            # (seconds after sending ended, in the delay levels, ready, unacknowledged, ran)
+            "looks": [(round(t - sent_at - send_s, 1), d, r, u, n) for t, d, r, u, n in looks],
         }
 
 
@@ -225,6 +260,8 @@ def main() -> int:
     parser.add_argument("--over", type=float, default=3600.0, help="seconds (default 3600)")
     parser.add_argument("--stall-at", type=float, help="seconds after sending: pause the broker")
     parser.add_argument("--stall-for", type=float, default=3.0, help="seconds (default 3)")
+    parser.add_argument("--load-at", type=float, help="seconds after sending: load the cores")
+    parser.add_argument("--load-for", type=float, default=30.0, help="seconds (default 30)")
     parser.add_argument("--json", type=Path, default=RESULTS / "celery_eta.json")
     args = parser.parse_args()
     os.sched_setaffinity(0, {1})  # the sender (this process) beside the worker
@@ -234,11 +271,12 @@ def main() -> int:
     try:
         for kind in kinds:
             stall = None if args.stall_at is None else (args.stall_at, args.stall_for)
-            rows.append(run(kind, procs, args.tasks, args.over, stall))
-            print(json.dumps(rows[-1]), flush=True)
+            load = None if args.load_at is None else (args.load_at, args.load_for)
+            rows.append(run(kind, procs, args.tasks, args.over, stall, load))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "looks"}), flush=True)
     finally:
         procs.stop_all()
-    keys = list(rows[0])
+    keys = [k for k in rows[0] if k != "looks"]  # (in the JSON)
     print(markdown_table(keys, [[row[k] for k in keys] for row in rows]))
     write_results(args.json, rows)
     return 0

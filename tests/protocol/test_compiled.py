@@ -2,8 +2,9 @@
 used, and they run compiled together or not at all.
 
 `make test` runs the whole suite compiled (when a C compiler is present,
-ROARMQ_EXPECT_COMPILED=1 makes the build's absence a failure here) and every test not marked
-slow again with ROARMQ_NO_EXTENSIONS=1, on the Python source.
+ROARMQ_EXPECT_COMPILED=1 makes the build's absence a failure here) and the tests of the
+compiled packages not marked slow again with ROARMQ_NO_EXTENSIONS=1, on the Python source
+(the Makefile's PURE_PYTHON_TESTS, which must name every package a compiled module is in).
 """
 
 from __future__ import annotations
@@ -192,3 +193,15 @@ def test_messages_in_flight_are_out_of_the_collectors_sight() -> None:
     finally:
         tracemalloc.stop()
     assert left < 20_000, f"{left} bytes left behind by 2,000 messages"
+
+
+def test_the_python_pass_covers_every_package_that_is_compiled() -> None:
+    """A module added to COMPILED in a package whose tests the second pass does not run
+    would be tested only as its compiled build."""
+    makefile = (REPO / "Makefile").read_text()
+    line = next(x for x in makefile.splitlines() if x.startswith("PURE_PYTHON_TESTS ?="))
+    passes = set(line.split("?=", 1)[1].split())
+    for path in roarmq.COMPILED.values():
+        package = Path(path).parent.name  # protocol/frames.py -> protocol; broker/core/... -> core
+        assert f"tests/{package}" in passes, (path, sorted(passes))
+        assert (REPO / "tests" / package).is_dir(), package
