@@ -20,6 +20,13 @@ wait in the broker's queues, paged out to its disk, not in anyone's memory). The
 keeps every look at the queues (each LOOK_EVERY seconds: the delay levels, ready,
 unacknowledged, and how many had run), so a worker that falls behind shows when.
 
+`--prefetch-multiplier M` (default 4, Celery's own): the worker's prefetch is M. With 1, a
+worker that falls behind stalls on any broker: kombu's event loop runs the acks of the ETA
+tasks its timers applied only after its next poll (up to 10 s: celery/celery#7718, kombu
+pull request #1587), and with every prefetched message unacknowledged nothing arrives to
+end that poll sooner. RabbitMQ 3.10.8, which does not raise an existing consumer's
+prefetch, meets it from the first task.
+
 `--stall-at S --stall-for D`: S seconds after the sending ends, the broker's processes are
 stopped (SIGSTOP) for D seconds, as a broker's pause under load would be: whether the
 worker catches up afterwards (tasks due during the pause run late; the ones after?).
@@ -62,9 +69,10 @@ LEVELS = 28
 LOOK_EVERY = 5.0
 
 
-def start_worker(procs: Procs, url: str, out: Path, log: Path) -> Any:
+def start_worker(procs: Procs, url: str, out: Path, log: Path, multiplier: int) -> Any:
     env = {
         **os.environ,
+        "ROARMQ_CELERY_PREFETCH_MULTIPLIER": str(multiplier),
         "ROARMQ_CELERY_BROKER": url,
         "ROARMQ_CELERY_OUT": str(out),
         "ROARMQ_CELERY_QUEUE_TYPE": "quorum",
@@ -165,6 +173,7 @@ def run(
     over: float,
     stall: tuple[float, float] | None = None,
     load: tuple[float, float] | None = None,
+    multiplier: int = 4,
 ) -> dict[str, Any]:
     from celery import Celery
 
@@ -174,7 +183,7 @@ def run(
     ):
         url = f"amqp://guest:guest@127.0.0.1:{b.running.port}//"
         out, log = Path(tmp) / "ran.jsonl", Path(tmp) / "worker.log"
-        worker = start_worker(procs, url, out, log)
+        worker = start_worker(procs, url, out, log, multiplier)
         worker_rss = RssSampler(worker.pid, period=1.0)
         worker_rss.start()
         try:
@@ -232,6 +241,7 @@ def run(
             "version": b.running.version,
             "tasks": tasks,
             "over_s": over,
+            "prefetch_multiplier": multiplier,
             "send_per_s": round(tasks / send_s),
             "ran": len(runs),
             "early": sum(1 for x in late if x < 0),
@@ -262,6 +272,13 @@ def main() -> int:
     parser.add_argument("--stall-for", type=float, default=3.0, help="seconds (default 3)")
     parser.add_argument("--load-at", type=float, help="seconds after sending: load the cores")
     parser.add_argument("--load-for", type=float, default=30.0, help="seconds (default 30)")
+    parser.add_argument(
+        "--prefetch-multiplier",
+        type=int,
+        default=4,
+        help="the worker's worker_prefetch_multiplier (default 4, Celery's; 1 meets kombu's "
+        "deferred acks: module doc)",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS / "celery_eta.json")
     args = parser.parse_args()
     os.sched_setaffinity(0, {1})  # the sender (this process) beside the worker
@@ -272,7 +289,9 @@ def main() -> int:
         for kind in kinds:
             stall = None if args.stall_at is None else (args.stall_at, args.stall_for)
             load = None if args.load_at is None else (args.load_at, args.load_for)
-            rows.append(run(kind, procs, args.tasks, args.over, stall, load))
+            rows.append(
+                run(kind, procs, args.tasks, args.over, stall, load, args.prefetch_multiplier)
+            )
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "looks"}), flush=True)
     finally:
         procs.stop_all()

@@ -19,8 +19,9 @@ app = Celery("roarmq_test", broker=os.environ.get("ROARMQ_CELERY_BROKER", "amqp:
 app.conf.update(
     # The worker's prefetch is concurrency x multiplier = 1, so every countdown task after
     # the first reaches it only through the basic.qos raise it sends for each (the
-    # default multiplier, 4, would take three in without any raise).
-    worker_prefetch_multiplier=1,
+    # default multiplier, 4, would take three in without any raise). bench/celery_eta.py
+    # sets another through ROARMQ_CELERY_PREFETCH_MULTIPLIER.
+    worker_prefetch_multiplier=int(os.environ.get("ROARMQ_CELERY_PREFETCH_MULTIPLIER", "1")),
     # A broker that is not there fails the worker at once instead of being retried.
     broker_connection_retry_on_startup=False,
 )
