@@ -69,7 +69,7 @@ LEVELS = 28
 LOOK_EVERY = 5.0
 
 
-def start_worker(procs: Procs, url: str, out: Path, log: Path, multiplier: int) -> Any:
+def start_worker(procs: Procs, url: str, out: Path, log: Path, multiplier: int, pool: str) -> Any:
     env = {
         **os.environ,
         "ROARMQ_CELERY_PREFETCH_MULTIPLIER": str(multiplier),
@@ -79,7 +79,7 @@ def start_worker(procs: Procs, url: str, out: Path, log: Path, multiplier: int) 
         "PYTHONPATH": os.pathsep.join((str(REPO / "tests"), os.environ.get("PYTHONPATH", ""))),
     }
     argv = [sys.executable, "-m", "celery", "-A", "support.celery_app", "worker"]
-    argv += ["--pool", "solo", "--concurrency", "1", "--loglevel", "warning"]
+    argv += ["--pool", pool, "--concurrency", "1", "--loglevel", "warning"]
     argv += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
     with open(log, "ab") as output:
         return procs.start(
@@ -174,6 +174,7 @@ def run(
     stall: tuple[float, float] | None = None,
     load: tuple[float, float] | None = None,
     multiplier: int = 4,
+    pool: str = "prefork",
 ) -> dict[str, Any]:
     from celery import Celery
 
@@ -183,7 +184,7 @@ def run(
     ):
         url = f"amqp://guest:guest@127.0.0.1:{b.running.port}//"
         out, log = Path(tmp) / "ran.jsonl", Path(tmp) / "worker.log"
-        worker = start_worker(procs, url, out, log, multiplier)
+        worker = start_worker(procs, url, out, log, multiplier, pool)
         worker_rss = RssSampler(worker.pid, period=1.0)
         worker_rss.start()
         try:
@@ -242,6 +243,7 @@ def run(
             "tasks": tasks,
             "over_s": over,
             "prefetch_multiplier": multiplier,
+            "pool": pool,
             "send_per_s": round(tasks / send_s),
             "ran": len(runs),
             "early": sum(1 for x in late if x < 0),
@@ -279,6 +281,12 @@ def main() -> int:
         help="the worker's worker_prefetch_multiplier (default 4, Celery's; 1 meets kombu's "
         "deferred acks: module doc)",
     )
+    parser.add_argument(
+        "--pool",
+        choices=("prefork", "solo"),
+        default="prefork",
+        help="the worker's pool, one process (default prefork, Celery's; solo: module doc)",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS / "celery_eta.json")
     args = parser.parse_args()
     os.sched_setaffinity(0, {1})  # the sender (this process) beside the worker
@@ -290,7 +298,16 @@ def main() -> int:
             stall = None if args.stall_at is None else (args.stall_at, args.stall_for)
             load = None if args.load_at is None else (args.load_at, args.load_for)
             rows.append(
-                run(kind, procs, args.tasks, args.over, stall, load, args.prefetch_multiplier)
+                run(
+                    kind,
+                    procs,
+                    args.tasks,
+                    args.over,
+                    stall,
+                    load,
+                    args.prefetch_multiplier,
+                    args.pool,
+                )
             )
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "looks"}), flush=True)
     finally:
