@@ -1,14 +1,15 @@
 """Celery's countdown tasks held by the broker: many scheduled over the next hour.
 
     .venv/bin/python bench/celery_eta.py [--broker roarmq|rabbitmq|both] [--tasks N]
-                                         [--over S] [--json PATH]
+        [--over S] [--pool prefork|solo] [--prefetch-multiplier M] [--json PATH]
 
 A benchmark, not a test. For each broker: a fresh one pinned to CPU 0 (bench/lib/brokers.py's
-``monitored_instance``), one unmodified Celery worker (solo pool, tests/support/celery_app.py's
-app with quorum task queues, so Celery (5.5+) delays its countdown tasks on the broker:
-kombu's 28 levels of TTL'd quorum queues dead-lettering at least once into each other) and
-this process, both on CPU 1. N tasks (default 100,000) are sent at once, with countdowns
-spread evenly over S seconds (default 3,600) in random order; then each is waited for.
+``monitored_instance``), one unmodified Celery worker (one pool process, tests/support/
+celery_app.py's app with quorum task queues, so Celery (5.5+) delays its countdown tasks on
+the broker: kombu's 28 levels of TTL'd quorum queues dead-lettering at least once into each
+other) and this process, both on CPU 1. N tasks (default 100,000) are sent at once, with
+countdowns spread evenly over S seconds (default 3,600) in random order; then each is
+waited for.
 
 Reported per broker: the send rate; how many ran (by two minutes past the last due time),
 and each one's lateness (ran minus due, both read in the worker: p50, p99, max, and how
@@ -20,12 +21,15 @@ wait in the broker's queues, paged out to its disk, not in anyone's memory). The
 keeps every look at the queues (each LOOK_EVERY seconds: the delay levels, ready,
 unacknowledged, and how many had run), so a worker that falls behind shows when.
 
-`--prefetch-multiplier M` (default 4, Celery's own): the worker's prefetch is M. With 1, a
-worker that falls behind stalls on any broker: kombu's event loop runs the acks of the ETA
-tasks its timers applied only after its next poll (up to 10 s: celery/celery#7718, kombu
-pull request #1587), and with every prefetched message unacknowledged nothing arrives to
-end that poll sooner. RabbitMQ 3.10.8, which does not raise an existing consumer's
-prefetch, meets it from the first task.
+`--pool` (default prefork, Celery's own) and `--prefetch-multiplier M` (default 4, Celery's
+own). With the solo pool a worker that falls behind stalls, on any broker: a countdown task
+comes to the worker as an ETA task, which kombu's event loop runs from its timer, and the
+solo pool runs it right there; its ack is queued for the loop's next turn, which comes only
+after the poll that follows, up to 10 s when nothing arrives (celery/celery#7718, kombu
+pull request #1587), and with every prefetched message unacknowledged nothing does: M + 1
+tasks per 10 s. The prefork pool's child reports on a pipe, which ends that poll at once.
+RabbitMQ 3.10.8, which does not raise an existing consumer's prefetch, meets it from the
+first task.
 
 `--stall-at S --stall-for D`: S seconds after the sending ends, the broker's processes are
 stopped (SIGSTOP) for D seconds, as a broker's pause under load would be: whether the
@@ -278,8 +282,7 @@ def main() -> int:
         "--prefetch-multiplier",
         type=int,
         default=4,
-        help="the worker's worker_prefetch_multiplier (default 4, Celery's; 1 meets kombu's "
-        "deferred acks: module doc)",
+        help="the worker's worker_prefetch_multiplier (default 4, Celery's)",
     )
     parser.add_argument(
         "--pool",

@@ -180,9 +180,12 @@ async def test_lagging_follower_is_reported_shrunk_then_catches_up_exactly(tmp_p
         assert await until_async(lambda: c.leader.acked("b") == 2000, 5, POLL)
         await asyncio.sleep(0.05)
         assert c.leader.confirmed_offset() == 1000  # c is still in the in-sync set
-        assert await until_async(lambda: lagging, 3, POLL)
-        assert lagging[0][0] == "c"
-        assert lagging[0][1] - before_1001 >= lag_ms / 1000
+        assert await until_async(lambda: "c" in dict(lagging), 3, POLL)
+        # b, running, is reported too when the machine holds it past the bound (in a loaded
+        # test run it held 1,250 of the 2,000 at 300 ms, then caught up): every report, b's
+        # or c's, comes only once the bound has passed since offset 1001 was durable
+        assert {node for node, _ in lagging} <= {"b", "c"}
+        assert all(at - before_1001 >= lag_ms / 1000 for _, at in lagging), lagging
         assert c.leader.confirmed_offset() == 1000  # reported, not yet shrunk
 
         c.leader.remove_from_isr("c")  # the owner's shrink_isr txn succeeded
