@@ -16,8 +16,8 @@ and each one's lateness (ran minus due, both read in the worker: p50, p99, max, 
 many ran early); the most messages the
 delay levels held at once and the most the worker held unacknowledged (Celery's ETA tasks
 in the worker's hands: none, when the broker holds them); the broker's and the worker's
-resident memory at the start of sending, at their peak and at the end (flat: the tasks
-wait in the broker's queues, paged out to its disk, not in anyone's memory). The JSON also
+resident memory at the start of sending, at their peak and at the end (the worker's flat: the tasks
+wait in the broker's queues, not in the worker's memory). The JSON also
 keeps every look at the queues (each LOOK_EVERY seconds: the delay levels, ready,
 unacknowledged, and how many had run), so a worker that falls behind shows when.
 
