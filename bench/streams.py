@@ -170,11 +170,8 @@ def file_bytes(broker: Running) -> tuple[float, float] | None:
     zero-copy path."""
     if broker.kind != "roarmq" or not broker.mgmt_port:
         return None
-    family = "roarmq_stream_chunk_file_bytes_total"
-    return (
-        metric(broker.mgmt_port, family, 'how="sendfile"'),
-        metric(broker.mgmt_port, family, 'how="read"'),
-    )
+    samples = metric(broker.mgmt_port, "roarmq_stream_chunk_file_bytes_total")
+    return samples.get('how="sendfile"', 0.0), samples.get('how="read"', 0.0)
 
 
 def rss(broker: Running) -> int:

@@ -2,7 +2,7 @@
 
 One call (``api``) for the scripts and the cluster helpers that ask a RoarMQ node for its
 vhosts, its stall log or a stream's counters, and set up vhosts on a cluster; ``metric``
-reads one sample of its Prometheus ``/metrics``.
+reads the samples of one family of its Prometheus ``/metrics``.
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ def api(port: int, method: str, path: str, body: Any = None, timeout: float = 10
     return json.loads(raw) if raw.strip() else None
 
 
-def metric(port: int, name: str, labels: str = "", timeout: float = 10) -> float:
-    """One sample of the node's `/metrics` (`labels` as printed, e.g. `how="sendfile"`);
-    0.0 when the node does not print it."""
+def metric(port: int, name: str, timeout: float = 10) -> dict[str, float]:
+    """The samples of one family of the node's `/metrics`, by their labels as printed
+    (`how="sendfile"`; "" for a sample without labels): one scrape."""
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/metrics", headers={"Authorization": AUTH}
     )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         text = resp.read().decode()
-    sample = re.escape(name + (f"{{{labels}}}" if labels else ""))
-    found = re.search(rf"^{sample} (\S+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    pattern = rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$"
+    return {m.group(1) or "": float(m.group(2)) for m in re.finditer(pattern, text, re.MULTILINE)}

@@ -52,7 +52,7 @@ from pyroaring import BitMap
 from roarmq.protocol.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from roarmq.protocol.frames import ContentHeader
 from roarmq.protocol.properties import with_long_header
-from roarmq.protocol.stream.codec import combined_crc32, crc32_of_parts
+from roarmq.protocol.stream.codec import combined_crc32, crc32_combinable, crc32_of_parts
 
 from ..errors import channel_error, connection_error
 from ..store.segments import HEADER_SIZE, MAGIC, Location, SegmentLog, SegmentLogError
@@ -1651,12 +1651,13 @@ class Stream(Queue):
             return None
         first, ts, count, checksum, fd, at, length = span
         runs = [(at, length)]
-        crcs, lengths = [checksum], [length]
+        crcs = [checksum]
         total = length
+        merge = crc32_combinable()  # (else one batch a chunk: its CRC is stored)
         while True:
             reader.next = reader.pos_offset = first + count
             reader.pos = runs[-1][0] + runs[-1][1]
-            if count >= CHUNK_RECORDS or total >= FILE_CHUNK_BYTES:
+            if not merge or count >= CHUNK_RECORDS or total >= FILE_CHUNK_BYTES:
                 break
             more = self._stored_span(reader, committed)
             if (
@@ -1668,17 +1669,10 @@ class Stream(Queue):
                 break
             runs.append((more[5], more[6]))
             crcs.append(more[3])
-            lengths.append(more[6])
             count += more[2]
             total += more[6]
         if len(runs) > 1:
-            combined = combined_crc32(crcs, lengths)
-            if combined is None:  # no libz to combine with: one batch a chunk
-                runs, count, total = runs[:1], span[2], length
-                reader.next = reader.pos_offset = first + count
-                reader.pos = at + length
-            else:
-                checksum = combined
+            checksum = combined_crc32(crcs, [n for _at, n in runs])
         return first, ts, count, checksum, fd, runs, total
 
     def _stored_span(self, reader: _Reader, committed: int) -> tuple | None:

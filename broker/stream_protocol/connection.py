@@ -239,6 +239,7 @@ class StreamConnection(asyncio.Protocol):
         self.send_oct += size + count
         wrote = 0
         done = 0  # runs sent whole
+        cut = 0  # bytes sent of the run after them
         sent = 0  # bytes of the file sent
         if transport.get_write_buffer_size() == 0:
             try:
@@ -248,6 +249,7 @@ class StreamConnection(asyncio.Protocol):
                         moved = os.sendfile(self._socket, fd, at, length)
                         sent += moved
                         if moved < length:
+                            cut = moved
                             break
                         done += 1
             except OSError:  # full (or failing: the transport finds out and closes)
@@ -258,11 +260,9 @@ class StreamConnection(asyncio.Protocol):
         totals.stream_file_bytes_sent += sent
         if sent < count:
             totals.stream_file_bytes_copied += count - sent
-            skip = sent - sum(length for _at, length in runs[:done])  # of the run cut short
-            transport.writelines(
-                [os.pread(fd, length - skip, at + skip) if i == 0 else os.pread(fd, length, at)
-                 for i, (at, length) in enumerate(runs[done:])]
-            )  # fmt: skip
+            at, length = runs[done]
+            rest = [(at + cut, length - cut), *runs[done + 1 :]]
+            transport.writelines([os.pread(fd, n, position) for position, n in rest])
 
     @property
     def conn(self) -> StreamConnection:

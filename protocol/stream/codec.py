@@ -510,12 +510,17 @@ def crc32_of_parts(parts: Sequence[bytes], crcs: Sequence[int]) -> int:
     return crc
 
 
-def combined_crc32(crcs: Sequence[int], lengths: Sequence[int]) -> int | None:
+def crc32_combinable() -> bool:
+    """Whether CRC-32s of runs of bytes can be combined without the bytes (libz loaded)."""
+    return _COMBINE is not None
+
+
+def combined_crc32(crcs: Sequence[int], lengths: Sequence[int]) -> int:
     """The CRC-32 of consecutive runs of bytes from each run's own CRC-32 and length, without
-    their bytes (runs left in a file); None where libz cannot be loaded."""
-    if _COMBINE is None:
-        return None
+    their bytes (runs left in a file); only where `crc32_combinable`."""
     combine = _COMBINE
+    if combine is None:
+        raise RuntimeError("no libz crc32_combine in this process")
     crc = crcs[0]
     for i in range(1, len(crcs)):
         crc = combine(crc, crcs[i], lengths[i])

@@ -21,3 +21,14 @@ def test_the_crc_of_parts_is_the_crc_of_them_joined(monkeypatch, combine):
     crcs = [zlib.crc32(p) for p in parts]
     assert codec.crc32_of_parts(parts, crcs) == zlib.crc32(b"".join(parts))
     assert codec.crc32_of_parts(parts[:1], crcs[:1]) == crcs[0]
+
+
+def test_runs_combine_as_their_bytes_do_and_only_with_libz(monkeypatch):
+    runs = [os.urandom(n) for n in (70_000, 1, 65_536)]
+    crcs = [zlib.crc32(r) for r in runs]
+    assert codec.crc32_combinable()
+    assert codec.combined_crc32(crcs, [len(r) for r in runs]) == zlib.crc32(b"".join(runs))
+    monkeypatch.setattr(codec, "_COMBINE", None)
+    assert not codec.crc32_combinable()
+    with pytest.raises(RuntimeError):
+        codec.combined_crc32(crcs, [len(r) for r in runs])

@@ -14,6 +14,7 @@ import aio_pika
 from support.stream_clients import producer_of
 
 from roarmq.broker.stream_protocol.publishing import HOLD_BYTES
+from roarmq.protocol.stream import codec
 from roarmq.protocol.stream.amqp10 import data_message
 from roarmq.protocol.stream.codec import Code, FrameSplitter, Key, OffsetType, encode_string
 
@@ -193,6 +194,16 @@ async def test_large_stored_batches_go_from_their_files_whole_and_in_order(broke
     assert (
         broker.broker.totals.stream_file_bytes_sent > 3_000_000
     )  # most of the 4.4 MB went by sendfile
+
+
+async def test_without_libz_each_stored_batch_is_a_chunk_of_its_own(broker, name, monkeypatch):
+    """No crc32_combine to join stored CRCs with: batches go from their files one a chunk,
+    each with the CRC it was stored with."""
+    monkeypatch.setattr(codec, "_COMBINE", None)
+    await _publish_frames(broker.stream_port, name, 40, 1000)
+    chunks = await _chunks(broker.stream_port, name, 40_000)
+    _check_numbered(chunks, 40_000)
+    assert max(entries for _first, entries, _data, _crc in chunks) <= HOLD_BYTES // 112 + 1000
 
 
 async def test_a_consumer_that_stops_reading_gets_every_chunk_whole_afterwards(broker, name):
