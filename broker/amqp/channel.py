@@ -13,7 +13,7 @@ import base64
 import logging
 import os
 from collections.abc import Callable
-from functools import partial
+from functools import partial, wraps
 from typing import TYPE_CHECKING, Any
 
 from roarmq.protocol import spec
@@ -44,7 +44,6 @@ from ..core.vhost import (
     check_new_exchange_name,
     check_new_queue_name,
     check_not_default,
-    server_named_queue,
 )
 from ..errors import channel_error, connection_error
 from ..routing.graph import route_key
@@ -195,6 +194,7 @@ class Channel:
 
     def close_by_server(self, error: SoftError) -> None:
         """Channel exception: tell the client, drop our state, await close-ok."""
+        self.conn.settle_store_write()
         log.info(
             "channel error",
             extra={
@@ -530,7 +530,7 @@ class Channel:
         if not m.passive:
             if not name:  # named here, so the check sees the name the queue will have
                 check_server_named(m.arguments)  # (not a quorum queue or a stream)
-                name = server_named_queue()
+                name = self.conn.server_named(m)
             else:
                 check_new_queue_name(name)
             self._check("configure", "queue", name)
@@ -1135,5 +1135,31 @@ _ROWS = {
     **bind_rows({CLOSED: CHANNEL_RULES[CLOSED]}, ClosedChannel, "channel"),
 }
 ClosedChannel._row = _ROWS[CLOSED]  # type: ignore[attr-defined]  # a native class's row, set once its rows exist
+
+#: The methods whose durable change may stop at its definitions write and be handled again
+#: once the write is done off the event loop (broker/core/persistence.py, `deferrable`).
+DEFERRABLE = (
+    spec.ExchangeDeclare,
+    spec.ExchangeDelete,
+    spec.ExchangeBind,
+    spec.ExchangeUnbind,
+    spec.QueueDeclare,
+    spec.QueueBind,
+    spec.QueueUnbind,
+    spec.QueueDelete,
+)
+
+
+def _deferrable(handler: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    @wraps(handler)
+    def handle(channel: Any, method: Any) -> None:
+        with channel.vhost.broker.persistence.deferrable:
+            handler(channel, method)
+
+    return handle
+
+
+for _method in DEFERRABLE:
+    _ROWS[OPEN][_method] = _deferrable(_ROWS[OPEN][_method])
 
 __all__ = ["Channel", "ClosedChannel", "Consumer", "REPLY_SUCCESS"]

@@ -49,6 +49,8 @@ cdef class Connection:
     cdef public Py_ssize_t _missed
     cdef public object _timer
     cdef public bint _cleaned
+    cdef public int store_wait
+    cdef public object _named
 
     @cython.locals(i=Py_ssize_t, n=Py_ssize_t, end=Py_ssize_t, receivers=dict)
     cpdef Py_ssize_t _process(self, list events, Py_ssize_t start, Py_ssize_t count)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import platform
+from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,8 @@ from roarmq.protocol.frames import (
 
 from .. import __version__
 from ..core.auth import EXTERNAL, MECHANISMS, AuthError, MalformedResponse
+from ..core.persistence import WriteDeferred
+from ..core.vhost import server_named_queue
 from ..errors import connection_error
 from ..store.definitions import DefinitionsWriteFailed
 
@@ -57,6 +60,7 @@ from .flow import (
     PARSE_CHUNK,
     READ_BUDGET,
     STEP,
+    STORE_WRITE,
     TURN_SECONDS,
     WRITES,
     FlowControl,
@@ -94,6 +98,10 @@ CLOSE_OK_AFTER_CHANNELS = 0.005
 #: OPEN_RETRY.
 OPEN_WAIT_RECOVERY = 10.0
 OPEN_RETRY = 0.05
+#: `store_wait`: a durable change of the connection waits for another's definitions write,
+#: or for its own.
+WAITS_ITS_TURN = 1
+ITS_WRITE = 2
 #: Write directly once this many bytes are pending, so one dispatch loop cannot
 #: build an unbounded buffer before the transport gets a chance to push back.
 FLUSH_THRESHOLD = 256 * 1024
@@ -160,6 +168,8 @@ class Connection:
         "_missed",
         "_timer",
         "_cleaned",
+        "store_wait",
+        "_named",
         "__weakref__",
     )
 
@@ -216,6 +226,11 @@ class Connection:
         self._timer: Any = None
         self._cleaned = False
         self.blocked_notified = False
+        #: A durable change of this connection waits: 0 none, WAITS_ITS_TURN (for another
+        #: connection's definitions write), ITS_WRITE (for its own, in the store's thread).
+        self.store_wait = 0
+        #: (queue.declare, the name the server gave it): the same when it is made again.
+        self._named: tuple[Any, str] | None = None
 
     def _enter(self, state: ConnectionState) -> None:
         """The one place the connection's state changes: its rows change with it (the
@@ -438,6 +453,9 @@ class Connection:
             except DefinitionsWriteFailed as exc:
                 self._store_failed(exc, ev)
                 return n
+            except WriteDeferred as deferred:
+                self._defer(deferred, ev)
+                return i
             except Exception:
                 log.exception("internal error while handling a frame", extra={"conn": self.name})
                 self.close_with_error(
@@ -447,6 +465,64 @@ class Connection:
             if reasons:
                 return i
         return i if self.state is not CLOSED else n
+
+    # -- a durable change waiting for its definitions write (broker/core/persistence.py)
+
+    def _defer(self, deferred: WriteDeferred, event: Any) -> None:
+        """The method `event` stopped at its definitions write, which goes on off the loop
+        (or waits for another connection's): nothing more of this connection is handled or
+        read until the method is handled again, with the write's outcome (`_resume`)."""
+        self.flow.hold(STORE_WRITE)
+        self.store_wait = WAITS_ITS_TURN if deferred.pending is None else ITS_WRITE
+        deferred.then(partial(self._resume, event))
+
+    def _resume(self, event: Any) -> None:
+        """Handle the method again (the persistence knows its write's outcome, or that its
+        turn came), then the frames that waited behind it."""
+        waited, self.store_wait = self.store_wait, 0
+        if self._cleaned and waited == WAITS_ITS_TURN:
+            return  # it wrote nothing: there is nothing to make
+        self._handle_again(event)
+        if not self.store_wait:  # (or it waits once more)
+            self.flow.release(STORE_WRITE)
+
+    def _handle_again(self, event: Any) -> None:
+        """`_process` for one method frame, whatever the connection's state (one closing
+        makes the change its write committed before its channels go: `settle_store_write`)."""
+        receiver = self._receivers.get(event.channel)
+        if receiver is None:
+            return
+        try:
+            receiver._row[type(event.method)](receiver, event.method)
+        except SoftError as exc:
+            _blame(exc, event)
+            self._channel_exception(event.channel, exc)
+        except HardError as exc:
+            _blame(exc, event)
+            self.close_with_error(exc)
+        except DefinitionsWriteFailed as exc:
+            self._store_failed(exc, event)
+        except WriteDeferred as deferred:
+            self._defer(deferred, event)
+        except Exception:
+            log.exception("internal error while handling a frame", extra={"conn": self.name})
+            self.close_with_error(
+                connection_error(INTERNAL_ERROR, "internal error; see the broker log")
+            )
+
+    def settle_store_write(self) -> None:
+        """A channel or the connection itself is about to go: if its definitions write is
+        under way, wait for it and make its change now, while the channel is there."""
+        if self.store_wait == ITS_WRITE:
+            self.broker.persistence.settle()
+
+    def server_named(self, method: Any) -> str:
+        """The name a queue.declare without one gets: the same when the method is handled
+        again after its deferred write."""
+        named = self._named
+        if named is None or named[0] is not method:
+            named = self._named = (method, server_named_queue())
+        return named[1]
 
     def _store_failed(self, exc: DefinitionsWriteFailed, event: Any) -> None:
         """A durable change the definitions store could not write (nothing of it was
@@ -1038,6 +1114,7 @@ class Connection:
         if self._cleaned:
             return
         self._cleaned = True
+        self.settle_store_write()
         for queue in self.flow.queues:
             queue.forget_publisher(self)
         self.flow.clear()

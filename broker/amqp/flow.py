@@ -62,6 +62,9 @@ WRITES = _Reason("writes")
 BACKLOG = _Reason("backlog")
 #: connection.open waits for a just-elected leader to recover its vhost (cluster only).
 AWAIT_RECOVERY = _Reason("vhost recovering")
+#: A durable declare, bind or delete waits for its definitions write, off the event loop
+#: (broker/core/persistence.py): the connection's next frames wait with it.
+STORE_WRITE = _Reason("definitions write")
 
 
 class FlowControl:
@@ -139,6 +142,7 @@ __all__ = [
     "PARSE_CHUNK",
     "READ_BUDGET",
     "STEP",
+    "STORE_WRITE",
     "TURN_SECONDS",
     "WRITES",
     "WRITE_HIGH",

@@ -8,13 +8,30 @@ data dir only, as RabbitMQ's default_user: after that the store is the truth,
 changed through the management API, so a password changed or a user deleted
 there stays so across restarts, and editing the config's users does nothing
 but log a notice saying so.
+
+An AMQP client's durable declare, bind or delete does not hold the event loop for its
+write's fsync: the channel's handler runs inside `deferrable`, and its first store write
+goes to the store's writes thread instead (`DefinitionStore.write_later`) and raises
+`WriteDeferred`, before anything of the change is in memory. The connection stops there
+(nothing more of it is handled or read, as a synchronous write would have held it) and,
+once the write's outcome is known, handles the same method again: that run makes the same
+decisions and meets the same write, which now answers with the outcome (the queue's id, or
+the `DefinitionsWriteFailed` that closes the connection with 541) instead of writing. Other
+connections go on meanwhile, publishing and consuming; but a change to exchanges, queues
+or bindings begins with `settle`, so none is decided on a memory about to change: a
+deferrable one waits its turn, anything else (the broker's own decisions, the management
+API) waits for the write and makes its change first.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..ops.logs import NOTICE
 from ..store.definitions import (
@@ -35,9 +52,60 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("roarmq.persistence")
 
+T = TypeVar("T")
+
 DEFINITIONS_FILE = "definitions.sqlite3"
 #: PRAGMA user_version of a definitions store once the config has seeded it.
 SEEDED = 1
+
+
+class _PendingWrite:
+    """A write handed to the store's writes thread: what it is (`key`: the store method
+    and its arguments), its outcome once `finished`, and the change to make again then."""
+
+    __slots__ = ("key", "result", "error", "finished", "continuation", "used")
+
+    def __init__(self, key: tuple[Any, ...]) -> None:
+        self.key = key
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+        self.continuation: Callable[[], None] | None = None
+        self.used = False  # the change made again met the write and took its outcome
+
+
+class WriteDeferred(Exception):  # noqa: N818  (a control signal, not a failure)
+    """A deferrable change stopped before anything of it was in memory: its write went to
+    the store's writes thread (`pending`), or it waits for one that went before it (None).
+    Whoever ran it gives `then` the way to run it again, whole."""
+
+    def __init__(self, persistence: Persistence, pending: _PendingWrite | None) -> None:
+        super().__init__("a definitions write is under way")
+        self.persistence = persistence
+        self.pending = pending
+
+    def then(self, continuation: Callable[[], None]) -> None:
+        if self.pending is None:
+            self.persistence._waiting.append(continuation)
+        else:
+            self.pending.continuation = continuation
+
+
+class _Deferrable:
+    """``with persistence.deferrable:`` around a handler whose change may wait for its write
+    off the loop (not when the handler runs again with the write's outcome)."""
+
+    __slots__ = ("_persistence",)
+
+    def __init__(self, persistence: Persistence) -> None:
+        self._persistence = persistence
+
+    def __enter__(self) -> None:
+        p = self._persistence
+        p._deferring = p._replaying is None
+
+    def __exit__(self, *exc: object) -> None:
+        self._persistence._deferring = False
 
 
 class Persistence:
@@ -52,6 +120,15 @@ class Persistence:
         #: half-way seeds again rather than leaving a store without its users.
         self.new = not existed or self._unseeded()
         self.restoring = False
+        #: The write in the store's writes thread, if any (module doc).
+        self._in_flight: _PendingWrite | None = None
+        #: Deferrable changes waiting for it, to be run (first) after it, in order.
+        self._waiting: deque[Callable[[], None]] = deque()
+        #: A deferrable handler runs and has not met a store write yet (`_first_write`).
+        self._deferring = False
+        #: A change made again once its write finished: the write it meets answers.
+        self._replaying: _PendingWrite | None = None
+        self.deferrable = _Deferrable(self)
 
     def _unseeded(self) -> bool:
         db = self.definitions.db
@@ -65,6 +142,130 @@ class Persistence:
 
     def close(self) -> None:
         self.definitions.close()
+
+    # -- writes off the loop (module doc) ---------------------------------------------
+
+    def settle(self) -> None:
+        """A change to exchanges, queues or bindings begins: a write under way in the
+        store's thread is finished first and its change made. A deferrable handler waits
+        its turn instead (`WriteDeferred`); anything else waits here, holding the loop for
+        what is left of that write (as its own write would)."""
+        pending = self._in_flight
+        if pending is None:
+            return
+        if self._deferring:
+            self._deferring = False
+            raise WriteDeferred(self, None)
+        pending.finished.wait()
+        self._finish(pending)
+
+    def _first_write(self) -> bool:
+        """Whether the store write a hook is about to make may be deferred: the handler's
+        first, in a deferrable handler. Every hook calls this as it begins, so a later
+        write of the same handler (after some of its change is in memory) never is."""
+        deferring, self._deferring = self._deferring, False
+        return deferring
+
+    def _write(self, deferring: bool, key: tuple[Any, ...], call: Callable[[], T]) -> T:
+        """The store write `call` (`key`: what it is), made now, or handed to the writes
+        thread (`deferring`: WriteDeferred), or, as the change is made again, the outcome
+        of the one handed over."""
+        replay = self._replaying
+        if replay is not None and not replay.used:
+            replay.used = True
+            if replay.key == key:
+                if replay.error is not None:
+                    raise replay.error
+                return replay.result
+            self._replaying = None
+            self._reconcile(replay)  # (settle keeps this from happening: module doc)
+        elif deferring:
+            pending = _PendingWrite(key)
+            self._in_flight = pending
+            self.definitions.write_later(
+                call, partial(self._written, self.broker.clock.loop, pending)
+            )
+            raise WriteDeferred(self, pending)
+        return call()
+
+    def _written(self, loop: Any, pending: _PendingWrite, result: Any, error: Any) -> None:
+        """The writes thread has the outcome (called there)."""
+        pending.result, pending.error = result, error
+        pending.finished.set()
+        try:
+            loop.call_soon_threadsafe(self._finish, pending)
+        except RuntimeError:  # the loop is closed: the broker has stopped
+            pass
+
+    def _finish(self, pending: _PendingWrite) -> None:
+        """Make the change whose write finished (once: `settle` may have done it), then let
+        those that waited for it run."""
+        if self._in_flight is not pending:
+            return
+        self._in_flight = None
+        continuation = pending.continuation
+        if continuation is not None:
+            self._replaying = pending
+            try:
+                continuation()
+            finally:
+                self._replaying = None
+        if not pending.used:
+            self._reconcile(pending)
+        if self._waiting:
+            self.broker.clock.loop.call_soon(self._run_waiting)
+
+    def _run_waiting(self) -> None:
+        while self._waiting and self._in_flight is None:
+            self._waiting.popleft()()
+
+    def _reconcile(self, pending: _PendingWrite) -> None:
+        """A write committed but its change, made again, came out otherwise (something
+        it depends on, a permission or a limit, changed meanwhile): make the store and
+        memory agree again. What was stored is deleted; what was deleted from the store
+        goes from memory too, so that nothing lives on that a restart would not bring
+        back (a message confirmed into a queue that is not stored would be lost)."""
+        if pending.error is not None:
+            return  # nothing was written
+        kind, *args = pending.key
+        log.warning(
+            "a definitions write was not followed by its change; undoing it",
+            extra={"write": kind, "what": repr(args)},
+        )
+        store = self.definitions
+        try:
+            if kind == "put_exchange":
+                store.delete_exchange(args[0].vhost, args[0].name)
+            elif kind == "put_queue":
+                store.delete_queue(*args[:2])
+            elif kind == "put_binding":
+                store.delete_binding(args[0])
+            else:
+                self._forget_deleted(kind, args)
+        except DefinitionsWriteFailed as exc:
+            exc.log_to(log, "; the store and memory differ until the next start")
+
+    def _forget_deleted(self, kind: str, args: list[Any]) -> None:
+        """Memory follows a delete the store committed (see `_reconcile`)."""
+        if kind == "delete_binding":
+            b: BindingDef = args[0]
+            vhost = self.broker.vhosts.get(b.vhost)
+            if vhost is None:
+                return
+            source = vhost.exchanges.get(b.source)
+            dests = vhost.queues if b.destination_type == "queue" else vhost.exchanges
+            dest = dests.get(b.destination)
+            if source is not None and dest is not None:
+                source.unbind(b.routing_key, dest, b.arguments or None)
+            return
+        vhost_name, name = args[:2]
+        vhost = self.broker.vhosts.get(vhost_name)
+        if vhost is None:
+            return
+        if kind == "delete_queue" and name in vhost.queues:
+            vhost.delete_queue(vhost.queues[name], reason="its stored definition is gone")
+        elif kind == "delete_exchange" and name in vhost.exchanges:
+            vhost.delete_exchange(name)
 
     # -- start-up -------------------------------------------------------------------
 
@@ -192,36 +393,43 @@ class Persistence:
             self.broker.cluster.definitions_changed(vhost)
 
     def exchange_created(self, x: Exchange) -> None:
+        deferring = self._first_write()
+        if x.durable and not x.builtin and not self.restoring:
+            d = ExchangeDef(x.vhost.name, x.name, x.type, x.auto_delete, x.internal, x.arguments)
+            self._write(deferring, ("put_exchange", d), partial(self.definitions.put_exchange, d))
         if x.durable:
             self._changed(x.vhost.name)
-        if x.durable and not x.builtin and not self.restoring:
-            self.definitions.put_exchange(
-                ExchangeDef(x.vhost.name, x.name, x.type, x.auto_delete, x.internal, x.arguments)
-            )
 
     def exchange_deleted(self, x: Exchange) -> None:
+        deferring = self._first_write()
+        if x.durable and not x.builtin and not x.vhost.deleted:
+            vhost, name = x.vhost.name, x.name
+            delete = partial(self.definitions.delete_exchange, vhost, name)
+            if self._write(deferring, ("delete_exchange", vhost, name), delete):
+                self._unbind_later()
         if x.durable:
             self._changed(x.vhost.name)
-        if x.durable and not x.builtin and not x.vhost.deleted:
-            if self.definitions.delete_exchange(x.vhost.name, x.name):
-                self._unbind_later()
 
     def queue_created(self, q: Queue) -> None:
+        deferring = self._first_write()
         if q.durable and q.exclusive_owner is None and not self.restoring:
-            q.store_id = self.definitions.put_queue(
-                q.vhost.name, q.name, q.auto_delete, q.arguments
-            )
+            vhost, name = q.vhost.name, q.name
+            put = partial(self.definitions.put_queue, vhost, name, q.auto_delete, q.arguments)
+            q.store_id = self._write(deferring, ("put_queue", vhost, name), put)
             q.store = self.broker.store
             self.broker.cluster.queue_created(q)  # a led vhost's queue lives in its log
         if q.store_id is not None:
             self._changed(q.vhost.name)
 
     def queue_deleted(self, q: Queue) -> None:
+        deferring = self._first_write()
+        if q.store_id is not None and not q.vhost.deleted:
+            vhost, name = q.vhost.name, q.name
+            delete = partial(self.definitions.delete_queue, vhost, name)
+            if self._write(deferring, ("delete_queue", vhost, name), delete):
+                self._unbind_later()
         if q.store_id is not None:
             self._changed(q.vhost.name)
-        if q.store_id is not None and not q.vhost.deleted:
-            if self.definitions.delete_queue(q.vhost.name, q.name):
-                self._unbind_later()
 
     def _unbind_later(self) -> None:
         """Delete the stored bindings a deleted queue or exchange left (more than one write
@@ -244,18 +452,22 @@ class Persistence:
         return BindingDef(source.vhost.name, source.name, dest.name, "exchange", key, args or {})
 
     def binding_added(self, source: Exchange, dest: Any, key: str, args: dict | None) -> None:
+        deferring = self._first_write()
         b = self._binding(source, dest, key, args)
         if b is not None:
-            self.definitions.put_binding(b)
+            self._write(deferring, ("put_binding", b), partial(self.definitions.put_binding, b))
             self._changed(source.vhost.name)
 
     def binding_removed(self, source: Exchange, dest: Any, key: str, args: dict | None) -> None:
         """Deleting a binding that is not stored is harmless: it changes nothing on disk."""
+        deferring = self._first_write()
         b = self._binding(source, dest, key, args)
         if b is not None:
-            self.definitions.delete_binding(b)
+            delete = partial(self.definitions.delete_binding, b)
+            self._write(deferring, ("delete_binding", b), delete)
             self._changed(source.vhost.name)
 
     def vhost_deleted(self, name: str) -> None:
         """The vhost and all it holds, in one transaction (the vhost's memory goes after)."""
+        self._first_write()
         self.definitions.delete_vhost(name)

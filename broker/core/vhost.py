@@ -8,6 +8,9 @@ A durable change is stored first (broker/core/persistence.py, one SQLite transac
 made in memory only once that has committed: if the store raises
 DefinitionsWriteFailed, the client's operation fails with nothing of it applied, and
 a delete the broker itself decided (auto-delete, x-expires) is logged and left undone.
+A client's change may stop at its write (WriteDeferred: the write goes on off the event
+loop) and be made again, whole, once it is done; each change begins with
+`persistence.settle()`, so that none is decided while another's write is under way.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from . import queue_arguments
 from .delayed import Schedule
 from .exchange import DefaultExchange, Exchange
 from .message import FLAG_HEADERS, Message, copy_properties
+from .persistence import WriteDeferred
 from .policy import Policy, best
 from .queue import Queue, enqueue
 from .stream import queue_class
@@ -270,6 +274,7 @@ class VirtualHost:
     ) -> tuple[Exchange, bool]:
         """Declare (or check) an exchange; returns it and whether it was created."""
         check_not_default(name)
+        self.broker.persistence.settle()
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
@@ -309,6 +314,7 @@ class VirtualHost:
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
         check_deletable_exchange(name, self.name)
+        self.broker.persistence.settle()
         exchange = self.exchanges.get(name)
         if exchange is None:
             # RabbitMQ answers delete-ok for an exchange that does not exist.
@@ -397,6 +403,7 @@ class VirtualHost:
         auto_delete: bool = False,
         arguments: dict | None = None,
     ) -> tuple[Queue, bool]:
+        self.broker.persistence.settle()
         self.broker.totals.queues_declared += 1
         if name == "":
             if passive:
@@ -444,8 +451,10 @@ class VirtualHost:
         )
         try:
             self.broker.persistence.queue_created(queue)
-        except DefinitionsWriteFailed:
+        except (DefinitionsWriteFailed, WriteDeferred) as exc:
             queue.on_deleted()  # its x-expires timer, started by the constructor
+            if isinstance(exc, WriteDeferred):
+                self.broker.totals.queues_declared -= 1  # counted when it is made again
             raise
         self.queues[name] = queue
         if exclusive:
@@ -468,6 +477,7 @@ class VirtualHost:
         basic.cancel: RabbitMQ answers queue.delete-ok first (py-amqp waiting for the ok
         would take an earlier cancel for its own consumer's and raise).
         """
+        self.broker.persistence.settle()
         if queue.deleted:
             if reply is not None:
                 reply(0)
@@ -545,8 +555,10 @@ class VirtualHost:
         topic patterns) and knows whether the binding is new under its own idea of equal
         arguments; asking beforehand would repeat that. Nothing sees the binding between
         bind and undo: the loop is single-threaded and the SQLite write synchronous, and
-        unbind is bind's exact inverse (the routing-key cache may be colder, no more).
+        unbind is bind's exact inverse (the routing-key cache may be colder, no more). The
+        same undo comes before a deferred write (WriteDeferred): the bind is made again.
         """
+        self.broker.persistence.settle()
         try:
             added = source.bind(key, dest, arguments)
         except ValueError as exc:
@@ -555,7 +567,7 @@ class VirtualHost:
             return
         try:
             self.broker.persistence.binding_added(source, dest, key, arguments)
-        except DefinitionsWriteFailed:
+        except (DefinitionsWriteFailed, WriteDeferred):
             source.unbind(key, dest, arguments)
             raise
         self._bindings_changed(source)
@@ -563,6 +575,7 @@ class VirtualHost:
     def _unbind(self, source: Exchange, dest: Any, key: str, arguments: dict | None) -> None:
         """Delete the stored binding, then the one in memory: deleting a binding that
         is not stored (or not there at all) changes nothing on disk."""
+        self.broker.persistence.settle()
         self.broker.persistence.binding_removed(source, dest, key, arguments)
         if source.unbind(key, dest, arguments):
             self._bindings_changed(source)

@@ -8,9 +8,12 @@ Every write goes through `DefinitionStore.writing()`: one transaction that eithe
 commits or raises `DefinitionsWriteFailed` with nothing of it left behind, in the
 database or on disk, and the connection reopened so the store recovers by itself
 once the disk does. The broker changes its memory only after the commit, which fsyncs
-the WAL. Two kinds of write never run on the event loop, each in a thread of the store's
-own: WAL checkpoints (`_Checkpoints`), and the sweep of the stored bindings deleted queues
-and exchanges left, which nothing relies on (`_Sweeper`: not fsynced either).
+the WAL. Three kinds of write run off the event loop, each in a thread of the store's own:
+WAL checkpoints (`_Checkpoints`); the sweep of the stored bindings deleted queues and
+exchanges left, which nothing relies on (`_Sweeper`: not fsynced either); and the writes
+an AMQP client's durable declare, bind or delete asks for (`write_later`, `_Writer`), whose
+fsync would otherwise hold every connection's loop (the client waits for its reply, and
+the broker changes its memory once the write has committed: broker/core/persistence.py).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import sqlite3
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -419,6 +423,68 @@ class _Sweeper(_StoreThread):
             self.busy = False
 
 
+class _WriteState(threading.local):
+    """What a thread's `writing` blocks share: how deep they nest (the outermost commits),
+    whether its commit fsyncs, and the connection they write on (None: the store's own;
+    the `_Writer` thread's is its own)."""
+
+    depth = 0
+    durable = True
+    db: sqlite3.Connection | None = None
+    #: A thread of the store's (`_Writer`): its writes are not jobs of the event loop.
+    off_loop = False
+
+
+class _Writer(_StoreThread):
+    """Writes the event loop hands over (`DefinitionStore.write_later`), one at a time in
+    the order given, each a `writing` block on this thread's connection: the commit's
+    fsync (milliseconds, and tens of them on a busy disk) holds this thread, not the loop.
+    Each outcome, a result or the `DefinitionsWriteFailed`, goes to its `done` callback,
+    called on this thread."""
+
+    name = "definitions writes"
+
+    def __init__(self, store: DefinitionStore) -> None:
+        super().__init__(store.path)
+        self.store = store
+        self._jobs: deque[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]]
+        self._jobs = deque()
+
+    def submit(
+        self, call: Callable[[], Any], done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        self._jobs.append((call, done))
+        self.poke()
+
+    def _serve(self) -> None:
+        state = self.store._state
+        state.off_loop = True
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while self._jobs:
+                call, done = self._jobs.popleft()
+                result: Any = None
+                error: BaseException | None = None
+                try:
+                    if state.db is None:
+                        state.db = self.store._connect()
+                    result = call()
+                except sqlite3.Error as exc:  # (opening the connection)
+                    error = DefinitionsWriteFailed(self.path, "open the definitions store", exc)
+                except BaseException as exc:  # DefinitionsWriteFailed, and what else befell
+                    error = exc
+                done(result, error)
+            if self._stopping:
+                return
+
+    def _drop_connection(self) -> None:
+        db, self.store._state.db = self.store._state.db, None
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+
+
 class DefinitionStore:
     """One SQLite file; every change is its own committed transaction (see `writing`)."""
 
@@ -426,8 +492,7 @@ class DefinitionStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db: sqlite3.Connection | None = None
-        self._depth = 0  # writing() blocks open: the outermost one commits
-        self._durable = True  # ... and whether its commit fsyncs
+        self._state = _WriteState()
         #: The broker's JobTimes while its loop-lag probe is on: each write is a job of the
         #: stall attribution (broker/ops/stalls.py), its commit included (WAL checkpoints
         #: are the `_Checkpoints` thread's).
@@ -436,6 +501,7 @@ class DefinitionStore:
         self.write_lock = threading.Lock()
         self._checkpoints = _Checkpoints(self.path)
         self._sweeper = _Sweeper(self)
+        self._writer = _Writer(self)
         self._db = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -467,7 +533,17 @@ class DefinitionStore:
     def poke_checkpoints(self) -> None:
         self._checkpoints.poke()
 
+    def write_later(
+        self, call: Callable[[], Any], done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        """Run `call` (a method of this store, or a function of them) in the writes thread
+        (`_Writer`), after those handed over before it; `done(result, error)` is called
+        there with its outcome (`error` a `DefinitionsWriteFailed`, or None). A `close`
+        waits for what was handed over."""
+        self._writer.submit(call, done)
+
     def close(self) -> None:
+        self._writer.stop()
         self._sweeper.stop()
         self._checkpoints.stop()  # first: the last connection to close ends the WAL
         if self._db is not None:
@@ -475,7 +551,7 @@ class DefinitionStore:
             self._db = None
 
     def _run(self, sql: str, *params: Any) -> sqlite3.Cursor:
-        return self.db.execute(sql, params)
+        return (self._state.db or self.db).execute(sql, params)
 
     # -- the one way to write ---------------------------------------------------------
 
@@ -496,22 +572,23 @@ class DefinitionStore:
         only such writes after the last fsync, and the next durable commit's fsync covers
         them. One may join a durable block (it is then durable), not the reverse.
         """
-        if self._depth:
-            if durable and not self._durable:  # the outer commit would not fsync it
+        state = self._state
+        if state.depth:
+            if durable and not state.durable:  # the outer commit would not fsync it
                 raise RuntimeError(f"{operation}: a durable write inside one that is not")
-            self._depth += 1
+            state.depth += 1
             try:
                 yield
             finally:
-                self._depth -= 1
+                state.depth -= 1
             return
         self.write_lock.acquire()
         try:
-            db = self._open(operation)
+            db = state.db or self._open(operation)
         except BaseException:
             self.write_lock.release()
             raise
-        self._depth, self._durable = 1, durable
+        state.depth, state.durable = 1, durable
         started = time.perf_counter()
         try:
             if not durable:
@@ -527,17 +604,17 @@ class DefinitionStore:
             self._rollback()
             raise
         finally:
-            self._depth, self._durable = 0, True
+            state.depth, state.durable = 0, True
             if not durable:
                 self._sync_again(db)
             self.write_lock.release()
-            if self.jobs is not None:
+            if self.jobs is not None and not state.off_loop:
                 self.jobs.note("definitions store write", started, time.perf_counter())
 
     def _sync_again(self, db: sqlite3.Connection) -> None:
         """Every commit after a write that was not durable fsyncs again; a connection that
         cannot be set so is not used again (`db` reopens it, with FULL)."""
-        if self._db is not db:  # a failed write reopened it
+        if (self._state.db or self._db) is not db:  # a failed write reopened it
             return
         try:
             db.execute("PRAGMA synchronous=FULL")
@@ -545,7 +622,7 @@ class DefinitionStore:
             self._recover()
 
     def _rollback(self) -> None:
-        db = self._db
+        db = self._state.db or self._db
         if db is not None and db.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
@@ -553,16 +630,23 @@ class DefinitionStore:
     def _recover(self) -> None:
         """After a failed write: roll back, drop its WAL frames, reopen the connection.
 
-        If reopening fails too (the disk is still gone), `db` tries again on next use.
+        If reopening fails too (the disk is still gone), `db` tries again on next use (the
+        writes thread's connection: its next write).
         """
         self._rollback()
         self._drop_uncommitted_frames()
-        if self._db is not None:
+        state = self._state
+        db = state.db if state.off_loop else self._db
+        if db is not None:
             with contextlib.suppress(sqlite3.Error):
-                self._db.close()
-        self._db = None
+                db.close()
+        reopened = None
         with contextlib.suppress(sqlite3.Error):
-            self._db = self._connect()
+            reopened = self._connect()
+        if state.off_loop:
+            state.db = reopened
+        else:
+            self._db = reopened
 
     def _drop_uncommitted_frames(self) -> None:
         """Cut the WAL back to its last frame SQLite counts as committed.
@@ -866,9 +950,9 @@ class DefinitionStore:
         self, vhost: str, name: str, kind: str, limit: int, db: sqlite3.Connection | None = None
     ) -> int:
         """Delete at most ``limit`` (-1: all) stored bindings of the queue or exchange ``name``
-        (``kind``), each statement on an index, on ``db`` (the store's own connection by
-        default); returns how many."""
-        execute = (db or self.db).execute
+        (``kind``), each statement on an index, on ``db`` (by default the connection this
+        thread writes on); returns how many."""
+        execute = (db or self._state.db or self.db).execute
         wheres: list[tuple[str, tuple[str, ...]]] = [
             ("destination = ? AND destination_type = ?", (name, kind))
         ]

@@ -19,7 +19,7 @@ import pytest
 
 from roarmq.broker.amqp import channel as channel_module
 from roarmq.broker.amqp import connection as connection_module
-from roarmq.broker.amqp.channel import Channel, ClosedChannel
+from roarmq.broker.amqp.channel import DEFERRABLE, Channel, ClosedChannel
 from roarmq.broker.amqp.connection import CLOSE_OK_AFTER_CHANNELS, Connection
 from roarmq.broker.amqp.session import (
     ALL_METHODS,
@@ -77,7 +77,8 @@ def test_every_state_binds_every_method_as_its_table_says(kind: str, rules: Any,
             entry = entry_for(rules, state, method)
             bound = row[method]
             if isinstance(entry, str):
-                assert bound is getattr(_owner(rules, state), entry), (state, method)
+                handler = getattr(bound, "__wrapped__", bound)  # (DEFERRABLE's, below)
+                assert handler is getattr(_owner(rules, state), entry), (state, method)
                 # and it takes what dispatch passes it
                 inspect.signature(bound).bind(_Target(), *_args(kind, method))
             elif entry is DROP:
@@ -90,6 +91,20 @@ def test_every_state_binds_every_method_as_its_table_says(kind: str, rules: Any,
                 assert error.reply_code == entry.reply_code, (state, method)
                 # The close names the refused method: its ids, never typed by hand.
                 assert (error.class_id, error.method_id) == (method.CLASS_ID, method.METHOD_ID)
+
+
+def test_only_the_durable_changes_of_an_open_channel_may_wait_for_the_store() -> None:
+    """The channel's handlers that run `deferrable` (a durable declare, bind or delete may
+    stop at its definitions write and be handled again: broker/core/persistence.py) are
+    DEFERRABLE's, in the OPEN row only."""
+    wrapped = {
+        (state, method)
+        for state, row in CHANNEL_ROWS.items()
+        for method, bound in row.items()
+        if hasattr(bound, "__wrapped__")
+    }
+    assert wrapped == {(Hs.OPEN, method) for method in DEFERRABLE}
+    assert all(isinstance(entry_for(CHANNEL_RULES, Hs.OPEN, m), str) for m in DEFERRABLE)
 
 
 class _Target:

@@ -184,10 +184,15 @@ async def test_deleting_100k_bindings_never_stalls_the_loop(tmp_path, what):
         client.send(1, spec.QueueDeclare(queue="big", durable=durable))
         await client.expect(spec.QueueDeclareOk)
         store = b.broker.persistence.definitions
+        vhost = b.broker.vhosts["/"]
         # One transaction for the 100,000 stored bindings rather than one fsync each (~40 s):
-        # the binds' own writes join it, as a config seed's puts do (`writing` nests).
+        # the binds' own writes join it, as a config seed's puts do (`writing` nests). Made
+        # here, on the broker's loop: a client's durable bind would write in the store's
+        # writes thread, outside this transaction.
+        big, t = vhost.queues["big"], vhost.exchanges["t"]
         with store.writing("store the test's bindings"):
-            await bind_many(b.port, "big", "t", patterns(100_000))
+            for key in patterns(100_000):
+                vhost.bind_queue(big, t, key, None)
         store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # as the binds' own commits would
         # Routing keys in the cache, which the delete must empty, from a connection that is
         # gone before it (a channel's exchange cache would keep a deleted exchange alive).
@@ -198,7 +203,6 @@ async def test_deleting_100k_bindings_never_stalls_the_loop(tmp_path, what):
         publisher.send(1, spec.QueueDeclare(queue="big", passive=True))
         await publisher.expect(spec.QueueDeclareOk)
         await publisher.close()
-        vhost = b.broker.vhosts["/"]
         assert vhost.exchanges["t"].index.cached_keys() == 3000
         await asyncio.sleep(0.05)
         probe = b.broker.loop_lag
