@@ -156,6 +156,10 @@ class Persistence:
         if self._deferring:
             self._deferring = False
             raise WriteDeferred(self, None)
+        if self.definitions.writing_here:
+            # Inside a transaction of the loop's, which the writes thread waits for: that
+            # write's change comes after this one (`_reconcile` if it no longer fits).
+            return
         pending.finished.wait()
         self._finish(pending)
 
@@ -468,6 +472,8 @@ class Persistence:
             self._changed(source.vhost.name)
 
     def vhost_deleted(self, name: str) -> None:
-        """The vhost and all it holds, in one transaction (the vhost's memory goes after)."""
+        """The vhost and all it holds, in one transaction (the vhost's memory goes after),
+        once a write under way has been made (it may be one of the vhost's)."""
         self._first_write()
+        self.settle()
         self.definitions.delete_vhost(name)

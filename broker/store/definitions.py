@@ -533,6 +533,11 @@ class DefinitionStore:
     def poke_checkpoints(self) -> None:
         self._checkpoints.poke()
 
+    @property
+    def writing_here(self) -> bool:
+        """Whether this thread is inside a `writing` block (holding the write lock)."""
+        return self._state.depth > 0
+
     def write_later(
         self, call: Callable[[], Any], done: Callable[[Any, BaseException | None], None]
     ) -> None:
