@@ -480,9 +480,10 @@ class Connection:
         """Handle the method again (the persistence knows its write's outcome, or that its
         turn came), then the frames that waited behind it."""
         waited, self.store_wait = self.store_wait, 0
-        if self._cleaned and waited == WAITS_ITS_TURN:
-            return  # it wrote nothing: there is nothing to make
-        self._handle_again(event)
+        # One that wrote nothing is dropped if the connection is going meanwhile (its vhost
+        # or user deleted, say); one whose write committed is made all the same.
+        if waited == ITS_WRITE or (not self._cleaned and self.state is OPEN):
+            self._handle_again(event)
         if not self.store_wait:  # (or it waits once more)
             self.flow.release(STORE_WRITE)
 

@@ -25,6 +25,7 @@ API) waits for the write and makes its change first.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import deque
@@ -144,6 +145,32 @@ class Persistence:
         self.definitions.close()
 
     # -- writes off the loop (module doc) ---------------------------------------------
+
+    async def change(self, make: Callable[[], T]) -> T:
+        """Run `make`, a change to exchanges, queues or bindings, as a client's channel
+        does: its write off the loop, then `make` run again, whole, with the outcome
+        (the management API's declares, binds and deletes). `make` looks up what it
+        changes each time it runs. A caller gone meanwhile (a cancelled request) does not
+        stop the change its write committed from being made."""
+        loop = self.broker.clock.loop
+        done: asyncio.Future[T] = loop.create_future()
+
+        def attempt() -> None:
+            try:
+                with self.deferrable:
+                    result = make()
+            except WriteDeferred as deferred:
+                deferred.then(attempt)
+                return
+            except Exception as exc:
+                if not done.done():
+                    done.set_exception(exc)
+                return
+            if not done.done():
+                done.set_result(result)
+
+        attempt()
+        return await done
 
     def settle(self) -> None:
         """A change to exchanges, queues or bindings begins: a write under way in the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import urllib.parse
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
@@ -159,25 +160,37 @@ def _declared(
 
 
 async def put_exchange(request: web.Request) -> web.Response:
-    vhost = vhosts_of(request)[0]
     body = await read_json(request)
-    return _declared(
-        request,
-        body,
-        vhost.declare_exchange,
-        str(body.get("type", "")),
-        internal=_flag(body, "internal", False),
-        arguments=body.get("arguments") or {},
-    )
+
+    def declare() -> web.Response:
+        return _declared(
+            request,
+            body,
+            vhosts_of(request)[0].declare_exchange,
+            str(body.get("type", "")),
+            internal=_flag(body, "internal", False),
+            arguments=body.get("arguments") or {},
+        )
+
+    return await _change(request, declare)
 
 
 async def delete_exchange(request: web.Request) -> web.Response:
-    vhost, x = _exchange_of(request)
-    try:
-        vhost.delete_exchange(x.name, if_unused=request.query.get("if-unused") == "true")
-    except ProtocolError as exc:
-        raise bad_request(exc.text) from None
-    return web.Response(status=204)
+    def delete() -> web.Response:
+        vhost, x = _exchange_of(request)
+        try:
+            vhost.delete_exchange(x.name, if_unused=request.query.get("if-unused") == "true")
+        except ProtocolError as exc:
+            raise bad_request(exc.text) from None
+        return web.Response(status=204)
+
+    return await _change(request, delete)
+
+
+async def _change(request: web.Request, make: Callable[[], web.Response]) -> web.Response:
+    """A declare, bind or delete whose definitions write goes off the event loop, `make`
+    run again with its outcome (broker/core/persistence.py, `Persistence.change`)."""
+    return await broker_of(request).persistence.change(make)
 
 
 async def queues(request: web.Request) -> web.Response:
@@ -200,25 +213,32 @@ async def queue(request: web.Request) -> web.Response:
 
 
 async def put_queue(request: web.Request) -> web.Response:
-    vhost = vhosts_of(request)[0]
     body = await read_json(request)
     arguments = dict(body.get("arguments") or {})
     if body.get("queue_type"):
         arguments["x-queue-type"] = body["queue_type"]
-    return _declared(request, body, vhost.declare_queue, None, arguments=arguments)
+
+    def declare() -> web.Response:
+        declare_queue = vhosts_of(request)[0].declare_queue
+        return _declared(request, body, declare_queue, None, arguments=arguments)
+
+    return await _change(request, declare)
 
 
 async def delete_queue(request: web.Request) -> web.Response:
-    vhost, q = _queue_of(request)
-    try:
-        vhost.delete_queue(
-            q,
-            if_unused=request.query.get("if-unused") == "true",
-            if_empty=request.query.get("if-empty") == "true",
-        )
-    except ProtocolError as exc:
-        raise bad_request(exc.text) from None
-    return web.Response(status=204)
+    def delete() -> web.Response:
+        vhost, q = _queue_of(request)
+        try:
+            vhost.delete_queue(
+                q,
+                if_unused=request.query.get("if-unused") == "true",
+                if_empty=request.query.get("if-empty") == "true",
+            )
+        except ProtocolError as exc:
+            raise bad_request(exc.text) from None
+        return web.Response(status=204)
+
+    return await _change(request, delete)
 
 
 async def purge_queue(request: web.Request) -> web.Response:
@@ -407,23 +427,28 @@ async def bindings_between(request: web.Request) -> web.Response:
 
 
 async def post_binding(request: web.Request) -> web.Response:
-    vhost, source, dest = _binding_ends(request)
+    _binding_ends(request)  # 404 before the body is read
     body = await read_json(request)
     key = str(body.get("routing_key", ""))
     args = body.get("arguments") or None
     if isinstance(args, dict):
         args = ApiArguments(args)  # typed as JSON's in its properties_key, as RabbitMQ
-    try:
-        if request.match_info["kind"] == "q":
-            vhost.bind_queue(dest, source, key, args)
-        else:
-            vhost.bind_exchange(dest, source, key, args)
-    except ProtocolError as exc:
-        raise bad_request(exc.text) from None
-    row = binding_row(vhost.name, source.name, dest, key, args)
-    # The path as the client spelled it (vhost "/" stays %2F), then the key quoted again.
-    location = f"{request.raw_path}/{urllib.parse.quote(row['properties_key'], safe='')}"
-    return web.Response(status=201, headers={"Location": location})
+
+    def bind() -> web.Response:
+        vhost, source, dest = _binding_ends(request)
+        try:
+            if request.match_info["kind"] == "q":
+                vhost.bind_queue(dest, source, key, args)
+            else:
+                vhost.bind_exchange(dest, source, key, args)
+        except ProtocolError as exc:
+            raise bad_request(exc.text) from None
+        row = binding_row(vhost.name, source.name, dest, key, args)
+        # The path as the client spelled it (vhost "/" stays %2F), then the key quoted again.
+        location = f"{request.raw_path}/{urllib.parse.quote(row['properties_key'], safe='')}"
+        return web.Response(status=201, headers={"Location": location})
+
+    return await _change(request, bind)
 
 
 async def binding(request: web.Request) -> web.Response:
@@ -431,18 +456,21 @@ async def binding(request: web.Request) -> web.Response:
 
 
 async def delete_binding(request: web.Request) -> web.Response:
-    row = _binding_by_props(request)
-    vhost, source, dest = _binding_ends(request)
-    args = row["arguments"] or None
-    for key, d, a in source.index.bindings():
-        if d is dest and key == row["routing_key"] and json_safe(a or {}) == row["arguments"]:
-            args = a
-            break
-    if request.match_info["kind"] == "q":
-        vhost.unbind_queue(dest, source, row["routing_key"], args)
-    else:
-        vhost.unbind_exchange(dest, source, row["routing_key"], args)
-    return web.Response(status=204)
+    def unbind() -> web.Response:
+        row = _binding_by_props(request)
+        vhost, source, dest = _binding_ends(request)
+        args = row["arguments"] or None
+        for key, d, a in source.index.bindings():
+            if d is dest and key == row["routing_key"] and json_safe(a or {}) == row["arguments"]:
+                args = a
+                break
+        if request.match_info["kind"] == "q":
+            vhost.unbind_queue(dest, source, row["routing_key"], args)
+        else:
+            vhost.unbind_exchange(dest, source, row["routing_key"], args)
+        return web.Response(status=204)
+
+    return await _change(request, unbind)
 
 
 async def route(request: web.Request) -> web.Response:

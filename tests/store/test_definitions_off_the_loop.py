@@ -65,32 +65,43 @@ async def timed(awaitable) -> float:  # type: ignore[no-untyped-def]
     return time.monotonic() - started
 
 
-async def test_other_connections_are_served_while_a_declare_waits_for_its_fsync(broker):
+async def declare_slow(broker: BrokerProcess, by: str) -> None:
+    """A durable queue "slow", declared by an AMQP client or through the management API."""
+    if by == "amqp":
+        conn = await aio_pika.connect(url(broker))
+        await (await conn.channel()).declare_queue("slow", durable=True)
+        await conn.close()
+    else:
+        path = "/api/queues/%2F/slow"
+        status, _ = await asyncio.to_thread(broker.call, path, "PUT", {"durable": True})
+        assert status == 201
+
+
+@pytest.mark.parametrize("by", ["amqp", "api"])
+async def test_other_connections_are_served_while_a_declare_waits_for_its_fsync(broker, by):
     publisher = await aio_pika.connect(url(broker))
     channel = await publisher.channel(publisher_confirms=True)
     await channel.declare_queue("other", durable=False)
-    declarer = await aio_pika.connect(url(broker))
-    declaring = await declarer.channel()
     with slow_fsyncs(broker):
-        declare = asyncio.ensure_future(timed(declaring.declare_queue("slow", durable=True)))
+        started = time.monotonic()
+        declare = asyncio.ensure_future(declare_slow(broker, by))
         round_trips: list[float] = []
         while not declare.done():
             round_trips.append(
                 await timed(channel.default_exchange.publish(aio_pika.Message(b"m"), "other"))
             )
-        waited = await declare
+        await declare
+        waited = time.monotonic() - started
     print(
-        f"declare {waited * 1000:.0f} ms; {len(round_trips)} confirms meanwhile, longest "
-        f"{max(round_trips) * 1000:.1f} ms"
+        f"{by}: declare {waited * 1000:.0f} ms; {len(round_trips)} confirms meanwhile, "
+        f"longest {max(round_trips) * 1000:.1f} ms"
     )
     assert waited >= DELAY  # its fsync was held
     assert len(round_trips) >= 20  # publishes went on meanwhile...
     assert max(round_trips) < DELAY / 2  # ... none held for the fsync
     assert "slow" in stored_queues(broker)
-    assert (
-        await channel.declare_queue("other", passive=True)
-    ).declaration_result.message_count == len(round_trips)
-    await declarer.close()
+    other = await channel.declare_queue("other", passive=True)
+    assert other.declaration_result.message_count == len(round_trips)
     await publisher.close()
 
 
