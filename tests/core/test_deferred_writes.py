@@ -17,6 +17,7 @@ from typing import Any
 import aio_pika
 import pytest
 from aiormq.exceptions import ChannelAccessRefused
+from support.waiting import until_async
 
 from roarmq.broker.testing import ephemeral_config, running_broker
 
@@ -37,14 +38,6 @@ def gated(store: Any) -> threading.Event:
     return gate
 
 
-async def until(check: Any) -> None:
-    for _ in range(500):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("never")
-
-
 async def test_a_permission_revoked_while_the_write_waits_undoes_the_write(tmp_path, caplog):
     cfg = ephemeral_config(data_dir=str(tmp_path / "d"))
     async with running_broker(cfg) as b:
@@ -53,7 +46,7 @@ async def test_a_permission_revoked_while_the_write_waits_undoes_the_write(tmp_p
         conn = await aio_pika.connect(b.url)
         channel = await conn.channel()
         declare = asyncio.ensure_future(channel.declare_queue("q", durable=True))
-        await until(lambda: persistence._in_flight is not None)
+        assert await until_async(lambda: persistence._in_flight is not None, 5, 0.01)
         b.broker.set_permission("guest", "/", "^$", ".*", ".*")  # configure: nothing
         gate.set()
         with pytest.raises(ChannelAccessRefused):
@@ -79,11 +72,11 @@ async def test_a_change_the_broker_decides_meanwhile_waits_for_the_write(tmp_pat
         conn = await aio_pika.connect(b.url + "/v")
         channel = await conn.channel()
         declare = asyncio.ensure_future(channel.declare_queue("q", durable=True))
-        await until(lambda: persistence._in_flight is not None)
+        assert await until_async(lambda: persistence._in_flight is not None, 5, 0.01)
         threading.Timer(0.2, gate.set).start()
         vhost = broker.vhosts["v"]
         broker.delete_vhost("v")  # holds the loop until the write is done, then goes on
-        await until(lambda: gate.is_set() and persistence._in_flight is None)
+        assert await until_async(lambda: gate.is_set() and persistence._in_flight is None, 5)
         await asyncio.sleep(0.05)  # (whatever would come of the write has come)
         assert vhost.deleted and "q" not in vhost.queues
         assert [q.name for q in persistence.definitions.queues()] == []
