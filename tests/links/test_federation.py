@@ -52,6 +52,14 @@ def federate(down, up, pattern: str = "^fed", apply_to: str = "exchanges", **set
     assert down.api("PUT", "/api/policies/%2F/fed", policy)[0] in (201, 204)
 
 
+def federation_bound(upstream) -> bool:
+    """Whether `upstream`'s fed.x is bound to a federation link's exchange: the binding the
+    link makes there once a binding of its downstream's fed.x exists, after it runs (a
+    link's bindings follow its downstream's, by calls it waits for, as RabbitMQ's do)."""
+    rows = upstream.api("GET", "/api/exchanges/%2F/fed.x/bindings/source")[1]
+    return any(row["destination_type"] == "exchange" for row in rows)
+
+
 def running(b, n: int = 1):
     def check():
         rows = b.api("GET", "/api/federation-links")[1]
@@ -139,6 +147,8 @@ def test_max_hops_stops_a_loop_between_two_brokers_federating_each_other(pair):
         ch.queue_declare("got")
         ch.queue_bind("got", "fed.x")
         running(here)
+    for there in (a, b):  # each link's binding follows "got"'s upstream: once made, a loop
+        assert until(lambda there=there: federation_bound(there), 15)
     channel(a).basic_publish("fed.x", "", b"once")
     assert until(lambda: ready(b.port, "got") == 1, 10)
     time.sleep(1.0)  # had it come back, it would be here by now
