@@ -13,7 +13,9 @@ what overlapped it:
   and `call_soon`s, the message store its writer thread's callbacks, the management API
   its requests);
 - the loop thread's CPU time and run-queue wait over the window (Linux's
-  /proc/thread-self/schedstat), the process's other threads' CPU time, and the steal time
+  /proc/thread-self/schedstat), the process's other threads' CPU time and the longest
+  run-queue wait of one of them (`OtherThreads`: one the loop handed the GIL to makes it
+  wait that long), and the steal time
   of the CPU the loop thread runs on (/proc/stat: in a VM, time the hypervisor gave that
   virtual CPU's core to someone else, which the guest counts neither as the thread's CPU
   time nor as a wait for a core), which tell code that ran (on CPU) from a loop that was
@@ -24,7 +26,8 @@ what overlapped it:
 
 `Stall.explain` is the one rule that turns those into a cause. Nothing here runs per
 message: a tick is a clock read, two CPU clock reads, a 40-byte pread and a getrusage (4.2 us
-against the bare timer's 0.3, so 0.4% of a core more at 1 ms) and every `STEAL_EVERY` seconds a read
+against the bare timer's 0.3, so 0.4% of a core more at 1 ms), a pread per other thread
+(1.4 us each: six threads add 0.8% of a core at 1 ms) and every `STEAL_EVERY` seconds a read
 of /proc/stat (19 us: 0.2% of a core), a collection or a job run two clock reads and a few
 additions.
 """
@@ -35,6 +38,7 @@ import gc
 import logging
 import os
 import resource
+import threading
 import time
 from bisect import bisect_left
 from collections import deque
@@ -229,6 +233,9 @@ class Stall:
     cpu: float  # the loop thread's CPU seconds in the window
     run_queue: float | None  # seconds it was runnable but not running (None: not known)
     others_cpu: float  # the process's other threads' CPU seconds in the window
+    #: the longest any other thread of the process waited for a core in the window: a
+    #: loop that handed it the GIL waits that long, off CPU (`OtherThreads`)
+    others_run_queue: float = 0.0
     #: seconds the hypervisor took the loop thread's virtual CPU in (or just before) the
     #: window (None: not known)
     steal: float | None = None
@@ -247,8 +254,9 @@ class Stall:
         inside a job is the GC's), else one job that does; else, when the loop thread was on
         CPU for most of the window, code nothing here times; else what kept it off CPU: the
         run queue (another process had the core), the hypervisor (steal), other threads
-        (the GIL), whichever covers half of that time; else pages of the loop's read back
-        from disk if it took a major fault (page_in), or a system call (blocked)."""
+        (the GIL: they ran, or one the loop handed it to waited for a core), whichever
+        covers half of that time; else pages of the loop's read back from disk if it took
+        a major fault (page_in), or a system call (blocked)."""
         half = self.lag / 2
         ms = 1000
         on = f"loop on CPU {self.cpu * ms:.1f} of {self.window * ms:.1f} ms"
@@ -287,6 +295,12 @@ class Stall:
             self.cause = (
                 f"the broker's other threads ran {self.others_cpu * ms:.1f} ms: the GIL ({on})"
             )
+        elif self.others_run_queue >= off / 2:
+            self.kind = "gil"
+            self.cause = (
+                f"the GIL handed to a thread of the broker's that waited "
+                f"{self.others_run_queue * ms:.1f} ms for a core ({on})"
+            )
         elif self.page_ins:
             self.kind = "page_in"
             self.cause = (
@@ -313,6 +327,7 @@ class Stall:
             "cpu_ms": ms(self.cpu),
             "run_queue_ms": ms(self.run_queue),
             "other_threads_cpu_ms": ms(self.others_cpu),
+            "other_threads_run_queue_ms": ms(self.others_run_queue),
             "steal_ms": ms(self.steal),
             "major_page_faults": self.page_ins,
             "gc": [
@@ -360,6 +375,57 @@ class ThreadTimes:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+class OtherThreads:
+    """The run-queue wait (schedstat's second field, cumulative seconds) of each thread of
+    the process but the calling one, by thread id: a thread that wants the GIL back while
+    the loop runs makes the loop hand it over and wait until it has taken it (CPython's
+    forced switch), so a store thread waiting for a core holds the loop off CPU though
+    neither runs. The list of threads is read again every `RELIST` seconds (a thread
+    started since is not counted until then); empty where there is no /proc."""
+
+    RELIST = 0.1
+
+    def __init__(self) -> None:
+        self._own = threading.get_native_id()
+        self._fds: dict[int, int] = {}
+        self._listed_at = float("-inf")
+
+    def read(self, at: float) -> dict[int, float]:
+        if at - self._listed_at >= self.RELIST:
+            self._relist()
+            self._listed_at = at
+        waited = {}
+        for tid, fd in list(self._fds.items()):
+            try:
+                waited[tid] = int(os.pread(fd, 64, 0).split()[1]) / 1e9
+            except (OSError, IndexError, ValueError):  # the thread has ended
+                os.close(self._fds.pop(tid))
+        return waited
+
+    def _relist(self) -> None:
+        try:
+            tids = {int(name) for name in os.listdir("/proc/self/task")} - {self._own}
+        except OSError:
+            return
+        for tid in set(self._fds) - tids:
+            os.close(self._fds.pop(tid))
+        for tid in tids - set(self._fds):
+            try:
+                self._fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+            except OSError:
+                pass
+
+    @staticmethod
+    def longest(before: dict[int, float], after: dict[int, float]) -> float:
+        """The longest wait of one thread between two reads."""
+        return max((after[t] - before[t] for t in after if t in before), default=0.0)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 class CpuSteal:
@@ -424,6 +490,8 @@ class LoopLag:
         self._due = 0.0
         self._timer: Any = None
         self._times: ThreadTimes | None = None  # opened on the loop's thread, in start()
+        self._others: OtherThreads | None = None  # (the same)
+        self._others_waited: dict[int, float] = {}
         self._last = 0.0  # the tick before: the start of the next stall's window
         self._cpu = 0.0
         self._run_queue: float | None = 0.0
@@ -437,6 +505,7 @@ class LoopLag:
 
     def start(self) -> None:
         self._times = ThreadTimes()
+        self._others = OtherThreads()
         at = now()
         self._mark(at)
         self._due = at + self.interval
@@ -447,6 +516,7 @@ class LoopLag:
         self._cpu, self._run_queue = self._times.read()  # type: ignore[union-attr]  # the probe runs only where the times can be read
         self._process_cpu = time.process_time()
         self._page_ins = ThreadTimes.page_ins()
+        self._others_waited = self._others.read(at)  # type: ignore[union-attr]  # (as above)
         if at - self._stolen_at >= STEAL_EVERY:
             self._stolen, self._stolen_at = self._steal.read(), at
 
@@ -492,6 +562,10 @@ class LoopLag:
             cpu=cpu,
             run_queue=None if run_queue is None else run_queue - self._run_queue,  # type: ignore[operator]  # both read by the same probe, or neither
             others_cpu=max(0.0, others),
+            others_run_queue=OtherThreads.longest(
+                self._others_waited,
+                self._others.read(at),  # type: ignore[union-attr]  # (as above)
+            ),
             steal=steal,
             page_ins=ThreadTimes.page_ins() - self._page_ins,
             gc=sorted(gcs.values()),
@@ -527,12 +601,15 @@ class LoopLag:
             self._timer = None
         if self._times is not None:
             self._times.close()
+        if self._others is not None:
+            self._others.close()
 
 
 __all__ = [
     "GC_WATCH",
     "STALL_KINDS",
     "CpuSteal",
+    "OtherThreads",
     "GcWatch",
     "JobTimes",
     "LoopLag",

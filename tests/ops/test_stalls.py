@@ -5,16 +5,28 @@ that explains a stall, below the socket."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import mmap
 import os
 import re
+import subprocess
+import sys
+import threading
 import time
 
 import pika
 import pytest
 from support.broker_process import BrokerProcess
 
-from roarmq.broker.ops.stalls import JOB_LABELS, CpuSteal, GcWatch, JobTimes, Stall, job_name
+from roarmq.broker.ops.stalls import (
+    JOB_LABELS,
+    CpuSteal,
+    GcWatch,
+    JobTimes,
+    OtherThreads,
+    Stall,
+    job_name,
+)
 from roarmq.broker.testing import BrokerThread, ephemeral_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -230,6 +242,8 @@ def test_the_rule_that_explains_a_stall():
     assert _stall(0.016, jobs=job).cause.startswith("consumer-timeout sweep ran 11.0 ms")
     assert _stall(0.016, cpu=0.001, run_queue=0.014).kind == "run_queue"
     assert _stall(0.016, cpu=0.001, others_cpu=0.012).kind == "gil"
+    handed = _stall(0.016, cpu=0.001, others_run_queue=0.012)  # the GIL to a waiting thread
+    assert handed.kind == "gil" and "waited 12.0 ms for a core" in handed.cause
     assert _stall(0.016, cpu=0.001).kind == "blocked"
     assert _stall(0.016, cpu=0.001, steal=0.010).kind == "steal"
     assert _stall(0.016, cpu=0.001, steal=0.010).cause.endswith("stolen 10 ms)")
@@ -241,6 +255,42 @@ def test_the_rule_that_explains_a_stall():
     assert _stall(0.016, cpu=0.008, run_queue=0.008, window=0.0175).kind == "run_queue"
     assert _stall(0.016).kind == "on_cpu"
     assert _stall(0.016, gc=[[0, 3, 0.004, 0.002, 0]]).kind == "on_cpu"  # GC under half
+
+
+def test_another_threads_wait_for_a_core_is_read():
+    """A thread of this process pinned to CPU 0, hashing without the GIL, while a SCHED_FIFO
+    process holds CPU 0 for 300 ms: `OtherThreads` reads its wait for a core, and not the
+    calling thread's (a loop that hands the GIL to such a thread waits that long: the rule
+    above calls it the GIL's, not a system call's)."""
+    if 0 not in os.sched_getaffinity(0) or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs CPUs 0 and 1")  # (the machines here have two)
+    done = threading.Event()
+
+    def hashing() -> None:
+        os.sched_setaffinity(0, {0})
+        data = b"x" * (1 << 20)
+        while not done.is_set():
+            hashlib.sha256(data).digest()  # (no GIL held for a buffer this large)
+
+    others = OtherThreads()
+    helper = threading.Thread(target=hashing)
+    helper.start()
+    try:
+        time.sleep(0.05)
+        before = others.read(0.0)
+        hog = subprocess.run(
+            ["chrt", "-f", "10", "taskset", "-c", "0", sys.executable, "-c",
+             "import time\nend = time.monotonic() + 0.3\nwhile time.monotonic() < end: pass"],
+            timeout=30,
+        )  # fmt: skip
+        assert hog.returncode == 0
+        after = others.read(0.05)
+    finally:
+        done.set()
+        helper.join()
+        others.close()
+    assert helper.native_id in before
+    assert OtherThreads.longest(before, after) >= 0.2, (before, after)
 
 
 def test_steal_is_read_for_the_cpu_the_thread_is_on():
