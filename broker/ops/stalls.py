@@ -465,7 +465,7 @@ class LoopLag:
     and each stall of `threshold` or more with what the loop was doing (module docstring).
 
     Off unless `[diagnostics] loop_lag_probe_ms` is set (a 1 ms timer costs about 1% of a
-    core); benchmarks turn it on and read `roarmq_event_loop_lag_max_seconds` and the ring.
+    core, and 0.14% more for each other thread); benchmarks turn it on and read `roarmq_event_loop_lag_max_seconds` and the ring.
     """
 
     def __init__(

@@ -10,6 +10,7 @@ import pika
 import pytest
 from support.broker_process import BrokerProcess
 from support.cluster_nodes import connect, drain, fail_over, the_leader, three_nodes
+from support.federation import federation_keys
 from support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
@@ -60,6 +61,8 @@ def test_a_federation_link_runs_on_the_leader_and_moves_on_with_a_failover(clust
         assert until(lambda: links_running_on(cluster) == [leader.name], 20), links_running_on(
             cluster
         )
+        on_upstream = lambda: federation_keys(lambda path: upstream.call(path)[1], "fed.x")  # noqa: E731
+        assert until(on_upstream, 20), on_upstream()  # "got"'s binding, followed there
         first = [b"a%d" % i for i in range(100)]
         publish(upstream.port, first)
         new = fail_over(cluster, leader)

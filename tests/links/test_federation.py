@@ -13,6 +13,7 @@ import urllib.request
 
 import pika
 import pytest
+from support.federation import federation_keys
 from support.queues import ready
 from support.waiting import until
 
@@ -52,12 +53,8 @@ def federate(down, up, pattern: str = "^fed", apply_to: str = "exchanges", **set
     assert down.api("PUT", "/api/policies/%2F/fed", policy)[0] in (201, 204)
 
 
-def federation_keys(upstream) -> set[str]:
-    """The routing keys `upstream`'s fed.x is bound with to a federation link's exchange:
-    the bindings a link makes there as its downstream's fed.x gets them, after it runs (a
-    link's bindings follow its downstream's, by calls it waits for, as RabbitMQ's do)."""
-    rows = upstream.api("GET", "/api/exchanges/%2F/fed.x/bindings/source")[1]
-    return {row["routing_key"] for row in rows if row["destination_type"] == "exchange"}
+def upstream_keys(upstream) -> set[str]:
+    return federation_keys(lambda path: upstream.api("GET", path)[1], "fed.x")
 
 
 def running(b, n: int = 1):
@@ -78,7 +75,7 @@ def test_an_exchange_receives_what_its_upstream_gets_and_bindings_follow(pair):
     ch.queue_declare("mine")
     ch.queue_bind("mine", "fed.x", "a.*")
     (row,) = running(down)
-    assert until(lambda: federation_keys(up) == {"a.*"}, 10)
+    assert until(lambda: upstream_keys(up) == {"a.*"}, 10)
     assert row == {
         "node": down.broker.node_name,
         "exchange": "fed.x",
@@ -125,11 +122,11 @@ def test_an_exchange_receives_what_its_upstream_gets_and_bindings_follow(pair):
     moved = re.search(r"^roarmq_federation_link_messages_moved_total (\S+)$", metrics, re.M)
     assert moved and float(moved.group(1)) >= 10, moved
     ch.queue_bind("mine", "fed.x", "z.*")  # a new binding is made upstream too
-    assert until(lambda: federation_keys(up) == {"a.*", "z.*"}, 10)
+    assert until(lambda: upstream_keys(up) == {"a.*", "z.*"}, 10)
     upstream.basic_publish("fed.x", "z.c", b"bound now")
     assert until(lambda: ready(down.port, "mine") == 10, 10), ready(down.port, "mine")
     ch.queue_unbind("mine", "fed.x", "a.*")
-    assert until(lambda: federation_keys(up) == {"z.*"}, 10)
+    assert until(lambda: upstream_keys(up) == {"z.*"}, 10)
     upstream.basic_publish("fed.x", "a.b", b"unbound now")
     time.sleep(0.5)
     assert ready(down.port, "mine") == 10
@@ -149,7 +146,7 @@ def test_max_hops_stops_a_loop_between_two_brokers_federating_each_other(pair):
         ch.queue_bind("got", "fed.x")
         running(here)
     for there in (a, b):  # each link's binding follows "got"'s upstream: once made, a loop
-        assert until(lambda there=there: federation_keys(there), 15)
+        assert until(lambda there=there: upstream_keys(there), 15)
     channel(a).basic_publish("fed.x", "", b"once")
     assert until(lambda: ready(b.port, "got") == 1, 10)
     time.sleep(1.0)  # had it come back, it would be here by now

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import urllib.request
 
 import pika
 import pytest
+from support.federation import federation_keys
 from support.queues import ready
 from support.waiting import until
 
@@ -75,8 +75,10 @@ def test_roarmq_federates_an_exchange_and_a_queue_from_rabbitmq(rabbitmq, roar):
     ch.queue_declare("jobs", durable=True)
     rows = until(lambda: running_links(lambda: roar.api("GET", "/api/federation-links")[1]), 20)
     assert rows and len(rows) == 2, roar.api("GET", "/api/federation-links")
-    # RabbitMQ has the exchange now (declared as ours), and the link's queue
+    # RabbitMQ has the exchange now (declared as ours), and the link's queue and binding
     upstream.exchange_declare("from-rabbit", "direct", durable=True, passive=True)
+    on_rabbitmq = lambda: federation_keys(lambda p: rabbit_api(rabbitmq, "GET", p), "from-rabbit")  # noqa: E731
+    assert until(lambda: on_rabbitmq() == {"k"}, 15), on_rabbitmq()
     for i in range(20):
         upstream.basic_publish("from-rabbit", "k", b"m%d" % i)
     upstream.basic_publish("from-rabbit", "other", b"not bound")
@@ -117,7 +119,8 @@ def test_rabbitmq_federates_an_exchange_from_roarmq(rabbitmq, roar):
     assert rows, links()
     up = channel(roar.port)
     up.exchange_declare("from-roar", "topic", durable=True, passive=True)
-    time.sleep(0.5)  # (the binding RabbitMQ's link makes on RoarMQ)
+    on_roarmq = lambda: federation_keys(lambda p: roar.api("GET", p)[1], "from-roar")  # noqa: E731
+    assert until(lambda: on_roarmq() == {"t.#"}, 15), on_roarmq()  # RabbitMQ's link's binding
     for i in range(20):
         up.basic_publish("from-roar", "t.x", b"r%d" % i)
     up.basic_publish("from-roar", "u.x", b"not bound there")
