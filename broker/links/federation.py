@@ -229,7 +229,9 @@ class ExchangeLink(FederationLink):
     def __init__(self, federation: Federation, vhost: str, target: Any, upstream: Upstream):
         super().__init__(federation, vhost, target, upstream)
         self.upstream_name = upstream.exchange or target.name
-        self.suffix = "A"  # of the internal exchange: alternates between sessions
+        #: Of the internal exchange: each session makes the one of the two names not in use
+        #: upstream (`_unused_suffix`), binds it, then deletes the other.
+        self.suffix = "A"
         self._cmd: ClientChannel | None = None
         self._bound: dict[tuple[str, Any], dict[str, Any]] = {}  # (key, args) -> args sent
         self._rebinding: asyncio.Task[None] | None = None
@@ -257,7 +259,8 @@ class ExchangeLink(FederationLink):
             arguments["x-message-ttl"] = self.upstream.message_ttl
         arguments["x-internal-purpose"] = "federation"
         await ch.call(spec.QueueDeclare(queue=queue, durable=True, arguments=arguments))
-        old, self.suffix = f"{queue} {self.suffix}", "B" if self.suffix == "A" else "A"
+        self.suffix = await self._unused_suffix(src)
+        old = f"{queue} {'B' if self.suffix == 'A' else 'A'}"
         internal = f"{queue} {self.suffix}"
         await self._declare_internal(src, internal)
         await ch.call(spec.QueueBind(queue=queue, exchange=internal))
@@ -265,6 +268,16 @@ class ExchangeLink(FederationLink):
         await self._rebind(internal)
         await self._disposable(src, spec.ExchangeDelete(exchange=old))
         return src, ch, dest, queue, None
+
+    async def _unused_suffix(self, src: AmqpClient) -> str:
+        """The suffix of the internal exchange this session makes: one whose name the
+        upstream has no exchange by, so that the one routing to the link's queue now (a link
+        of this exchange's that ran before, on this node or, after a failover, another) goes
+        on routing until the new one is bound, and only then is deleted: making it anew
+        deletes it first, and whatever was published meanwhile would be routed nowhere.
+        With both there (a session that ended between the two), "B": "A" routes meanwhile."""
+        probe = spec.ExchangeDeclare(exchange=f"{self.queue} A", passive=True)
+        return "A" if await self._disposable(src, probe) is not None else "B"
 
     async def _disposable(self, client: AmqpClient, method: Any) -> LinkClosed | None:
         """A call on a channel of its own (a refusal closes only that channel): the
