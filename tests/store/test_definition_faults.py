@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pika
 import pytest
@@ -30,15 +29,6 @@ FAULTS = {
     "write-erofs": (("pwrite64:error=EROFS", "write:error=EROFS"), "SQLITE_IOERR_WRITE", "EIO"),
 }
 ENOSPC = (("pwrite64:error=ENOSPC", "write:error=ENOSPC"), "SQLITE_FULL", "ENOSPC")
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data").start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 @pytest.fixture(params=sorted(FAULTS))

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import aio_pika
 import pytest
@@ -31,15 +29,6 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 #: Seconds each fdatasync of the definitions WAL is held.
 DELAY = 0.5
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data").start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def slow_fsyncs(broker: BrokerProcess):  # type: ignore[no-untyped-def]
