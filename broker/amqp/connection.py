@@ -443,25 +443,9 @@ class Connection:
                     # Heartbeat: data_received already noted that the peer is alive.
                     if reasons:
                         return i
-            except SoftError as exc:
-                _blame(exc, ev)
-                self._channel_exception(getattr(ev, "channel", 0), exc)
-            except HardError as exc:
-                _blame(exc, ev)
-                self.close_with_error(exc)
-                return n
-            except DefinitionsWriteFailed as exc:
-                self._store_failed(exc, ev)
-                return n
-            except WriteDeferred as deferred:
-                self._defer(deferred, ev)
-                return i
-            except Exception:
-                log.exception("internal error while handling a frame", extra={"conn": self.name})
-                self.close_with_error(
-                    connection_error(INTERNAL_ERROR, "internal error; see the broker log")
-                )
-                return n
+            except Exception as exc:
+                if self._failed(exc, ev):
+                    return i if type(exc) is WriteDeferred else n
             if reasons:
                 return i
         return i if self.state is not CLOSED else n
@@ -495,21 +479,34 @@ class Connection:
             return
         try:
             receiver._row[type(event.method)](receiver, event.method)
-        except SoftError as exc:
+        except Exception as exc:
+            self._failed(exc, event)
+
+    def _failed(self, exc: Exception, event: Any) -> bool:
+        """What handling `event` raised, answered as RabbitMQ does: True when no more of
+        this connection's frames are handled now (it closes, or the method waits for its
+        definitions write), False when only the frame's channel closed."""
+        if isinstance(exc, SoftError):
             _blame(exc, event)
-            self._channel_exception(event.channel, exc)
-        except HardError as exc:
+            self._channel_exception(getattr(event, "channel", 0), exc)
+            return False
+        if isinstance(exc, HardError):
             _blame(exc, event)
             self.close_with_error(exc)
-        except DefinitionsWriteFailed as exc:
+        elif isinstance(exc, DefinitionsWriteFailed):
             self._store_failed(exc, event)
-        except WriteDeferred as deferred:
-            self._defer(deferred, event)
-        except Exception:
-            log.exception("internal error while handling a frame", extra={"conn": self.name})
+        elif isinstance(exc, WriteDeferred):
+            self._defer(exc, event)
+        else:
+            log.error(
+                "internal error while handling a frame",
+                exc_info=exc,
+                extra={"conn": self.name},
+            )
             self.close_with_error(
                 connection_error(INTERNAL_ERROR, "internal error; see the broker log")
             )
+        return True
 
     def settle_store_write(self) -> None:
         """A channel or the connection itself is about to go: if its definitions write is

@@ -230,8 +230,9 @@ class ExchangeLink(FederationLink):
         super().__init__(federation, vhost, target, upstream)
         self.upstream_name = upstream.exchange or target.name
         #: Of the internal exchange: each session makes the one of the two names not in use
-        #: upstream (`_unused_suffix`), binds it, then deletes the other.
-        self.suffix = "A"
+        #: upstream (`_unused_suffix`), binds it, then deletes the other. Read only while a
+        #: session runs, which has set it first.
+        self.suffix = ""
         self._cmd: ClientChannel | None = None
         self._bound: dict[tuple[str, Any], dict[str, Any]] = {}  # (key, args) -> args sent
         self._rebinding: asyncio.Task[None] | None = None

@@ -236,6 +236,9 @@ class Stall:
     #: the longest any other thread of the process waited for a core in the window: a
     #: loop that handed it the GIL waits that long, off CPU (`OtherThreads`)
     others_run_queue: float = 0.0
+    #: the window's end on `now`'s clock (CLOCK_MONOTONIC on Linux: the same clock in
+    #: every process, so another process's record of the same moments can be set beside it)
+    at: float = 0.0
     #: seconds the hypervisor took the loop thread's virtual CPU in (or just before) the
     #: window (None: not known)
     steal: float | None = None
@@ -460,6 +463,11 @@ class CpuSteal:
             return None
 
 
+#: What `LoopLag` reads of the loop thread each tick: its CPU seconds and run-queue wait,
+#: the process's CPU seconds, the thread's major faults, the other threads' run-queue waits.
+_Readings = tuple[float, "float | None", float, int, dict[int, float]]
+
+
 class LoopLag:
     """How late the event loop runs a timer due every `interval` seconds: its longest stall,
     and each stall of `threshold` or more with what the loop was doing (module docstring).
@@ -491,12 +499,10 @@ class LoopLag:
         self._timer: Any = None
         self._times: ThreadTimes | None = None  # opened on the loop's thread, in start()
         self._others: OtherThreads | None = None  # (the same)
-        self._others_waited: dict[int, float] = {}
-        self._last = 0.0  # the tick before: the start of the next stall's window
-        self._cpu = 0.0
-        self._run_queue: float | None = 0.0
-        self._process_cpu = 0.0
-        self._page_ins = 0
+        #: The tick before: its time (the start of the next stall's window) and what the
+        #: thread counters read then (`_read`).
+        self._last = 0.0
+        self._before: _Readings | None = None
         self._steal = CpuSteal()
         self._stolen: dict[int, float] = {}  # each CPU's steal at `_stolen_at`
         self._stolen_at = float("-inf")
@@ -507,35 +513,39 @@ class LoopLag:
         self._times = ThreadTimes()
         self._others = OtherThreads()
         at = now()
-        self._mark(at)
+        self._last, self._before = at, self._read(at)
         self._due = at + self.interval
         self._timer = self.loop.call_later(self.interval, self._tick)
 
-    def _mark(self, at: float) -> None:
-        self._last = at
-        self._cpu, self._run_queue = self._times.read()  # type: ignore[union-attr]  # the probe runs only where the times can be read
-        self._process_cpu = time.process_time()
-        self._page_ins = ThreadTimes.page_ins()
-        self._others_waited = self._others.read(at)  # type: ignore[union-attr]  # (as above)
-        if at - self._stolen_at >= STEAL_EVERY:
-            self._stolen, self._stolen_at = self._steal.read(), at
+    def _read(self, at: float) -> _Readings:
+        cpu, run_queue = self._times.read()  # type: ignore[union-attr]  # the probe runs only where the times can be read
+        others = self._others.read(at)  # type: ignore[union-attr]  # (as above)
+        return cpu, run_queue, time.process_time(), ThreadTimes.page_ins(), others
 
     def _tick(self) -> None:
+        """Once a tick, the counters are read once, right after the clock: a window and
+        its counters start at the same moment, so that what the probe's own work after
+        a stall waits (its log line's write, a core) counts in the next window's causes
+        as it does in its lag."""
         at = now()
+        readings = self._read(at)
         lag = at - self._due
         if lag > self.max_lag:
             self.max_lag = lag
         if lag >= self.threshold:
-            self._stalled(at, lag)
-        self._mark(at)
+            self._stalled(at, lag, readings)
+        if at - self._stolen_at >= STEAL_EVERY:
+            self._stolen, self._stolen_at = self._steal.read(), at
+        self._last, self._before = at, readings
         self._due = at + self.interval
         self._timer = self.loop.call_later(self.interval, self._tick)
 
-    def _stalled(self, at: float, lag: float) -> None:
+    def _stalled(self, at: float, lag: float, readings: _Readings) -> None:
         start = self._last
-        cpu, run_queue = self._times.read()  # type: ignore[union-attr]  # (as above)
-        cpu -= self._cpu
-        others = time.process_time() - self._process_cpu - cpu
+        cpu_then, run_queue_then, process_then, page_ins_then, others_then = self._before  # type: ignore[misc]  # read by start()
+        cpu_now, run_queue, process_now, page_ins, others_now = readings
+        cpu = cpu_now - cpu_then
+        others = process_now - process_then - cpu
         steal = None
         where = self._steal.cpu()
         stolen = self._steal.read()
@@ -557,17 +567,15 @@ class LoopLag:
         stall = Stall(
             id=self.recorded,
             wall=time.time(),
+            at=at,
             lag=lag,
             window=at - start,
             cpu=cpu,
-            run_queue=None if run_queue is None else run_queue - self._run_queue,  # type: ignore[operator]  # both read by the same probe, or neither
+            run_queue=None if run_queue is None else run_queue - run_queue_then,  # type: ignore[operator]  # both read by the same probe, or neither
             others_cpu=max(0.0, others),
-            others_run_queue=OtherThreads.longest(
-                self._others_waited,
-                self._others.read(at),  # type: ignore[union-attr]  # (as above)
-            ),
+            others_run_queue=OtherThreads.longest(others_then, others_now),
             steal=steal,
-            page_ins=ThreadTimes.page_ins() - self._page_ins,
+            page_ins=page_ins - page_ins_then,
             gc=sorted(gcs.values()),
             jobs=list(jobs.values()),
         )

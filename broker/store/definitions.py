@@ -275,6 +275,14 @@ def wal_frames(path: Path) -> tuple[int, int]:
     return max_frame, backfilled
 
 
+def _close_quietly(db: sqlite3.Connection | None) -> None:
+    """Close a connection a failure or a stop is done with (its own error, if any, is the
+    failure's echo: what failed is already raised or logged)."""
+    if db is not None:
+        with contextlib.suppress(sqlite3.Error):
+            db.close()
+
+
 class _StoreThread(abc.ABC):
     """A worker thread of the store's own, on an SQLite connection of its own: started by
     the first `poke`, woken by each, and stopped (`stop`: the work under way is waited for)
@@ -327,9 +335,7 @@ class _StoreThread(abc.ABC):
 
     def _drop_connection(self) -> None:
         db, self._db = self._db, None
-        if db is not None:
-            with contextlib.suppress(sqlite3.Error):
-                db.close()
+        _close_quietly(db)
 
 
 class _Checkpoints(_StoreThread):
@@ -479,10 +485,8 @@ class _Writer(_StoreThread):
                 return
 
     def _drop_connection(self) -> None:
-        db, self.store._state.db = self.store._state.db, None
-        if db is not None:
-            with contextlib.suppress(sqlite3.Error):
-                db.close()
+        db, self.store._state.db = self.store._state.db, None  # where `writing` finds it
+        _close_quietly(db)
 
 
 class DefinitionStore:
@@ -641,10 +645,7 @@ class DefinitionStore:
         self._rollback()
         self._drop_uncommitted_frames()
         state = self._state
-        db = state.db if state.off_loop else self._db
-        if db is not None:
-            with contextlib.suppress(sqlite3.Error):
-                db.close()
+        _close_quietly(state.db if state.off_loop else self._db)
         reopened = None
         with contextlib.suppress(sqlite3.Error):
             reopened = self._connect()

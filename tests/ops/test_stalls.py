@@ -9,6 +9,7 @@ import hashlib
 import mmap
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import time
 import pika
 import pytest
 from support.broker_process import BrokerProcess
+from support.timer_witness import TimerWitness
 
 from roarmq.broker.ops.stalls import (
     JOB_LABELS,
@@ -257,6 +259,15 @@ def test_the_rule_that_explains_a_stall():
     assert _stall(0.016, gc=[[0, 3, 0.004, 0.002, 0]]).kind == "on_cpu"  # GC under half
 
 
+def hold_cpu0(seconds: float) -> None:
+    """A SCHED_FIFO process busy on CPU 0 for `seconds`: nothing else of ours runs there."""
+    busy = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    hog = subprocess.run(
+        ["chrt", "-f", "10", "taskset", "-c", "0", sys.executable, "-c", busy], timeout=30
+    )
+    assert hog.returncode == 0
+
+
 def test_another_threads_wait_for_a_core_is_read():
     """A thread of this process pinned to CPU 0, hashing without the GIL, while a SCHED_FIFO
     process holds CPU 0 for 300 ms: `OtherThreads` reads its wait for a core, and not the
@@ -278,12 +289,7 @@ def test_another_threads_wait_for_a_core_is_read():
     try:
         time.sleep(0.05)
         before = others.read(0.0)
-        hog = subprocess.run(
-            ["chrt", "-f", "10", "taskset", "-c", "0", sys.executable, "-c",
-             "import time\nend = time.monotonic() + 0.3\nwhile time.monotonic() < end: pass"],
-            timeout=30,
-        )  # fmt: skip
-        assert hog.returncode == 0
+        hold_cpu0(0.3)
         after = others.read(0.05)
     finally:
         done.set()
@@ -291,6 +297,29 @@ def test_another_threads_wait_for_a_core_is_read():
         others.close()
     assert helper.native_id in before
     assert OtherThreads.longest(before, after) >= 0.2, (before, after)
+
+
+def test_the_timer_witness_counts_what_the_machine_took_and_not_a_wait_for_a_core():
+    """Its witness for CPU 0 stopped 300 ms (SIGSTOP: neither running nor waiting for a
+    core, as a sleeper whose timer the machine delivers late): counted. CPU 0 held 300 ms
+    by a SCHED_FIFO process: its witness waits for the core as long, and that is not
+    counted (the stall probe already reads a loop's own wait for a core)."""
+    if 0 not in os.sched_getaffinity(0):
+        pytest.skip("needs CPU 0")  # (the machines here have two)
+    with TimerWitness() as machine:
+        pid = machine.pids[0]
+        start = time.perf_counter()
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
+        stopped = machine.late(start, time.perf_counter())
+        start = time.perf_counter()
+        hold_cpu0(0.3)
+        time.sleep(0.05)
+        held = machine.late(start, time.perf_counter())
+    assert stopped >= 0.25, machine.intervals()
+    assert held < 0.1, machine.intervals()
 
 
 def test_steal_is_read_for_the_cpu_the_thread_is_on():
