@@ -22,7 +22,10 @@ what overlapped it:
   not running at all: runnable but its core taken by another process, its virtual CPU
   taken by the hypervisor, waiting for the GIL, or blocked: reading a page of its own back
   from disk (a major page fault, counted per thread by getrusage: the kernel reclaimed a
-  page of code or of a mapped file the loop then touched), or in a system call.
+  page of code or of a mapped file the loop then touched), in a system call, or asleep in
+  its poll past a timer the machine delivered late (in a VM, now and then tens of ms late
+  with no wait for a core nor steal counted: the loop's counters cannot tell that from a
+  system call that blocked).
 
 `Stall.explain` is the one rule that turns those into a cause. Nothing here runs per
 message: a tick is a clock read, two CPU clock reads, a 40-byte pread and a getrusage (4.2 us
@@ -313,8 +316,8 @@ class Stall:
         else:
             self.kind = "blocked"
             self.cause = (
-                f"off CPU {off * ms:.1f} ms, not waiting for a core: blocked in a system call "
-                f"({on})"
+                f"off CPU {off * ms:.1f} ms, not waiting for a core: blocked in a system call, "
+                f"or asleep past its timer, which the machine delivered late ({on})"
             )
 
     def as_json(self) -> dict[str, Any]:
