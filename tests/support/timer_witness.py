@@ -85,10 +85,11 @@ class TimerWitness:
         return [proc.pid for proc in self._procs]
 
     def intervals(self) -> list[list[tuple[float, float]]]:
-        """Per witness, the (start, end) of each stretch its wake-up came late."""
+        """Per witness, the (start, end) of each stretch its wake-up came late (the lines
+        written whole: the last, after the final newline, may be under way)."""
         return [
-            [(float(a), float(b)) for a, b in (line.split() for line in lines[1:] if line)]
-            for lines in (path.read_text().splitlines() for path in self.files)
+            [(float(a), float(b)) for a, b in (line.split() for line in lines[1:-1])]
+            for lines in (path.read_text().split("\n") for path in self.files)
         ]
 
     def late(self, start: float, end: float) -> float:
