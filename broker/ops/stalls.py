@@ -476,7 +476,8 @@ class LoopLag:
     and each stall of `threshold` or more with what the loop was doing (module docstring).
 
     Off unless `[diagnostics] loop_lag_probe_ms` is set (a 1 ms timer costs about 1% of a
-    core, and 0.14% more for each other thread); benchmarks turn it on and read `roarmq_event_loop_lag_max_seconds` and the ring.
+    core, and 0.14% more for each other thread); benchmarks turn it on and read
+    `roarmq_event_loop_lag_max_seconds` and the ring.
     """
 
     def __init__(
@@ -554,6 +555,7 @@ class LoopLag:
         stolen = self._steal.read()
         if where in stolen and where in self._stolen:
             steal = stolen[where] - self._stolen[where]
+        self._stolen, self._stolen_at = stolen, at  # (the tick reads it again only later)
         gcs: dict[int, list[Any]] = {}
         for begun, end, g, collected in self.watch.overlapping(start, at):
             entry = gcs.setdefault(g, [g, 0, 0.0, 0.0, 0])

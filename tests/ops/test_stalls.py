@@ -274,7 +274,9 @@ def test_another_threads_wait_for_a_core_is_read():
     calling thread's (a loop that hands the GIL to such a thread waits that long: the rule
     above calls it the GIL's, not a system call's)."""
     if 0 not in os.sched_getaffinity(0) or len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs CPUs 0 and 1")  # (the machines here have two)
+        # (the machines here have two: this skips only where the test process may not use
+        # both, as under a `taskset` of one CPU)
+        pytest.skip("needs CPUs 0 and 1: a thread pinned to CPU 0, this one on another")
     done = threading.Event()
 
     def hashing() -> None:
@@ -305,7 +307,9 @@ def test_the_timer_witness_counts_what_the_machine_took_and_not_a_wait_for_a_cor
     by a SCHED_FIFO process: its witness waits for the core as long, and that is not
     counted (the stall probe already reads a loop's own wait for a core)."""
     if 0 not in os.sched_getaffinity(0):
-        pytest.skip("needs CPU 0")  # (the machines here have two)
+        # (the machines here have two: this skips only where the test process may not use
+        # CPU 0, as under a `taskset` of CPU 1)
+        pytest.skip("needs CPU 0: a witness and a SCHED_FIFO process pinned there")
     with TimerWitness() as machine:
         pid = machine.pids[0]
         start = time.perf_counter()
